@@ -1,0 +1,1 @@
+"""Fencepost client: lock clients, lease handles and the fencepost command line."""

@@ -1,0 +1,1 @@
+"""Fencepost coordinator: the grpc.aio LockService on etcd."""
