@@ -68,16 +68,14 @@ class AcquireRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., wait_ms: _Optional[int] = ..., wait_forever: _Optional[bool] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
-    __slots__ = ("acquired", "token", "holder", "ttl_seconds")
+    __slots__ = ("acquired", "token", "holder")
     ACQUIRED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
-    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     acquired: bool
     token: int
     holder: Holder
-    ttl_seconds: int
-    def __init__(self, acquired: _Optional[bool] = ..., token: _Optional[int] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+    def __init__(self, acquired: _Optional[bool] = ..., token: _Optional[int] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("name", "lease_id", "token")

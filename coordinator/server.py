@@ -1,0 +1,257 @@
+"""The coordinator process: gRPC server, health service, shutdown, ``fencepost serve``.
+
+``Coordinator`` wires the etcd client, the deletion watcher, the session and
+lock modules and the servicer into one grpc.aio server. It holds no lock state
+of its own: several replicas can serve the same etcd cluster and prefix.
+
+Shutdown (SIGTERM/SIGINT, or ``stop()``): health turns NOT_SERVING, KeepAlive
+streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
+calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
+restarted coordinator (or sidecar) must not drop its clients' locks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+from etcd3aio import Etcd3Client, EtcdError
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from fencepost.client.v1 import lock_pb2_grpc
+
+from .keys import Keys
+from .lock import LockManager
+from .service import LockService
+from .session import Sessions
+from .watch import DeleteWatcher
+
+_log = logging.getLogger("fencepost.coordinator")
+
+DEFAULT_LISTEN = "127.0.0.1:7420"
+DEFAULT_PREFIX = "/fencepost/locks/"
+SERVICE_NAME = "fencepost.v1.LockService"
+#: How often the health monitor checks etcd, in seconds.
+HEALTH_INTERVAL = 1.0
+
+#: Server channel options. Clients ping every 20 s at most (see the client);
+#: the server accepts pings down to 5 s apart, also without calls in flight,
+#: so that idle streams are never closed with GOAWAY "too_many_pings".
+SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+class Coordinator:
+    """A Fencepost coordinator serving LockService on one address.
+
+    Args:
+        etcd_endpoints: etcd client endpoints, ``host:port`` each.
+        listen: ``HOST:PORT`` to serve on; port 0 picks a free port.
+        prefix: the etcd key prefix of all locks.
+        grace_seconds: how long ``stop()`` lets in-flight calls finish.
+    """
+
+    def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
+                 prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0) -> None:
+        if not etcd_endpoints:
+            raise ValueError("etcd_endpoints must name at least one host:port")
+        self._endpoints = list(etcd_endpoints)
+        self._listen = listen
+        self._keys = Keys(prefix)
+        self._grace = grace_seconds
+        self._etcd = Etcd3Client(self._endpoints)
+        self._server: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._service: LockService | None = None
+        self._watcher: DeleteWatcher | None = None
+        self._sessions: Sessions | None = None
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` the coordinator serves on (after ``start()``)."""
+        return f"{self._listen.rsplit(':', 1)[0]}:{self.port}"
+
+    async def start(self) -> int:
+        """Connect to etcd, bind and start serving.
+
+        Returns:
+            The bound port.
+
+        Raises:
+            RuntimeError: the address could not be bound.
+        """
+        await self._etcd.connect()
+        self._watcher = DeleteWatcher(self._etcd, self._keys)
+        self._sessions = Sessions(self._etcd, self._endpoints)
+        locks = LockManager(self._etcd, self._keys, self._watcher)
+        self._service = LockService(self._sessions, locks, self._watcher, self._keys)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        try:
+            self.port = server.add_insecure_port(self._listen)
+        except RuntimeError as exc:
+            raise RuntimeError(f"cannot listen on {self._listen}: {exc}") from exc
+        if self.port == 0:
+            raise RuntimeError(f"cannot listen on {self._listen}")
+        await self._set_health(False)
+        await server.start()
+        self._server = server
+        self._watcher.start()
+        self._tasks.append(asyncio.create_task(self._monitor_etcd(), name="fencepost-health"))
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop serving: health NOT_SERVING, end streams, let calls finish.
+
+        Args:
+            grace: seconds in-flight calls may take; default ``grace_seconds``.
+
+        Leases and locks in etcd are left alone.
+        """
+        await self._health.enter_graceful_shutdown()
+        if self._service is not None:
+            self._service.closing.set()
+        if self._server is not None:
+            await self._server.stop(self._grace if grace is None else grace)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._watcher is not None:
+            await self._watcher.close()
+        if self._sessions is not None:
+            await self._sessions.close()
+        await self._etcd.close()
+
+    async def wait_closed(self) -> None:
+        """Wait until the server has stopped."""
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self._health.set("", status)
+        await self._health.set(SERVICE_NAME, status)
+
+    async def _monitor_etcd(self) -> None:
+        """Keep health SERVING while etcd answers a linearizable read, NOT_SERVING otherwise."""
+        serving: bool | None = None
+        while True:
+            try:
+                await self._etcd.kv.get(self._keys.prefix, count_only=True, timeout=HEALTH_INTERVAL, max_attempts=1)
+                ok = True
+            except (EtcdError, grpc.aio.AioRpcError, TimeoutError):
+                ok = False
+            if ok != serving:
+                serving = ok
+                await self._set_health(ok)
+                _log.log(logging.INFO if ok else logging.WARNING, "etcd %s", "reachable: SERVING"
+                         if ok else "unreachable: NOT_SERVING")
+            await asyncio.sleep(HEALTH_INTERVAL)
+
+
+def _env(flag: str, default: str | None) -> str | None:
+    return os.environ.get("FENCEPOST_" + flag.upper().replace("-", "_"), default)
+
+
+def default_data_dir() -> Path:
+    """The per-user directory of the embedded etcd's data."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("fencepost")) / "etcd"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fencepost serve`` argument parser; every flag also reads FENCEPOST_<FLAG>."""
+    parser = argparse.ArgumentParser(
+        prog="fencepost serve",
+        description="Serve the Fencepost lock service. Without --etcd-endpoints, start an embedded "
+                    "single-member etcd whose data lives in --data-dir.",
+    )
+    parser.add_argument("--listen", default=_env("listen", DEFAULT_LISTEN),
+                        help=f"HOST:PORT to serve on; port 0 picks one (env FENCEPOST_LISTEN; default {DEFAULT_LISTEN})")
+    parser.add_argument("--etcd-endpoints", default=_env("etcd-endpoints", None),
+                        help="comma-separated etcd host:port list; omit for the embedded etcd "
+                             "(env FENCEPOST_ETCD_ENDPOINTS)")
+    parser.add_argument("--data-dir", default=_env("data-dir", None),
+                        help="embedded etcd data directory (env FENCEPOST_DATA_DIR; default: a per-user data directory)")
+    parser.add_argument("--prefix", default=_env("prefix", DEFAULT_PREFIX),
+                        help=f"etcd key prefix of all locks (env FENCEPOST_PREFIX; default {DEFAULT_PREFIX})")
+    parser.add_argument("--grace-seconds", type=float, default=float(_env("grace-seconds", "5") or 5),
+                        help="seconds in-flight calls may take at shutdown (env FENCEPOST_GRACE_SECONDS; default 5)")
+    parser.add_argument("--log-level", default=_env("log-level", "INFO"),
+                        help="logging level (env FENCEPOST_LOG_LEVEL; default INFO)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``fencepost serve``.
+
+    Args:
+        argv: the arguments after ``serve``; default ``sys.argv[2:]`` style parsing by the caller.
+
+    Returns:
+        The process exit status: 0 after a clean shutdown, 1 when it cannot start.
+    """
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    embedded = None
+    if args.etcd_endpoints:
+        endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
+    else:
+        from .embedded import EmbeddedEtcd
+
+        data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        print(f"fencepost: embedded etcd, data in {data_dir}", flush=True)
+        embedded = EmbeddedEtcd(data_dir)
+        try:
+            embedded.start()
+        except RuntimeError as exc:
+            print(f"fencepost: cannot start the embedded etcd: {exc}", file=sys.stderr)
+            return 1
+        endpoints = [embedded.endpoint]
+    try:
+        return asyncio.run(_serve(endpoints, args))
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+async def _serve(endpoints: list[str], args: argparse.Namespace) -> int:
+    coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=args.grace_seconds)
+    try:
+        await coordinator.start()
+    except RuntimeError as exc:
+        print(f"fencepost: {exc}", file=sys.stderr)
+        return 1
+    print(f"fencepost: etcd at {','.join(endpoints)}, prefix {args.prefix}", flush=True)
+    print(f"fencepost: listening on {coordinator.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("fencepost: shutting down (leases are kept)", flush=True)
+    await coordinator.stop()
+    return 0

@@ -1,0 +1,116 @@
+"""The gRPC LockService servicer: a thin adapter onto the lock and session modules.
+
+Each RPC makes one call into ``lock.LockManager`` or ``session.Sessions``;
+errors leave through one decorator that turns a ``LockServiceError`` into its
+gRPC status with an ``ErrorInfo`` detail (see ``errors``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+
+from .errors import LockServiceError, ShuttingDown
+from .keys import Keys, wait_seconds
+from .lock import Holder, LockManager
+from .session import Sessions
+from .stream import KeepAliveStream
+from .watch import DeleteWatcher
+
+R = TypeVar("R")
+
+
+def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """Turn a LockServiceError raised by ``method`` into its gRPC status."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await method(self, request, context)
+        except LockServiceError as exc:
+            await context.abort_with_status(exc.to_status())
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def _holder(holder: Holder | None) -> lock_pb2.Holder | None:
+    return lock_pb2.Holder(lease_id=holder.lease_id, token=holder.token) if holder else None
+
+
+class LockService(lock_pb2_grpc.LockServiceServicer):
+    """Implements fencepost.v1.LockService (see proto/fencepost/v1/lock.proto).
+
+    Args:
+        sessions: lease grant/revoke/keepalive.
+        locks: the lock algorithm.
+        watcher: the shared deletion watcher.
+        keys: the key layout.
+        max_streams: most KeepAlive streams served at once.
+    """
+
+    def __init__(self, sessions: Sessions, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
+                 *, max_streams: int = 10_000) -> None:
+        self._sessions = sessions
+        self._locks = locks
+        self._watcher = watcher
+        self._keys = keys
+        self._max_streams = max_streams
+        self._streams = 0
+        self.closing = asyncio.Event()
+
+    @_statuses
+    async def LeaseGrant(self, request: lock_pb2.LeaseGrantRequest, context: grpc.aio.ServicerContext
+                         ) -> lock_pb2.LeaseGrantResponse:
+        lease_id, ttl = await self._sessions.grant(request.ttl_seconds)
+        return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl)
+
+    @_statuses
+    async def LeaseRevoke(self, request: lock_pb2.LeaseRevokeRequest, context: grpc.aio.ServicerContext
+                          ) -> lock_pb2.LeaseRevokeResponse:
+        return lock_pb2.LeaseRevokeResponse(found=await self._sessions.revoke(request.lease_id))
+
+    @_statuses
+    async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
+                      ) -> lock_pb2.AcquireResponse:
+        wait = wait_seconds(request.wait_ms, request.wait_forever)
+        result = await self._locks.acquire(request.name, request.lease_id, wait)
+        return lock_pb2.AcquireResponse(acquired=result.acquired, token=result.token, holder=_holder(result.holder))
+
+    @_statuses
+    async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+                      ) -> lock_pb2.ReleaseResponse:
+        revision = await self._locks.release(request.name, request.lease_id, request.token)
+        return lock_pb2.ReleaseResponse(revision=revision)
+
+    @_statuses
+    async def Describe(self, request: lock_pb2.DescribeRequest, context: grpc.aio.ServicerContext
+                       ) -> lock_pb2.DescribeResponse:
+        d = await self._locks.describe(request.name)
+        return lock_pb2.DescribeResponse(
+            held=d.holder is not None, holder=_holder(d.holder), ttl_remaining_seconds=d.ttl_remaining_seconds,
+            ttl_seconds=d.ttl_seconds, waiter_count=d.waiter_count,
+            waiters=[_holder(w) for w in d.waiters], revision=d.revision,
+        )
+
+    async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
+        if self.closing.is_set():
+            await context.abort_with_status(ShuttingDown("coordinator is shutting down").to_status())
+        if self._streams >= self._max_streams:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {self._max_streams} streams")
+        self._streams += 1
+        stream = KeepAliveStream(self._sessions, self._locks, self._watcher, self._keys.contender)
+        try:
+            async for response in stream.serve(request_iterator, self.closing):
+                yield response
+        finally:
+            self._streams -= 1
+        if self.closing.is_set():
+            await context.abort_with_status(ShuttingDown("coordinator is shutting down").to_status())

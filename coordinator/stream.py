@@ -1,0 +1,152 @@
+"""One client's KeepAlive stream: forwarded keepalives and hold-ended events.
+
+The client sends a keepalive per lease about every TTL/3 and a ``watch`` for
+each hold it was granted. The coordinator answers each keepalive with the
+TTL etcd reset the lease to, and pushes ``hold_ended`` when a watched hold's
+key is deleted (release, lease expiry or revoke, or an operator) or when a
+keepalive finds its lease gone. Nothing here renews a lease on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+
+from fencepost.client.v1 import lock_pb2
+
+from .errors import LockServiceError
+from .lock import LockManager
+from .session import Sessions
+from .watch import DeleteWatcher
+
+_log = logging.getLogger(__name__)
+
+HoldKey = tuple[str, int, int]  # (name, lease id, token)
+
+
+class KeepAliveStream:
+    """Serves one KeepAlive stream.
+
+    Args:
+        sessions: forwards keepalives to etcd.
+        locks: re-reads a hold when the deletion watcher cannot tell.
+        watcher: the shared deletion watcher.
+        keys_for: maps (name, lease id) to the contender key.
+    """
+
+    def __init__(self, sessions: Sessions, locks: LockManager, watcher: DeleteWatcher,
+                 keys_for: Callable[[str, int], bytes]) -> None:
+        self._sessions = sessions
+        self._locks = locks
+        self._watcher = watcher
+        self._keys_for = keys_for
+        self._out: asyncio.Queue[lock_pb2.KeepAliveResponse] = asyncio.Queue()
+        self._holds: dict[HoldKey, Callable[[], None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest],
+                    closing: asyncio.Event) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
+        """Read ``requests`` and yield the responses until either side ends.
+
+        Args:
+            requests: the client's messages.
+            closing: set when the coordinator shuts down; the stream then ends.
+        """
+        reader = asyncio.create_task(self._read(requests))
+        stop = asyncio.create_task(closing.wait())
+        try:
+            while True:
+                get = asyncio.create_task(self._out.get())
+                done, _ = await asyncio.wait([get, reader, stop], return_when=asyncio.FIRST_COMPLETED)
+                if get in done:
+                    yield get.result()
+                    continue
+                get.cancel()
+                if reader in done:
+                    reader.result()  # re-raise a reader failure
+                return
+        finally:
+            reader.cancel()
+            stop.cancel()
+            self.close()
+
+    def close(self) -> None:
+        """Drop every hold watch and cancel pending forwards."""
+        for unsubscribe in self._holds.values():
+            unsubscribe()
+        self._holds.clear()
+        for task in self._tasks:
+            task.cancel()
+
+    async def _read(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest]) -> None:
+        async for request in requests:
+            kind = request.WhichOneof("request")
+            if kind == "keepalive":
+                self._spawn(self._forward(request.keepalive.lease_id, request.keepalive.request_id))
+            elif kind == "watch":
+                w = request.watch
+                self._watch((w.name, w.lease_id, w.token))
+            elif kind == "unwatch":
+                w = request.unwatch
+                unsubscribe = self._holds.pop((w.name, w.lease_id, w.token), None)
+                if unsubscribe is not None:
+                    unsubscribe()
+
+    def _spawn(self, step: object) -> None:
+        task = asyncio.ensure_future(step)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forward(self, lease_id: int, request_id: int) -> None:
+        try:
+            ttl = await self._sessions.keepalive(lease_id)
+        except LockServiceError as exc:
+            _log.info("keepalive for lease %#x not answered: %s", lease_id, exc)
+            return  # no answer: the client's deadline counts it as not acknowledged
+        self._out.put_nowait(lock_pb2.KeepAliveResponse(
+            keepalive=lock_pb2.LeaseKeepAliveAck(lease_id=lease_id, request_id=request_id, ttl_seconds=ttl)))
+        if ttl <= 0:
+            for hold in [h for h in self._holds if h[1] == lease_id]:
+                self._ended(hold, "LEASE_EXPIRED")
+
+    def _watch(self, hold: HoldKey) -> None:
+        name, lease_id, token = hold
+        if hold in self._holds:
+            return
+        key = self._keys_for(name, lease_id)
+
+        def on_delete(revision: int | None) -> None:
+            if revision is None:
+                self._spawn(self._recheck(hold))
+            elif revision > token:
+                self._ended(hold, "NOT_HOLDER")
+
+        self._holds[hold] = self._watcher.subscribe(key, on_delete)
+        known = self._watcher.deleted_after(key, token)
+        if known:
+            self._ended(hold, "NOT_HOLDER")
+        elif known is None:
+            self._spawn(self._recheck(hold))
+
+    async def _recheck(self, hold: HoldKey) -> None:
+        """Re-read a hold from etcd when the watcher cannot tell whether it ended."""
+        name, lease_id, token = hold
+        backoff = 0.1
+        while hold in self._holds:
+            try:
+                if not await self._locks.hold_exists(name, lease_id, token):
+                    self._ended(hold, "NOT_HOLDER")
+                return
+            except LockServiceError:
+                await asyncio.sleep(backoff)  # etcd down: the client's deadline protects it meanwhile
+                backoff = min(backoff * 2, 2.0)
+
+    def _ended(self, hold: HoldKey, reason: str) -> None:
+        unsubscribe = self._holds.pop(hold, None)
+        if unsubscribe is None:
+            return  # already reported once
+        unsubscribe()
+        name, lease_id, token = hold
+        self._out.put_nowait(lock_pb2.KeepAliveResponse(
+            hold_ended=lock_pb2.HoldEnded(name=name, lease_id=lease_id, token=token, reason=reason)))

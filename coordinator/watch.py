@@ -1,0 +1,201 @@
+"""One etcd watch over every lock key, dispatching deletions by key.
+
+Waiters wait for the deletion of the key just before theirs, and holders'
+streams wait for the deletion of the holder key. Instead of one etcd watch
+per waiter, the coordinator keeps a single watch on the whole lock prefix
+(DELETE events only) and dispatches each deletion to the callbacks
+subscribed to that key.
+
+A subscriber learns that a key exists from a read at some revision R, then
+subscribes. The deletion may have been dispatched between the two (the watch
+stream and the read are different streams), so the watcher also remembers the
+latest deletion revision of recently deleted keys: ``deleted_after(key, R)``
+answers whether the key was deleted after R, or that it cannot tell (the
+window no longer reaches back to R, or the watch had to restart after a
+compaction), in which case the caller re-reads etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Callable
+
+from etcd3aio import Etcd3Client, WatchFilter
+
+from .keys import Keys
+
+_log = logging.getLogger(__name__)
+
+#: A deletion callback: called with the deletion revision, or None when
+#: deletions may have been missed (the watch restarted after compaction) and
+#: the subscriber must re-read etcd.
+DeleteCallback = Callable[[int | None], None]
+
+
+class DeleteWatcher:
+    """A single etcd watch on the lock prefix, dispatching DELETE events by key.
+
+    Args:
+        etcd: a connected etcd3aio client.
+        keys: the key layout (its prefix is watched).
+        window: how many recent deletions to remember for ``deleted_after``.
+    """
+
+    def __init__(self, etcd: Etcd3Client, keys: Keys, *, window: int = 100_000) -> None:
+        self._etcd = etcd
+        self._keys = keys
+        self._window = window
+        self._subs: dict[bytes, set[DeleteCallback]] = collections.defaultdict(set)
+        self._latest: dict[bytes, int] = {}
+        self._order: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._known_after: int | None = None  # every deletion with revision > this is known
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()  # set while the watch runs and deletions are known
+
+    def start(self) -> None:
+        """Start watching in a background task (it retries while etcd is unreachable)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="fencepost-delete-watch")
+
+    async def close(self) -> None:
+        """Stop watching."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def subscribe(self, key: bytes, callback: DeleteCallback) -> Callable[[], None]:
+        """Call ``callback`` on every deletion of ``key`` until unsubscribed.
+
+        Returns:
+            A function that unsubscribes.
+        """
+        self._subs[key].add(callback)
+
+        def unsubscribe() -> None:
+            subs = self._subs.get(key)
+            if subs is not None:
+                subs.discard(callback)
+                if not subs:
+                    del self._subs[key]
+
+        return unsubscribe
+
+    def deleted_after(self, key: bytes, revision: int) -> bool | None:
+        """Whether ``key`` was deleted at a revision greater than ``revision``.
+
+        Returns:
+            True or False when the watcher knows; None when its memory does not
+            reach back to ``revision`` (re-read etcd instead).
+        """
+        if self._known_after is None or revision < self._known_after:
+            return None
+        latest = self._latest.get(key)
+        return latest is not None and latest > revision
+
+    async def wait_deleted(self, key: bytes, revision: int) -> None:
+        """Return once ``key``, seen at ``revision``, may have been deleted.
+
+        Returns early (a spurious wake-up) when the watcher cannot tell; the
+        caller re-reads etcd either way.
+        """
+        loop = asyncio.get_running_loop()
+        fired: asyncio.Future[None] = loop.create_future()
+
+        def on_delete(rev: int | None) -> None:
+            if (rev is None or rev > revision) and not fired.done():
+                fired.set_result(None)
+
+        unsubscribe = self.subscribe(key, on_delete)
+        try:
+            known = self.deleted_after(key, revision)
+            if known is None and not self._ready.is_set():
+                # The watch is down: wait for it (or a deletion) rather than
+                # re-reading etcd in a loop; the caller re-reads after.
+                ready = asyncio.ensure_future(self._ready.wait())
+                try:
+                    await asyncio.wait([ready, fired], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    ready.cancel()
+                return
+            if known is not False:
+                return
+            await fired
+        finally:
+            unsubscribe()
+
+    async def _current_revision(self) -> int:
+        resp = await self._etcd.kv.get(self._keys.prefix, range_end=self._keys.range_end, count_only=True, timeout=5.0)
+        return int(resp.header.revision)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                start = await self._current_revision()
+                self._reset(start)
+                await self._watch_from(start + 1)
+                backoff = 0.1
+                self._mark_unknown()  # the watch ended: deletions may be missed until it restarts
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # etcd down: retry; subscribers re-read
+                _log.warning("lock watch failed (%s); restarting in %.1f s", exc, backoff)
+                self._mark_unknown()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _watch_from(self, start_revision: int) -> None:
+        stream = self._etcd.watch.watch(
+            self._keys.prefix,
+            range_end=self._keys.range_end,
+            start_revision=start_revision,
+            filters=[WatchFilter.NOPUT],
+        )
+        try:
+            async for resp in stream:
+                if resp.compact_revision or resp.canceled:
+                    _log.warning("lock watch cancelled (compacted at %d); re-reading", resp.compact_revision)
+                    return
+                for event in resp.events:
+                    self._on_delete(bytes(event.kv.key), int(event.kv.mod_revision))
+        finally:
+            await stream.aclose()
+
+    def _reset(self, start: int) -> None:
+        self._latest.clear()
+        self._order.clear()
+        self._known_after = start
+        self._ready.set()
+
+    def _mark_unknown(self) -> None:
+        self._known_after = None
+        self._ready.clear()
+        self._notify_all_unknown()
+
+    def _on_delete(self, key: bytes, revision: int) -> None:
+        self._latest[key] = revision
+        self._order.append((revision, key))
+        while len(self._order) > self._window:
+            old_rev, old_key = self._order.popleft()
+            if self._latest.get(old_key) == old_rev:
+                del self._latest[old_key]
+            self._known_after = max(self._known_after or 0, old_rev)
+        for callback in list(self._subs.get(key, ())):
+            _call(callback, revision)
+
+    def _notify_all_unknown(self) -> None:
+        for subs in list(self._subs.values()):
+            for callback in list(subs):
+                _call(callback, None)
+
+
+def _call(callback: DeleteCallback, revision: int | None) -> None:
+    try:
+        callback(revision)
+    except Exception:  # a subscriber's bug must not stop the watch
+        _log.exception("delete callback failed")
