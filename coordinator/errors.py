@@ -9,6 +9,7 @@ Tree::
     ├── StaleToken              FAILED_PRECONDITION / STALE_TOKEN
     ├── LeaseExpired            FAILED_PRECONDITION / LEASE_EXPIRED
     ├── TooManyWaiters          RESOURCE_EXHAUSTED / TOO_MANY_WAITERS
+    ├── TooManyStreams          RESOURCE_EXHAUSTED / TOO_MANY_STREAMS
     ├── ShuttingDown            UNAVAILABLE / SHUTTING_DOWN
     └── EtcdUnavailable         UNAVAILABLE / ETCD_UNAVAILABLE (+ RetryInfo)
 
@@ -123,6 +124,13 @@ class TooManyWaiters(LockServiceError):
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = "TOO_MANY_WAITERS"
+
+
+class TooManyStreams(LockServiceError):
+    """This coordinator already serves its maximum of KeepAlive streams."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_STREAMS"
 
 
 class ShuttingDown(LockServiceError):

@@ -16,7 +16,7 @@ import grpc
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
-from .errors import LockServiceError, ShuttingDown
+from .errors import LockServiceError, ShuttingDown, TooManyStreams
 from .keys import Keys, wait_seconds
 from .lock import Holder, LockManager
 from .session import Sessions
@@ -104,7 +104,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         if self.closing.is_set():
             await context.abort_with_status(ShuttingDown("coordinator is shutting down").to_status())
         if self._streams >= self._max_streams:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {self._max_streams} streams")
+            await context.abort_with_status(TooManyStreams(f"more than {self._max_streams} streams").to_status())
         self._streams += 1
         stream = KeepAliveStream(self._sessions, self._locks, self._watcher, self._keys.contender)
         try:

@@ -19,6 +19,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ETCD_UNAVAILABLE: _ClassVar[ErrorReason]
     TOO_MANY_WAITERS: _ClassVar[ErrorReason]
     SHUTTING_DOWN: _ClassVar[ErrorReason]
+    TOO_MANY_STREAMS: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 NOT_HOLDER: ErrorReason
@@ -28,6 +29,7 @@ ACQUIRE_TIMEOUT: ErrorReason
 ETCD_UNAVAILABLE: ErrorReason
 TOO_MANY_WAITERS: ErrorReason
 SHUTTING_DOWN: ErrorReason
+TOO_MANY_STREAMS: ErrorReason
 
 class LeaseGrantRequest(_message.Message):
     __slots__ = ("ttl_seconds",)

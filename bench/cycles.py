@@ -1,0 +1,164 @@
+"""Acquire/release cycles per second: through the coordinator vs directly on etcd.
+
+Runs in one process against one etcd (embedded, or --etcd-endpoints):
+- ``etcd-direct``: the same cycle done directly on etcd with the same Python
+  etcd client (etcd3aio): one Txn that puts the contender key on a session
+  lease and reads the holder, one Txn that deletes it if its create revision
+  is the token. This is the baseline.
+- ``etcd3aio-lock``: etcd3aio's own Lock recipe (a lease granted and revoked
+  per lock), for reference.
+- ``coordinator-stub``: Acquire + Release through a coordinator in this
+  process, over the generated grpc.aio stub, one session lease per client.
+- ``coordinator-client``: the same through fencepost.client.AsyncLockClient.
+
+Each of N concurrent clients loops on its own lock name for --seconds. The
+figure of merit is the ratio to ``etcd-direct`` measured in the same run.
+
+Usage:
+    python bench/cycles.py --clients 1 --clients 64 --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import grpc
+from etcd3aio import Etcd3Client
+from etcd3aio._protobuf import Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp
+
+from fencepost.client import AsyncLockClient
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.keys import prefix_end
+from fencepost.coordinator.server import Coordinator
+
+Cycle = Callable[[int], Awaitable[None]]
+
+
+async def run_clients(n: int, seconds: float, make: Callable[[int], Awaitable[tuple[Cycle, Callable[[], Awaitable[None]]]]]) -> float:
+    """Run n clients looping their cycle for ``seconds``; return cycles per second."""
+    setups = [await make(i) for i in range(n)]
+    counts = [0] * n
+    deadline = time.perf_counter() + seconds
+
+    async def loop(i: int) -> None:
+        cycle = setups[i][0]
+        while time.perf_counter() < deadline:
+            await cycle(i)
+            counts[i] += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(loop(i) for i in range(n)))
+    elapsed = time.perf_counter() - start
+    for _, close in setups:
+        await close()
+    return sum(counts) / elapsed
+
+
+async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, dict[str, float]]:
+    prefix = f"/bench/{uuid.uuid4().hex}/"
+    coordinator = Coordinator([endpoint], listen="127.0.0.1:0", prefix=prefix)
+    await coordinator.start()
+    address = coordinator.address
+    etcd = Etcd3Client([endpoint])
+    await etcd.connect()
+    results: dict[str, dict[str, float]] = {}
+
+    async def direct(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        lease = (await etcd.lease.grant(30)).ID
+        lock = f"{prefix}direct/{i}/".encode()
+        key = lock + f"{lease:016x}".encode()
+        first = RequestOp(request_range=RangeRequest(key=lock, range_end=prefix_end(lock), sort_order=1,
+                                                     sort_target=2, limit=1, keys_only=True))
+
+        async def cycle(_: int) -> None:
+            absent = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=0)
+            r = await etcd.kv.txn([absent], [RequestOp(request_put=PutRequest(key=key, lease=lease)), first], [])
+            token = r.header.revision
+            held = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=token)
+            await etcd.kv.txn([held], [RequestOp(request_delete_range=DeleteRangeRequest(key=key))], [])
+
+        async def close() -> None:
+            await etcd.lease.revoke(lease)
+
+        return cycle, close
+
+    async def recipe(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        async def cycle(_: int) -> None:
+            async with etcd.lock(f"{prefix}recipe/{i}", ttl=30):
+                pass
+
+        async def close() -> None:
+            return None
+
+        return cycle, close
+
+    async def stub(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        channel = grpc.aio.insecure_channel(address)
+        s = lock_pb2_grpc.LockServiceStub(channel)
+        lease = (await s.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
+        name = f"stub/{i}"
+
+        async def cycle(_: int) -> None:
+            r = await s.Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease, wait_forever=True))
+            await s.Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease, token=r.token))
+
+        async def close() -> None:
+            await s.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease))
+            await channel.close()
+
+        return cycle, close
+
+    async def client(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        c = AsyncLockClient(address)
+        await c.__aenter__()
+        name = f"client/{i}"
+
+        async def cycle(_: int) -> None:
+            async with c.lock(name, ttl=30):
+                pass
+
+        async def close() -> None:
+            await c.close()
+
+        return cycle, close
+
+    kinds = {"etcd-direct": direct, "etcd3aio-lock": recipe, "coordinator-stub": stub, "coordinator-client": client}
+    for n in clients:
+        row: dict[str, float] = {}
+        for kind, make in kinds.items():
+            row[kind] = await run_clients(n, seconds, make)
+        results[str(n)] = row
+    await etcd.close()
+    await coordinator.stop(0)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, action="append", help="concurrent clients (repeatable; default 1 and 64)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default 5)")
+    parser.add_argument("--etcd-endpoints", help="use this etcd instead of an embedded one")
+    args = parser.parse_args()
+    clients = args.clients or [1, 64]
+    if args.etcd_endpoints:
+        results = asyncio.run(bench(args.etcd_endpoints, clients, args.seconds))
+    else:
+        with tempfile.TemporaryDirectory() as tmp, EmbeddedEtcd(tmp) as etcd:
+            results = asyncio.run(bench(etcd.endpoint, clients, args.seconds))
+    print(f"{'clients':>7} {'kind':<20} {'cycles/s':>10} {'vs etcd-direct':>15}")
+    for n, row in results.items():
+        base = row["etcd-direct"]
+        for kind, rate in row.items():
+            print(f"{n:>7} {kind:<20} {rate:>10.1f} {rate / base:>15.2f}")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

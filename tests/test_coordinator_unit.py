@@ -1,0 +1,109 @@
+"""Unit tests of the coordinator's pure logic: names, keys, wait fields, error statuses."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from fencepost.coordinator.errors import EtcdUnavailable, InvalidField, NotHolder
+from fencepost.coordinator.keys import Keys, prefix_end, validate_name, validate_ttl, wait_seconds
+
+
+def test_keys_when_one_name_is_a_prefix_of_another() -> None:
+    """The key range of lock "a" contains no key of lock "a/b" or "a%2Fb"."""
+    keys = Keys("/p/")
+    lock_a = keys.lock_prefix("a")
+    end_a = prefix_end(lock_a)
+    for other in ("a/b", "a%2Fb", "ab", "a/"):
+        key = keys.contender(other, 7)
+        assert not (lock_a <= key < end_a), other
+
+
+def test_parse_when_name_has_slashes_and_percent() -> None:
+    """A contender key parses back to its exact name and lease id."""
+    keys = Keys("/p")
+    for name in ("a/b/c", "100%", "../x", "ünïcode", "a b"):
+        assert keys.parse(keys.contender(name, 0xABC)) == (name, 0xABC)
+
+
+@pytest.mark.parametrize("name", ["", "x" * 257, "a\x00b", "line\nbreak", "é" * 129])
+def test_validate_name_when_invalid(name: str) -> None:
+    """Empty, oversized (in UTF-8 bytes) or control-character names name the field."""
+    with pytest.raises(InvalidField) as info:
+        validate_name(name)
+    assert info.value.field == "name"
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 86_401, 2**40])
+def test_validate_ttl_when_out_of_range(ttl: int) -> None:
+    """TTLs outside 1..86400 seconds are rejected naming ttl_seconds."""
+    with pytest.raises(InvalidField) as info:
+        validate_ttl(ttl)
+    assert info.value.field == "ttl_seconds"
+
+
+def test_wait_seconds_when_valid_and_invalid() -> None:
+    """wait_ms maps to seconds, 0 to try once, wait_forever to None; negatives are rejected."""
+    assert wait_seconds(0, False) == 0.0
+    assert wait_seconds(1500, False) == 1.5
+    assert wait_seconds(0, True) is None
+    for bad in ((-1, False), (5, True), (86_400_001, False)):
+        with pytest.raises(InvalidField):
+            wait_seconds(*bad)
+
+
+def test_to_status_when_error_has_name_and_lease() -> None:
+    """A status carries one ErrorInfo with the reason, domain and metadata."""
+    status = NotHolder("no", name="inv:42", lease_id=99).to_status()
+    assert status.code == grpc.StatusCode.FAILED_PRECONDITION
+    (key, blob), = status.trailing_metadata
+    assert key == "grpc-status-details-bin"
+    detail = status_pb2.Status.FromString(blob).details[0]
+    info = error_details_pb2.ErrorInfo()
+    assert detail.Unpack(info)
+    assert (info.reason, info.domain) == ("NOT_HOLDER", "fencepost.dev")
+    assert dict(info.metadata) == {"name": "inv:42", "lease_id": "99"}
+
+
+def test_to_status_when_unavailable_carries_retry_info() -> None:
+    """UNAVAILABLE statuses carry a RetryInfo besides the ErrorInfo."""
+    status = EtcdUnavailable("down").to_status()
+    details = status_pb2.Status.FromString(status.trailing_metadata[0][1]).details
+    retry = error_details_pb2.RetryInfo()
+    assert status.code == grpc.StatusCode.UNAVAILABLE
+    assert any(d.Unpack(retry) for d in details)
+    assert retry.retry_delay.seconds == 1
+
+
+def test_deleted_after_when_window_overflows() -> None:
+    """The watcher answers from its window and says "unknown" (None) past it."""
+    from fencepost.coordinator.watch import DeleteWatcher
+
+    watcher = DeleteWatcher(None, Keys("/p/"), window=2)  # type: ignore[arg-type]
+    assert watcher.deleted_after(b"k1", 5) is None  # not started: unknown
+    watcher._reset(10)
+    watcher._on_delete(b"k1", 12)
+    assert watcher.deleted_after(b"k1", 11) is True
+    assert watcher.deleted_after(b"k1", 12) is False
+    assert watcher.deleted_after(b"k2", 11) is False
+    watcher._on_delete(b"k2", 13)
+    watcher._on_delete(b"k3", 14)  # evicts k1's deletion at 12
+    assert watcher.deleted_after(b"k1", 11) is None
+    assert watcher.deleted_after(b"k3", 13) is True
+
+
+def test_subscribe_when_deleted_then_unsubscribed() -> None:
+    """Callbacks see deletions of their key only, and none after unsubscribing."""
+    from fencepost.coordinator.watch import DeleteWatcher
+
+    watcher = DeleteWatcher(None, Keys("/p/"))  # type: ignore[arg-type]
+    watcher._reset(1)
+    seen: list[int | None] = []
+    unsubscribe = watcher.subscribe(b"k", seen.append)
+    watcher._on_delete(b"other", 2)
+    watcher._on_delete(b"k", 3)
+    watcher._mark_unknown()
+    unsubscribe()
+    watcher._on_delete(b"k", 4)
+    assert seen == [3, None]
