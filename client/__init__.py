@@ -1,1 +1,39 @@
-"""Fencepost client: lock clients, lease handles and the fencepost command line."""
+"""Fencepost client: lock clients, lease handles and the fencepost command line.
+
+A TTL lock is not mutual exclusion: pass ``handle.token`` (the fencing token)
+to the storage with every write, and let it reject writes that carry a token
+lower than one it has accepted. See :class:`AsyncLockClient`.
+"""
+
+from ._aio import DEFAULT_ADDRESS, AsyncLockClient, LockInfo
+from ._sync import LockClient, LockHandle
+from .errors import (
+    FencepostError,
+    InvalidArgument,
+    LeaseLost,
+    LockHeld,
+    LockTimeout,
+    NotHolder,
+    ResourceExhausted,
+    StaleTokenError,
+    Unavailable,
+)
+from .handle import AsyncLockHandle
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "AsyncLockClient",
+    "AsyncLockHandle",
+    "FencepostError",
+    "InvalidArgument",
+    "LeaseLost",
+    "LockClient",
+    "LockHandle",
+    "LockHeld",
+    "LockInfo",
+    "LockTimeout",
+    "NotHolder",
+    "ResourceExhausted",
+    "StaleTokenError",
+    "Unavailable",
+]

@@ -1,0 +1,360 @@
+"""The synchronous lock client: the asyncio client on a private event loop thread.
+
+:class:`LockClient` owns a daemon thread running an event loop with one
+:class:`~fencepost.client.AsyncLockClient` on it, and proxies every call with
+``asyncio.run_coroutine_threadsafe``. It is usable from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from . import _wire
+from ._aio import DEFAULT_ADDRESS, AsyncLockClient, LockInfo
+from .errors import FencepostError
+from .handle import AsyncLockHandle
+
+__all__ = ["LockClient", "LockHandle"]
+
+T = TypeVar("T")
+
+
+def _check(name: str, ttl: float, timeout: float | None) -> None:
+    """Check arguments on the caller's thread, before the loop thread starts or connects."""
+    _wire.check_name(name)
+    _wire.ttl_to_wire(ttl)
+    _wire.check_timeout(timeout)
+
+
+class LockHandle:
+    """One grant of a lock with its fencing token (sync twin of :class:`AsyncLockHandle`).
+
+    Returned by :meth:`LockClient.acquire` and friends. Usable from any
+    thread. Pass :attr:`token` to the storage with every write.
+
+    Attributes:
+        lost: A ``threading.Event`` set (once) when the hold is lost; never
+            set by a release.
+    """
+
+    def __init__(self, inner: AsyncLockHandle, client: LockClient) -> None:
+        # Built on the client's loop thread, so that the hook is registered
+        # before any loss can be signalled.
+        self._inner = inner
+        self._client = client
+        self.lost = threading.Event()
+        if inner.lost_reason is not None:
+            self.lost.set()
+        inner._hooks.append(lambda _h: self.lost.set())
+
+    @property
+    def name(self) -> str:
+        """The lock name."""
+        return self._inner.name
+
+    @property
+    def lease_id(self) -> int:
+        """The id of the lease holding the lock."""
+        return self._inner.lease_id
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this grant (an etcd revision, > 0)."""
+        return self._inner.token
+
+    @property
+    def ttl(self) -> int:
+        """The lease's TTL in seconds as granted by the server."""
+        return self._inner.ttl
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the hold was lost (``"DEADLINE"``, ``"LEASE_EXPIRED"``, ...), None while not lost."""
+        return self._inner.lost_reason
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` has completed (or the client closed)."""
+        return self._inner.released
+
+    def valid_for(self) -> float:
+        """Seconds left on the conservative local deadline (0.0 once lost or released)."""
+        return self._inner.valid_for()
+
+    def is_valid(self) -> bool:
+        """Whether the hold is still believed live (``valid_for() > 0``)."""
+        return self._inner.is_valid()
+
+    def check(self) -> None:
+        """Raise unless the hold is still believed live.
+
+        Raises:
+            LeaseLost: the hold was lost or its local deadline passed.
+            NotHolder: the handle was released.
+        """
+        self._inner.check()
+
+    def release(self) -> None:
+        """Release the lock (one Release RPC); ownership is kept if it fails.
+
+        Raises:
+            NotHolder: the lease no longer holds the lock, or already released.
+            StaleTokenError: the lease holds the lock under a newer token.
+            LeaseLost: the lease is gone, or the hold was lost before release.
+            Unavailable: no coordinator reachable.
+        """
+        self._client._run(self._inner.release())
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block until the hold is lost or ``timeout`` seconds pass.
+
+        Args:
+            timeout: Seconds to wait; None waits forever.
+
+        Returns:
+            True if the hold was lost, False on timeout.
+        """
+        return self.lost.wait(timeout)
+
+    def on_lost(self, callback: Callable[[LockHandle], object]) -> None:
+        """Call ``callback(handle)`` once, in a new daemon thread, when the hold is lost.
+
+        Called at once if it already is; never for a released handle.
+        Exceptions are logged.
+
+        Args:
+            callback: Called with this handle; its return value is ignored.
+        """
+
+        async def register() -> None:
+            self._inner.on_lost(lambda _h: callback(self))
+
+        self._client._run(register())
+
+    def __repr__(self) -> str:
+        return repr(self._inner).replace("AsyncLockHandle", "LockHandle", 1)
+
+
+class LockClient:
+    """Synchronous client of a Fencepost coordinator: locks with fencing tokens.
+
+    Same semantics as :class:`~fencepost.client.AsyncLockClient` (read its
+    docstring: a TTL lock is not mutual exclusion; pass ``handle.token`` to
+    the storage), run on an event loop in a private daemon thread. Every
+    method may be called from any thread, including ``on_lost`` callbacks;
+    not from inside a coroutine of that private loop.
+
+    Example::
+
+        with LockClient("127.0.0.1:7420") as client:
+            with client.lock("inv:42", ttl=10.0, timeout=5.0) as h:
+                db.write(key, value, fencing_token=h.token)
+
+    Args:
+        address: ``"host:port"`` of a coordinator, or several, tried in turn.
+        keepalive_fraction: Keepalive period as a fraction of the TTL, (0, 0.5].
+        connect_timeout: Seconds to keep trying to reach a coordinator.
+
+    Raises:
+        InvalidArgument: an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
+        *,
+        keepalive_fraction: float = 1 / 3,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self._aio = AsyncLockClient(address, keepalive_fraction=keepalive_fraction, connect_timeout=connect_timeout)
+        self._mutex = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The coordinator addresses, in the order they are tried."""
+        return self._aio.addresses
+
+    def connect(self) -> None:
+        """Start the loop thread, connect to a coordinator and start the keepalive stream.
+
+        Called by ``with`` and by the first call; calling it again is a no-op.
+
+        Raises:
+            Unavailable: no coordinator answered within ``connect_timeout``.
+            FencepostError: the client is closed.
+        """
+        with self._mutex:
+            if self._closed:
+                raise FencepostError("client is closed")
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=self._run_loop, args=(loop,), name="fencepost-client", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+        try:
+            self._submit(self._aio.connect())
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release every held lock, revoke the leases and stop the loop thread. Idempotent."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        try:
+            if thread is not threading.current_thread():
+                asyncio.run_coroutine_threadsafe(self._aio.close(), loop).result()
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not threading.current_thread():
+                thread.join()
+
+    def __enter__(self) -> LockClient:
+        self.connect()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @staticmethod
+    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or self._closed:
+            coro.close()
+            raise FencepostError("client is closed")
+        if threading.current_thread() is thread:
+            coro.close()
+            raise RuntimeError("LockClient methods must not be called from its own event loop thread")
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None and not self._closed:
+            self.connect()
+        return self._submit(coro)
+
+    def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> LockHandle:
+        """Acquire the lock ``name``, waiting up to ``timeout`` seconds.
+
+        Args:
+            name: The lock name.
+            ttl: Lease TTL in seconds, finite, 1 to 86400 (rounded up).
+            timeout: Seconds to wait, 0 to 86400 (0 tries once); None waits forever.
+
+        Returns:
+            The handle of the grant, with its fencing token.
+
+        Raises:
+            InvalidArgument: bad name, ttl or timeout (before any RPC).
+            LockTimeout: not granted within ``timeout``.
+            ResourceExhausted: too many waiters on the coordinator.
+            Unavailable: no coordinator reachable.
+        """
+
+        _check(name, ttl, timeout)
+
+        async def run() -> LockHandle:
+            return LockHandle(await self._aio.acquire(name, ttl=ttl, timeout=timeout), self)
+
+        return self._run(run())
+
+    def try_acquire(self, name: str, ttl: float = 10.0) -> LockHandle:
+        """Acquire the lock ``name`` if it is free, without waiting.
+
+        Args:
+            name: The lock name.
+            ttl: Lease TTL in seconds.
+
+        Returns:
+            The handle of the grant.
+
+        Raises:
+            LockHeld: the lock is held; carries the holder's lease id and token.
+            InvalidArgument: bad name or ttl.
+            Unavailable: no coordinator reachable.
+        """
+
+        _check(name, ttl, None)
+
+        async def run() -> LockHandle:
+            return LockHandle(await self._aio.try_acquire(name, ttl=ttl), self)
+
+        return self._run(run())
+
+    @contextlib.contextmanager
+    def lock(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> Iterator[LockHandle]:
+        """Hold the lock ``name`` for the body of a ``with`` block.
+
+        Releases on exit. If the hold was lost while the body ran and the body
+        raised nothing, LeaseLost is raised on exit.
+
+        Args:
+            name: The lock name.
+            ttl: Lease TTL in seconds.
+            timeout: Seconds to wait for the lock; None waits forever.
+
+        Yields:
+            The handle of the grant.
+
+        Raises:
+            LeaseLost: the hold was lost before the block ended.
+            (and everything :meth:`acquire` and :meth:`LockHandle.release` raise)
+        """
+        handle = self.acquire(name, ttl=ttl, timeout=timeout)
+        try:
+            yield handle
+        except BaseException:
+            with contextlib.suppress(FencepostError):
+                handle.release()
+            raise
+        handle.release()
+
+    def describe(self, name: str) -> LockInfo:
+        """Report the holder, fencing token, waiters and TTL left of one lock.
+
+        Args:
+            name: The lock name.
+
+        Returns:
+            A snapshot taken at one etcd revision.
+
+        Raises:
+            InvalidArgument: bad name.
+            Unavailable: no coordinator reachable.
+        """
+        _wire.check_name(name)
+        return self._run(self._aio.describe(name))

@@ -1,0 +1,305 @@
+"""Lease state and lock handles of the asyncio client.
+
+A :class:`_LeaseState` is one lease (a session) as the client sees it: its
+granted TTL and the conservative local deadline ``send time of the last
+acknowledged keepalive + granted TTL - margin`` on a monotonic clock. An
+:class:`AsyncLockHandle` is one grant of one lock under a lease, with its
+fencing token; it is lost exactly once, whichever detection path fires first
+(local deadline, an acknowledgement saying the lease is gone, a HoldEnded
+event, a reconnect finding the lease gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from ._wire import margin_for
+from .errors import LeaseLost, NotHolder
+
+__all__ = ["AsyncLockHandle"]
+
+log = logging.getLogger("fencepost.client")
+
+Clock = Callable[[], float]
+
+# Local reasons (the server's reasons are ErrorReason names such as LEASE_EXPIRED).
+REASON_DEADLINE = "DEADLINE"
+REASON_LEASE_EXPIRED = "LEASE_EXPIRED"
+
+
+class _LeaseState:
+    """One lease's liveness as seen by the client, on an injected monotonic clock.
+
+    Args:
+        lease_id: The etcd lease id.
+        ttl: The granted TTL in whole seconds.
+        granted_at: Clock reading taken just before the LeaseGrant call was sent.
+        clock: Monotonic clock in seconds (``time.monotonic`` by default).
+
+    The deadline only moves forward: an acknowledged keepalive sent at ``t``
+    moves it to ``max(deadline, t + ttl - margin)``. Once lost (``mark_lost``
+    returned True) the lease is never used again.
+    """
+
+    def __init__(self, lease_id: int, ttl: int, granted_at: float, *, clock: Clock = time.monotonic) -> None:
+        self.lease_id = lease_id
+        self.ttl = ttl
+        self.margin = margin_for(ttl)
+        self.deadline = granted_at + ttl - self.margin
+        self.lost_reason: str | None = None
+        self.clock = clock
+        # name -> the live handle holding that lock under this lease.
+        self.holds: dict[str, AsyncLockHandle] = {}
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease has been declared lost."""
+        return self.lost_reason is not None
+
+    def on_ack(self, send_time: float, ttl_seconds: int) -> bool:
+        """Apply a keepalive acknowledgement.
+
+        Args:
+            send_time: Clock reading when the acknowledged keepalive was sent.
+            ttl_seconds: The acknowledgement's TTL; <= 0 means the lease is gone.
+
+        Returns:
+            True when the lease is still alive, False when the acknowledgement
+            says it is gone (the caller then calls ``mark_lost``) or it was
+            already lost.
+        """
+        if self.lost:
+            return False
+        if ttl_seconds <= 0:
+            return False
+        self.deadline = max(self.deadline, send_time + self.ttl - self.margin)
+        return True
+
+    def remaining(self) -> float:
+        """Seconds left before the local deadline (0.0 once lost or past it)."""
+        if self.lost:
+            return 0.0
+        return max(0.0, self.deadline - self.clock())
+
+    def expired(self) -> bool:
+        """Whether the local deadline has passed."""
+        return self.clock() >= self.deadline
+
+    def mark_lost(self, reason: str) -> bool:
+        """Declare the lease lost.
+
+        Args:
+            reason: Why (``"DEADLINE"``, ``"LEASE_EXPIRED"``, ...).
+
+        Returns:
+            True the first time only; False if it was already lost.
+        """
+        if self.lost:
+            return False
+        self.lost_reason = reason
+        return True
+
+
+def _run_in_thread(callback: Callable[[object], object], arg: object) -> None:
+    """Run ``callback(arg)`` in a new daemon thread, logging what it raises."""
+
+    def run() -> None:
+        try:
+            callback(arg)
+        except BaseException:  # noqa: BLE001 - a user callback must not kill the client
+            log.exception("fencepost: on_lost callback %r failed", callback)
+
+    threading.Thread(target=run, name="fencepost-on-lost", daemon=True).start()
+
+
+class AsyncLockHandle:
+    """One grant of a lock, held under a lease, with its fencing token.
+
+    Returned by :meth:`AsyncLockClient.acquire` and friends; not built by
+    callers. Pass :attr:`token` to the storage with every write: the lease can
+    be lost at any moment (a pause longer than the TTL), and only the storage
+    can then refuse the late write.
+
+    Attributes:
+        lost: Set (once) when the hold is lost; never set by a release.
+        lost_reason: Why it was lost (``"DEADLINE"``, ``"LEASE_EXPIRED"``,
+            ``"NOT_HOLDER"``...), None while not lost.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        lease: _LeaseState,
+        token: int,
+        release: Callable[[AsyncLockHandle], Awaitable[None]],
+    ) -> None:
+        self._name = name
+        self._lease = lease
+        self._token = token
+        self._release_fn = release
+        self.lost = asyncio.Event()
+        self.lost_reason: str | None = None
+        self._released = False
+        self._releasing = False
+        self._ended_during_release: str | None = None
+        self._callbacks: list[Callable[[AsyncLockHandle], object]] = []
+        self._hooks: list[Callable[[AsyncLockHandle], None]] = []
+        self._tasks: list[asyncio.Task[object]] = []
+        self._cancelled_tasks: set[asyncio.Task[object]] = set()
+
+    @property
+    def name(self) -> str:
+        """The lock name."""
+        return self._name
+
+    @property
+    def lease_id(self) -> int:
+        """The id of the lease holding the lock."""
+        return self._lease.lease_id
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this grant (an etcd revision, > 0)."""
+        return self._token
+
+    @property
+    def ttl(self) -> int:
+        """The lease's TTL in seconds as granted by the server (>= the requested TTL)."""
+        return self._lease.ttl
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` has completed (or the client closed)."""
+        return self._released
+
+    def valid_for(self) -> float:
+        """Seconds left on the conservative local deadline.
+
+        Returns:
+            Seconds (float) before the hold must be assumed lost; 0.0 once
+            lost or released. A lower bound computed from the send time of
+            the last acknowledged keepalive; not a promise that no one else
+            holds the lock (use the token for that).
+        """
+        if self._released or self.lost_reason is not None:
+            return 0.0
+        return self._lease.remaining()
+
+    def is_valid(self) -> bool:
+        """Whether the hold is still believed live (``valid_for() > 0``)."""
+        return self.valid_for() > 0.0
+
+    def check(self) -> None:
+        """Raise unless the hold is still believed live.
+
+        Raises:
+            LeaseLost: the hold was lost, or its local deadline has passed
+                (``.reason`` says why).
+            NotHolder: the handle was released.
+        """
+        if self._released:
+            raise NotHolder("lock was released", name=self._name, lease_id=self.lease_id, reason="NOT_HOLDER")
+        if self.lost_reason is not None:
+            raise LeaseLost("lock hold was lost", name=self._name, lease_id=self.lease_id, reason=self.lost_reason)
+        if self._lease.remaining() <= 0.0:
+            raise LeaseLost(
+                "lease deadline passed", name=self._name, lease_id=self.lease_id, reason=REASON_DEADLINE
+            )
+
+    async def release(self) -> None:
+        """Release the lock (one Release RPC).
+
+        Cancellation-safe: the handle keeps its ownership until the server
+        confirms; a cancelled release can be retried. On a handle already
+        lost, the release is still attempted when the server may not know
+        yet, and LeaseLost is raised.
+
+        Raises:
+            NotHolder: the lease no longer holds the lock, or it was already
+                released.
+            StaleTokenError: the lease holds the lock under a newer token.
+            LeaseLost: the lease is gone, or the hold was lost before release.
+            Unavailable: no coordinator reachable (ownership is kept).
+        """
+        await self._release_fn(self)
+
+    def on_lost(self, callback: Callable[[AsyncLockHandle], object]) -> None:
+        """Call ``callback(handle)`` once when the hold is lost.
+
+        The callback runs in a new daemon thread, so that one that blocks does
+        not stall the client. Registered after the loss, it is called at once.
+        It is never called for a released handle. Exceptions are logged.
+        Call from the event loop that runs the client.
+
+        Args:
+            callback: Called with this handle; its return value is ignored.
+        """
+        if self.lost_reason is not None:
+            _run_in_thread(callback, self)  # type: ignore[arg-type]
+        elif not self._released:
+            self._callbacks.append(callback)
+
+    def cancel_on_lost(self, task: asyncio.Task[object] | None = None) -> None:
+        """Cancel ``task`` when the hold is lost (at once if it already is).
+
+        Inside :meth:`AsyncLockClient.lock`, such a cancellation of the
+        current task surfaces as LeaseLost from the ``async with`` block.
+
+        Args:
+            task: The task to cancel; the current task by default.
+
+        Raises:
+            RuntimeError: no task given and none is running.
+        """
+        if task is None:
+            task = asyncio.current_task()
+            if task is None:
+                raise RuntimeError("cancel_on_lost() needs a task outside of a running task")
+        if self.lost_reason is not None:
+            self._cancel(task)
+        elif not self._released:
+            self._tasks.append(task)
+
+    def _cancel(self, task: asyncio.Task[object]) -> None:
+        if not task.done():
+            self._cancelled_tasks.add(task)
+            task.cancel(f"fencepost: lock {self._name!r} lost ({self.lost_reason})")
+
+    def _mark_lost(self, reason: str) -> bool:
+        """Signal the loss once: set ``lost``, run hooks, callbacks, cancel tasks.
+
+        Returns:
+            True the first time; False if already lost or released.
+        """
+        if self.lost_reason is not None or self._released:
+            return False
+        self.lost_reason = reason
+        self.lost.set()
+        for hook in self._hooks:
+            try:
+                hook(self)
+            except Exception:  # noqa: BLE001
+                log.exception("fencepost: lost hook failed")
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _run_in_thread(callback, self)  # type: ignore[arg-type]
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            self._cancel(task)
+        return True
+
+    def _mark_released(self) -> None:
+        self._released = True
+        self._releasing = False
+        self._callbacks.clear()
+        self._tasks.clear()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else f"lost:{self.lost_reason}" if self.lost_reason else "held"
+        return (
+            f"<AsyncLockHandle name={self._name!r} lease_id={self.lease_id} token={self._token} "
+            f"ttl={self.ttl} {state}>"
+        )
