@@ -7,8 +7,9 @@ Runs in one process against one etcd (embedded, or --etcd-endpoints):
   is the token. This is the baseline.
 - ``etcd3aio-lock``: etcd3aio's own Lock recipe (a lease granted and revoked
   per lock), for reference.
-- ``coordinator-stub``: Acquire + Release through a coordinator in this
-  process, over the generated grpc.aio stub, one session lease per client.
+- ``coordinator-stub``: Acquire + Release through a coordinator (``fencepost
+  serve`` in a child process, as deployed), over the generated grpc.aio stub,
+  one session lease per client.
 - ``coordinator-client``: the same through fencepost.client.AsyncLockClient.
 
 Each of N concurrent clients loops on its own lock name for --seconds. The
@@ -23,6 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -36,7 +39,6 @@ from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.keys import prefix_end
-from fencepost.coordinator.server import Coordinator
 
 Cycle = Callable[[int], Awaitable[None]]
 
@@ -63,9 +65,19 @@ async def run_clients(n: int, seconds: float, make: Callable[[int], Awaitable[tu
 
 async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, dict[str, float]]:
     prefix = f"/bench/{uuid.uuid4().hex}/"
-    coordinator = Coordinator([endpoint], listen="127.0.0.1:0", prefix=prefix)
-    await coordinator.start()
-    address = coordinator.address
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+         "--etcd-endpoints", endpoint, "--prefix", prefix, "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    address = ""
+    assert coordinator.stdout is not None
+    for line in coordinator.stdout:
+        if line.startswith("fencepost: listening on "):
+            address = line.split()[-1]
+            break
+    if not address:
+        raise RuntimeError("the coordinator did not start")
     etcd = Etcd3Client([endpoint])
     await etcd.connect()
     results: dict[str, dict[str, float]] = {}
@@ -136,7 +148,8 @@ async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, 
             row[kind] = await run_clients(n, seconds, make)
         results[str(n)] = row
     await etcd.close()
-    await coordinator.stop(0)
+    coordinator.terminate()
+    coordinator.wait(timeout=30)
     return results
 
 

@@ -55,6 +55,7 @@ class KeepAliveStream:
         """
         reader = asyncio.create_task(self._read(requests))
         stop = asyncio.create_task(closing.wait())
+        get: asyncio.Task[lock_pb2.KeepAliveResponse] | None = None
         try:
             while True:
                 get = asyncio.create_task(self._out.get())
@@ -62,13 +63,13 @@ class KeepAliveStream:
                 if get in done:
                     yield get.result()
                     continue
-                get.cancel()
                 if reader in done:
                     reader.result()  # re-raise a reader failure
                 return
         finally:
-            reader.cancel()
-            stop.cancel()
+            for task in (reader, stop, get):
+                if task is not None:
+                    task.cancel()
             self.close()
 
     def close(self) -> None:
