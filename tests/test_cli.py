@@ -1,0 +1,406 @@
+"""The ``fencepost`` command line, run as subprocesses against a real coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fencepost.client import cli
+
+REASONS = ("NOT_HOLDER", "STALE_TOKEN", "LEASE_EXPIRED")
+
+
+@dataclass
+class Result:
+    """A finished CLI run."""
+
+    rc: int
+    out: str
+    err: str
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop(cli.ADDRESS_ENV, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fencepost.client.cli", *args]
+
+
+async def run_cli(*args: str, timeout: float = 30.0) -> Result:
+    """Run ``fencepost ARGS...`` to completion without blocking the event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        *_argv(*args), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=_env())
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        pytest.fail(f"fencepost {' '.join(args)} did not exit in {timeout} s\n{out.decode()}\n{err.decode()}")
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+def assert_one_line_error(result: Result, *needles: str) -> None:
+    """The run failed with exactly one stderr line, no traceback, containing every needle."""
+    assert "Traceback" not in result.err, result.err
+    lines = [line for line in result.err.splitlines() if line.strip()]
+    assert len(lines) == 1, result.err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+class Holder:
+    """A running ``fencepost acquire`` child process."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.token: int | None = None
+
+    async def read_token(self, timeout: float = 20.0) -> int:
+        """Wait for the first stdout line and parse it as the fencing token."""
+        assert self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        except TimeoutError:
+            pytest.fail(f"fencepost acquire printed no token within {timeout} s")
+        if not line:
+            rc, _, err = await self.finish()
+            pytest.fail(f"fencepost acquire exited ({rc}) without a token: {err}")
+        self.token = int(line.decode().strip())
+        return self.token
+
+    async def finish(self, sig: int | None = None, timeout: float = 20.0) -> tuple[int, str, str]:
+        """Optionally send ``sig``, then wait for the exit; returns (rc, rest of stdout, stderr)."""
+        if sig is not None and self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        try:
+            out, err = await asyncio.wait_for(self.proc.communicate(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+            out, err = await self.proc.communicate()
+            pytest.fail(f"fencepost acquire did not exit in {timeout} s: {err.decode()}")
+        assert self.proc.returncode is not None
+        return self.proc.returncode, out.decode(), err.decode()
+
+
+@asynccontextmanager
+async def holding(*args: str) -> AsyncIterator[Holder]:
+    """Start ``fencepost acquire ARGS...``; the child is killed and reaped on the way out."""
+    proc = await asyncio.create_subprocess_exec(
+        *_argv("acquire", *args), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env())
+    holder = Holder(proc)
+    try:
+        yield holder
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.communicate()
+
+
+def lock_name() -> str:
+    """A fresh lock name for one test."""
+    return f"inv:{uuid.uuid4().hex[:8]}"
+
+
+async def status_json(address: str, name: str) -> dict[str, object]:
+    """``fencepost status NAME --json``, parsed."""
+    result = await run_cli("status", name, "--json", "--address", address)
+    assert result.rc == 0, result.err
+    obj = json.loads(result.out)
+    assert isinstance(obj, dict)
+    return obj
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (right now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------- against a coordinator
+
+
+async def test_acquire_prints_token_then_sigint_releases(address: str) -> None:
+    """acquire prints the token; status shows that holder; SIGINT releases and exits 0."""
+    name = lock_name()
+    async with holding(name, "--ttl", "5", "--address", address) as holder:
+        token = await holder.read_token()
+        assert token > 0
+
+        st = await status_json(address, name)
+        assert st["held"] is True
+        assert st["token"] == token
+        holder_info = st["holder"]
+        assert isinstance(holder_info, dict) and holder_info["token"] == token
+        assert holder_info["lease_id_hex"] == f"0x{holder_info['lease_id']:x}"
+        assert st["ttl_seconds"] == 5 and 0 <= int(st["ttl_remaining_seconds"]) <= 5  # type: ignore[call-overload]
+
+        text = await run_cli("status", name, "--address", address)
+        assert text.rc == 0 and f"fencing token  {token}" in text.out, text
+
+        rc, _, err = await holder.finish(signal.SIGINT)
+        assert rc == 0, err
+        assert "Traceback" not in err
+        assert name in err and "ttl 5" in err, err
+
+    st = await status_json(address, name)
+    assert st["held"] is False and st["holder"] is None
+    text = await run_cli("status", name, "--address", address)
+    assert text.rc == 0 and f"{name}: not held" in text.out
+
+
+async def test_acquire_then_sigterm_releases_and_next_token_is_larger(address: str) -> None:
+    """SIGTERM releases too, and the next acquire of the name gets a larger token."""
+    name = lock_name()
+    async with holding(name, "--ttl", "5", "--address", address) as first:
+        t1 = await first.read_token()
+        rc, _, err = await first.finish(signal.SIGTERM)
+        assert rc == 0, err
+    async with holding(name, "--ttl", "5", "--try", "--address", address) as second:
+        t2 = await second.read_token()
+        assert t2 > t1
+        rc, _, err = await second.finish(signal.SIGINT)
+        assert rc == 0, err
+
+
+async def test_release_when_token_is_wrong_exits_6_with_reason(address: str) -> None:
+    """release with the holder's lease but an older token exits 6 naming STALE_TOKEN."""
+    name = lock_name()
+    async with holding(name, "--ttl", "5", "--address", address) as holder:
+        token = await holder.read_token()
+        st = await status_json(address, name)
+        lease = st["holder"]["lease_id"]  # type: ignore[index]
+
+        stale = await run_cli("release", name, "--lease-id", hex(lease), "--token", str(token - 1),
+                              "--address", address)
+        assert stale.rc == 6, stale
+        assert_one_line_error(stale, "STALE_TOKEN", name)
+
+        other = await run_cli("release", name, "--lease-id", "12345", "--token", str(token),
+                              "--address", address)
+        assert other.rc == 6, other
+        assert_one_line_error(other)
+        assert any(reason in other.err for reason in REASONS), other.err
+
+        still = await status_json(address, name)
+        assert still["held"] is True and still["token"] == token
+        rc, _, err = await holder.finish(signal.SIGINT)
+        assert rc == 0, err
+
+
+async def test_acquire_when_released_by_hand_reports_lost_and_exits_3(address: str) -> None:
+    """A release by hand (decimal lease id) frees the lock; the holder prints "lost:" and exits 3."""
+    name = lock_name()
+    async with holding(name, "--ttl", "5", "--address", address) as holder:
+        token = await holder.read_token()
+        st = await status_json(address, name)
+        lease = st["holder"]["lease_id"]  # type: ignore[index]
+
+        done = await run_cli("release", name, "--lease-id", str(lease), "--token", str(token),
+                             "--address", address)
+        assert done.rc == 0 and done.out.strip() == "released", done
+
+        rc, _, err = await holder.finish(timeout=20)
+        assert rc == 3, err
+        assert any(line.startswith("lost: ") for line in err.splitlines()), err
+        assert "Traceback" not in err
+    assert (await status_json(address, name))["held"] is False
+
+
+async def test_acquire_try_when_held_exits_5_and_timeout_exits_4(address: str) -> None:
+    """--try on a held lock exits 5 naming the holder; --timeout exits 4; neither leaves a waiter."""
+    name = lock_name()
+    async with holding(name, "--ttl", "5", "--address", address) as holder:
+        token = await holder.read_token()
+
+        held = await run_cli("acquire", name, "--try", "--address", address)
+        assert held.rc == 5, held
+        assert held.out == ""
+        assert_one_line_error(held, name, str(token))
+
+        late = await run_cli("acquire", name, "--timeout", "0.5", "--address", address)
+        assert late.rc == 4, late
+        assert_one_line_error(late, "timeout", name)
+
+        st = await status_json(address, name)
+        assert st["waiter_count"] == 0 and st["token"] == token
+        rc, _, err = await holder.finish(signal.SIGINT)
+        assert rc == 0, err
+
+
+async def test_acquire_when_interrupted_while_waiting_leaves_no_waiter(address: str) -> None:
+    """SIGINT while queued exits 130 and removes the waiter from the queue."""
+    name = lock_name()
+    async with holding(name, "--ttl", "5", "--address", address) as holder:
+        await holder.read_token()
+        async with holding(name, "--ttl", "5", "--address", address) as waiter:
+            for _ in range(200):
+                if (await status_json(address, name))["waiter_count"] == 1:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the second acquire never queued")
+            rc, out, err = await waiter.finish(signal.SIGINT)
+            assert rc == 130 and out == "", (rc, out, err)
+            assert "Traceback" not in err
+        assert (await status_json(address, name))["waiter_count"] == 0
+        rc, _, err = await holder.finish(signal.SIGINT)
+        assert rc == 0, err
+
+
+async def test_status_without_name_reports_serving(address: str) -> None:
+    """status without NAME asks the health service: SERVING, exit 0; --json is one object."""
+    text = await run_cli("status", "--address", address)
+    assert text.rc == 0 and f"coordinator {address}: SERVING" in text.out, text
+    obj = json.loads((await run_cli("status", "--json", "--address", address)).out)
+    assert obj == {"serving": True, "coordinators": [{"address": address, "status": "SERVING"}]}
+
+
+async def test_status_when_name_is_invalid_exits_2_naming_the_field(address: str) -> None:
+    """A lock name the server rejects (too long) exits 2 naming the field."""
+    result = await run_cli("status", "x" * 300, "--address", address)
+    assert result.rc == 2, result
+    assert_one_line_error(result, "name")
+
+
+async def test_address_from_env_and_list_skips_unreachable(address: str) -> None:
+    """FENCEPOST_ADDRESS is used, and an unreachable first address is skipped."""
+    dead = f"127.0.0.1:{free_port()}"
+    env = _env()
+    env[cli.ADDRESS_ENV] = f"{dead},{address}"
+    proc = await asyncio.create_subprocess_exec(
+        *_argv("status", "some-lock", "--json"), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    obj = json.loads(out)
+    assert obj["address"] == address and obj["held"] is False
+
+
+# ---------------------------------------------------------------- no coordinator needed
+
+
+@pytest.mark.parametrize("ttl", ["0", "-3", "abc", "0.5", "86401", "nan"])
+async def test_acquire_when_ttl_is_bad_exits_2_naming_ttl(ttl: str) -> None:
+    """A bad --ttl exits 2 with one line naming ttl, before any network call."""
+    result = await run_cli("acquire", "x", f"--ttl={ttl}", "--address", f"127.0.0.1:{free_port()}")
+    assert result.rc == 2, result
+    assert_one_line_error(result, "ttl")
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["acquire", "x", "--timeout=-1"], "timeout"),
+        (["release", "x", "--lease-id", "zz", "--token", "1"], "lease-id"),
+        (["release", "x", "--lease-id", "0x10", "--token", "0"], "token"),
+        (["status", "x", "--address", "nohost"], "address"),
+    ],
+)
+async def test_bad_input_exits_2_naming_the_field(args: list[str], field: str) -> None:
+    """Bad flags exit 2 with one line naming the flag."""
+    result = await run_cli(*args)
+    assert result.rc == 2, result
+    assert_one_line_error(result, field)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "x"],
+        ["status"],
+        ["release", "x", "--lease-id", "0x10", "--token", "3"],
+        ["acquire", "x", "--ttl", "2", "--timeout", "1"],
+    ],
+)
+async def test_commands_when_coordinator_unreachable_exit_1(args: list[str]) -> None:
+    """With nothing listening, every client command exits 1 with one error line, no traceback."""
+    result = await run_cli(*args, "--address", f"127.0.0.1:{free_port()}", timeout=60)
+    assert result.rc == 1, result
+    assert_one_line_error(result)
+
+
+async def test_help_lists_exit_codes() -> None:
+    """--help documents every exit code."""
+    result = await run_cli("acquire", "--help")
+    assert result.rc == 0
+    for code, text in cli.EXIT_CODES.items():
+        assert f"{code:<4} {text}" in result.out
+
+
+def test_parse_lease_id_accepts_decimal_and_hex() -> None:
+    """Lease ids are accepted in decimal and as 0x-hex."""
+    assert cli.parse_lease_id("7587867312345") == 7587867312345
+    assert cli.parse_lease_id("0x6E6C8E1C9A") == 0x6E6C8E1C9A
+
+
+def test_parse_addresses_splits_commas_and_defaults() -> None:
+    """--address may repeat or be comma-separated; the default is 127.0.0.1:7420."""
+    assert cli.parse_addresses(None) == [cli.DEFAULT_ADDRESS]
+    assert cli.parse_addresses(None, "a:1, b:2") == ["a:1", "b:2"]
+    assert cli.parse_addresses(["a:1,b:2", "c:3", "a:1"], "ignored:9") == ["a:1", "b:2", "c:3"]
+
+
+def test_serve_when_coordinator_extra_missing_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """serve without the coordinator extra says which package to install and exits 2."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("fencepost.coordinator"):
+            raise ModuleNotFoundError("No module named 'etcd3aio'", name="etcd3aio")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    assert cli.main(["serve", "--help"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'fencepost[coordinator]'" in err and "etcd3aio" in err
+
+
+# ---------------------------------------------------------------- serve, end to end
+
+
+def test_serve_then_acquire_and_status_from_another_process(coordinator_process: object, tmp_path: Path) -> None:
+    """`fencepost serve` in one process, `fencepost acquire` and `status` in others (the README flow)."""
+    import subprocess
+
+    address = coordinator_process.start()  # type: ignore[attr-defined]
+    name = lock_name()
+    env = _env()
+    with subprocess.Popen(_argv("acquire", name, "--ttl", "5", "--address", address),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            token = int(proc.stdout.readline())
+            st = subprocess.run(_argv("status", name, "--address", address), capture_output=True,
+                                text=True, env=env, timeout=30)
+            assert st.returncode == 0 and f"fencing token  {token}" in st.stdout, st
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=20)
+            assert proc.returncode == 0, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert coordinator_process.terminate() == 0  # type: ignore[attr-defined]
