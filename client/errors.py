@@ -13,8 +13,10 @@ error)::
      ├── LeaseLost                 the lease behind a hold is gone, or its
      │                             local deadline passed
      ├── NotHolder                 release of a lock this grant does not hold
-     ├── StaleTokenError           the lock is held under a newer token
-     │                             (.token, .current_token)
+     ├── StaleTokenError           a token lower than the newest one: the
+     │                             lock is held under a newer token, or a
+     │                             fencing guard refused a write
+     │                             (.token, .current_token, .record)
      ├── Unavailable               no coordinator, or etcd without quorum
      └── ResourceExhausted         too many waiters, streams or calls
 
@@ -133,11 +135,24 @@ class NotHolder(FencepostError):
 
 
 class StaleTokenError(FencepostError):
-    """The lease holds the lock, but under a newer fencing token.
+    """A fencing token lower than the newest one was offered.
+
+    Raised in two places, with the same attributes:
+
+    - by the coordinator (reason ``STALE_TOKEN``): the lease holds the lock,
+      but under a newer fencing token than the one offered;
+    - by a fencing guard (:mod:`fencepost.client.fencing`): the guarded
+      record has accepted a higher token than the one the write carried, so
+      the write was refused and the record left unchanged (reason
+      ``STALE_TOKEN``; ``NOT_HOLDER`` from the etcd guard when the writer no
+      longer holds the lock). ``record`` is then the record's key.
 
     Attributes:
         token: The offered (old) fencing token, when known.
-        current_token: The newer fencing token, when known.
+        current_token: The newer fencing token (the lock's, or the highest
+            the record has accepted), when known.
+        record: The key of the guarded record that refused the write; None
+            when the error came from the coordinator.
     """
 
     def __init__(
@@ -146,11 +161,19 @@ class StaleTokenError(FencepostError):
         *,
         token: int | None = None,
         current_token: int | None = None,
+        record: object | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(message, **kwargs)
         self.token = token
         self.current_token = current_token
+        self.record = record
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.record is not None:
+            text += f" record={self.record!r}"
+        return text
 
 
 class Unavailable(FencepostError):

@@ -1,0 +1,77 @@
+"""Fencing guards: storage that refuses writes carrying a stale fencing token.
+
+A TTL lock is not mutual exclusion: a holder that stalls past its TTL (GC
+pause, SIGSTOP, partition) can wake up and write after the next holder did.
+Every Fencepost grant carries a fencing token (an etcd revision, strictly
+increasing per lock name); a guard makes the storage check it.
+
+The contract, the same for every adapter:
+
+- A guarded record keeps the highest token it has accepted.
+- A write with token ``t`` is accepted when the record has no token yet or
+  ``t >= stored`` (one holder may write many times with its token), and
+  rejected when ``t < stored``.
+- The check and the write are ONE atomic statement (a conditional UPDATE or
+  upsert, a Lua script, an etcd Txn, a DynamoDB ConditionExpression), never
+  a read followed by a write. A read, if any, only comes after a refusal, to
+  fill the error.
+- A rejection raises :class:`fencepost.client.StaleTokenError` with
+  ``.record`` (the record's key), ``.token`` (offered) and
+  ``.current_token`` (stored), and leaves the record unchanged.
+- Every guard counts its rejections (``guard.rejected``) and calls its
+  optional ``on_reject(err)`` hook before raising, so that operators can see
+  stale writers (a metric, a log line).
+
+One record is guarded by one lock name: take the lock, then write with
+``handle.token``. Not guaranteed: writes that bypass the guard are not
+checked, and a guard does not order two writes that carry the SAME token
+(one holder's own writes are ordered by that holder).
+
+Adapters (each module's docstring shows its exact statement):
+
+- :class:`SqlGuard` (SQLite ``sqlite3``, PostgreSQL psycopg 3):
+  ``UPDATE ... WHERE key = ? AND (fencing_token IS NULL OR fencing_token <= ?)``
+  and ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE t.fencing_token IS
+  NULL OR t.fencing_token <= excluded.fencing_token``; :func:`add_token_column`.
+- :class:`RedisGuard` (redis-py): one Lua compare-and-set script on a hash.
+- :class:`EtcdGuard` (etcd3aio, asyncio): one Txn that also requires the
+  writer's lock key to still have the token as its create revision.
+- :class:`DynamoDBGuard` (boto3): ``attribute_not_exists(fencing_token) OR
+  fencing_token <= :t`` as the write's ConditionExpression; :func:`condition_kwargs`.
+
+Example (a worked timeline, SQLite)::
+
+    guard = SqlGuard(conn, "invoices", "id", commit=True)
+    guard.upsert("inv:42", 7, {"status": "draft"})    # worker A, token 7
+    guard.upsert("inv:42", 9, {"status": "paid"})     # worker B, token 9
+    guard.upsert("inv:42", 7, {"status": "void"})     # A wakes up: StaleTokenError
+                                                      # record='inv:42' token=7 current_token=9
+"""
+
+from ._dynamodb import CONDITION as DYNAMODB_CONDITION
+from ._dynamodb import DynamoDBGuard, condition_kwargs
+from ._etcd import EtcdGuard, Grant, Hold
+from ._guard import FencingGuard, RejectHook, check_identifier, check_token
+from ._redis import SCRIPT as REDIS_SCRIPT
+from ._redis import RedisGuard
+from ._sql import MissingRecordError, SqlGuard, add_token_column, update_statement, upsert_statement
+
+__all__ = [
+    "DYNAMODB_CONDITION",
+    "REDIS_SCRIPT",
+    "DynamoDBGuard",
+    "EtcdGuard",
+    "FencingGuard",
+    "Grant",
+    "Hold",
+    "MissingRecordError",
+    "RejectHook",
+    "RedisGuard",
+    "SqlGuard",
+    "add_token_column",
+    "check_identifier",
+    "check_token",
+    "condition_kwargs",
+    "update_statement",
+    "upsert_statement",
+]

@@ -1,0 +1,133 @@
+"""DynamoDB guard: the token check as a ``ConditionExpression`` of the write itself.
+
+The token is a number attribute of the item (``fencing_token``; absent = no
+token yet). ``put_item`` and ``update_item`` carry the condition, which
+DynamoDB evaluates atomically with the write::
+
+    ConditionExpression="attribute_not_exists(#ft) OR #ft <= :ft"
+    ExpressionAttributeNames={"#ft": "fencing_token"}
+    ExpressionAttributeValues={":ft": {"N": str(token)}}
+    ReturnValuesOnConditionCheckFailure="ALL_OLD"
+
+A failed condition (``ConditionalCheckFailedException``) becomes
+:class:`~fencepost.client.StaleTokenError`; the stored token comes from the
+``ALL_OLD`` item returned with the failure, or, on servers that do not return
+it (dynalite), from a consistent read made after the refusal, for the error
+only. ``update_item`` on a missing item creates it (DynamoDB's own rule;
+``attribute_not_exists`` holds). Existing items need no migration: an item
+without the attribute takes any token. To guard your own calls use
+:func:`condition_kwargs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_token
+
+CONDITION = "attribute_not_exists(#ft) OR #ft <= :ft"
+
+
+def condition_kwargs(token: int, *, token_attribute: str = TOKEN_FIELD) -> dict[str, Any]:
+    """The boto3 keyword arguments that fence a ``put_item``/``update_item``/``delete_item``.
+
+    Args:
+        token: The writer's fencing token.
+        token_attribute: The number attribute that stores the token.
+
+    Returns:
+        ``ConditionExpression``, ``ExpressionAttributeNames`` (``#ft``),
+        ``ExpressionAttributeValues`` (``:ft``) and
+        ``ReturnValuesOnConditionCheckFailure="ALL_OLD"``; merge your own
+        names and values into the two dicts.
+
+    Raises:
+        ValueError: a bad token or attribute name.
+    """
+    check_token(token)
+    check_identifier(token_attribute, "token_attribute")
+    return {
+        "ConditionExpression": CONDITION,
+        "ExpressionAttributeNames": {"#ft": token_attribute},
+        "ExpressionAttributeValues": {":ft": {"N": str(token)}},
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+
+
+class DynamoDBGuard(FencingGuard):
+    """Fenced writes to the items of one DynamoDB table (boto3 low-level client).
+
+    Args:
+        client: ``boto3.client("dynamodb", ...)`` (thread-safe; shared by writers).
+        table: The table name.
+        token_attribute: The number attribute that stores the token.
+        on_reject: Hook called with each StaleTokenError (see FencingGuard).
+
+    Raises:
+        ValueError: ``token_attribute`` is not an identifier.
+    """
+
+    def __init__(self, client: Any, table: str, *, token_attribute: str = TOKEN_FIELD,
+                 on_reject: RejectHook | None = None) -> None:
+        super().__init__(on_reject=on_reject)
+        self.client = client
+        self.table = table
+        self.token_attribute = check_identifier(token_attribute, "token_attribute")
+
+    def put_item(self, key: Mapping[str, Any], token: int, attributes: Mapping[str, Any]) -> None:
+        """Replace the whole item if ``token`` is not lower than its token.
+
+        Args:
+            key: The item's key in low-level form, e.g. ``{"id": {"S": "inv:42"}}``.
+            token: The writer's fencing token.
+            attributes: The other attributes, low-level form (``{"status": {"S": "paid"}}``).
+
+        Raises:
+            StaleTokenError: the item holds a higher token; nothing was written.
+            ValueError: a bad token.
+            botocore.exceptions.ClientError: any other failure.
+        """
+        kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
+        item = {**attributes, **key, self.token_attribute: {"N": str(token)}}
+        self._write(key, token, self.client.put_item, TableName=self.table, Item=item, **kwargs)
+
+    def update_item(self, key: Mapping[str, Any], token: int, values: Mapping[str, Any]) -> None:
+        """Set some attributes (creating the item if needed) if ``token`` is not lower than its token.
+
+        Args:
+            key: The item's key in low-level form.
+            token: The writer's fencing token.
+            values: Attribute name -> low-level value to SET.
+
+        Raises:
+            StaleTokenError: the item holds a higher token; nothing was written.
+            ValueError: a bad token.
+            botocore.exceptions.ClientError: any other failure.
+        """
+        kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
+        sets = ["#ft = :ft"]
+        for i, (name, value) in enumerate(values.items()):
+            kwargs["ExpressionAttributeNames"][f"#a{i}"] = name
+            kwargs["ExpressionAttributeValues"][f":a{i}"] = value
+            sets.append(f"#a{i} = :a{i}")
+        self._write(key, token, self.client.update_item, TableName=self.table, Key=dict(key),
+                    UpdateExpression="SET " + ", ".join(sets), **kwargs)
+
+    def get_item(self, key: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Read an item with a consistent read; None when there is none."""
+        resp = self.client.get_item(TableName=self.table, Key=dict(key), ConsistentRead=True)
+        item = resp.get("Item")
+        return None if item is None else dict(item)
+
+    def _write(self, key: Mapping[str, Any], token: int, call: Any, **kwargs: Any) -> None:
+        try:
+            call(**kwargs)
+        except self.client.exceptions.ConditionalCheckFailedException as exc:
+            old = exc.response.get("Item")
+            if old is None:  # server without ReturnValuesOnConditionCheckFailure
+                old = self.get_item(key)
+            current = None
+            if old is not None and self.token_attribute in old:
+                current = int(old[self.token_attribute]["N"])
+            raise self._reject(dict(key), token, current) from exc

@@ -1,0 +1,77 @@
+"""Redis guard: one Lua script compares and sets the value and the token atomically.
+
+A guarded record is a hash with two fields, ``value`` and ``fencing_token``
+(the token as a decimal string; no field = no token yet). Redis runs a script
+without interleaving any other command, so the compare and the set are one
+step. The script (registered once with ``register_script``, run by EVALSHA)::
+
+    local stored = redis.call('HGET', KEYS[1], 'fencing_token')
+    local t = ARGV[1]
+    if stored and (#stored > #t or (#stored == #t and stored > t)) then
+      return {0, stored}
+    end
+    redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fencing_token', t)
+    return {1, t}
+
+Tokens are compared as decimal strings without leading zeros (longer is
+larger, then byte order), so the comparison is exact for any 64-bit token.
+Needs Redis 4.0 or later (HSET with several fields).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._guard import FencingGuard, RejectHook, check_token
+
+SCRIPT = """\
+local stored = redis.call('HGET', KEYS[1], 'fencing_token')
+local t = ARGV[1]
+if stored and (#stored > #t or (#stored == #t and stored > t)) then
+  return {0, stored}
+end
+redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fencing_token', t)
+return {1, t}
+"""
+
+
+class RedisGuard(FencingGuard):
+    """Fenced writes to Redis hashes (fields ``value`` and ``fencing_token``).
+
+    Args:
+        client: A ``redis.Redis`` client (thread-safe; shared by writers).
+        on_reject: Hook called with each StaleTokenError (see FencingGuard).
+    """
+
+    def __init__(self, client: Any, *, on_reject: RejectHook | None = None) -> None:
+        super().__init__(on_reject=on_reject)
+        self.client = client
+        self._script = client.register_script(SCRIPT)
+
+    def put(self, key: str | bytes, value: str | bytes | int | float, token: int) -> None:
+        """Set the record's value if ``token`` is not lower than its token.
+
+        Args:
+            key: The Redis key of the record (a hash).
+            value: The new value (stored in the hash field ``value``).
+            token: The writer's fencing token.
+
+        Raises:
+            StaleTokenError: the record holds a higher token; nothing was written.
+            ValueError: a bad token.
+            redis.exceptions.RedisError: the server failed (e.g. WRONGTYPE).
+        """
+        check_token(token)
+        accepted, stored = self._script(keys=[key], args=[str(token), value])
+        if int(accepted) == 1:
+            return
+        raise self._reject(key, token, int(stored))
+
+    def get(self, key: str | bytes) -> tuple[bytes | None, int | None]:
+        """Read a record: (value, token), each None when absent (one HMGET).
+
+        Raises:
+            redis.exceptions.RedisError: the server failed.
+        """
+        value, token = self.client.hmget(key, ["value", "fencing_token"])
+        return value, (None if token is None else int(token))

@@ -1,0 +1,254 @@
+"""SQL guard over a DB-API connection: SQLite (``sqlite3``) and PostgreSQL (psycopg 3).
+
+The token lives in a column of the guarded row (``fencing_token BIGINT``,
+NULL = no token yet). Each write is ONE statement whose WHERE clause is the
+fencing check; nothing is read before it. For a table ``invoices`` keyed by
+``id`` with columns ``status`` and ``total`` (``?`` for sqlite3, ``%s`` for
+psycopg)::
+
+    -- SqlGuard.update(): the row must exist
+    UPDATE "invoices" SET "status" = ?, "total" = ?, "fencing_token" = ?
+     WHERE "id" = ? AND ("fencing_token" IS NULL OR "fencing_token" <= ?)
+
+    -- SqlGuard.upsert(): insert the row, or update it under the same check
+    INSERT INTO "invoices" ("id", "status", "total", "fencing_token") VALUES (?, ?, ?, ?)
+    ON CONFLICT ("id") DO UPDATE SET "status" = excluded."status", "total" = excluded."total",
+                                     "fencing_token" = excluded."fencing_token"
+     WHERE "invoices"."fencing_token" IS NULL OR "invoices"."fencing_token" <= excluded."fencing_token"
+
+The statement's row count decides (1 = accepted, 0 = refused or, for
+``update``, no such row). Only after a refusal does the guard read the row's
+token, to tell "stale" from "missing" and to fill the error; that read decides
+nothing. SQLite needs 3.24 or later for the upsert; PostgreSQL needs a unique
+index or primary key on the key column.
+
+Existing tables get the column with :func:`add_token_column`, i.e.
+``ALTER TABLE "invoices" ADD COLUMN "fencing_token" BIGINT``; rows keep NULL
+until their first guarded write.
+
+Transactions: the guard runs its statement on the caller's connection, in the
+caller's transaction, and does not commit unless made with ``commit=True``
+(then it commits after every write, accepted or refused; a refused write
+changed nothing). Without ``commit=True`` a refused write leaves the
+transaction open and usable, neither committed nor rolled back (note that
+PostgreSQL keeps the conflicting row locked by a refused upsert until then). In
+PostgreSQL an accepted UPDATE holds the row lock until that transaction ends,
+so a concurrent writer waits and then re-checks the committed token. Names
+are validated, then double-quoted: in PostgreSQL they are case-sensitive.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_token
+
+_PLACEHOLDERS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+
+
+class MissingRecordError(LookupError):
+    """``SqlGuard.update`` found no row with that key (nothing was written).
+
+    Attributes:
+        record: The key that matched no row.
+    """
+
+    def __init__(self, message: str, *, record: object) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+def _q(name: str) -> str:
+    return f'"{name}"'
+
+
+def _paramstyle(conn: Any, paramstyle: str | None) -> str:
+    if paramstyle is None:
+        module = sys.modules.get(type(conn).__module__.split(".")[0])
+        paramstyle = getattr(module, "paramstyle", None)
+        if paramstyle is None:
+            raise ValueError(f"paramstyle: cannot tell the paramstyle of {type(conn).__name__}; pass it")
+    if paramstyle not in _PLACEHOLDERS:
+        raise ValueError(f"paramstyle must be one of {sorted(_PLACEHOLDERS)}, got {paramstyle!r}")
+    return _PLACEHOLDERS[paramstyle]
+
+
+def update_statement(table: str, key_column: str, columns: list[str], *,
+                     token_column: str = TOKEN_FIELD, placeholder: str = "?") -> str:
+    """The conditional UPDATE for ``columns`` (parameters: values..., token, key, token).
+
+    Raises:
+        ValueError: a name is not an identifier.
+    """
+    check_identifier(table, "table")
+    check_identifier(key_column, "key_column")
+    check_identifier(token_column, "token_column")
+    for column in columns:
+        check_identifier(column, "values")
+    p = placeholder
+    sets = "".join(f"{_q(c)} = {p}, " for c in columns)
+    tok = _q(token_column)
+    return (f"UPDATE {_q(table)} SET {sets}{tok} = {p} "
+            f"WHERE {_q(key_column)} = {p} AND ({tok} IS NULL OR {tok} <= {p})")
+
+
+def upsert_statement(table: str, key_column: str, columns: list[str], *,
+                     token_column: str = TOKEN_FIELD, placeholder: str = "?") -> str:
+    """The conditional upsert for ``columns`` (parameters: key, values..., token).
+
+    Raises:
+        ValueError: a name is not an identifier.
+    """
+    check_identifier(table, "table")
+    check_identifier(key_column, "key_column")
+    check_identifier(token_column, "token_column")
+    for column in columns:
+        check_identifier(column, "values")
+    p = placeholder
+    names = [key_column, *columns, token_column]
+    tok = _q(token_column)
+    sets = ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in [*columns, token_column])
+    return (f"INSERT INTO {_q(table)} ({', '.join(_q(n) for n in names)}) "
+            f"VALUES ({', '.join(p for _ in names)}) "
+            f"ON CONFLICT ({_q(key_column)}) DO UPDATE SET {sets} "
+            f"WHERE {_q(table)}.{tok} IS NULL OR {_q(table)}.{tok} <= excluded.{tok}")
+
+
+def add_token_column(conn: Any, table: str, *, token_column: str = TOKEN_FIELD,
+                     commit: bool = False) -> None:
+    """Add the token column to an existing table: ``ALTER TABLE t ADD COLUMN fencing_token BIGINT``.
+
+    Existing rows get NULL (no token yet): their first guarded write is
+    accepted whatever its token.
+
+    Args:
+        conn: A DB-API connection (sqlite3, psycopg).
+        table: The table name (an identifier).
+        token_column: The column to add.
+        commit: Commit the caller's transaction afterwards.
+
+    Raises:
+        ValueError: ``table`` or ``token_column`` is not an identifier.
+        The driver's error: the column exists already, or no such table.
+    """
+    check_identifier(table, "table")
+    check_identifier(token_column, "token_column")
+    cur = conn.cursor()
+    try:
+        cur.execute(f"ALTER TABLE {_q(table)} ADD COLUMN {_q(token_column)} BIGINT")
+    finally:
+        cur.close()
+    if commit:
+        conn.commit()
+
+
+class SqlGuard(FencingGuard):
+    """Fenced writes to the rows of one table, each one conditional statement.
+
+    Args:
+        conn: A DB-API 2 connection (``sqlite3.Connection``, ``psycopg.Connection``).
+            Use it from one thread at a time, as the driver requires.
+        table: The table name; must match ``^[A-Za-z_][A-Za-z0-9_]*$``.
+        key_column: The key column (unique or primary key), same rule.
+        token_column: The BIGINT token column, same rule.
+        paramstyle: ``"qmark"`` (sqlite3) or ``"format"``/``"pyformat"``
+            (psycopg); None reads the driver module's ``paramstyle``.
+        commit: Commit after each write, accepted or refused (default: the caller commits).
+        on_reject: Hook called with each StaleTokenError (see FencingGuard).
+
+    Raises:
+        ValueError: a name is not an identifier, or the paramstyle is unknown.
+    """
+
+    def __init__(self, conn: Any, table: str, key_column: str, *, token_column: str = TOKEN_FIELD,
+                 paramstyle: str | None = None, commit: bool = False,
+                 on_reject: RejectHook | None = None) -> None:
+        super().__init__(on_reject=on_reject)
+        self.table = check_identifier(table, "table")
+        self.key_column = check_identifier(key_column, "key_column")
+        self.token_column = check_identifier(token_column, "token_column")
+        self.placeholder = _paramstyle(conn, paramstyle)
+        self.conn = conn
+        self.commit = commit
+
+    def update(self, key: Any, token: int, values: Mapping[str, Any]) -> None:
+        """Update an existing row if ``token`` is not lower than the row's token.
+
+        Args:
+            key: The row's key (bound as a parameter).
+            token: The writer's fencing token.
+            values: Column name -> new value (names must be identifiers).
+
+        Raises:
+            StaleTokenError: the row holds a higher token; nothing was written.
+            MissingRecordError: no row has that key; nothing was written.
+            ValueError: a bad token or column name.
+        """
+        check_token(token)
+        columns = list(values)
+        sql = update_statement(self.table, self.key_column, columns,
+                               token_column=self.token_column, placeholder=self.placeholder)
+        params = [values[c] for c in columns] + [token, key, token]
+        if self._execute(sql, params):
+            return
+        current, found = self._current(key)
+        self._end_refused()
+        if not found or current is None or current <= token:
+            raise MissingRecordError(f"no row of {self.table!r} has {self.key_column} = {key!r}", record=key)
+        raise self._reject(key, token, current)
+
+    def upsert(self, key: Any, token: int, values: Mapping[str, Any]) -> None:
+        """Insert the row, or update it if ``token`` is not lower than its token.
+
+        Args:
+            key: The row's key (bound as a parameter).
+            token: The writer's fencing token.
+            values: Column name -> value (names must be identifiers).
+
+        Raises:
+            StaleTokenError: the row holds a higher token; nothing was written.
+            ValueError: a bad token or column name.
+        """
+        check_token(token)
+        columns = list(values)
+        sql = upsert_statement(self.table, self.key_column, columns,
+                               token_column=self.token_column, placeholder=self.placeholder)
+        params = [key] + [values[c] for c in columns] + [token]
+        if self._execute(sql, params):
+            return
+        current, _ = self._current(key)
+        self._end_refused()
+        raise self._reject(key, token, current)
+
+    def _execute(self, sql: str, params: list[Any]) -> bool:
+        cur = self.conn.cursor()
+        try:
+            cur.execute(sql, params)
+            accepted = cur.rowcount == 1
+        finally:
+            cur.close()
+        if accepted and self.commit:
+            self.conn.commit()
+        return accepted
+
+    def _end_refused(self) -> None:
+        # A refused upsert still row-locks the conflicting row in PostgreSQL:
+        # with commit=True end that transaction too (it changed nothing).
+        if self.commit:
+            self.conn.commit()
+
+    def _current(self, key: Any) -> tuple[int | None, bool]:
+        """The row's token after a refusal, for the error only: (token, row found)."""
+        p = self.placeholder
+        cur = self.conn.cursor()
+        try:
+            cur.execute(f"SELECT {_q(self.token_column)} FROM {_q(self.table)} "
+                        f"WHERE {_q(self.key_column)} = {p}", [key])
+            row = cur.fetchone()
+        finally:
+            cur.close()
+        if row is None:
+            return None, False
+        return (None if row[0] is None else int(row[0])), True
