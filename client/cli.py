@@ -9,6 +9,10 @@ Commands:
 - ``fencepost acquire NAME``: take a lock, print its fencing token, hold it while
   the client streams keepalives, release it on SIGINT/SIGTERM.
 - ``fencepost release NAME --lease-id ID --token T``: release a grant by hand.
+- ``fencepost run NAME --ttl S -- CMD [ARGS...]``: run a command while holding a
+  lock, with its fencing token in the command's environment (:mod:`fencepost.client.run`).
+- ``fencepost demo``: the paused-holder scenario, unfenced then fenced
+  (:mod:`fencepost.client.demo`).
 
 Every failure prints one line to stderr and exits with a code from
 :data:`EXIT_CODES`; no command prints a traceback for an expected error.
@@ -56,11 +60,36 @@ EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success (acquire: released after SIGINT/SIGTERM)",
     EXIT_UNAVAILABLE: "coordinator unreachable or not serving, or another server error",
     EXIT_USAGE: "bad input: a flag, a lock name, a TTL, a lease id or a token",
-    EXIT_LOST: "acquire: the lease or the lock was lost while holding it",
-    EXIT_TIMEOUT: "acquire: --timeout passed before the lock was granted",
-    EXIT_HELD: "acquire --try: the lock is held by someone else",
+    EXIT_LOST: "acquire, run: the lease or the lock was lost while holding it",
+    EXIT_TIMEOUT: "acquire, run: --timeout passed before the lock was granted",
+    EXIT_HELD: "acquire --try, run --try: the lock is held by someone else",
     EXIT_PRECONDITION: "release: not released (NOT_HOLDER, STALE_TOKEN or LEASE_EXPIRED)",
-    EXIT_INTERRUPTED: "acquire: interrupted before the lock was granted",
+    EXIT_INTERRUPTED: "acquire, run: interrupted before the lock was granted",
+}
+
+RUN_EXIT_CODES: dict[str, str] = {
+    "N": "the command's own exit status (128+N when signal N killed it)",
+    str(EXIT_UNAVAILABLE): "coordinator unreachable or not serving, or another server error",
+    str(EXIT_USAGE): "bad input: a flag, a lock name, a TTL; or no command after --",
+    str(EXIT_LOST): "the hold was lost while the command ran: the command got SIGTERM, then "
+                    "SIGKILL after --grace (--lost-exit-code changes 3)",
+    str(EXIT_TIMEOUT): "--timeout passed before the lock was granted; the command did not run",
+    str(EXIT_HELD): "--try: the lock is held by someone else; the command did not run",
+    "126": "the command could not be executed",
+    "127": "the command was not found",
+    str(EXIT_INTERRUPTED): "interrupted before the lock was granted; the command did not run",
+}
+"""Exit codes of ``fencepost run``. A command that exits 1 to 5 itself is told
+apart from fencepost's own failures only by the one-line message on stderr
+(and, for 3, by choosing another --lost-exit-code)."""
+
+DEMO_EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "the fenced run kept B's write (the demo showed what it should)",
+    EXIT_UNAVAILABLE: "the fenced run lost B's write, or the demo could not run "
+                      "(etcd, coordinator, database or a worker failed)",
+    EXIT_USAGE: "bad input, or a missing optional package (matplotlib for --plot, "
+                "psycopg for --dsn)",
+    EXIT_INTERRUPTED: "interrupted",
 }
 
 HEALTH_SERVICE = "fencepost.v1.LockService"
@@ -195,6 +224,49 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
+def _run_epilog() -> str:
+    lines = ["exit codes:"]
+    lines += [f"  {code:<4} {text}" for code, text in RUN_EXIT_CODES.items()]
+    lines += [
+        "",
+        "The command's environment gets FENCEPOST_LOCK (the lock name), FENCEPOST_TOKEN (the",
+        "fencing token), FENCEPOST_LEASE_ID (decimal), FENCEPOST_TTL (granted TTL, seconds)",
+        "and FENCEPOST_ADDRESS (the coordinator addresses, comma-separated).",
+        "SIGINT, SIGTERM and SIGHUP sent to fencepost run are forwarded to the command.",
+        "",
+        f"The coordinator address comes from --address, else ${ADDRESS_ENV}, else {DEFAULT_ADDRESS}.",
+    ]
+    return "\n".join(lines)
+
+
+def _demo_epilog() -> str:
+    lines = ["exit codes:"]
+    lines += [f"  {code:<4} {text}" for code, text in DEMO_EXIT_CODES.items()]
+    return "\n".join(lines)
+
+
+def _grace(text: str) -> float:
+    """Parse --grace: seconds, >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"grace must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"grace must be 0 to 3600 seconds, got {text}")
+    return value
+
+
+def _exit_code(text: str) -> int:
+    """Parse --lost-exit-code: 1 to 255."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"lost-exit-code must be an integer, got {text!r}") from None
+    if not 1 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"lost-exit-code must be 1 to 255, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the parser of the ``fencepost`` command (``serve`` is dispatched before it)."""
     fmt = _Formatter
@@ -248,6 +320,48 @@ def build_parser() -> argparse.ArgumentParser:
                    help="holder's lease id, decimal or 0x-hex")
     p.add_argument("--token", required=True, type=_token, metavar="T",
                    help="fencing token of the grant")
+
+    p = sub.add_parser(
+        "run", parents=[common], formatter_class=fmt, epilog=_run_epilog(),
+        usage="fencepost run NAME --ttl S [--timeout S | --try] [--grace S] "
+              "[--lost-exit-code N] [--address HOST:PORT] -- CMD [ARGS...]",
+        help="run a command while holding a lock; the command gets the fencing token",
+        description="Take the lock NAME, run CMD with the fencing token in its environment "
+                    "while the client streams keepalives, and release the lock when CMD "
+                    "exits. If the hold is lost first, CMD gets SIGTERM, then SIGKILL after "
+                    "--grace seconds. Exits with CMD's status.")
+    p.add_argument("name", metavar="NAME", help="lock name")
+    p.add_argument("--ttl", type=_ttl, required=True, metavar="S",
+                   help="lease TTL in seconds, 1 to 86400")
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument("--timeout", type=_timeout, default=None, metavar="S",
+                      help="give up after S seconds of waiting, exit 4 (default: wait forever)")
+    wait.add_argument("--try", dest="try_once", action="store_true",
+                      help="try once; exit 5 if the lock is held")
+    p.add_argument("--grace", type=_grace, default=5.0, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL after the hold is lost (default 5)")
+    p.add_argument("--lost-exit-code", type=_exit_code, default=EXIT_LOST, metavar="N",
+                   help=f"exit code when the hold is lost while CMD runs (default {EXIT_LOST})")
+
+    p = sub.add_parser(
+        "demo", formatter_class=fmt, epilog=_demo_epilog(),
+        help="replay the paused-holder failure, without and with fencing",
+        description="Run the paused-holder scenario twice with real processes: worker A takes "
+                    "a lock, is frozen (SIGSTOP) past its TTL, worker B takes the lock and "
+                    "writes version 2, A wakes up and writes version 1. First with a plain "
+                    "UPDATE (B's write is lost), then with the fencing token checked by the "
+                    "SQL guard (A's write is rejected). Starts its own etcd and coordinator "
+                    "unless --target is given; the invoices table is in a temporary SQLite "
+                    "file unless --dsn is given.")
+    p.add_argument("--target", metavar="HOST:PORT",
+                   help="use this running coordinator instead of an embedded etcd + coordinator")
+    p.add_argument("--dsn", metavar="DSN",
+                   help="PostgreSQL connection string (needs psycopg); the demo creates and "
+                        "drops the table fencepost_demo_invoices there")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw both timelines side by side into FILE.png (needs matplotlib)")
+    p.add_argument("--ttl", type=_ttl, default=2.0, metavar="S",
+                   help="the workers' lease TTL in seconds (default 2)")
     return parser
 
 
@@ -571,8 +685,28 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str]) -> i
 
 def cmd_acquire(args: argparse.Namespace, addresses: list[str]) -> int:
     """``fencepost acquire NAME [--ttl S] [--timeout S | --try]``."""
+    from fencepost.client import FencepostError
+
+    try:
+        return asyncio.run(_acquire_and_hold(args, addresses))
+    except (FencepostError, grpc.RpcError) as err:
+        raise _acquire_error(err, args.name, args.timeout, addresses) from None
+
+
+def _acquire_error(err: Exception, name: str, timeout: float | None,
+                   addresses: list[str]) -> CliError:
+    """Map a client error raised while acquiring or holding lock ``name`` to a CliError.
+
+    Args:
+        err: a FencepostError or grpc.RpcError.
+        name: the lock name.
+        timeout: the --timeout value, for the LockTimeout message.
+        addresses: the coordinator addresses.
+
+    Returns:
+        The CliError to raise (shared by ``acquire`` and ``run``).
+    """
     from fencepost.client import (
-        FencepostError,
         InvalidArgument,
         LeaseLost,
         LockHeld,
@@ -582,33 +716,65 @@ def cmd_acquire(args: argparse.Namespace, addresses: list[str]) -> int:
         Unavailable,
     )
 
-    try:
-        return asyncio.run(_acquire_and_hold(args, addresses))
-    except CliError:
-        raise
-    except InvalidArgument as err:
+    if isinstance(err, grpc.RpcError):
+        return _describe_rpc_error(", ".join(addresses), err, "acquire")
+    if isinstance(err, InvalidArgument):
         field = getattr(err, "field", None) or "request"
-        raise CliError(f"invalid {field}: {_err_text(err)}", EXIT_USAGE) from None
-    except LockTimeout:
-        raise CliError(f"timeout: {args.name} not granted within {args.timeout:g} s",
-                       EXIT_TIMEOUT) from None
-    except LockHeld as err:
+        return CliError(f"invalid {field}: {_err_text(err)}", EXIT_USAGE)
+    if isinstance(err, LockTimeout):
+        return CliError(f"timeout: {name} not granted within {timeout or 0:g} s", EXIT_TIMEOUT)
+    if isinstance(err, LockHeld):
         lease = getattr(err, "holder_lease_id", None)
         token = getattr(err, "holder_token", None)
         who = f" by lease {_lease_hex(lease)} ({lease}) with token {token}" if lease else ""
-        raise CliError(f"held: {args.name} is held{who}", EXIT_HELD) from None
-    except (LeaseLost, NotHolder, StaleTokenError) as err:
+        return CliError(f"held: {name} is held{who}", EXIT_HELD)
+    if isinstance(err, (LeaseLost, NotHolder, StaleTokenError)):
         reason = getattr(err, "reason", None) or type(err).__name__
-        raise CliError(f"lost: {reason}: {_err_text(err)}", EXIT_LOST, bare=True) from None
-    except Unavailable as err:
-        raise CliError(f"coordinator unavailable at {', '.join(addresses)}: {_err_text(err)}",
-                       EXIT_UNAVAILABLE) from None
-    except FencepostError as err:
-        reason = getattr(err, "reason", None)
-        label = f"{type(err).__name__}" + (f"/{reason}" if reason else "")
-        raise CliError(f"{label}: {_err_text(err)}", EXIT_UNAVAILABLE) from None
-    except grpc.RpcError as err:
-        raise _describe_rpc_error(", ".join(addresses), err, "acquire") from None
+        return CliError(f"lost: {reason}: {_err_text(err)}", EXIT_LOST, bare=True)
+    if isinstance(err, Unavailable):
+        return CliError(f"coordinator unavailable at {', '.join(addresses)}: {_err_text(err)}",
+                        EXIT_UNAVAILABLE)
+    reason = getattr(err, "reason", None)
+    label = f"{type(err).__name__}" + (f"/{reason}" if reason else "")
+    return CliError(f"{label}: {_err_text(err)}", EXIT_UNAVAILABLE)
+
+
+# ---------------------------------------------------------------------------
+# run and demo
+# ---------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace, addresses: list[str], command: list[str]) -> int:
+    """``fencepost run NAME --ttl S [...] -- CMD [ARGS...]`` (see :mod:`fencepost.client.run`)."""
+    from fencepost.client import FencepostError
+    from fencepost.client.run import CommandError, run_locked
+
+    try:
+        result = asyncio.run(run_locked(
+            addresses, args.name, command, ttl=args.ttl, timeout=args.timeout,
+            try_once=args.try_once, grace=args.grace, lost_exit_code=args.lost_exit_code,
+            interrupted_exit_code=EXIT_INTERRUPTED))
+    except CommandError as err:
+        raise CliError(str(err), err.exit_code) from None
+    except (FencepostError, grpc.RpcError) as err:
+        cli_err = _acquire_error(err, args.name, args.timeout, addresses)
+        if cli_err.exit_code in (EXIT_TIMEOUT, EXIT_HELD):
+            cli_err = CliError(f"{cli_err}; command not run", cli_err.exit_code)
+        raise cli_err from None
+    if result.message:
+        print(result.message if result.lost_reason else f"fencepost run: {result.message}",
+              file=sys.stderr, flush=True)
+    return result.exit_code
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``fencepost demo [--target HOST:PORT] [--dsn DSN] [--plot FILE.png] [--ttl S]``."""
+    from fencepost.client.demo import DemoError, main as demo_main
+
+    try:
+        return demo_main(target=args.target, dsn=args.dsn, plot=args.plot, ttl=args.ttl)
+    except DemoError as err:
+        raise CliError(str(err), err.exit_code) from None
 
 
 # ---------------------------------------------------------------------------
@@ -646,10 +812,21 @@ def main(argv: list[str] | None = None) -> int:
     if args_list and args_list[0] == "serve":
         return cmd_serve(args_list[1:])
     parser = build_parser()
+    command: list[str] = []
+    if args_list and args_list[0] == "run" and "--" in args_list:
+        split = args_list.index("--")
+        args_list, command = args_list[:split], args_list[split + 1:]
     args = parser.parse_args(args_list)
     prog = f"fencepost {args.command}"
     try:
+        if args.command == "demo":
+            return cmd_demo(args)
         addresses = parse_addresses(args.address, os.environ.get(ADDRESS_ENV))
+        if args.command == "run":
+            if not command:
+                raise CliError("no command: give it after --, as in "
+                               "fencepost run NAME --ttl S -- CMD [ARGS...]", EXIT_USAGE)
+            return cmd_run(args, addresses, command)
         if args.command == "status":
             return cmd_status(args, addresses)
         if args.command == "acquire":

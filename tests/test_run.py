@@ -1,0 +1,307 @@
+"""``fencepost run``, as a subprocess, against a real coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from fencepost.client import AsyncLockClient, cli
+from fencepost.client.run import exit_status
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+
+# A Python child that reports its environment, then waits; on SIGTERM it says so
+# and exits 42, unless told to ignore SIGTERM.
+CHILD = r"""
+import os, signal, sys, time
+mode = sys.argv[1]
+def on_term(signum, frame):
+    print("child got SIGTERM", flush=True)
+    sys.exit(42)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else on_term)
+print(os.environ["FENCEPOST_TOKEN"], os.environ["FENCEPOST_LEASE_ID"], flush=True)
+time.sleep(60)
+"""
+
+
+@dataclass
+class Result:
+    """A finished ``fencepost run``."""
+
+    rc: int
+    out: str
+    err: str
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop(cli.ADDRESS_ENV, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fencepost.client.cli", "run", *args]
+
+
+def lock_name() -> str:
+    """A fresh lock name for one test."""
+    return f"job:{uuid.uuid4().hex[:8]}"
+
+
+async def run(*args: str, timeout: float = 30.0) -> Result:
+    """Run ``fencepost run ARGS...`` to completion without blocking the event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        *_argv(*args), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=_env())
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        pytest.fail(f"fencepost run {' '.join(args)} did not exit in {timeout} s\n{out.decode()}\n{err.decode()}")
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+class Running:
+    """A ``fencepost run`` child whose command prints ``TOKEN LEASE_ID`` first."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def grant(self, timeout: float = 20.0) -> tuple[int, int]:
+        """Read the command's first line: (token, lease id)."""
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            rc, out, err = await self.finish()
+            pytest.fail(f"fencepost run exited ({rc}) before its command printed: {out}\n{err}")
+        token, lease = line.decode().split()
+        return int(token), int(lease)
+
+    async def finish(self, timeout: float = 30.0) -> tuple[int, str, str]:
+        """Wait for the exit; returns (rc, rest of stdout, stderr)."""
+        try:
+            out, err = await asyncio.wait_for(self.proc.communicate(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+            out, err = await self.proc.communicate()
+            pytest.fail(f"fencepost run did not exit in {timeout} s: {err.decode()}")
+        assert self.proc.returncode is not None
+        return self.proc.returncode, out.decode(), err.decode()
+
+
+@asynccontextmanager
+async def running(*args: str) -> AsyncIterator[Running]:
+    """Start ``fencepost run ARGS...``; killed and reaped on the way out."""
+    proc = await asyncio.create_subprocess_exec(
+        *_argv(*args), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=_env())
+    try:
+        yield Running(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.communicate()
+
+
+async def held(address: str, name: str) -> bool:
+    """Whether lock ``name`` is held right now."""
+    async with AsyncLockClient(address) as client:
+        return (await client.describe(name)).held
+
+
+def python_child(mode: str) -> list[str]:
+    """The command line of the CHILD script in ``mode`` ("obey" or "ignore" SIGTERM)."""
+    return [sys.executable, "-c", CHILD, mode]
+
+
+# ---------------------------------------------------------------- the happy path
+
+
+async def test_run_prints_token_in_child_and_releases(address: str) -> None:
+    """The README line: the child sees its token and lock; run exits 0 and the lock is free after."""
+    name = lock_name()
+    result = await run(name, "--ttl", "3", "--address", address, "--",
+                       "sh", "-c", 'echo $FENCEPOST_TOKEN; echo "$FENCEPOST_LOCK|$FENCEPOST_ADDRESS|$FENCEPOST_TTL"; sleep 1')
+    assert result.rc == 0, result
+    token_line, info = result.out.splitlines()
+    assert int(token_line) > 0
+    assert info == f"{name}|{address}|3"
+    assert f"token {token_line}" in result.err and "Traceback" not in result.err
+    assert not await held(address, name)
+
+
+async def test_run_when_child_exits_7_exits_7_and_tokens_grow(address: str) -> None:
+    """The child's exit status is run's; the next run of the same lock gets a larger token."""
+    name = lock_name()
+    first = await run(name, "--ttl", "3", "--address", address, "--", "sh", "-c", "echo $FENCEPOST_TOKEN; exit 7")
+    assert first.rc == 7, first
+    second = await run(name, "--ttl", "3", "--address", address, "--", "sh", "-c", "echo $FENCEPOST_TOKEN")
+    assert second.rc == 0, second
+    assert int(second.out) > int(first.out)
+    assert not await held(address, name)
+
+
+async def test_run_when_child_is_killed_by_a_signal_exits_128_plus_n(address: str) -> None:
+    """A child killed by signal N makes run exit 128+N, and the lock is released."""
+    name = lock_name()
+    result = await run(name, "--ttl", "3", "--address", address, "--", "sh", "-c", "kill -KILL $$")
+    assert result.rc == 128 + signal.SIGKILL, result
+    assert not await held(address, name)
+
+
+def test_exit_status_maps_signals_to_128_plus_n() -> None:
+    """Popen's -N (killed by signal N) becomes 128+N; exit codes pass through."""
+    assert exit_status(0) == 0 and exit_status(7) == 7
+    assert exit_status(-signal.SIGTERM) == 143
+
+
+# ---------------------------------------------------------------- not acquired
+
+
+async def test_run_when_lock_is_held_exits_4_or_5_and_child_never_runs(address: str, tmp_path: object) -> None:
+    """--timeout on a held lock exits 4, --try exits 5; the command never runs."""
+    name = lock_name()
+    marker = f"{tmp_path}/ran"
+    async with AsyncLockClient(address) as client:
+        h = await client.acquire(name, ttl=5.0)
+        late = await run(name, "--ttl", "3", "--timeout", "0.5", "--address", address, "--",
+                         "sh", "-c", f"touch {marker}")
+        assert late.rc == 4, late
+        assert "timeout" in late.err and name in late.err and len(late.err.splitlines()) == 1, late.err
+        busy = await run(name, "--ttl", "3", "--try", "--address", address, "--", "sh", "-c", f"touch {marker}")
+        assert busy.rc == 5, busy
+        assert str(h.token) in busy.err
+        assert not os.path.exists(marker)
+        assert (await client.describe(name)).waiter_count == 0
+        await h.release()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--ttl", "3"], "no command"),
+    (["--ttl", "0", "--", "true"], "ttl"),
+    (["--", "true"], "--ttl"),
+    (["--ttl", "3", "--grace", "-1", "--", "true"], "grace"),
+])
+async def test_run_when_input_is_bad_exits_2(args: list[str], needle: str) -> None:
+    """A missing command, TTL or a bad --grace exits 2 with one line naming it."""
+    result = await run(lock_name(), *args, "--address", "127.0.0.1:1")
+    assert result.rc == 2, result
+    assert needle in result.err and len(result.err.splitlines()) == 1, result.err
+
+
+async def test_run_when_command_is_missing_exits_127_and_releases(address: str) -> None:
+    """A command that does not exist exits 127 (as a shell would) and leaves the lock free."""
+    name = lock_name()
+    result = await run(name, "--ttl", "3", "--address", address, "--", "no-such-command-fencepost")
+    assert result.rc == 127, result
+    assert "not found" in result.err
+    assert not await held(address, name)
+
+
+# ---------------------------------------------------------------- lost while running
+
+
+async def test_run_when_hold_released_by_hand_sigterms_child_and_exits_3(address: str) -> None:
+    """Releasing the hold through the API stops the child with SIGTERM; run exits 3 saying "lost"."""
+    name = lock_name()
+    async with running(name, "--ttl", "5", "--address", address, "--", *python_child("obey")) as r:
+        token, lease = await r.grant()
+        channel = grpc.aio.insecure_channel(address)
+        try:
+            stub = lock_pb2_grpc.LockServiceStub(channel)
+            await stub.Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease, token=token), timeout=5)
+        finally:
+            await channel.close()
+        rc, out, err = await r.finish()
+    assert rc == 3, (rc, out, err)
+    assert "child got SIGTERM" in out
+    assert any(line.startswith("lost: ") for line in err.splitlines()), err
+    assert "Traceback" not in err
+
+
+async def test_run_when_lease_revoked_and_child_ignores_sigterm_sigkills_after_grace(address: str) -> None:
+    """A revoked lease stops the child; one that ignores SIGTERM is killed after --grace; --lost-exit-code applies."""
+    name = lock_name()
+    async with running(name, "--ttl", "5", "--grace", "1.5", "--lost-exit-code", "99", "--address", address,
+                       "--", *python_child("ignore")) as r:
+        _, lease = await r.grant()
+        channel = grpc.aio.insecure_channel(address)
+        try:
+            stub = lock_pb2_grpc.LockServiceStub(channel)
+            found = await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)
+            assert found.found
+        finally:
+            await channel.close()
+        revoked_at = time.monotonic()
+        rc, out, err = await r.finish()
+        took = time.monotonic() - revoked_at
+    assert rc == 99, (rc, out, err)
+    assert "child got SIGTERM" not in out
+    assert "SIGKILL" in err and "status 137" in err, err
+    assert 1.4 <= took < 10, took
+    assert not await held(address, name)
+
+
+# ---------------------------------------------------------------- signals
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+async def test_run_forwards_signals_to_child_and_exits_with_its_status(address: str, sig: signal.Signals) -> None:
+    """A signal sent to fencepost run reaches the child; run exits with the child's status and releases."""
+    name = lock_name()
+    script = ("import signal, sys, time, os\n"
+              "def on(signum, frame):\n"
+              "    print('child got', signal.Signals(signum).name, flush=True); sys.exit(40)\n"
+              "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP): signal.signal(s, on)\n"
+              "print(os.environ['FENCEPOST_TOKEN'], os.environ['FENCEPOST_LEASE_ID'], flush=True)\n"
+              "time.sleep(60)\n")
+    async with running(name, "--ttl", "5", "--address", address, "--", sys.executable, "-c", script) as r:
+        await r.grant()
+        r.proc.send_signal(sig)
+        rc, out, err = await r.finish()
+    assert rc == 40, (rc, out, err)
+    assert f"child got {sig.name}" in out
+    assert not await held(address, name)
+
+
+async def test_run_when_interrupted_while_waiting_exits_130_and_child_never_runs(address: str) -> None:
+    """SIGTERM before the grant exits 130, leaves no waiter and never starts the command."""
+    name = lock_name()
+    async with AsyncLockClient(address) as client:
+        h = await client.acquire(name, ttl=5.0)
+        async with running(name, "--ttl", "3", "--address", address, "--", "echo", "ran") as r:
+            for _ in range(200):
+                if (await client.describe(name)).waiter_count == 1:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("fencepost run never queued")
+            r.proc.send_signal(signal.SIGTERM)
+            rc, out, err = await r.finish()
+        assert rc == 130 and out == "", (rc, out, err)
+        assert (await client.describe(name)).waiter_count == 0
+        await h.release()
+
+
+async def test_run_help_lists_exit_codes_and_env() -> None:
+    """run --help documents its exit codes and the FENCEPOST_* variables."""
+    proc = await asyncio.create_subprocess_exec(*_argv("--help"), stdout=asyncio.subprocess.PIPE, env=_env())
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    text = out.decode()
+    for code, meaning in cli.RUN_EXIT_CODES.items():
+        assert f"{code:<4} {meaning[:30]}" in text
+    for var in ("FENCEPOST_LOCK", "FENCEPOST_TOKEN", "FENCEPOST_LEASE_ID", "FENCEPOST_ADDRESS"):
+        assert var in text
