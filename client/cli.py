@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import os
@@ -632,6 +631,7 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str]) -> i
     hold is released, and the client closes its stream on the way out.
     """
     from fencepost.client import AsyncLockClient
+    from fencepost.client.run import acquire_unless
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -640,24 +640,10 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str]) -> i
         loop.add_signal_handler(sig, stop.set)
     try:
         async with AsyncLockClient(addresses) as client:
-            if args.try_once:
-                acquiring = asyncio.ensure_future(client.try_acquire(args.name, ttl=args.ttl))
-            else:
-                acquiring = asyncio.ensure_future(
-                    client.acquire(args.name, ttl=args.ttl, timeout=args.timeout))
-            stopping = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-            if not acquiring.done():
-                acquiring.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await acquiring
-                if not acquiring.cancelled() and acquiring.exception() is None:
-                    await acquiring.result().release()
+            handle = await acquire_unless(client, args.name, ttl=args.ttl, timeout=args.timeout,
+                                          try_once=args.try_once, interrupt=stop.wait())
+            if handle is None:
                 raise CliError(f"interrupted while waiting for {args.name}", EXIT_INTERRUPTED)
-            handle = acquiring.result()
 
             print(handle.token, flush=True)
             print(f"fencepost: holding {handle.name} with token {handle.token}, lease "

@@ -38,8 +38,9 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 ENV_LOCK = "FENCEPOST_LOCK"
 """The child's environment: the lock name."""
@@ -151,6 +152,45 @@ def _note(text: str) -> None:
     print(f"fencepost run: {text}", file=sys.stderr, flush=True)
 
 
+async def acquire_unless(client: Any, name: str, *, ttl: float, timeout: float | None, try_once: bool,
+                         interrupt: Awaitable[object]) -> Any:
+    """Acquire ``name`` unless ``interrupt`` completes first (a signal, say).
+
+    Args:
+        client: a connected :class:`fencepost.client.AsyncLockClient`.
+        name: the lock name.
+        ttl: lease TTL in seconds.
+        timeout: seconds to wait; None waits forever (ignored with ``try_once``).
+        try_once: try once (``try_acquire``) instead of waiting.
+        interrupt: an awaitable; if it completes before the grant, the acquire
+            is cancelled (which removes the waiter's place in the queue).
+
+    Returns:
+        The :class:`fencepost.client.AsyncLockHandle`, or None when interrupted
+        (a grant that raced with the interrupt is released).
+
+    Raises:
+        fencepost.client.FencepostError: the acquire failed (LockTimeout, LockHeld, ...).
+    """
+    if try_once:
+        acquiring = asyncio.ensure_future(client.try_acquire(name, ttl=ttl))
+    else:
+        acquiring = asyncio.ensure_future(client.acquire(name, ttl=ttl, timeout=timeout))
+    interrupted = asyncio.ensure_future(interrupt)
+    try:
+        await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        interrupted.cancel()
+    if acquiring.done():
+        return acquiring.result()
+    acquiring.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await acquiring
+    if not acquiring.cancelled() and acquiring.exception() is None:
+        await acquiring.result().release()
+    return None
+
+
 async def run_locked(
     addresses: Sequence[str],
     name: str,
@@ -192,24 +232,11 @@ async def run_locked(
         loop.add_signal_handler(sig, received.put_nowait, sig)
     try:
         async with AsyncLockClient(list(addresses)) as client:
-            if try_once:
-                acquiring = asyncio.ensure_future(client.try_acquire(name, ttl=ttl))
-            else:
-                acquiring = asyncio.ensure_future(client.acquire(name, ttl=ttl, timeout=timeout))
-            signalled = asyncio.ensure_future(received.get())
-            try:
-                await asyncio.wait({acquiring, signalled}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                signalled.cancel()
-            if not acquiring.done():
-                acquiring.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await acquiring
-                if not acquiring.cancelled() and acquiring.exception() is None:
-                    await acquiring.result().release()
+            handle = await acquire_unless(client, name, ttl=ttl, timeout=timeout, try_once=try_once,
+                                          interrupt=received.get())
+            if handle is None:
                 return RunResult(interrupted_exit_code,
                                  message=f"interrupted while waiting for {name}; command not run")
-            handle = acquiring.result()
 
             env = child_environment(dict(os.environ), name=handle.name, token=handle.token,
                                     lease_id=handle.lease_id, ttl=handle.ttl, addresses=addresses)
