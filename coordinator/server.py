@@ -63,16 +63,22 @@ class Coordinator:
         listen: ``HOST:PORT`` to serve on; port 0 picks a free port.
         prefix: the etcd key prefix of all locks.
         grace_seconds: how long ``stop()`` lets in-flight calls finish.
+        server_options: extra gRPC server channel options, applied over
+            ``SERVER_OPTIONS`` (same key: the extra value wins). For tests and
+            tuning, e.g. a stricter ``grpc.http2.min_recv_ping_interval_without_data_ms``.
     """
 
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
-                 prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0) -> None:
+                 prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
+                 server_options: Sequence[tuple[str, int | str]] = ()) -> None:
         if not etcd_endpoints:
             raise ValueError("etcd_endpoints must name at least one host:port")
         self._endpoints = list(etcd_endpoints)
         self._listen = listen
         self._keys = Keys(prefix)
         self._grace = grace_seconds
+        extra = dict(server_options)
+        self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
         self._etcd = Etcd3Client(self._endpoints)
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
@@ -101,7 +107,7 @@ class Coordinator:
         self._sessions = Sessions(self._etcd, self._endpoints)
         locks = LockManager(self._etcd, self._keys, self._watcher)
         self._service = LockService(self._sessions, locks, self._watcher, self._keys)
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server = grpc.aio.server(options=self._server_options)
         lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         try:

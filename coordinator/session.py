@@ -24,8 +24,18 @@ from .keys import validate_lease_id, validate_ttl
 
 _log = logging.getLogger(__name__)
 
-#: How long a forwarded keepalive may wait for etcd's answer, in seconds.
-KEEPALIVE_ANSWER_TIMEOUT = 5.0
+_Pending = dict[int, collections.deque[asyncio.Future[int]]]
+
+#: How long a forwarded keepalive waits for etcd's answer on one stream, in
+#: seconds (a healthy etcd answers in milliseconds). Past it the stream is
+#: presumed stuck on a frozen or cut-off member (a SIGSTOPped etcd keeps its
+#: TCP connection open, so gRPC only notices at its ping timeout, 15 s) and
+#: is replaced; all attempts together must stay under K = TTL/3 so that the
+#: keepalive is still acknowledged before the client's deadline.
+KEEPALIVE_ANSWER_TIMEOUT = 0.5
+#: Streams a forwarded keepalive is tried on (the round-robin channel puts a
+#: new stream on another member; 3 covers a 3-member cluster).
+KEEPALIVE_ATTEMPTS = 3
 #: Per-call deadline of unary etcd calls made by the coordinator, in seconds.
 ETCD_CALL_TIMEOUT = 5.0
 
@@ -43,7 +53,8 @@ class Sessions:
         self._channel = ConnectionManager(list(endpoints)).get_channel()
         self._stub = LeaseStub(self._channel)
         self._outbox: asyncio.Queue[LeaseKeepAliveRequest] | None = None
-        self._pending: dict[int, collections.deque[asyncio.Future[int]]] = collections.defaultdict(collections.deque)
+        # Answers awaited on the current stream, by lease id, oldest first.
+        self._pending: _Pending = collections.defaultdict(collections.deque)
         self._task: asyncio.Task[None] | None = None
 
     async def grant(self, ttl_seconds: int) -> tuple[int, int]:
@@ -97,18 +108,25 @@ class Sessions:
             The TTL etcd reset the lease to, in seconds; <= 0 if the lease is gone.
 
         Raises:
-            EtcdUnavailable: no answer from etcd within KEEPALIVE_ANSWER_TIMEOUT.
+            EtcdUnavailable: no answer from etcd on KEEPALIVE_ATTEMPTS streams,
+                each given KEEPALIVE_ANSWER_TIMEOUT.
         """
-        self._ensure_stream()
-        assert self._outbox is not None
-        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        answer.add_done_callback(_retrieve)
-        self._pending[lease_id].append(answer)
-        self._outbox.put_nowait(LeaseKeepAliveRequest(ID=lease_id))
-        try:
-            return await asyncio.wait_for(asyncio.shield(answer), KEEPALIVE_ANSWER_TIMEOUT)
-        except TimeoutError as exc:
-            raise EtcdUnavailable("etcd: no keepalive answer", lease_id=lease_id) from exc
+        last: BaseException | None = None
+        for _ in range(KEEPALIVE_ATTEMPTS):
+            task, outbox, pending = self._ensure_stream()
+            answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            answer.add_done_callback(_retrieve)
+            pending[lease_id].append(answer)
+            outbox.put_nowait(LeaseKeepAliveRequest(ID=lease_id))
+            try:
+                return await asyncio.wait_for(asyncio.shield(answer), KEEPALIVE_ANSWER_TIMEOUT)
+            except TimeoutError as exc:
+                # The stream's member is stuck: replace the stream, retry on the next member.
+                last = exc
+                self._restart_stream(task)
+            except EtcdUnavailable as exc:  # the stream broke under the answer: retry on a new one
+                last = exc
+        raise EtcdUnavailable("etcd: no keepalive answer", lease_id=lease_id) from last
 
     async def close(self) -> None:
         """Stop the keepalive stream and close its channel (leases are left alone)."""
@@ -119,12 +137,23 @@ class Sessions:
             self._task = None
         await self._channel.close()
 
-    def _ensure_stream(self) -> None:
-        if self._task is None or self._task.done():
+    def _ensure_stream(self) -> tuple[asyncio.Task[None], asyncio.Queue[LeaseKeepAliveRequest], _Pending]:
+        """The current stream (task, outbox, awaited answers), opened if there is none."""
+        if self._task is None or self._task.done() or self._outbox is None:
             self._outbox = asyncio.Queue()
-            self._task = asyncio.create_task(self._run(self._outbox), name="fencepost-lease-keepalive")
+            self._pending = collections.defaultdict(collections.deque)
+            self._task = asyncio.create_task(self._run(self._outbox, self._pending),
+                                             name="fencepost-lease-keepalive")
+        return self._task, self._outbox, self._pending
 
-    async def _run(self, outbox: asyncio.Queue[LeaseKeepAliveRequest]) -> None:
+    def _restart_stream(self, task: asyncio.Task[None]) -> None:
+        """End ``task``'s stream (its awaited answers fail) so the next keepalive opens a new one."""
+        if self._task is task:
+            _log.warning("etcd keepalive stream unanswered for %.1f s; opening a new one", KEEPALIVE_ANSWER_TIMEOUT)
+            self._task = None
+            task.cancel()
+
+    async def _run(self, outbox: asyncio.Queue[LeaseKeepAliveRequest], pending: _Pending) -> None:
         async def requests() -> AsyncIterator[LeaseKeepAliveRequest]:
             while True:
                 yield await outbox.get()
@@ -132,11 +161,11 @@ class Sessions:
         call = self._stub.LeaseKeepAlive(requests())
         try:
             async for resp in call:
-                waiting = self._pending.get(int(resp.ID))
+                waiting = pending.get(int(resp.ID))
                 if waiting:
                     answer = waiting.popleft()
                     if not waiting:
-                        del self._pending[int(resp.ID)]
+                        del pending[int(resp.ID)]
                     if not answer.done():
                         answer.set_result(int(resp.TTL))
         except grpc.aio.AioRpcError as exc:
@@ -145,11 +174,11 @@ class Sessions:
             call.cancel()
             # Answers that will never come: those keepalives count as not
             # acknowledged; the client's deadline covers them.
-            for waiting in self._pending.values():
+            for waiting in pending.values():
                 for answer in waiting:
                     if not answer.done():
                         answer.set_exception(EtcdUnavailable("etcd keepalive stream broke"))
-            self._pending.clear()
+            pending.clear()
 
 
 def _retrieve(answer: asyncio.Future[int]) -> None:
