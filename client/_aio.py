@@ -385,6 +385,11 @@ class AsyncLockClient:
                     self._rotate(channel, force=True)
                     await asyncio.sleep(min(next(delays), max(0.0, budget())))
                     continue
+                except grpc.aio.UsageError as err:  # the stream's rotation closed it: use the new channel
+                    if budget() <= 0:
+                        raise Unavailable("channel closed", name=name, lease_id=lease_id) from err
+                    await asyncio.sleep(min(next(delays), max(0.0, budget())))
+                    continue
             left = None if until is None else until - loop.time()
             request, timeout = make(left)
             try:
