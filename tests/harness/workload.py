@@ -1,0 +1,551 @@
+"""The fault-run workload: worker processes doing fenced read-modify-writes.
+
+Each worker (``python -m tests.harness.workload worker ...``) loops:
+
+1. acquire a lock named after one counter row (``LockClient.acquire``);
+2. **claim** the row with the token (a fenced write of the token alone);
+3. read the counter;
+4. write counter + 1 with the token (a fenced UPDATE) and append
+   ``(record, token, worker, old, new)`` to an audit table in the same
+   transaction, so that the audit table's order is the commit order;
+5. release.
+
+Why the claim: a fenced *write* alone does not protect a read-modify-write.
+If holder C (token 5) read the counter, froze, and lost its lease, and A
+(token 7) then read the same value before C woke up and wrote, C's late
+write is accepted (5 >= the stored token) and A's write too (7 >= 5): one
+increment is lost. Claiming the row with token 7 before reading makes C's
+write stale, and any write accepted after A's claim carries a token >= 7,
+which makes A's own write stale instead. The checker finds the lost update
+if a workload skips the claim (``--no-claim``).
+
+Every step is recorded in the worker's history (see :mod:`.history`),
+``is_valid()`` is recorded before and after each write, and a loss notice
+(``on_lost`` callback) is recorded with the lease's estimated server-side
+expiry (send time of the last acknowledged keepalive + TTL).
+
+The driver (:func:`run`) starts K workers for N seconds against SQLite (a
+file in WAL mode) or PostgreSQL (a DSN), calls a nemesis between pauses,
+stops the workers, and returns the merged history and the final data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import history as hist
+
+REPO = Path(__file__).resolve().parents[2]
+
+__all__ = ["Store", "open_store", "Control", "RunResult", "run", "freeze_nemesis", "kill_nemesis",
+           "restart_nemesis", "mixed_nemesis", "freeze_holder_nemesis", "worker_main"]
+
+
+# ---------------------------------------------------------------- storage
+
+
+class Store:
+    """Counter rows guarded by fencing tokens, plus the audit table (SQLite or PostgreSQL).
+
+    Tables (``tag`` keeps runs apart in a shared PostgreSQL):
+    ``fp_counter_<tag>(id TEXT PRIMARY KEY, value BIGINT, fencing_token BIGINT)`` and
+    ``fp_audit_<tag>(seq, record, token, worker, old, new)``.
+
+    Args:
+        target: A SQLite file path, or a PostgreSQL DSN (``postgresql://...``).
+        tag: Table name suffix (letters, digits, underscore).
+    """
+
+    def __init__(self, target: str, tag: str = "run") -> None:
+        from fencepost.client.fencing import SqlGuard
+
+        self.target = target
+        self.postgres = target.startswith(("postgres://", "postgresql://", "host=", "dbname="))
+        self.counter = f"fp_counter_{tag}"
+        self.audit = f"fp_audit_{tag}"
+        if self.postgres:
+            import psycopg
+
+            self.conn: Any = psycopg.connect(target, autocommit=True)
+            self.p = "%s"
+        else:
+            self.conn = sqlite3.connect(target, timeout=60.0, isolation_level=None, check_same_thread=False)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA busy_timeout=60000")
+            self.p = "?"
+        self.guard = SqlGuard(self.conn, self.counter, "id", commit=False)
+
+    # -- schema
+
+    def create(self, records: Sequence[str]) -> None:
+        """(Re)create both tables with every counter at 0 and no token."""
+        audit_seq = "BIGSERIAL PRIMARY KEY" if self.postgres else "INTEGER PRIMARY KEY AUTOINCREMENT"
+        for sql in (
+            f"DROP TABLE IF EXISTS {self.counter}",
+            f"DROP TABLE IF EXISTS {self.audit}",
+            f"CREATE TABLE {self.counter} (id TEXT PRIMARY KEY, value BIGINT NOT NULL, fencing_token BIGINT)",
+            f"CREATE TABLE {self.audit} (seq {audit_seq}, record TEXT NOT NULL, token BIGINT NOT NULL, "
+            f"worker TEXT NOT NULL, old BIGINT NOT NULL, new BIGINT NOT NULL)",
+        ):
+            self.conn.execute(sql)
+        for record in records:
+            self.conn.execute(f"INSERT INTO {self.counter} (id, value) VALUES ({self.p}, 0)", (record,))
+
+    # -- the workload's steps
+
+    def claim(self, record: str, token: int) -> None:
+        """Store ``token`` on the row if it is not lower than the row's (one statement).
+
+        Raises:
+            StaleTokenError: the row carries a higher token.
+        """
+        self.guard.update(record, token, {})
+
+    def read(self, record: str) -> int:
+        """The counter's current value."""
+        row = self.conn.execute(f"SELECT value FROM {self.counter} WHERE id = {self.p}", (record,)).fetchone()
+        return int(row[0])
+
+    def write(self, record: str, token: int, old: int, new: int, worker: str) -> None:
+        """Fenced write of ``new`` and its audit row, in one transaction.
+
+        Raises:
+            StaleTokenError: the row carries a higher token; nothing was written.
+        """
+        audit = (f"INSERT INTO {self.audit} (record, token, worker, old, new) "
+                 f"VALUES ({self.p}, {self.p}, {self.p}, {self.p}, {self.p})")
+        if self.postgres:
+            with self.conn.transaction():
+                self.guard.update(record, token, {"value": new})
+                self.conn.execute(audit, (record, token, worker, old, new))
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.guard.update(record, token, {"value": new})
+            self.conn.execute(audit, (record, token, worker, old, new))
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- final data
+
+    def snapshot(self) -> dict[str, Any]:
+        """The final data for the checker: counters, their tokens, the audit rows in commit order."""
+        records = {
+            str(r[0]): {"value": int(r[1]), "token": None if r[2] is None else int(r[2])}
+            for r in self.conn.execute(f"SELECT id, value, fencing_token FROM {self.counter}").fetchall()
+        }
+        audit = [
+            {"seq": int(r[0]), "record": str(r[1]), "token": int(r[2]), "worker": str(r[3]),
+             "old": int(r[4]), "new": int(r[5])}
+            for r in self.conn.execute(
+                f"SELECT seq, record, token, worker, old, new FROM {self.audit} ORDER BY seq").fetchall()
+        ]
+        return {"records": records, "audit": audit}
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+
+def open_store(target: str, tag: str = "run") -> Store:
+    """Open a :class:`Store` on a SQLite file or a PostgreSQL DSN."""
+    return Store(target, tag)
+
+
+# ---------------------------------------------------------------- worker process
+
+
+def worker_main(argv: Sequence[str] | None = None) -> int:
+    """Run one worker until SIGTERM or ``--duration`` seconds (see the module docstring).
+
+    Returns:
+        The exit status (0).
+    """
+    from fencepost.client import FencepostError, LockClient, LockTimeout, StaleTokenError
+
+    parser = argparse.ArgumentParser(prog="python -m tests.harness.workload worker")
+    parser.add_argument("--address", required=True, help="coordinator address(es), comma-separated")
+    parser.add_argument("--store", required=True, help="SQLite file or PostgreSQL DSN")
+    parser.add_argument("--tag", default="run")
+    parser.add_argument("--history", required=True)
+    parser.add_argument("--proc", required=True, help="worker id recorded in the history")
+    parser.add_argument("--records", type=int, default=1, help="counter rows counter-0..N-1")
+    parser.add_argument("--ttl", type=float, default=3.0)
+    parser.add_argument("--acquire-timeout", type=float, default=10.0)
+    parser.add_argument("--think", type=float, default=0.02, help="max seconds between read and write")
+    parser.add_argument("--duration", type=float, default=3600.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-claim", action="store_true", help="skip the claim (to show the lost update)")
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    rng = random.Random(args.seed)
+    h = hist.History(args.history, args.proc)
+    h.record("start", pid=os.getpid())
+    store = open_store(args.store, args.tag)
+    names = [f"counter-{i}" for i in range(args.records)]
+    end = time.monotonic() + args.duration
+    client = LockClient(args.address.split(","), connect_timeout=30.0)
+    fraction = 1 / 3
+
+    def on_lost(handle: Any) -> None:
+        lease = handle._inner._lease  # harness: the client's own deadline, for the expiry estimate
+        h.record("lost", name=handle.name, token=handle.token, lease=handle.lease_id,
+                 reason=handle.lost_reason, expiry=lease.deadline + lease.margin,
+                 keepalive=lease.ttl * fraction)
+
+    try:
+        client.connect()
+        while not stop.is_set() and time.monotonic() < end:
+            name = rng.choice(names)
+            h.record("acquire", result="invoke", name=name)
+            try:
+                handle = client.acquire(name, ttl=args.ttl, timeout=args.acquire_timeout)
+            except LockTimeout:
+                h.record("acquire", result="timeout", name=name)
+                continue
+            except FencepostError as err:
+                h.record("acquire", result="error", name=name, error=type(err).__name__, reason=err.reason)
+                time.sleep(0.1)
+                continue
+            tok, lease_id = handle.token, handle.lease_id
+            h.record("acquire", result="ok", name=name, token=tok, lease=lease_id, ttl=handle.ttl)
+            handle.on_lost(on_lost)
+            ok = True
+            try:
+                if not args.no_claim:
+                    try:
+                        store.claim(name, tok)
+                        h.record("claim", result="accepted", name=name, record=name, token=tok)
+                    except StaleTokenError as err:
+                        h.record("claim", result="stale", name=name, record=name, token=tok,
+                                 current=err.current_token)
+                        ok = False
+                if ok:
+                    value = store.read(name)
+                    h.record("read", name=name, record=name, token=tok, value=value)
+                    h.record("valid", name=name, token=tok, lease=lease_id, value=handle.is_valid())
+                    if args.think > 0:
+                        time.sleep(rng.uniform(0, args.think))
+                    h.record("write", result="invoke", name=name, record=name, token=tok, value=value + 1)
+                    try:
+                        store.write(name, tok, value, value + 1, args.proc)
+                        h.record("write", result="accepted", name=name, record=name, token=tok, value=value + 1)
+                    except StaleTokenError as err:
+                        h.record("write", result="stale", name=name, record=name, token=tok, value=value + 1,
+                                 current=err.current_token)
+            except Exception as err:  # noqa: BLE001 - a storage error is an outcome to record
+                h.record("write", result="error", name=name, record=name, token=tok, error=repr(err))
+            h.record("valid", name=name, token=tok, lease=lease_id, value=handle.is_valid())
+            h.record("release", result="invoke", name=name, token=tok, lease=lease_id)
+            try:
+                handle.release()
+                h.record("release", result="ok", name=name, token=tok, lease=lease_id)
+            except FencepostError as err:
+                h.record("release", result="error", name=name, token=tok, lease=lease_id,
+                         error=type(err).__name__, reason=err.reason)
+            h.record("valid", name=name, token=tok, lease=lease_id, value=handle.is_valid())
+    finally:
+        try:
+            client.close()
+        finally:
+            store.close()
+            h.close()
+    return 0
+
+
+# ---------------------------------------------------------------- driver
+
+
+@dataclasses.dataclass
+class Worker:
+    """One worker slot: its current process and incarnation."""
+
+    index: int
+    incarnation: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    history: Path | None = None
+
+    @property
+    def proc_id(self) -> str:
+        """The id its current incarnation records (``w<index>.<incarnation>``)."""
+        return f"w{self.index}.{self.incarnation}"
+
+
+class Control:
+    """What a nemesis may do during :func:`run`; every fault is recorded in the driver's history.
+
+    Args:
+        workers: The worker slots.
+        spawn: Starts (or restarts) a worker slot.
+        history: The driver's history.
+        restart_coordinator: Restarts the coordinator, or None when the run has none to restart.
+        ttl: The workers' TTL in seconds (nemeses size their faults by it).
+        end: Monotonic time at which the run ends.
+        extra: More faults by name (e.g. etcd member kill from tests/harness/cluster.py).
+    """
+
+    def __init__(self, workers: list[Worker], spawn: Callable[[Worker], None], history: hist.History,
+                 restart_coordinator: Callable[[], None] | None, ttl: float, end: float,
+                 extra: dict[str, Callable[[Control, random.Random], None]] | None = None) -> None:
+        self.workers = workers
+        self._spawn = spawn
+        self.history = history
+        self._restart = restart_coordinator
+        self.ttl = ttl
+        self.end = end
+        self.extra = dict(extra or {})
+        self.faults: dict[str, int] = {}
+
+    def _count(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but not past the end of the run."""
+        time.sleep(max(0.0, min(seconds, self.end - time.monotonic())))
+
+    def freeze(self, worker: Worker, seconds: float) -> None:
+        """SIGSTOP ``worker`` for ``seconds`` (even past the end of the run), then SIGCONT."""
+        assert worker.proc is not None
+        self.history.record("nemesis", kind="freeze", target=worker.proc_id, seconds=seconds)
+        worker.proc.send_signal(signal.SIGSTOP)
+        self._count("freeze")
+        try:
+            time.sleep(seconds)
+        finally:
+            worker.proc.send_signal(signal.SIGCONT)
+            self.history.record("nemesis", kind="thaw", target=worker.proc_id)
+
+    def kill(self, worker: Worker) -> None:
+        """SIGKILL ``worker`` and start a new incarnation in its slot."""
+        assert worker.proc is not None
+        self.history.record("nemesis", kind="kill", target=worker.proc_id)
+        worker.proc.kill()
+        worker.proc.wait()
+        self._count("kill")
+        self._spawn(worker)
+        self.history.record("nemesis", kind="respawn", target=worker.proc_id)
+
+    def restart_coordinator(self) -> None:
+        """SIGTERM and restart the coordinator (no-op when the run has none to restart)."""
+        if self._restart is None:
+            return
+        self.history.record("nemesis", kind="coordinator-restart", target="coordinator")
+        self._restart()
+        self._count("coordinator-restart")
+        self.history.record("nemesis", kind="coordinator-up", target="coordinator")
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """Record and count a fault done by an external nemesis (proxy, etcd member...)."""
+        self.history.record("nemesis", kind=kind, **fields)
+        self._count(kind)
+
+
+Nemesis = Callable[[Control, random.Random], None]
+
+
+def freeze_nemesis(ctl: Control, rng: random.Random) -> None:
+    """Freeze a random worker for 0.5 T to 2 T, then rest 0.5 T."""
+    ctl.freeze(rng.choice(ctl.workers), rng.uniform(0.5 * ctl.ttl, 2.0 * ctl.ttl))
+    ctl.sleep(0.5 * ctl.ttl)
+
+
+def _holding(worker: Worker) -> bool:
+    """Whether the worker's last recorded event is inside a hold, before its write."""
+    if worker.history is None or not worker.history.exists():
+        return False
+    with open(worker.history, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 400))
+        lines = f.read().decode(errors="replace").splitlines()
+    last = lines[-1] if lines else ""
+    return any(f'"op":"{op}"' in last for op in ("claim", "read", "valid")) and '"value":false' not in last
+
+
+def freeze_holder_nemesis(ctl: Control, rng: random.Random) -> None:
+    """Freeze, for 0.5 T to 2 T, a worker caught inside its hold (else a random one), then rest 0.5 T.
+
+    A holder frozen between its read and its write wakes up after its lease
+    expired and someone else wrote: its write must be rejected as stale.
+    """
+    deadline = time.monotonic() + ctl.ttl
+    target = None
+    while target is None and time.monotonic() < deadline:
+        holders = [w for w in ctl.workers if _holding(w)]
+        target = rng.choice(holders) if holders else None
+        if target is None:
+            time.sleep(0.005)
+    ctl.freeze(target or rng.choice(ctl.workers), rng.uniform(0.5 * ctl.ttl, 2.0 * ctl.ttl))
+    ctl.sleep(0.5 * ctl.ttl)
+
+
+def kill_nemesis(ctl: Control, rng: random.Random) -> None:
+    """SIGKILL a random worker and respawn it, then rest T."""
+    ctl.kill(rng.choice(ctl.workers))
+    ctl.sleep(ctl.ttl)
+
+
+def restart_nemesis(ctl: Control, rng: random.Random) -> None:
+    """Restart the coordinator, then rest 2 T."""
+    ctl.restart_coordinator()
+    ctl.sleep(2 * ctl.ttl)
+
+
+def mixed_nemesis(kinds: dict[str, Nemesis] | None = None) -> Nemesis:
+    """A nemesis that picks one of ``kinds`` at random each time (default: freeze, kill, restart)."""
+    table = kinds or {"freeze": freeze_nemesis, "freeze-holder": freeze_holder_nemesis, "kill": kill_nemesis,
+                      "restart": restart_nemesis}
+
+    def nemesis(ctl: Control, rng: random.Random) -> None:
+        choices = dict(table)
+        choices.update(ctl.extra)
+        name = rng.choice(sorted(choices))
+        choices[name](ctl, rng)
+
+    return nemesis
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run produced, for :func:`tests.harness.checker.check`."""
+
+    events: list[hist.Event]
+    data: dict[str, Any]
+    faults: dict[str, int]
+    ttl: float
+    seconds: float
+    workdir: Path
+
+
+def run(
+    address: str | Sequence[str],
+    workdir: Path,
+    *,
+    workers: int = 3,
+    seconds: float = 15.0,
+    ttl: float = 3.0,
+    records: int = 1,
+    store: str | None = None,
+    tag: str = "run",
+    nemesis: Nemesis | None = None,
+    restart_coordinator: Callable[[], None] | None = None,
+    extra: dict[str, Nemesis] | None = None,
+    think: float = 0.02,
+    seed: int | None = None,
+    no_claim: bool = False,
+) -> RunResult:
+    """Run K workers for ``seconds`` with a nemesis, stop them, merge the histories.
+
+    Args:
+        address: Coordinator address(es).
+        workdir: Directory for histories, the SQLite file and worker logs.
+        workers: K, the number of worker processes.
+        seconds: How long the workers loop (the nemesis stops then too).
+        ttl: The workers' lock TTL in seconds.
+        records: Number of counter rows (one lock name each).
+        store: PostgreSQL DSN, or None for a SQLite file in ``workdir``.
+        tag: Table name suffix.
+        nemesis: Called repeatedly (it sleeps itself) until the end; None = no faults.
+        restart_coordinator: How to restart the coordinator, for the restart nemesis.
+        extra: More nemeses by name, offered to :func:`mixed_nemesis`.
+        think: Max seconds a worker waits between its read and its write.
+        seed: Seed of the nemesis and worker randomness.
+        no_claim: Workers skip the claim (shows the lost update; for checker tests).
+
+    Returns:
+        The merged history, the final data and the fault counts.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    target = store or str(workdir / "store.sqlite")
+    names = [f"counter-{i}" for i in range(records)]
+    setup = open_store(target, tag)
+    setup.create(names)
+    setup.close()
+    addresses = address if isinstance(address, str) else ",".join(address)
+    rng = random.Random(seed)
+    start = time.monotonic()
+    end = start + seconds
+    driver = hist.History(workdir / "driver.jsonl", "driver")
+    slots = [Worker(i) for i in range(workers)]
+    histories: list[Path] = [driver.path]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def spawn(worker: Worker) -> None:
+        worker.incarnation += 1
+        worker.history = workdir / f"{worker.proc_id}.jsonl"
+        histories.append(worker.history)
+        argv = [sys.executable, "-m", "tests.harness.workload", "worker", "--address", addresses,
+                "--store", target, "--tag", tag, "--history", str(worker.history), "--proc", worker.proc_id,
+                "--records", str(records), "--ttl", str(ttl), "--think", str(think),
+                "--duration", str(max(1.0, end - time.monotonic())),
+                "--acquire-timeout", str(max(2.0, 4 * ttl)),
+                "--seed", str(rng.randrange(2**31))]
+        if no_claim:
+            argv.append("--no-claim")
+        with open(workdir / f"{worker.proc_id}.log", "ab") as log:
+            worker.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=log, start_new_session=True)
+
+    ctl = Control(slots, spawn, driver, restart_coordinator, ttl, end, extra)
+    try:
+        for slot in slots:
+            spawn(slot)
+        while time.monotonic() < end:
+            if nemesis is None:
+                ctl.sleep(end - time.monotonic())
+            else:
+                nemesis(ctl, rng)
+        for slot in slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGCONT)
+                slot.proc.send_signal(signal.SIGTERM)
+        for slot in slots:
+            if slot.proc is not None:
+                try:
+                    slot.proc.wait(timeout=4 * ttl + 15)
+                except subprocess.TimeoutExpired:
+                    driver.record("nemesis", kind="stuck-worker-killed", target=slot.proc_id)
+                    slot.proc.kill()
+                    slot.proc.wait()
+    finally:
+        for slot in slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.kill()
+                slot.proc.wait()
+        driver.close()
+    final = open_store(target, tag)
+    try:
+        data = final.snapshot()
+    finally:
+        final.close()
+    events = hist.merge(p for p in histories if p.exists())  # a worker killed while starting has none
+    hist.write(workdir / "history.jsonl", events)
+    return RunResult(events, data, dict(ctl.faults), ttl, time.monotonic() - start, workdir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.harness.workload worker ...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "worker":
+        print("usage: python -m tests.harness.workload worker --address ... (see --help)", file=sys.stderr)
+        return 2
+    return worker_main(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
