@@ -682,9 +682,13 @@ class AsyncLockClient:
             )
         handle = AsyncLockHandle(name, lease, int(resp.token), self._release)
         if lease.lost:
-            # Lost while the Acquire was in flight: the hold cannot be trusted.
-            handle._mark_lost(lease.lost_reason or REASON_LEASE_EXPIRED)
-            return handle
+            # The lease was declared lost while the Acquire was in flight: the
+            # grant cannot be trusted. Give it back (in the background: the
+            # coordinator may be unreachable) and let _acquire retry on a new
+            # lease rather than hand out a handle that is lost from the start.
+            self._spawn(self._release_quietly(handle), f"fencepost-release-{name}")
+            raise LeaseLost("the lease was lost while acquiring", name=name, lease_id=lease.lease_id,
+                            reason=lease.lost_reason or REASON_LEASE_EXPIRED)
         lease.holds[name] = handle
         self._send(pb.KeepAliveRequest(watch=pb.WatchHold(name=name, lease_id=lease.lease_id, token=handle.token)))
         return handle
