@@ -709,12 +709,11 @@ class AsyncLockClient:
 
         if handle.lost_reason is not None:
             reason = handle.lost_reason
-            if reason == REASON_DEADLINE:  # the server may not know yet: free the lock early
-                try:
-                    await self._call("Release", make, until=until, idempotent=False, name=handle.name,
-                                     lease_id=handle.lease_id, token=handle.token)
-                except FencepostError as err:
-                    log.debug("fencepost: release of lost hold %r: %r", handle.name, err)
+            if reason == REASON_DEADLINE:
+                # The server may not know yet: free the lock early, in the
+                # background, so that the caller is told at once (during a
+                # partition the call would wait for its whole timeout).
+                self._spawn(self._release_lost(make, until, handle), f"fencepost-release-{handle.name}")
             self._finish_release(handle)
             raise LeaseLost("lock hold was lost before release", name=handle.name, lease_id=handle.lease_id,
                             reason=reason)
@@ -742,6 +741,14 @@ class AsyncLockClient:
         self._finish_release(handle)
         self._send(pb.KeepAliveRequest(unwatch=pb.WatchHold(name=handle.name, lease_id=handle.lease_id,
                                                             token=handle.token)))
+
+    async def _release_lost(self, make: Any, until: float, handle: AsyncLockHandle) -> None:
+        """Best-effort Release of a hold already reported lost."""
+        try:
+            await self._call("Release", make, until=until, idempotent=False, name=handle.name,
+                             lease_id=handle.lease_id, token=handle.token)
+        except FencepostError as err:
+            log.debug("fencepost: release of lost hold %r: %r", handle.name, err)
 
     def _finish_release(self, handle: AsyncLockHandle) -> None:
         lease = handle._lease

@@ -162,11 +162,17 @@ class Coordinator:
         """Keep health SERVING while etcd answers a linearizable read, NOT_SERVING otherwise."""
         serving: bool | None = None
         while True:
-            try:
-                await self._etcd.kv.get(self._keys.prefix, count_only=True, timeout=HEALTH_INTERVAL, max_attempts=1)
-                ok = True
-            except (EtcdError, grpc.aio.AioRpcError, TimeoutError):
-                ok = False
+            ok = False
+            # Two tries: the round-robin channel sends the second to another
+            # member, so one frozen member of a healthy cluster is not an outage.
+            for _ in range(2):
+                try:
+                    await self._etcd.kv.get(self._keys.prefix, count_only=True, timeout=HEALTH_INTERVAL,
+                                            max_attempts=1)
+                    ok = True
+                    break
+                except (EtcdError, grpc.aio.AioRpcError, TimeoutError):
+                    pass
             if ok != serving:
                 serving = ok
                 await self._set_health(ok)
