@@ -125,7 +125,7 @@ async def test_f02_silent_partition_of_the_holder(
             release_took, release_err = await _timed(ha.release())
             try_took, try_err = await _timed(a.try_acquire("f02-other", ttl=T))
             assert isinstance(release_err, LeaseLost), repr(release_err)
-            assert release_took <= A_CONNECT_TIMEOUT + SLACK, release_took
+            assert release_took <= SLACK, release_took  # a lost hold is reported at once; the Release goes on in the background
             assert isinstance(try_err, FencepostError), repr(try_err)
             assert try_took <= A_CONNECT_TIMEOUT + SLACK, try_took
 
