@@ -509,7 +509,10 @@ def run(
             if nemesis is None:
                 ctl.sleep(end - time.monotonic())
             else:
-                nemesis(ctl, rng)
+                try:
+                    nemesis(ctl, rng)
+                except Exception as exc:  # a nemesis that fails is recorded, not fatal to the run
+                    ctl.history.record("nemesis", kind="nemesis-error", error=repr(exc))
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 slot.proc.send_signal(signal.SIGCONT)
