@@ -239,8 +239,8 @@ class LockManager:
             if int(current[0].create_revision) > token:
                 raise StaleToken(f"token {token} of {name!r} is stale: the lease holds it under "
                                  f"{current[0].create_revision}", name=name, lease_id=lease_id)
-            raise NotHolder(f"lease {lease_id:#x} is queued for {name!r} but does not hold it",
-                            name=name, lease_id=lease_id)
+            raise NotHolder(f"token {token} was not granted to lease {lease_id:#x} for {name!r} (its key "
+                            f"there has revision {current[0].create_revision})", name=name, lease_id=lease_id)
         if not await self._lease_alive(lease_id):
             raise LeaseExpired(f"lease {lease_id:#x} has expired or was revoked", name=name, lease_id=lease_id)
         raise NotHolder(f"lease {lease_id:#x} does not hold {name!r}", name=name, lease_id=lease_id)

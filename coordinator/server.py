@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import grpc
 from etcd3aio import Etcd3Client, EtcdError
@@ -47,6 +49,9 @@ HEALTH_INTERVAL = 1.0
 #: the server accepts pings down to 5 s apart, also without calls in flight,
 #: so that idle streams are never closed with GOAWAY "too_many_pings".
 SERVER_OPTIONS = [
+    # Never share the port with another process: two coordinators on one port
+    # behind different etcds would grant the same lock twice.
+    ("grpc.so_reuseport", 0),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -235,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
 
         data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
         data_dir.mkdir(parents=True, exist_ok=True)
+        owner = _lock_data_dir(data_dir)
+        if owner is None:
+            print(f"fencepost: {data_dir} is in use by another fencepost serve; give it another --data-dir "
+                  f"or stop the other one", file=sys.stderr)
+            return 1
         print(f"fencepost: embedded etcd, data in {data_dir}", flush=True)
         embedded = EmbeddedEtcd(data_dir)
         try:
@@ -248,6 +258,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _lock_data_dir(data_dir: Path) -> IO[str] | None:
+    """Take an exclusive lock on ``data_dir`` for this process's lifetime.
+
+    Returns:
+        The open lock file (keep it open), or None when another process holds it.
+    """
+    handle = open(data_dir / "fencepost.lock", "a+")  # noqa: SIM115 - held until the process exits
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
 
 
 async def _serve(endpoints: list[str], args: argparse.Namespace) -> int:
