@@ -229,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The process exit status: 0 after a clean shutdown, 1 when it cannot start.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0 <= args.grace_seconds <= 3600:
+        parser.error(f"--grace-seconds is {args.grace_seconds}; must be 0 to 3600 seconds")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     embedded = None

@@ -48,3 +48,12 @@ def test_serve_when_data_dir_is_in_use(tmp_path: Path) -> None:
     finally:
         first.terminate()
         first.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("grace", ["-3", "nan", "4000"])
+def test_serve_when_grace_seconds_is_out_of_range(grace: str) -> None:
+    """`fencepost serve` refuses a negative, NaN or huge --grace-seconds with exit 2, before starting anything."""
+    result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", "--grace-seconds", grace],
+                            capture_output=True, text=True, timeout=30, env=child_env())
+    assert result.returncode == 2
+    assert "--grace-seconds" in result.stderr
