@@ -527,12 +527,11 @@ def _health_one(address: str) -> tuple[str, str]:
                 resp = stub.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE),
                                   timeout=RPC_TIMEOUT_SECONDS)
             except grpc.RpcError as err:
+                # No health service, or one that does not know LockService (another gRPC
+                # server, an etcd say): only a LockService call can tell whether it serves.
                 if _code(err) not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
                     raise
-                if _code(err) == grpc.StatusCode.UNIMPLEMENTED:
-                    return _health_by_describe(channel)
-                resp = stub.Check(health_pb2.HealthCheckRequest(service=""),
-                                  timeout=RPC_TIMEOUT_SECONDS)
+                return _health_by_describe(channel)
         except grpc.RpcError as err:
             if _unreachable(err) or _code(err) == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return "UNREACHABLE", _details(err)

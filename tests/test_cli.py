@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,6 +273,13 @@ async def test_status_without_name_reports_serving(address: str) -> None:
     assert text.rc == 0 and f"coordinator {address}: SERVING" in text.out, text
     obj = json.loads((await run_cli("status", "--json", "--address", address)).out)
     assert obj == {"serving": True, "coordinators": [{"address": address, "status": "SERVING"}]}
+
+
+async def test_status_without_name_when_address_is_not_a_coordinator(etcd: Any) -> None:
+    """status without NAME against another gRPC server with a health service (an etcd) is not SERVING: exit 1."""
+    result = await run_cli("status", "--address", etcd.endpoint)
+    assert result.rc == 1, result
+    assert "SERVING" not in result.out.replace("NOT_SERVING", ""), result
 
 
 async def test_status_when_name_is_invalid_exits_2_naming_the_field(address: str) -> None:
