@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,23 @@ def assert_invalid_field(err: grpc.RpcError, field: str) -> None:
 
 
 # ---------------------------------------------------------------- child processes
+
+
+@dataclass
+class CliResult:
+    """A finished ``fencepost`` command: exit status, stdout, stderr."""
+
+    rc: int
+    out: str
+    err: str
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for ``fencepost`` commands in tests: no FENCEPOST_ADDRESS, unbuffered."""
+    env = dict(os.environ)
+    env.pop("FENCEPOST_ADDRESS", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def child_env() -> dict[str, str]:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,34 +17,22 @@ import pytest
 
 from fencepost.client import cli
 
+from .conftest import CliResult, cli_env
+
 REASONS = ("NOT_HOLDER", "STALE_TOKEN", "LEASE_EXPIRED")
 
 
-@dataclass
-class Result:
-    """A finished CLI run."""
-
-    rc: int
-    out: str
-    err: str
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop(cli.ADDRESS_ENV, None)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def _argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "fencepost.client.cli", *args]
 
 
-async def run_cli(*args: str, timeout: float = 30.0) -> Result:
+async def run_cli(*args: str, timeout: float = 30.0) -> CliResult:
     """Run ``fencepost ARGS...`` to completion without blocking the event loop."""
     proc = await asyncio.create_subprocess_exec(
         *_argv(*args), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=_env())
+        stderr=asyncio.subprocess.PIPE, env=cli_env())
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
@@ -54,10 +40,10 @@ async def run_cli(*args: str, timeout: float = 30.0) -> Result:
         out, err = await proc.communicate()
         pytest.fail(f"fencepost {' '.join(args)} did not exit in {timeout} s\n{out.decode()}\n{err.decode()}")
     assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
+    return CliResult(proc.returncode, out.decode(), err.decode())
 
 
-def assert_one_line_error(result: Result, *needles: str) -> None:
+def assert_one_line_error(result: CliResult, *needles: str) -> None:
     """The run failed with exactly one stderr line, no traceback, containing every needle."""
     assert "Traceback" not in result.err, result.err
     lines = [line for line in result.err.splitlines() if line.strip()]
@@ -105,7 +91,7 @@ async def holding(*args: str) -> AsyncIterator[Holder]:
     """Start ``fencepost acquire ARGS...``; the child is killed and reaped on the way out."""
     proc = await asyncio.create_subprocess_exec(
         *_argv("acquire", *args), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env())
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cli_env())
     holder = Holder(proc)
     try:
         yield holder
@@ -292,7 +278,7 @@ async def test_status_when_name_is_invalid_exits_2_naming_the_field(address: str
 async def test_address_from_env_and_list_skips_unreachable(address: str) -> None:
     """FENCEPOST_ADDRESS is used, and an unreachable first address is skipped."""
     dead = f"127.0.0.1:{free_port()}"
-    env = _env()
+    env = cli_env()
     env[cli.ADDRESS_ENV] = f"{dead},{address}"
     proc = await asyncio.create_subprocess_exec(
         *_argv("status", "some-lock", "--json"), stdout=asyncio.subprocess.PIPE,
@@ -395,7 +381,7 @@ def test_serve_then_acquire_and_status_from_another_process(coordinator_process:
 
     address = coordinator_process.start()  # type: ignore[attr-defined]
     name = lock_name()
-    env = _env()
+    env = cli_env()
     with subprocess.Popen(_argv("acquire", name, "--ttl", "5", "--address", address),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True) as proc:
         try:

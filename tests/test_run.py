@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import grpc
 import pytest
@@ -18,6 +17,8 @@ import pytest
 from fencepost.client import AsyncLockClient, cli
 from fencepost.client.run import exit_status
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+
+from .conftest import CliResult, cli_env
 
 # A Python child that reports its environment, then waits; on SIGTERM it says so
 # and exits 42, unless told to ignore SIGTERM.
@@ -33,20 +34,6 @@ time.sleep(60)
 """
 
 
-@dataclass
-class Result:
-    """A finished ``fencepost run``."""
-
-    rc: int
-    out: str
-    err: str
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop(cli.ADDRESS_ENV, None)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def _argv(*args: str) -> list[str]:
@@ -58,11 +45,11 @@ def lock_name() -> str:
     return f"job:{uuid.uuid4().hex[:8]}"
 
 
-async def run(*args: str, timeout: float = 30.0) -> Result:
+async def run(*args: str, timeout: float = 30.0) -> CliResult:
     """Run ``fencepost run ARGS...`` to completion without blocking the event loop."""
     proc = await asyncio.create_subprocess_exec(
         *_argv(*args), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=_env())
+        stderr=asyncio.subprocess.PIPE, env=cli_env())
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
@@ -70,7 +57,7 @@ async def run(*args: str, timeout: float = 30.0) -> Result:
         out, err = await proc.communicate()
         pytest.fail(f"fencepost run {' '.join(args)} did not exit in {timeout} s\n{out.decode()}\n{err.decode()}")
     assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
+    return CliResult(proc.returncode, out.decode(), err.decode())
 
 
 class Running:
@@ -106,7 +93,7 @@ async def running(*args: str) -> AsyncIterator[Running]:
     """Start ``fencepost run ARGS...``; killed and reaped on the way out."""
     proc = await asyncio.create_subprocess_exec(
         *_argv(*args), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=_env())
+        stderr=asyncio.subprocess.PIPE, env=cli_env())
     try:
         yield Running(proc)
     finally:
@@ -297,7 +284,7 @@ async def test_run_when_interrupted_while_waiting_exits_130_and_child_never_runs
 
 async def test_run_help_lists_exit_codes_and_env() -> None:
     """run --help documents its exit codes and the FENCEPOST_* variables."""
-    proc = await asyncio.create_subprocess_exec(*_argv("--help"), stdout=asyncio.subprocess.PIPE, env=_env())
+    proc = await asyncio.create_subprocess_exec(*_argv("--help"), stdout=asyncio.subprocess.PIPE, env=cli_env())
     out, _ = await proc.communicate()
     assert proc.returncode == 0
     text = out.decode()
