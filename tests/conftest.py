@@ -23,8 +23,8 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
