@@ -38,7 +38,7 @@ from etcd3aio._protobuf import Compare, DeleteRangeRequest, PutRequest, RangeReq
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.keys import prefix_end
+from fencepost.client.v1.keys import prefix_end
 
 Cycle = Callable[[int], Awaitable[None]]
 

@@ -35,6 +35,7 @@ from .errors import (
 )
 from .handle import REASON_DEADLINE, REASON_LEASE_EXPIRED, AsyncLockHandle, _LeaseState
 from .v1 import lock_pb2 as pb
+from .v1.details import ErrorReason, reason_name
 from .v1 import lock_pb2_grpc as pb_grpc
 
 __all__ = ["AsyncLockClient", "LockInfo", "DEFAULT_ADDRESS"]
@@ -886,7 +887,7 @@ class AsyncLockClient:
                 self._lose_lease(lease, REASON_LEASE_EXPIRED)
         elif kind == "hold_ended":
             event = response.hold_ended
-            reason = event.reason or "NOT_HOLDER"
+            reason = reason_name(event.reason or ErrorReason.NOT_HOLDER)
             found = self._leases.get(event.lease_id)
             if found is None:
                 return

@@ -1,36 +1,45 @@
-"""Exceptions raised by the Fencepost client.
+"""The exceptions of Fencepost: one tree for the client, the guards and the coordinator.
 
-Every error the client raises derives from one base class and carries the lock
-name and/or lease id it concerns, the server's ErrorInfo reason and the gRPC
-status code when it came from the server (chained with ``from`` the gRPC
-error)::
+Every error derives from one base class and carries the lock name and/or
+lease id it concerns, its reason (an ``ErrorReason`` name from
+``proto/fencepost/v1/lock.proto``, or a client-local one such as
+``"DEADLINE"``) and, when it came from a server, the gRPC status code
+(chained ``from`` the gRPC error)::
 
     FencepostError                 base class: .name .lease_id .reason .code
-     ├── InvalidArgument           a bad name, TTL or timeout (.field)
+     ├── InvalidArgument           a bad name, TTL, timeout, token or identifier
+     │                             (.field); also a ValueError
      ├── LockHeld                  try_acquire found the lock held
      │                             (.holder_lease_id, .holder_token)
      ├── LockTimeout               a blocking acquire ran out of time
      ├── LeaseLost                 the lease behind a hold is gone, or its
      │                             local deadline passed
-     ├── NotHolder                 release of a lock this grant does not hold
+     ├── NotHolder                 the lease does not hold the lock
+     │                             (.token, .current_token)
      ├── StaleTokenError           a token lower than the newest one: the
      │                             lock is held under a newer token, or a
      │                             fencing guard refused a write
      │                             (.token, .current_token, .record)
+     ├── MissingRecordError        a guard's update found no such record
+     │                             (.record); also a LookupError
      ├── Unavailable               no coordinator, or etcd without quorum
+     │                             (.retry_delay)
      └── ResourceExhausted         too many waiters, streams or calls
 
-One table (:data:`_BY_STATUS`) maps a gRPC status code and ErrorInfo reason to
-a class; :func:`from_rpc_error` applies it to a failed call.
+The coordinator raises these same classes and turns them into gRPC statuses
+(``fencepost.coordinator.errors``); the client turns a failed call back into
+one with :func:`from_rpc_error`. Both use the one table of status codes in
+:mod:`fencepost.client.v1.details`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+
+from .v1 import details
+from .v1.details import ErrorReason, reason_name
 
 __all__ = [
     "FencepostError",
@@ -40,26 +49,27 @@ __all__ = [
     "LeaseLost",
     "NotHolder",
     "StaleTokenError",
+    "MissingRecordError",
     "Unavailable",
     "ResourceExhausted",
     "from_rpc_error",
 ]
 
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
-
 
 class FencepostError(Exception):
-    """Base class of every error raised by the Fencepost client.
+    """Base class of every error Fencepost raises.
 
     Args:
         message: Human-readable description.
         name: The lock name concerned, when known.
         lease_id: The lease id concerned, when known.
-        reason: The server's ErrorInfo reason (an ErrorReason name such as
-            ``"NOT_HOLDER"``), or a local reason such as ``"DEADLINE"``;
-            None when there is none.
-        code: The gRPC status code when the error came from the server.
+        reason: An ``ErrorReason`` name (``"NOT_HOLDER"``), or a client-local
+            reason (``"DEADLINE"``); by default the class's own reason.
+        code: The gRPC status code when the error came from a server.
     """
+
+    #: The ErrorReason of this class when none is given (None: no reason).
+    default_reason: int | None = None
 
     def __init__(
         self,
@@ -74,6 +84,8 @@ class FencepostError(Exception):
         self.message = message
         self.name = name
         self.lease_id = lease_id
+        if reason is None and self.default_reason is not None:
+            reason = reason_name(self.default_reason)
         self.reason = reason
         self.code = code
 
@@ -88,13 +100,16 @@ class FencepostError(Exception):
         return " ".join(parts)
 
 
-class InvalidArgument(FencepostError):
-    """A request field is out of range (client- or server-side).
+class InvalidArgument(FencepostError, ValueError):
+    """A request field or argument is out of range (checked locally or by the server).
 
     Attributes:
-        field: The offending field or argument name (``"ttl"``, ``"name"``,
-            ``"timeout"``, or the wire field named by the server).
+        field: The offending field or argument (``"ttl"``, ``"name"``,
+            ``"timeout"``, ``"token"``, ``"table"``, or the wire field the
+            server named, such as ``"ttl_seconds"``).
     """
+
+    default_reason = ErrorReason.INVALID_FIELD
 
     def __init__(self, message: str = "", *, field: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
@@ -109,14 +124,8 @@ class LockHeld(FencepostError):
         holder_token: The holder's fencing token (0 when unknown).
     """
 
-    def __init__(
-        self,
-        message: str = "",
-        *,
-        holder_lease_id: int = 0,
-        holder_token: int = 0,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, message: str = "", *, holder_lease_id: int = 0, holder_token: int = 0,
+                 **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.holder_lease_id = holder_lease_id
         self.holder_token = holder_token
@@ -125,13 +134,31 @@ class LockHeld(FencepostError):
 class LockTimeout(FencepostError):
     """A blocking acquire did not get the lock within its timeout."""
 
+    default_reason = ErrorReason.ACQUIRE_TIMEOUT
+
 
 class LeaseLost(FencepostError):
     """The lease behind a hold is gone (expired, revoked, or past its local deadline)."""
 
+    default_reason = ErrorReason.LEASE_EXPIRED
+
 
 class NotHolder(FencepostError):
-    """The lease does not hold the lock (released, lost, or never held)."""
+    """The lease does not hold the lock (released, lost, or never held).
+
+    Attributes:
+        token: The fencing token the call carried, when known.
+        current_token: The token of the lock's current holder, when the lock
+            is held and the server said so.
+    """
+
+    default_reason = ErrorReason.NOT_HOLDER
+
+    def __init__(self, message: str = "", *, token: int | None = None, current_token: int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.token = token
+        self.current_token = current_token
 
 
 class StaleTokenError(FencepostError):
@@ -140,7 +167,7 @@ class StaleTokenError(FencepostError):
     Raised in two places, with the same attributes:
 
     - by the coordinator (reason ``STALE_TOKEN``): the lease holds the lock,
-      but under a newer fencing token than the one offered;
+      but under a newer fencing token (``current_token``) than the one offered;
     - by a fencing guard (:mod:`fencepost.client.fencing`): the guarded
       record has accepted a higher token than the one the write carried, so
       the write was refused and the record left unchanged (reason
@@ -155,15 +182,10 @@ class StaleTokenError(FencepostError):
             when the error came from the coordinator.
     """
 
-    def __init__(
-        self,
-        message: str = "",
-        *,
-        token: int | None = None,
-        current_token: int | None = None,
-        record: object | None = None,
-        **kwargs: Any,
-    ) -> None:
+    default_reason = ErrorReason.STALE_TOKEN
+
+    def __init__(self, message: str = "", *, token: int | None = None, current_token: int | None = None,
+                 record: object | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.token = token
         self.current_token = current_token
@@ -176,72 +198,48 @@ class StaleTokenError(FencepostError):
         return text
 
 
+class MissingRecordError(FencepostError, LookupError):
+    """A guard's update found no record with that key (nothing was written).
+
+    Attributes:
+        record: The key that matched no record.
+    """
+
+    def __init__(self, message: str = "", *, record: object = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.record = record
+
+
 class Unavailable(FencepostError):
-    """No coordinator could be reached, or etcd is unreachable or has no quorum."""
+    """No coordinator could be reached, or etcd is unreachable or has no quorum.
+
+    Attributes:
+        retry_delay: Seconds the server asked the caller to wait before
+            retrying (its RetryInfo), None when it did not say.
+    """
+
+    default_reason = None
+
+    def __init__(self, message: str = "", *, retry_delay: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_delay = retry_delay
 
 
 class ResourceExhausted(FencepostError):
     """A coordinator limit was hit (too many waiters, streams or calls)."""
 
 
-# (status code, ErrorInfo reason or None) -> class. A (code, None) row is the
+# (status code, ErrorReason name or None) -> class. A (code, None) row is the
 # fallback for that code whatever the reason.
 _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
     (grpc.StatusCode.INVALID_ARGUMENT, None): InvalidArgument,
     (grpc.StatusCode.DEADLINE_EXCEEDED, None): LockTimeout,
-    (grpc.StatusCode.FAILED_PRECONDITION, "NOT_HOLDER"): NotHolder,
-    (grpc.StatusCode.FAILED_PRECONDITION, "STALE_TOKEN"): StaleTokenError,
-    (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_EXPIRED"): LeaseLost,
+    (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.NOT_HOLDER)): NotHolder,
+    (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.STALE_TOKEN)): StaleTokenError,
+    (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.LEASE_EXPIRED)): LeaseLost,
     (grpc.StatusCode.UNAVAILABLE, None): Unavailable,
     (grpc.StatusCode.RESOURCE_EXHAUSTED, None): ResourceExhausted,
 }
-
-
-def _metadata_items(metadata: Any) -> Iterable[tuple[str, Any]]:
-    if not metadata:
-        return ()
-    items = []
-    for item in metadata:
-        try:
-            key, value = item[0], item[1]
-        except (TypeError, IndexError):  # grpc.aio.Metadata yields (key, value) pairs
-            continue
-        items.append((key, value))
-    return items
-
-
-def _error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
-    """Return the ErrorInfo packed in the call's google.rpc.Status, if any."""
-    trailing = getattr(err, "trailing_metadata", None)
-    if trailing is None:
-        return None
-    try:
-        metadata = trailing()
-    except Exception:  # noqa: BLE001 - a broken call object must not hide the error
-        return None
-    for key, value in _metadata_items(metadata):
-        if key != _STATUS_DETAILS_KEY:
-            continue
-        status = status_pb2.Status()
-        try:
-            status.ParseFromString(value if isinstance(value, bytes) else bytes(value))
-        except Exception:  # noqa: BLE001 - undecodable details: fall back to the code
-            return None
-        for detail in status.details:
-            info = error_details_pb2.ErrorInfo()
-            if detail.Is(info.DESCRIPTOR):
-                detail.Unpack(info)
-                return info
-    return None
-
-
-def _int_or_none(value: str | None) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
 
 
 def from_rpc_error(
@@ -253,43 +251,46 @@ def from_rpc_error(
 ) -> FencepostError:
     """Translate a failed gRPC call into a :class:`FencepostError` subclass.
 
-    Reads the google.rpc.Status from the trailing metadata key
-    ``grpc-status-details-bin`` and its ErrorInfo (reason, metadata "field",
-    "name", "lease_id"), then picks the class from :data:`_BY_STATUS`. The
-    caller raises the result ``from err``.
+    Reads the call's status details with :func:`fencepost.client.v1.details.parse`
+    and picks the class from the (code, reason) table. The caller raises the
+    result ``from err``.
 
     Args:
-        err: A ``grpc.aio.AioRpcError`` or a ``grpc.RpcError`` that is also a
+        err: A ``grpc.aio.AioRpcError``, or a ``grpc.RpcError`` that is also a
             ``grpc.Call`` (anything exposing ``code()``, ``details()`` and
             ``trailing_metadata()``).
         name: The lock name of the call, used when the server did not send one.
         lease_id: The lease id of the call, used when the server did not send one.
-        token: The fencing token the call carried (for StaleTokenError.token).
+        token: The fencing token the call carried, used when the server did not send one.
 
     Returns:
         The exception to raise (not raised here). Its ``__cause__`` is not set.
     """
-    code_fn = getattr(err, "code", None)
-    code = code_fn() if callable(code_fn) else None
-    details_fn = getattr(err, "details", None)
-    message = (details_fn() if callable(details_fn) else None) or str(code or "RPC failed")
-    info = _error_info(err)
-    reason = info.reason if info is not None and info.reason else None
-    meta = dict(info.metadata) if info is not None else {}
-    name = meta.get("name") or name
-    server_lease = _int_or_none(meta.get("lease_id"))
-    lease_id = server_lease if server_lease is not None else lease_id
+    status = details.parse(err)
+    code, reason = status.code, status.reason
+    server_lease = status.int_value(details.LEASE_ID)
+    common: dict[str, Any] = {
+        "name": status.metadata.get(details.NAME) or name,
+        "lease_id": server_lease if server_lease is not None else lease_id,
+        "reason": reason,
+        "code": code,
+    }
     cls: type[FencepostError] = FencepostError
     if code is not None:
         cls = _BY_STATUS.get((code, reason)) or _BY_STATUS.get((code, None)) or FencepostError
-    common: dict[str, Any] = {"name": name, "lease_id": lease_id, "reason": reason, "code": code}
+    sent_token = status.int_value(details.TOKEN)
+    tokens = {"token": sent_token if sent_token is not None else token,
+              "current_token": status.int_value(details.CURRENT_TOKEN)}
+    exc: FencepostError
     if cls is InvalidArgument:
-        return InvalidArgument(message, field=meta.get("field"), **common)
-    if cls is StaleTokenError:
-        return StaleTokenError(
-            message,
-            token=_int_or_none(meta.get("token")) if "token" in meta else token,
-            current_token=_int_or_none(meta.get("current_token")),
-            **common,
-        )
-    return cls(message, **common)
+        exc = InvalidArgument(status.message, field=status.metadata.get(details.FIELD), **common)
+    elif cls is StaleTokenError:
+        exc = StaleTokenError(status.message, **tokens, **common)
+    elif cls is NotHolder:
+        exc = NotHolder(status.message, **tokens, **common)
+    elif cls is Unavailable:
+        exc = Unavailable(status.message, retry_delay=status.retry_delay, **common)
+    else:
+        exc = cls(status.message, **common)
+    exc.reason = reason  # exactly what the server said: None when the call never reached a coordinator
+    return exc

@@ -33,8 +33,13 @@ from etcd3aio._protobuf import (
     TxnResponse,
 )
 
-from .errors import AcquireTimeout, EtcdUnavailable, LeaseExpired, NotHolder, StaleToken, TooManyWaiters
-from .keys import Keys, prefix_end, validate_lease_id, validate_name, validate_token
+from fencepost.client.errors import LeaseLost, LockTimeout, NotHolder, ResourceExhausted, StaleTokenError, Unavailable
+from fencepost.client.v1.details import ErrorReason, reason_name
+
+from .errors import etcd_unavailable
+from fencepost.client.v1.keys import Keys, prefix_end
+
+from .validate import validate_lease_id, validate_name, validate_token
 from .session import ETCD_CALL_TIMEOUT
 from .watch import DeleteWatcher
 
@@ -118,7 +123,8 @@ class LockManager:
         if wait == 0:
             return await self._try_once(name, lease_id)
         if self._waiting >= self._max_waiters:
-            raise TooManyWaiters(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id)
+            raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
+                                    reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
         self._waiting += 1
         try:
             return await self._acquire_waiting(name, lease_id, wait)
@@ -160,7 +166,7 @@ class LockManager:
         else:
             mine = put_resp.responses[0].response_range.kvs
             if not mine:  # deleted between the compare and the read: cannot be, Txn is atomic
-                raise LeaseExpired("the waiter key vanished", name=name, lease_id=lease_id)
+                raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
             my_rev = int(mine[0].create_revision)
         owner = put_resp.responses[1].response_range.kvs
         if owner and int(owner[0].create_revision) == my_rev:
@@ -172,7 +178,7 @@ class LockManager:
             granted = True
             return AcquireResult(True, token=my_rev)
         except TimeoutError as exc:
-            raise AcquireTimeout(f"lock {name!r} not granted within {wait:.3f} s", name=name, lease_id=lease_id) from exc
+            raise LockTimeout(f"lock {name!r} not granted within {wait:.3f} s", name=name, lease_id=lease_id) from exc
         finally:
             if not granted:
                 await self._withdraw(key, my_rev)
@@ -188,14 +194,14 @@ class LockManager:
         while True:
             try:
                 resp = await self._txn([mine], [before], [], name=name, lease_id=lease_id)
-            except EtcdUnavailable:
+            except Unavailable:
                 await asyncio.sleep(backoff)  # etcd blip: keep our place, retry within the wait
                 backoff = min(backoff * 2, 1.0)
                 continue
             backoff = 0.05
             if not resp.succeeded:
                 # Our key is gone: the lease expired or was revoked, or someone deleted it.
-                raise LeaseExpired(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
+                raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
                                    name=name, lease_id=lease_id)
             predecessors = resp.responses[0].response_range.kvs
             if not predecessors:
@@ -237,13 +243,15 @@ class LockManager:
         current = resp.responses[0].response_range.kvs
         if current:
             if int(current[0].create_revision) > token:
-                raise StaleToken(f"token {token} of {name!r} is stale: the lease holds it under "
-                                 f"{current[0].create_revision}", name=name, lease_id=lease_id)
+                raise StaleTokenError(f"token {token} of {name!r} is stale: the lease holds it under "
+                                      f"{current[0].create_revision}", name=name, lease_id=lease_id, token=token,
+                                      current_token=int(current[0].create_revision))
             raise NotHolder(f"token {token} was not granted to lease {lease_id:#x} for {name!r} (its key "
-                            f"there has revision {current[0].create_revision})", name=name, lease_id=lease_id)
+                            f"there has revision {current[0].create_revision})", name=name, lease_id=lease_id,
+                            token=token)
         if not await self._lease_alive(lease_id):
-            raise LeaseExpired(f"lease {lease_id:#x} has expired or was revoked", name=name, lease_id=lease_id)
-        raise NotHolder(f"lease {lease_id:#x} does not hold {name!r}", name=name, lease_id=lease_id)
+            raise LeaseLost(f"lease {lease_id:#x} has expired or was revoked", name=name, lease_id=lease_id)
+        raise NotHolder(f"lease {lease_id:#x} does not hold {name!r}", name=name, lease_id=lease_id, token=token)
 
     async def describe(self, name: str) -> Description:
         """Report the holder, token, waiters and TTL left of lock ``name``.
@@ -262,7 +270,7 @@ class LockManager:
             )
             count = await self._etcd.kv.get(lock, range_end=prefix_end(lock), count_only=True, timeout=ETCD_CALL_TIMEOUT)
         except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
-            raise EtcdUnavailable(f"etcd: describe failed: {exc}", name=name) from exc
+            raise etcd_unavailable(f"etcd: describe failed: {exc}", name=name) from exc
         contenders = [self._holder(kv) for kv in resp.kvs]
         if not contenders:
             return Description(None, -1, 0, 0, [], int(resp.header.revision))
@@ -283,14 +291,14 @@ class LockManager:
         try:
             resp = await self._etcd.kv.get(key, timeout=ETCD_CALL_TIMEOUT)
         except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
-            raise EtcdUnavailable(f"etcd: read failed: {exc}", name=name, lease_id=lease_id) from exc
+            raise etcd_unavailable(f"etcd: read failed: {exc}", name=name, lease_id=lease_id) from exc
         return bool(resp.kvs) and int(resp.kvs[0].create_revision) == token
 
     async def _lease_alive(self, lease_id: int) -> bool:
         try:
             info = await self._etcd.lease.time_to_live(lease_id, timeout=ETCD_CALL_TIMEOUT)
         except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
-            raise EtcdUnavailable(f"etcd: lease lookup failed: {exc}", lease_id=lease_id) from exc
+            raise etcd_unavailable(f"etcd: lease lookup failed: {exc}", lease_id=lease_id) from exc
         return int(info.TTL) > 0
 
     async def _txn(self, compare: Sequence[Compare], success: Sequence[RequestOp], failure: Sequence[RequestOp],
@@ -299,11 +307,11 @@ class LockManager:
             return await self._etcd.kv.txn(compare, success, failure, timeout=ETCD_CALL_TIMEOUT)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:  # "requested lease not found"
-                raise LeaseExpired(f"lease {lease_id:#x} has expired or was revoked",
+                raise LeaseLost(f"lease {lease_id:#x} has expired or was revoked",
                                    name=name, lease_id=lease_id) from exc
-            raise EtcdUnavailable(f"etcd: {exc.code().name}: {exc.details()}", name=name, lease_id=lease_id) from exc
+            raise etcd_unavailable(f"etcd: {exc.code().name}: {exc.details()}", name=name, lease_id=lease_id) from exc
         except (EtcdError, TimeoutError) as exc:
-            raise EtcdUnavailable(f"etcd: {exc}", name=name, lease_id=lease_id) from exc
+            raise etcd_unavailable(f"etcd: {exc}", name=name, lease_id=lease_id) from exc
 
     def _first(self, lock: bytes) -> RequestOp:
         """A range read of the lock's holder: its key with the lowest create revision."""

@@ -31,7 +31,7 @@ from grpc_health.v1._async import HealthServicer
 
 from fencepost.client.v1 import lock_pb2_grpc
 
-from .keys import Keys
+from fencepost.client.v1.keys import Keys
 from .lock import LockManager
 from .service import LockService
 from .session import Sessions

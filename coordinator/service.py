@@ -1,7 +1,7 @@
 """The gRPC LockService servicer: a thin adapter onto the lock and session modules.
 
 Each RPC makes one call into ``lock.LockManager`` or ``session.Sessions``;
-errors leave through one decorator that turns a ``LockServiceError`` into its
+errors leave through one decorator that turns a ``FencepostError`` into its
 gRPC status with an ``ErrorInfo`` detail (see ``errors``).
 """
 
@@ -16,8 +16,13 @@ import grpc
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
-from .errors import LockServiceError, ShuttingDown, TooManyStreams
-from .keys import Keys, wait_seconds
+from fencepost.client.errors import FencepostError, ResourceExhausted
+from fencepost.client.v1.details import ErrorReason, reason_name
+
+from .errors import shutting_down, to_status
+from fencepost.client.v1.keys import Keys
+
+from .validate import wait_seconds
 from .lock import Holder, LockManager
 from .session import Sessions
 from .stream import KeepAliveStream
@@ -27,14 +32,14 @@ R = TypeVar("R")
 
 
 def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Turn a LockServiceError raised by ``method`` into its gRPC status."""
+    """Turn a FencepostError raised by ``method`` into its gRPC status."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
             return await method(self, request, context)
-        except LockServiceError as exc:
-            await context.abort_with_status(exc.to_status())
+        except FencepostError as exc:
+            await context.abort_with_status(to_status(exc))
             raise  # unreachable: abort raises
 
     return wrapper
@@ -102,9 +107,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
         if self.closing.is_set():
-            await context.abort_with_status(ShuttingDown("coordinator is shutting down").to_status())
+            await context.abort_with_status(to_status(shutting_down()))
         if self._streams >= self._max_streams:
-            await context.abort_with_status(TooManyStreams(f"more than {self._max_streams} streams").to_status())
+            await context.abort_with_status(to_status(ResourceExhausted(
+                f"more than {self._max_streams} streams", reason=reason_name(ErrorReason.TOO_MANY_STREAMS))))
         self._streams += 1
         stream = KeepAliveStream(self._sessions, self._locks, self._watcher, self._keys.contender)
         try:
@@ -113,4 +119,4 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         finally:
             self._streams -= 1
         if self.closing.is_set():
-            await context.abort_with_status(ShuttingDown("coordinator is shutting down").to_status())
+            await context.abort_with_status(to_status(shutting_down()))

@@ -19,8 +19,10 @@ from etcd3aio import Etcd3Client, EtcdError
 from etcd3aio._protobuf import LeaseKeepAliveRequest, LeaseStub
 from etcd3aio.connections import ConnectionManager
 
-from .errors import EtcdUnavailable
-from .keys import validate_lease_id, validate_ttl
+from fencepost.client.errors import Unavailable
+
+from .errors import etcd_unavailable
+from .validate import validate_lease_id, validate_ttl
 
 _log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ class Sessions:
         try:
             resp = await self._etcd.lease.grant(ttl_seconds, timeout=ETCD_CALL_TIMEOUT, max_attempts=1)
         except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
-            raise EtcdUnavailable(f"etcd: lease grant failed: {exc}") from exc
+            raise etcd_unavailable(f"etcd: lease grant failed: {exc}") from exc
         return int(resp.ID), int(resp.TTL)
 
     async def revoke(self, lease_id: int) -> bool:
@@ -93,9 +95,9 @@ class Sessions:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return False
-            raise EtcdUnavailable(f"etcd: lease revoke failed: {exc.details()}", lease_id=lease_id) from exc
+            raise etcd_unavailable(f"etcd: lease revoke failed: {exc.details()}", lease_id=lease_id) from exc
         except (EtcdError, TimeoutError) as exc:
-            raise EtcdUnavailable(f"etcd: lease revoke failed: {exc}", lease_id=lease_id) from exc
+            raise etcd_unavailable(f"etcd: lease revoke failed: {exc}", lease_id=lease_id) from exc
         return True
 
     async def keepalive(self, lease_id: int) -> int:
@@ -124,9 +126,9 @@ class Sessions:
                 # The stream's member is stuck: replace the stream, retry on the next member.
                 last = exc
                 self._restart_stream(task)
-            except EtcdUnavailable as exc:  # the stream broke under the answer: retry on a new one
+            except Unavailable as exc:  # the stream broke under the answer: retry on a new one
                 last = exc
-        raise EtcdUnavailable("etcd: no keepalive answer", lease_id=lease_id) from last
+        raise etcd_unavailable("etcd: no keepalive answer", lease_id=lease_id) from last
 
     async def close(self) -> None:
         """Stop the keepalive stream and close its channel (leases are left alone)."""
@@ -177,7 +179,7 @@ class Sessions:
             for waiting in pending.values():
                 for answer in waiting:
                     if not answer.done():
-                        answer.set_exception(EtcdUnavailable("etcd keepalive stream broke"))
+                        answer.set_exception(etcd_unavailable("etcd keepalive stream broke"))
             pending.clear()
 
 

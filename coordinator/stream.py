@@ -15,7 +15,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from fencepost.client.v1 import lock_pb2
 
-from .errors import LockServiceError
+from fencepost.client.errors import FencepostError
+from fencepost.client.v1.details import ErrorReason
 from .lock import LockManager
 from .session import Sessions
 from .watch import DeleteWatcher
@@ -102,14 +103,14 @@ class KeepAliveStream:
     async def _forward(self, lease_id: int, request_id: int) -> None:
         try:
             ttl = await self._sessions.keepalive(lease_id)
-        except LockServiceError as exc:
+        except FencepostError as exc:
             _log.info("keepalive for lease %#x not answered: %s", lease_id, exc)
             return  # no answer: the client's deadline counts it as not acknowledged
         self._out.put_nowait(lock_pb2.KeepAliveResponse(
             keepalive=lock_pb2.LeaseKeepAliveAck(lease_id=lease_id, request_id=request_id, ttl_seconds=ttl)))
         if ttl <= 0:
             for hold in [h for h in self._holds if h[1] == lease_id]:
-                self._ended(hold, "LEASE_EXPIRED")
+                self._ended(hold, ErrorReason.LEASE_EXPIRED)
 
     def _watch(self, hold: HoldKey) -> None:
         name, lease_id, token = hold
@@ -121,12 +122,12 @@ class KeepAliveStream:
             if revision is None:
                 self._spawn(self._recheck(hold))
             elif revision > token:
-                self._ended(hold, "NOT_HOLDER")
+                self._ended(hold, ErrorReason.NOT_HOLDER)
 
         self._holds[hold] = self._watcher.subscribe(key, on_delete)
         known = self._watcher.deleted_after(key, token)
         if known:
-            self._ended(hold, "NOT_HOLDER")
+            self._ended(hold, ErrorReason.NOT_HOLDER)
         elif known is None:
             self._spawn(self._recheck(hold))
 
@@ -137,13 +138,13 @@ class KeepAliveStream:
         while hold in self._holds:
             try:
                 if not await self._locks.hold_exists(name, lease_id, token):
-                    self._ended(hold, "NOT_HOLDER")
+                    self._ended(hold, ErrorReason.NOT_HOLDER)
                 return
-            except LockServiceError:
+            except FencepostError:
                 await asyncio.sleep(backoff)  # etcd down: the client's deadline protects it meanwhile
                 backoff = min(backoff * 2, 2.0)
 
-    def _ended(self, hold: HoldKey, reason: str) -> None:
+    def _ended(self, hold: HoldKey, reason: int) -> None:
         unsubscribe = self._holds.pop(hold, None)
         if unsubscribe is None:
             return  # already reported once

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from etcd3aio import Etcd3Client, WatchFilter
 
-from .keys import Keys
+from fencepost.client.v1.keys import Keys
 
 _log = logging.getLogger(__name__)
 

@@ -6,8 +6,10 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from fencepost.coordinator.errors import EtcdUnavailable, InvalidField, NotHolder
-from fencepost.coordinator.keys import Keys, prefix_end, validate_name, validate_ttl, wait_seconds
+from fencepost.client.errors import InvalidArgument, NotHolder
+from fencepost.coordinator.errors import etcd_unavailable, to_status
+from fencepost.client.v1.keys import Keys, prefix_end
+from fencepost.coordinator.validate import validate_name, validate_ttl, wait_seconds
 
 
 def test_keys_when_one_name_is_a_prefix_of_another() -> None:
@@ -30,7 +32,7 @@ def test_parse_when_name_has_slashes_and_percent() -> None:
 @pytest.mark.parametrize("name", ["", "x" * 257, "a\x00b", "line\nbreak", "é" * 129])
 def test_validate_name_when_invalid(name: str) -> None:
     """Empty, oversized (in UTF-8 bytes) or control-character names name the field."""
-    with pytest.raises(InvalidField) as info:
+    with pytest.raises(InvalidArgument) as info:
         validate_name(name)
     assert info.value.field == "name"
 
@@ -38,7 +40,7 @@ def test_validate_name_when_invalid(name: str) -> None:
 @pytest.mark.parametrize("ttl", [0, -1, 86_401, 2**40])
 def test_validate_ttl_when_out_of_range(ttl: int) -> None:
     """TTLs outside 1..86400 seconds are rejected naming ttl_seconds."""
-    with pytest.raises(InvalidField) as info:
+    with pytest.raises(InvalidArgument) as info:
         validate_ttl(ttl)
     assert info.value.field == "ttl_seconds"
 
@@ -49,13 +51,13 @@ def test_wait_seconds_when_valid_and_invalid() -> None:
     assert wait_seconds(1500, False) == 1.5
     assert wait_seconds(0, True) is None
     for bad in ((-1, False), (5, True), (86_400_001, False)):
-        with pytest.raises(InvalidField):
+        with pytest.raises(InvalidArgument):
             wait_seconds(*bad)
 
 
 def test_to_status_when_error_has_name_and_lease() -> None:
     """A status carries one ErrorInfo with the reason, domain and metadata."""
-    status = NotHolder("no", name="inv:42", lease_id=99).to_status()
+    status = to_status(NotHolder("no", name="inv:42", lease_id=99))
     assert status.code == grpc.StatusCode.FAILED_PRECONDITION
     (key, blob), = status.trailing_metadata
     assert key == "grpc-status-details-bin"
@@ -68,7 +70,7 @@ def test_to_status_when_error_has_name_and_lease() -> None:
 
 def test_to_status_when_unavailable_carries_retry_info() -> None:
     """UNAVAILABLE statuses carry a RetryInfo besides the ErrorInfo."""
-    status = EtcdUnavailable("down").to_status()
+    status = to_status(etcd_unavailable("down"))
     details = status_pb2.Status.FromString(status.trailing_metadata[0][1]).details
     retry = error_details_pb2.RetryInfo()
     assert status.code == grpc.StatusCode.UNAVAILABLE

@@ -81,7 +81,7 @@ class EtcdGuard(FencingGuard):
 
     def __init__(self, etcd: Etcd3Client, *, prefix: str = DEFAULT_PREFIX,
                  on_reject: RejectHook | None = None) -> None:
-        from fencepost.coordinator.keys import Keys
+        from fencepost.client.v1.keys import Keys
 
         super().__init__(on_reject=on_reject)
         self.etcd = etcd

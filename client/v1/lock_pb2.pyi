@@ -158,8 +158,8 @@ class HoldEnded(_message.Message):
     name: str
     lease_id: int
     token: int
-    reason: str
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    reason: ErrorReason
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., reason: _Optional[_Union[ErrorReason, str]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ("name",)

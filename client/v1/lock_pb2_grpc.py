@@ -75,7 +75,7 @@ class LockServiceServicer:
     """
 
     def LeaseGrant(self, request, context):
-        """LeaseGrant creates a lease (a session) with a TTL in whole seconds.
+        """LeaseGrant creates a lease with a TTL in whole seconds.
         The lease lives until LeaseRevoke, or until ttl_seconds pass without a
         keepalive on a KeepAlive stream. Not idempotent: each call creates a new
         lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.

@@ -5,14 +5,15 @@ isort:skip_file
 Fencepost lock service, version 1.
 
 Locks with fencing tokens on top of etcd. Read this file as the API
-reference; ../../../README.md explains the model and ../shared/DESIGN.md
-the design.
+reference; the repository's README.md explains the model and the
+guarantees.
 
 Model in short:
-- A *lease* (a session) is an etcd lease with a TTL in whole seconds. The
-  caller keeps it alive by sending keepalives on the KeepAlive stream about
-  every TTL/3. A lease that receives no keepalive for TTL seconds expires,
-  and every lock it holds or waits for is released.
+- A *lease* is an etcd lease with a TTL in whole seconds. The caller keeps
+  it alive by sending keepalives on the KeepAlive stream about every
+  TTL/3. A lease that receives no keepalive for TTL seconds expires, and
+  every lock it holds or waits for is released. A client normally keeps one
+  lease for all its locks of one TTL.
 - A *lock* is named by a UTF-8 string. Contenders for one name are granted
   the lock first come, first served. One lease may hold many locks.
 - Every grant carries a *fencing token*: the etcd revision at which the
@@ -20,12 +21,22 @@ Model in short:
   strictly increase, across coordinator restarts and etcd leader changes.
   A TTL alone is not mutual exclusion: pass the token to the storage and
   let it reject writes that carry a token lower than one it has accepted.
+- A *hold* is one grant of one lock: the triple (name, lease_id, token).
+  It lasts until Release, the lease's end, or the deletion of its key.
 
 Errors: every failed call returns a gRPC status whose details hold one
-google.rpc.ErrorInfo with domain "fencepost.dev" and a reason from
-ErrorReason below (INVALID_ARGUMENT also carries the field name in
-ErrorInfo.metadata["field"]). Calls that fail with UNAVAILABLE also carry a
-google.rpc.RetryInfo and may be retried.
+google.rpc.ErrorInfo with domain "fencepost.dev" and, as its reason, the
+name of an ErrorReason value below. Calls that fail with UNAVAILABLE also
+carry a google.rpc.RetryInfo and may be retried. ErrorInfo.metadata keys,
+each present only where it applies and known (numbers in decimal):
+  field          INVALID_FIELD: the request field at fault ("name",
+                 "ttl_seconds", "lease_id", "token", "wait_ms").
+  name           the lock name the call concerned.
+  lease_id       the lease id the call concerned.
+  token          the fencing token the call carried (Release).
+  current_token  STALE_TOKEN: the newer token under which the lease holds
+                 the lock. NOT_HOLDER: the token of the lock's current
+                 holder, when the lock is held.
 """
 
 from collections import abc as _abc
@@ -61,7 +72,7 @@ class LockServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> LockServiceAsyncStub: ...
     LeaseGrant: _grpc.UnaryUnaryMultiCallable[_lock_pb2.LeaseGrantRequest, _lock_pb2.LeaseGrantResponse]
-    """LeaseGrant creates a lease (a session) with a TTL in whole seconds.
+    """LeaseGrant creates a lease with a TTL in whole seconds.
     The lease lives until LeaseRevoke, or until ttl_seconds pass without a
     keepalive on a KeepAlive stream. Not idempotent: each call creates a new
     lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
@@ -126,7 +137,7 @@ class LockServiceAsyncStub(LockServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     LeaseGrant: _aio.UnaryUnaryMultiCallable[_lock_pb2.LeaseGrantRequest, _lock_pb2.LeaseGrantResponse]  # type: ignore[assignment]
-    """LeaseGrant creates a lease (a session) with a TTL in whole seconds.
+    """LeaseGrant creates a lease with a TTL in whole seconds.
     The lease lives until LeaseRevoke, or until ttl_seconds pass without a
     keepalive on a KeepAlive stream. Not idempotent: each call creates a new
     lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
@@ -194,7 +205,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _lock_pb2.LeaseGrantRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_lock_pb2.LeaseGrantResponse, _abc.Awaitable[_lock_pb2.LeaseGrantResponse]]:
-        """LeaseGrant creates a lease (a session) with a TTL in whole seconds.
+        """LeaseGrant creates a lease with a TTL in whole seconds.
         The lease lives until LeaseRevoke, or until ttl_seconds pass without a
         keepalive on a KeepAlive stream. Not idempotent: each call creates a new
         lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.

@@ -19,7 +19,7 @@ from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient, InvalidArgument
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.keys import Keys
+from fencepost.client.v1.keys import Keys
 
 from ..conftest import assert_invalid_field, count_keys, lease_ids
 

@@ -173,7 +173,7 @@ async def test_f04_etcd_leader_changes(
 async def _key_gone_monitor(etcd: Etcd3Client, holders: Holders, prefix: str,
                             gone_at: dict[str, float]) -> None:
     """Record when each holder's key is first seen absent in etcd (polling, 0.1 s)."""
-    from fencepost.coordinator.keys import Keys
+    from fencepost.client.v1.keys import Keys
 
     keys = Keys(prefix)
     assert etcd.kv is not None
@@ -222,7 +222,7 @@ async def test_f05_stuck_etcd_leader(
 
             # Every holder still holds (key and lease in etcd) or has been told it lost.
             assert etcd.kv is not None and etcd.lease is not None
-            from fencepost.coordinator.keys import Keys
+            from fencepost.client.v1.keys import Keys
 
             keys = Keys(prefix)
             held, told = [], []

@@ -266,7 +266,7 @@ class EtcdDriver(Driver):
         self.tokens: dict[int, int] = {}
 
     async def setup(self) -> None:
-        from fencepost.coordinator.keys import Keys
+        from fencepost.client.v1.keys import Keys
 
         keys = Keys(self.prefix)
         for t in range(1, MAX_TOKEN + 1):

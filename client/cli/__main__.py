@@ -1,0 +1,7 @@
+"""``python -m fencepost.client.cli``: the ``fencepost`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

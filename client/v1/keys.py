@@ -1,0 +1,70 @@
+"""The etcd key layout of locks, and the limits of names, TTLs, waits, lease ids and tokens.
+
+A lock named ``N`` is the key range ``<prefix><encoded N>/``; each contender
+puts one key ``<prefix><encoded N>/<lease id as 16 hex digits>`` attached to
+its lease. The name is percent-encoded with no safe characters, so ``/``
+becomes ``%2F``: no lock's range can contain another lock's keys (``a`` and
+``a/b`` are independent locks).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, unquote
+
+#: Longest lock name, in bytes of UTF-8.
+MAX_NAME_BYTES = 256
+#: Shortest and longest lease TTL a caller may ask for, in seconds.
+MIN_TTL_SECONDS = 1
+MAX_TTL_SECONDS = 86_400
+#: Longest wait of one Acquire, in milliseconds (one day).
+MAX_WAIT_MS = 86_400_000
+#: Largest lease id and fencing token (etcd's int64).
+MAX_LEASE_ID = 2**63 - 1
+MAX_TOKEN = 2**63 - 1
+#: Default etcd key prefix of all locks.
+DEFAULT_PREFIX = "/fencepost/locks/"
+
+
+class Keys:
+    """Builds and parses the etcd keys under one prefix.
+
+    Args:
+        prefix: key prefix, e.g. ``/fencepost/locks/`` (a trailing ``/`` is added).
+    """
+
+    def __init__(self, prefix: str) -> None:
+        if not prefix.endswith("/"):
+            prefix += "/"
+        self.prefix = prefix.encode()
+        self.range_end = prefix_end(self.prefix)
+
+    def lock_prefix(self, name: str) -> bytes:
+        """The key range of lock ``name`` (every contender's key starts with it)."""
+        return self.prefix + quote(name, safe="").encode() + b"/"
+
+    def contender(self, name: str, lease_id: int) -> bytes:
+        """The key of ``lease_id``'s hold or place in the queue for ``name``."""
+        return self.lock_prefix(name) + f"{lease_id:016x}".encode()
+
+    def parse(self, key: bytes) -> tuple[str, int] | None:
+        """Split a contender key into (lock name, lease id); None if it is not one."""
+        if not key.startswith(self.prefix):
+            return None
+        encoded, sep, lease_hex = key[len(self.prefix):].rpartition(b"/")
+        if not sep or not encoded:
+            return None
+        try:
+            return unquote(encoded.decode()), int(lease_hex, 16)
+        except ValueError:
+            return None
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The etcd range_end that covers every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    for i in range(len(end) - 1, -1, -1):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\0"
+
