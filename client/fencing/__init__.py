@@ -15,9 +15,15 @@ The contract, the same for every adapter:
   upsert, a Lua script, an etcd Txn, a DynamoDB ConditionExpression), never
   a read followed by a write. A read, if any, only comes after a refusal, to
   fill the error.
+- Every write method takes the record's key, then the token (the etcd
+  guard: the hold that carries it), then the values.
 - A rejection raises :class:`fencepost.client.StaleTokenError` with
   ``.record`` (the record's key), ``.token`` (offered) and
   ``.current_token`` (stored), and leaves the record unchanged.
+- Every other error a guard raises is a :class:`fencepost.client.FencepostError`
+  too: :class:`~fencepost.client.InvalidArgument` for a bad token or
+  identifier, :class:`MissingRecordError` for an update of a missing record;
+  the storage driver's own errors (a lost connection) pass through unchanged.
 - Every guard counts its rejections (``guard.rejected``) and calls its
   optional ``on_reject(err)`` hook before raising, so that operators can see
   stale writers (a metric, a log line).
@@ -54,7 +60,8 @@ from ._etcd import EtcdGuard, Grant, Hold
 from ._guard import FencingGuard, RejectHook, check_identifier, check_token
 from ._redis import SCRIPT as REDIS_SCRIPT
 from ._redis import RedisGuard
-from ._sql import MissingRecordError, SqlGuard, add_token_column, update_statement, upsert_statement
+from ._sql import SqlGuard, add_token_column, update_statement, upsert_statement
+from ..errors import MissingRecordError
 
 __all__ = [
     "DYNAMODB_CONDITION",

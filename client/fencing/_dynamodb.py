@@ -43,7 +43,7 @@ def condition_kwargs(token: int, *, token_attribute: str = TOKEN_FIELD) -> dict[
         names and values into the two dicts.
 
     Raises:
-        ValueError: a bad token or attribute name.
+        InvalidArgument: a bad token or attribute name.
     """
     check_token(token)
     check_identifier(token_attribute, "token_attribute")
@@ -65,7 +65,7 @@ class DynamoDBGuard(FencingGuard):
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
 
     Raises:
-        ValueError: ``token_attribute`` is not an identifier.
+        InvalidArgument: ``token_attribute`` is not an identifier.
     """
 
     def __init__(self, client: Any, table: str, *, token_attribute: str = TOKEN_FIELD,
@@ -85,7 +85,7 @@ class DynamoDBGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the item holds a higher token; nothing was written.
-            ValueError: a bad token.
+            InvalidArgument: a bad token.
             botocore.exceptions.ClientError: any other failure.
         """
         kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
@@ -102,7 +102,7 @@ class DynamoDBGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the item holds a higher token; nothing was written.
-            ValueError: a bad token.
+            InvalidArgument: a bad token.
             botocore.exceptions.ClientError: any other failure.
         """
         kwargs = condition_kwargs(token, token_attribute=self.token_attribute)

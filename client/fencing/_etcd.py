@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..v1.details import ErrorReason
 from ._guard import FencingGuard, RejectHook, check_token
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class EtcdGuard(FencingGuard):
         current = int(token_kvs[0].value) if token_kvs else None
         if not holder_kvs or int(holder_kvs[0].create_revision) != token:
             raise self._reject(
-                record, token, current, reason="NOT_HOLDER", name=hold.name, lease_id=hold.lease_id,
+                record, token, current, reason=ErrorReason.NOT_HOLDER, name=hold.name, lease_id=hold.lease_id,
                 message=(f"write with fencing token {token} refused: lease {hold.lease_id:#x} no longer "
                          f"holds lock {hold.name!r} under that token"))
         raise self._reject(record, token, current, name=hold.name, lease_id=hold.lease_id)

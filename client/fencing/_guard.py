@@ -7,7 +7,9 @@ import re
 import threading
 from collections.abc import Callable
 
-from ..errors import StaleTokenError
+from ..errors import InvalidArgument, StaleTokenError
+from ..v1.details import ErrorReason, reason_name
+from ..v1.keys import MAX_TOKEN
 
 _log = logging.getLogger("fencepost.client.fencing")
 
@@ -30,12 +32,13 @@ def check_token(token: int) -> int:
         The token unchanged.
 
     Raises:
-        ValueError: the token is not an int (bool excluded) or is not > 0.
+        InvalidArgument: the token is not an int (bool excluded) or is not
+            1 to 2**63-1 (field ``token``).
     """
     if isinstance(token, bool) or not isinstance(token, int):
-        raise ValueError(f"token must be an int fencing token, not {type(token).__name__}")
-    if token <= 0 or token > 2**63 - 1:
-        raise ValueError(f"token is {token}; must be a fencing token of a grant (1 to 2**63-1)")
+        raise InvalidArgument(f"token must be an int fencing token, not {type(token).__name__}", field="token")
+    if not 0 < token <= MAX_TOKEN:
+        raise InvalidArgument(f"token is {token}; must be a fencing token of a grant (1 to 2**63-1)", field="token")
     return token
 
 
@@ -50,10 +53,11 @@ def check_identifier(value: str, argument: str) -> str:
         The name unchanged.
 
     Raises:
-        ValueError: ``value`` does not match ``^[A-Za-z_][A-Za-z0-9_]*$``.
+        InvalidArgument: ``value`` does not match ``^[A-Za-z_][A-Za-z0-9_]*$``
+            (field ``argument``).
     """
     if not isinstance(value, str) or not IDENTIFIER.match(value):
-        raise ValueError(f"{argument} must match {IDENTIFIER.pattern}, got {value!r}")
+        raise InvalidArgument(f"{argument} must match {IDENTIFIER.pattern}, got {value!r}", field=argument)
     return value
 
 
@@ -87,16 +91,26 @@ class FencingGuard:
         current_token: int | None,
         *,
         message: str | None = None,
-        reason: str = "STALE_TOKEN",
+        reason: int = ErrorReason.STALE_TOKEN,
         name: str | None = None,
         lease_id: int | None = None,
     ) -> StaleTokenError:
-        """Count a refused write, call the hook, and return the error to raise."""
+        """Count a refused write, call the hook, and return the error to raise.
+
+        Args:
+            record: The record's key.
+            token: The token the write carried.
+            current_token: The record's (or lock's) newer token, when known.
+            message: The error message; a default names both tokens.
+            reason: An ErrorReason: STALE_TOKEN, or NOT_HOLDER (etcd guard).
+            name: The lock name, when known.
+            lease_id: The writer's lease id, when known.
+        """
         if message is None:
             message = (f"write with fencing token {token} refused: the record has accepted "
                        f"fencing token {current_token}")
         err = StaleTokenError(message, record=record, token=token, current_token=current_token,
-                              reason=reason, name=name, lease_id=lease_id)
+                              reason=reason_name(reason), name=name, lease_id=lease_id)
         with self._count_lock:
             self._rejected += 1
         if self.on_reject is not None:

@@ -48,17 +48,17 @@ class RedisGuard(FencingGuard):
         self.client = client
         self._script = client.register_script(SCRIPT)
 
-    def put(self, key: str | bytes, value: str | bytes | int | float, token: int) -> None:
+    def put(self, key: str | bytes, token: int, value: str | bytes | int | float) -> None:
         """Set the record's value if ``token`` is not lower than its token.
 
         Args:
             key: The Redis key of the record (a hash).
-            value: The new value (stored in the hash field ``value``).
             token: The writer's fencing token.
+            value: The new value (stored in the hash field ``value``).
 
         Raises:
             StaleTokenError: the record holds a higher token; nothing was written.
-            ValueError: a bad token.
+            InvalidArgument: a bad token.
             redis.exceptions.RedisError: the server failed (e.g. WRONGTYPE).
         """
         check_token(token)

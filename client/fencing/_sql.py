@@ -43,21 +43,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import InvalidArgument, MissingRecordError
 from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_token
 
 _PLACEHOLDERS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
-
-
-class MissingRecordError(LookupError):
-    """``SqlGuard.update`` found no row with that key (nothing was written).
-
-    Attributes:
-        record: The key that matched no row.
-    """
-
-    def __init__(self, message: str, *, record: object) -> None:
-        super().__init__(message)
-        self.record = record
 
 
 def _q(name: str) -> str:
@@ -69,9 +58,11 @@ def _paramstyle(conn: Any, paramstyle: str | None) -> str:
         module = sys.modules.get(type(conn).__module__.split(".")[0])
         paramstyle = getattr(module, "paramstyle", None)
         if paramstyle is None:
-            raise ValueError(f"paramstyle: cannot tell the paramstyle of {type(conn).__name__}; pass it")
+            raise InvalidArgument(f"paramstyle: cannot tell the paramstyle of {type(conn).__name__}; pass it",
+                                  field="paramstyle")
     if paramstyle not in _PLACEHOLDERS:
-        raise ValueError(f"paramstyle must be one of {sorted(_PLACEHOLDERS)}, got {paramstyle!r}")
+        raise InvalidArgument(f"paramstyle must be one of {sorted(_PLACEHOLDERS)}, got {paramstyle!r}",
+                              field="paramstyle")
     return _PLACEHOLDERS[paramstyle]
 
 
@@ -80,7 +71,7 @@ def update_statement(table: str, key_column: str, columns: list[str], *,
     """The conditional UPDATE for ``columns`` (parameters: values..., token, key, token).
 
     Raises:
-        ValueError: a name is not an identifier.
+        InvalidArgument: a name is not an identifier.
     """
     check_identifier(table, "table")
     check_identifier(key_column, "key_column")
@@ -99,7 +90,7 @@ def upsert_statement(table: str, key_column: str, columns: list[str], *,
     """The conditional upsert for ``columns`` (parameters: key, values..., token).
 
     Raises:
-        ValueError: a name is not an identifier.
+        InvalidArgument: a name is not an identifier.
     """
     check_identifier(table, "table")
     check_identifier(key_column, "key_column")
@@ -130,7 +121,7 @@ def add_token_column(conn: Any, table: str, *, token_column: str = TOKEN_FIELD,
         commit: Commit the caller's transaction afterwards.
 
     Raises:
-        ValueError: ``table`` or ``token_column`` is not an identifier.
+        InvalidArgument: ``table`` or ``token_column`` is not an identifier.
         The driver's error: the column exists already, or no such table.
     """
     check_identifier(table, "table")
@@ -159,7 +150,7 @@ class SqlGuard(FencingGuard):
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
 
     Raises:
-        ValueError: a name is not an identifier, or the paramstyle is unknown.
+        InvalidArgument: a name is not an identifier, or the paramstyle is unknown.
     """
 
     def __init__(self, conn: Any, table: str, key_column: str, *, token_column: str = TOKEN_FIELD,
@@ -184,7 +175,7 @@ class SqlGuard(FencingGuard):
         Raises:
             StaleTokenError: the row holds a higher token; nothing was written.
             MissingRecordError: no row has that key; nothing was written.
-            ValueError: a bad token or column name.
+            InvalidArgument: a bad token or column name.
         """
         check_token(token)
         columns = list(values)
@@ -209,7 +200,7 @@ class SqlGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the row holds a higher token; nothing was written.
-            ValueError: a bad token or column name.
+            InvalidArgument: a bad token or column name.
         """
         check_token(token)
         columns = list(values)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from fencepost.client import StaleTokenError
+from fencepost.client import InvalidArgument, StaleTokenError
 
 from .conftest import FIGURES, MAX_TOKEN, Driver
 
@@ -53,6 +53,16 @@ async def test_lower_token_rejected_and_record_untouched(driver: Driver) -> None
     assert err.reason == "STALE_TOKEN"
     assert await driver.read("r") == ("new", 9)
     assert rejected == [err]
+
+
+@pytest.mark.parametrize("bad", [0, True, "5"])
+async def test_bad_token_refused_before_any_write(driver: Driver, bad: object) -> None:
+    """A token that is not a positive int raises InvalidArgument (field "token"); nothing is written."""
+    write = await driver.writer()
+    with pytest.raises(InvalidArgument) as info:
+        await write("r", "v", bad)  # type: ignore[arg-type]
+    assert info.value.field == "token"
+    assert await driver.read("r") == (None, None)
 
 
 async def test_higher_token_accepted(driver: Driver) -> None:

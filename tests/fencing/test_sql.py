@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fencepost.client import StaleTokenError
+from fencepost.client import FencepostError, InvalidArgument
 from fencepost.client.fencing import MissingRecordError, SqlGuard, add_token_column, update_statement
 
 from .servers import PostgresServer
@@ -25,18 +26,19 @@ def conn(tmp_path: Path) -> sqlite3.Connection:
 
 @pytest.mark.parametrize("argument", ["table", "key_column", "token_column"])
 def test_guard_when_identifier_is_injection(conn: sqlite3.Connection, argument: str) -> None:
-    """A table or column name that is not an identifier is refused with ValueError naming the argument."""
+    """A table or column name that is not an identifier is refused with InvalidArgument naming the argument."""
     kwargs = {"table": "users", "key_column": "id", "token_column": "fencing_token"}
     kwargs[argument] = "users; DROP TABLE x"
-    with pytest.raises(ValueError, match=argument):
+    with pytest.raises(InvalidArgument, match=argument) as info:
         SqlGuard(conn, kwargs["table"], kwargs["key_column"], token_column=kwargs["token_column"])
+    assert info.value.field == argument
     assert conn.execute("SELECT count(*) FROM x").fetchone() == (0,)
 
 
 def test_write_when_value_column_is_injection(conn: sqlite3.Connection) -> None:
     """A column name in the written values is validated too; values themselves are bound."""
     guard = SqlGuard(conn, "users", "id", commit=True)
-    with pytest.raises(ValueError, match="values"):
+    with pytest.raises(InvalidArgument, match="values"):
         guard.upsert(1, 5, {"name = 'x'; DROP TABLE x; --": "v"})
     guard.upsert(1, 5, {"name": "Robert'); DROP TABLE x; --"})
     assert conn.execute("SELECT name FROM users WHERE id = 1").fetchone() == ("Robert'); DROP TABLE x; --",)
@@ -51,10 +53,11 @@ def test_statement_binds_parameters() -> None:
 
 
 def test_update_when_row_missing(conn: sqlite3.Connection) -> None:
-    """UPDATE of a key with no row raises MissingRecordError, not StaleTokenError, and counts no rejection."""
+    """UPDATE of a key with no row raises MissingRecordError (a FencepostError), not StaleTokenError."""
     guard = SqlGuard(conn, "users", "id", commit=True)
     with pytest.raises(MissingRecordError) as info:
         guard.update(42, 5, {"name": "a"})
+    assert isinstance(info.value, FencepostError)
     assert info.value.record == 42
     assert guard.rejected == 0
 
