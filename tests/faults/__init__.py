@@ -1,1 +1,1 @@
-"""Fault-injection tests: the field cases F01-F12 (see ../shared/cases/README.md)."""
+"""Fault-injection tests: the field cases F01-F12 (listed in docs/reliability.md)."""

@@ -1,4 +1,4 @@
-"""Fixtures of the fault-injection suite (field cases, ../shared/cases/README.md).
+"""Fixtures of the fault-injection suite (field cases F01-F12, listed in docs/reliability.md).
 
 Profiles:
 

@@ -1,6 +1,6 @@
 """F08 bad input: invalid TTLs and names are refused before etcd is touched; odd but valid names work.
 
-See /work/shared/cases/README.md, F08. Through the client (typed InvalidArgument)
+Field case F08 (docs/reliability.md lists the cases and their tests). Through the client (typed InvalidArgument)
 and through the raw stub (INVALID_ARGUMENT naming the field), nothing is
 written to etcd (no key, no lease); the TTL granted is reported back, never
 shortened; "jobs" and "jobs/1" are independent locks, and so is "../x";

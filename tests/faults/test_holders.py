@@ -1,6 +1,6 @@
 """Field cases about holders: F01 paused holder, F06 acquire timeout, F07(a) missed wake-up, F09 loss notice.
 
-See /work/shared/cases/README.md (T = TTL, K = keepalive period = T/3, e = 0.5 s).
+The field cases are listed in docs/reliability.md (T = TTL, K = keepalive period = T/3, e = 0.5 s).
 Full forms run with FENCEPOST_SOAK=1.
 """
 

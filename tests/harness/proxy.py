@@ -119,14 +119,16 @@ class _Connection:
                 data = await reader.read(_CHUNK)
                 if not gate.open.is_set():
                     if gate.drop:
-                        self.proxy.dropped[direction] += len(data)
+                        self.proxy._count(self.proxy.dropped, direction, len(data))
                         if data:
                             continue
                     await gate.open.wait()  # hold what was read (or the EOF) until healed
                 if not data:
                     break
+                # Count before writing: whoever sees the bytes arrive must
+                # also see them counted (a test reads the counter right after).
+                self.proxy._count(self.proxy.forwarded, direction, len(data))
                 writer.write(data)
-                self.proxy.forwarded[direction] += len(data)
                 await writer.drain()
         except (ConnectionError, OSError):
             pass
@@ -170,6 +172,7 @@ class Proxy:
         self.dropped = {Direction.UP: 0, Direction.DOWN: 0}
         self.events: list[tuple[float, str]] = []
         self._refuse = False
+        self._changed = threading.Condition()  # notified whenever a counter changes
         self._conns: set[_Connection] = set()
         self._gates: dict[Direction, _Gate] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -205,8 +208,10 @@ class Proxy:
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        self.accepted_at.append(time.monotonic())
+        with self._changed:
+            self.accepted_at.append(time.monotonic())
+            self.accepted += 1
+            self._changed.notify_all()
         if self._refuse:
             _rst(writer)
             return
@@ -309,6 +314,26 @@ class Proxy:
 
         self._call(apply)
         return self._mark(f"cut{' refuse' if refuse else ''}")
+
+    # ------------------------------------------------------------ counters
+
+    def _count(self, counter: dict[Direction, int], direction: Direction, n: int) -> None:
+        """Add ``n`` to ``counter[direction]`` (called in the proxy thread) and wake waiters."""
+        with self._changed:
+            counter[direction] += n
+            self._changed.notify_all()
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Block until ``predicate()`` (which reads the counters) is true, or ``timeout`` seconds pass.
+
+        Re-checks the predicate each time a counter changes, so that a test
+        synchronises on the proxy's own progress instead of sleeping.
+
+        Returns:
+            Whether the predicate became true in time.
+        """
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout)
 
     def _mark(self, what: str) -> float:
         now = time.monotonic()
