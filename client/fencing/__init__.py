@@ -34,7 +34,7 @@ Adapters (each module's docstring shows its exact statement):
   and ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE t.fencing_token IS
   NULL OR t.fencing_token <= excluded.fencing_token``; :func:`add_token_column`.
 - :class:`RedisGuard` (redis-py): one Lua compare-and-set script on a hash.
-- :class:`EtcdGuard` (etcd3aio, asyncio): one Txn that also requires the
+- :class:`EtcdGuard` (a grpc.aio channel to etcd, asyncio): one Txn that also requires the
   writer's lock key to still have the token as its create revision.
 - :class:`DynamoDBGuard` (boto3): ``attribute_not_exists(fencing_token) OR
   fencing_token <= :t`` as the write's ConditionExpression; :func:`condition_kwargs`.
