@@ -32,7 +32,7 @@ from fencepost.client.errors import FencepostError
 from fencepost.client.v1 import lock_pb2_grpc
 from fencepost.client.v1.keys import Keys
 
-from .etcd import EtcdAuth, EtcdClient, EtcdTls, parse_endpoint
+from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .lease import Leases
 from .lock import LockManager
 from .service import LockService
@@ -77,17 +77,14 @@ class Coordinator:
         etcd_auth: etcd user and password when etcd has auth enabled.
 
     Raises:
-        ValueError: no endpoint, or a malformed one.
+        ValueError: no endpoint, a malformed one, or ``http://`` endpoints with ``etcd_tls``.
     """
 
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
                  etcd_auth: EtcdAuth | None = None) -> None:
-        if isinstance(etcd_endpoints, str) or not etcd_endpoints:
-            raise ValueError("etcd_endpoints must name at least one host:port")
-        for endpoint in etcd_endpoints:
-            parse_endpoint(endpoint)
+        check_endpoints(etcd_endpoints, etcd_tls)
         self._endpoints = list(etcd_endpoints)
         self._etcd_tls = etcd_tls
         self._etcd_auth = etcd_auth
@@ -271,11 +268,6 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
     endpoints = None
     if args.etcd_endpoints:
         endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
-        try:
-            for endpoint in endpoints:
-                parse_endpoint(endpoint)
-        except ValueError as exc:
-            raise _BadFlag(f"--etcd-endpoints: {exc}") from None
     elif args.etcd_cacert or args.etcd_cert or args.etcd_key or args.etcd_user:
         raise _BadFlag("--etcd-cacert, --etcd-cert, --etcd-key and --etcd-user need --etcd-endpoints "
                        "(the embedded etcd has no TLS or auth)")
@@ -288,6 +280,11 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         for flag, pem in (("--etcd-cacert", tls.ca), ("--etcd-cert", tls.cert), ("--etcd-key", tls.key)):
             if pem is not None and b"-----BEGIN " not in pem:
                 raise _BadFlag(f"{flag}: not a PEM file")
+    if endpoints is not None:
+        try:
+            check_endpoints(endpoints, tls)
+        except ValueError as exc:
+            raise _BadFlag(f"--etcd-endpoints: {exc}") from None
     auth = None
     if args.etcd_user:
         if password is None:

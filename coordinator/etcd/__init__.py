@@ -14,7 +14,7 @@ The compares and ops of the lock algorithm are built by
 """
 
 from .client import NOT_APPLIED, EtcdClient, Stubs, TxnPlan
-from .members import EtcdAuth, EtcdTls, parse_endpoint
+from .members import EtcdAuth, EtcdTls, check_endpoints, parse_endpoint
 from .policy import FAILURES, RULES, Failure, Op, Rule, classify, error_for
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Rule",
     "Stubs",
     "TxnPlan",
+    "check_endpoints",
     "classify",
     "error_for",
     "parse_endpoint",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["EtcdAuth", "EtcdTls", "Members", "parse_endpoint"]
+__all__ = ["EtcdAuth", "EtcdTls", "Members", "check_endpoints", "parse_endpoint"]
 
 #: gRPC channel options of every etcd channel: HTTP/2 pings find a dead
 #: member's connection within keepalive_time + keepalive_timeout (15 s) even
@@ -65,6 +65,34 @@ def parse_endpoint(endpoint: str) -> tuple[str, bool | None]:
     if not 0 < port < 65536:
         raise ValueError(f"etcd endpoint {endpoint!r}: port {port} is not 1 to 65535")
     return f"dns:///{match.group('host')}:{port}", tls
+
+
+def check_endpoints(endpoints: Sequence[str], tls: EtcdTls | None) -> tuple[list[str], EtcdTls | None]:
+    """Check a list of endpoints against the TLS settings.
+
+    Args:
+        endpoints: etcd endpoints (see :func:`parse_endpoint`), at least one.
+        tls: TLS settings, or None.
+
+    Returns:
+        (the gRPC targets, the TLS settings to use: ``EtcdTls()`` with the
+        system's roots when the endpoints say ``https://`` and ``tls`` is None).
+
+    Raises:
+        ValueError: no endpoint, a malformed one, ``http://`` and ``https://``
+            mixed, or ``http://`` with TLS settings.
+    """
+    if isinstance(endpoints, str) or not endpoints:
+        raise ValueError("etcd endpoints must be a non-empty list of host:port")
+    parsed = [parse_endpoint(e) for e in endpoints]
+    asked = {wants for _, wants in parsed if wants is not None}
+    if len(asked) > 1:
+        raise ValueError("etcd endpoints mix http:// and https://")
+    if tls is None and asked == {True}:
+        tls = EtcdTls()
+    if tls is not None and asked == {False}:
+        raise ValueError("etcd endpoints say http:// but TLS settings were given")
+    return [target for target, _ in parsed], tls
 
 
 @dataclass(frozen=True)
@@ -142,19 +170,9 @@ class Members:
     """
 
     def __init__(self, endpoints: Sequence[str], *, tls: EtcdTls | None = None) -> None:
-        if isinstance(endpoints, str) or not endpoints:
-            raise ValueError("etcd endpoints must be a non-empty list of host:port")
-        parsed = [parse_endpoint(e) for e in endpoints]
-        asked = {wants for _, wants in parsed if wants is not None}
-        if len(asked) > 1:
-            raise ValueError("etcd endpoints mix http:// and https://")
-        if tls is None and asked == {True}:
-            tls = EtcdTls()
-        if tls is not None and asked == {False}:
-            raise ValueError("etcd endpoints say http:// but TLS files were given")
+        self.targets, self.tls = check_endpoints(endpoints, tls)
         self.endpoints = list(endpoints)
-        self.targets = [target for target, _ in parsed]
-        self.tls = tls
+        tls = self.tls
         credentials = tls.credentials() if tls is not None else None
         self._channels = [
             grpc.aio.secure_channel(t, credentials, options=CHANNEL_OPTIONS) if credentials is not None
