@@ -1,12 +1,13 @@
 """Acquire/release cycles per second: through the coordinator vs directly on etcd.
 
 Runs in one process against one etcd (embedded, or --etcd-endpoints):
-- ``etcd-direct``: the same cycle done directly on etcd with the same Python
-  etcd client (etcd3aio): one Txn that puts the contender key on a session
-  lease and reads the holder, one Txn that deletes it if its create revision
-  is the token. This is the baseline.
-- ``etcd3aio-lock``: etcd3aio's own Lock recipe (a lease granted and revoked
-  per lock), for reference.
+- ``etcd-direct``: the same cycle done directly on etcd over the generated
+  etcd stubs on a plain grpc.aio channel, with the same two Txns the
+  coordinator makes (built by ``fencepost.client.v1.etcdops``): one that puts
+  the contender key on a lease granted once and reads the holder, one that
+  deletes it if its create revision is the token. This is the baseline.
+- ``etcd3aio-lock``: etcd3aio's own Lock recipe (its public ``lock()`` API; a
+  lease granted and revoked per lock), for reference.
 - ``coordinator-stub``: Acquire + Release through a coordinator (``fencepost
   serve`` in a child process, as deployed), over the generated grpc.aio stub,
   one session lease per client.
@@ -33,12 +34,11 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from etcd3aio import Etcd3Client
-from etcd3aio._protobuf import Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp
 
 from fencepost.client import AsyncLockClient
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import etcdops, lock_pb2, lock_pb2_grpc
+from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.client.v1.keys import prefix_end
 
 Cycle = Callable[[int], Awaitable[None]]
 
@@ -80,24 +80,24 @@ async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, 
         raise RuntimeError("the coordinator did not start")
     etcd = Etcd3Client([endpoint])
     await etcd.connect()
+    channel = grpc.aio.insecure_channel(f"dns:///{endpoint}")
+    kv, leases = rpc_pb2_grpc.KVStub(channel), rpc_pb2_grpc.LeaseStub(channel)
     results: dict[str, dict[str, float]] = {}
 
     async def direct(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
-        lease = (await etcd.lease.grant(30)).ID
+        lease = (await leases.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=30))).ID
         lock = f"{prefix}direct/{i}/".encode()
         key = lock + f"{lease:016x}".encode()
-        first = RequestOp(request_range=RangeRequest(key=lock, range_end=prefix_end(lock), sort_order=1,
-                                                     sort_target=2, limit=1, keys_only=True))
+        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]
 
         async def cycle(_: int) -> None:
-            absent = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=0)
-            r = await etcd.kv.txn([absent], [RequestOp(request_put=PutRequest(key=key, lease=lease)), first], [])
-            token = r.header.revision
-            held = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=token)
-            await etcd.kv.txn([held], [RequestOp(request_delete_range=DeleteRangeRequest(key=key))], [])
+            put = etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, lease_id=lease), etcdops.holder_of(lock)],
+                              reads)
+            token = (await kv.Txn(put, timeout=5)).header.revision
+            await kv.Txn(etcdops.txn([etcdops.is_owner(key, token)], [etcdops.delete(key)], reads), timeout=5)
 
         async def close() -> None:
-            await etcd.lease.revoke(lease)
+            await leases.LeaseRevoke(rpc_pb2.LeaseRevokeRequest(ID=lease), timeout=5)
 
         return cycle, close
 
@@ -148,6 +148,7 @@ async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, 
             row[kind] = await run_clients(n, seconds, make)
         results[str(n)] = row
     await etcd.close()
+    await channel.close()
     coordinator.terminate()
     coordinator.wait(timeout=30)
     return results

@@ -6,6 +6,11 @@ one host (127.0.0.1 by default) with a client port and a peer port; both are
 picked free at the first start when given as 0, and kept for later starts, so
 that a stopped server restarts on the same ports and data directory.
 
+With ``cert_file``/``key_file`` the client port serves TLS (``https://``),
+and with ``trusted_ca_file`` and ``client_cert_auth`` it requires client
+certificates signed by that CA (etcd's ``--client-cert-auth``); ``/health``
+is then checked on a plain-HTTP metrics port of its own.
+
 Guarantees: ``start()`` returns only once etcd answers ``/health`` with
 ``{"health": "true"}``; ``stop()`` ends the child (SIGTERM, then SIGKILL) and is
 idempotent. Non-guarantees: a single member has no fault tolerance; its data is
@@ -97,6 +102,10 @@ class EmbeddedEtcd:
         client_port: int = 0,
         peer_port: int = 0,
         name: str = "fencepost",
+        cert_file: str | os.PathLike[str] | None = None,
+        key_file: str | os.PathLike[str] | None = None,
+        trusted_ca_file: str | os.PathLike[str] | None = None,
+        client_cert_auth: bool = False,
     ) -> None:
         """Describe the server; nothing starts until :meth:`start`.
 
@@ -107,12 +116,30 @@ class EmbeddedEtcd:
             client_port: the client port; 0 picks a free one at the first start.
             peer_port: the peer (Raft) port; 0 picks a free one at the first start.
             name: the member name.
+            cert_file: PEM server certificate for the client port (TLS); its
+                names must include ``host``.
+            key_file: PEM private key of ``cert_file``.
+            trusted_ca_file: PEM CA that client certificates must chain to.
+            client_cert_auth: require a client certificate (etcd's ``--client-cert-auth``).
+
+        Raises:
+            ValueError: a TLS option without the certificate and key.
         """
+        if (cert_file is None) != (key_file is None) or (
+                cert_file is None and (trusted_ca_file is not None or client_cert_auth)):
+            raise ValueError("etcd TLS needs cert_file and key_file (trusted_ca_file and client_cert_auth need them)")
+        if client_cert_auth and trusted_ca_file is None:
+            raise ValueError("client_cert_auth needs trusted_ca_file")
         self.data_dir = Path(data_dir)
         self.host = host
         self.client_port = client_port
         self.peer_port = peer_port
+        self.metrics_port = 0
         self.name = name
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.trusted_ca_file = trusted_ca_file
+        self.client_cert_auth = client_cert_auth
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -122,8 +149,15 @@ class EmbeddedEtcd:
 
     @property
     def client_url(self) -> str:
-        """The client URL, ``http://HOST:PORT``."""
-        return f"http://{self.host}:{self.client_port}"
+        """The client URL, ``http://HOST:PORT`` (``https://`` with TLS)."""
+        scheme = "https" if self.cert_file is not None else "http"
+        return f"{scheme}://{self.host}:{self.client_port}"
+
+    @property
+    def _health_url(self) -> str:
+        if self.cert_file is None:
+            return f"{self.client_url}/health"
+        return f"http://{self.host}:{self.metrics_port}/health"
 
     @property
     def log_path(self) -> Path:
@@ -151,7 +185,19 @@ class EmbeddedEtcd:
             "--heartbeat-interval", "100",
             "--election-timeout", "1000",
             "--log-level", "warn",
+            *self._tls_flags(),
         ]
+
+    def _tls_flags(self) -> list[str]:
+        if self.cert_file is None:
+            return []
+        flags = ["--cert-file", str(self.cert_file), "--key-file", str(self.key_file),
+                 "--listen-metrics-urls", f"http://{self.host}:{self.metrics_port}"]
+        if self.trusted_ca_file is not None:
+            flags += ["--trusted-ca-file", str(self.trusted_ca_file)]
+        if self.client_cert_auth:
+            flags.append("--client-cert-auth")
+        return flags
 
     def start(self, timeout: float = 20.0) -> None:
         """Start etcd and wait until it reports itself healthy.
@@ -175,6 +221,10 @@ class EmbeddedEtcd:
             self.peer_port = _free_port(self.host)
             while self.peer_port == self.client_port:
                 self.peer_port = _free_port(self.host)
+        if self.cert_file is not None and self.metrics_port == 0:
+            self.metrics_port = _free_port(self.host)
+            while self.metrics_port in (self.client_port, self.peer_port):
+                self.metrics_port = _free_port(self.host)
         with open(self.log_path, "ab") as log:
             log.write(f"--- starting etcd at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
             log.flush()
@@ -211,7 +261,7 @@ class EmbeddedEtcd:
             True when etcd answered HTTP 200 with ``"health": "true"``.
         """
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout) as resp:
+            with urllib.request.urlopen(self._health_url, timeout=timeout) as resp:
                 body = json.loads(resp.read() or b"{}")
         except (OSError, ValueError, urllib.error.URLError):
             return False

@@ -8,9 +8,11 @@ thundering herd). The fencing token is the holder key's create revision:
 etcd revisions are cluster-wide and only grow, so each new holder of N gets
 a strictly larger token (Kleppmann 2016; Chubby's sequencers, Burrows 2006).
 
-Costs with a session (a lease granted beforehand): an uncontended acquire is
-one etcd Txn, a release one Txn. Every "is this still the holder" decision is
-made by a compare inside one Txn, never by a read followed by a write.
+Costs with a lease granted beforehand: an uncontended acquire is one etcd
+Txn, a release one Txn. Every "is this still the holder" decision is made by
+a compare inside one Txn (:func:`fencepost.client.v1.etcdops.is_owner`),
+never by a read followed by a write. Every Txn goes through the etcd layer
+with a read-back that resolves it when its outcome is unknown.
 """
 
 from __future__ import annotations
@@ -18,29 +20,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
-import grpc
-from etcd3aio import Etcd3Client, EtcdError, SortOrder, SortTarget
-from etcd3aio._protobuf import (
-    Compare,
-    DeleteRangeRequest,
-    PutRequest,
-    RangeRequest,
-    RequestOp,
-    TxnResponse,
+from fencepost.client.errors import (
+    FencepostError,
+    LeaseLost,
+    LockTimeout,
+    NotHolder,
+    ResourceExhausted,
+    StaleTokenError,
+    Unavailable,
 )
-
-from fencepost.client.errors import LeaseLost, LockTimeout, NotHolder, ResourceExhausted, StaleTokenError, Unavailable
+from fencepost.client.v1 import etcdops
 from fencepost.client.v1.details import ErrorReason, reason_name
+from fencepost.client.v1.keys import Hold, Keys
+from fencepost.client.v1.retry import ETCD_BACKOFF
 
-from .errors import etcd_unavailable
-from fencepost.client.v1.keys import Keys, prefix_end
-
+from .etcd import NOT_APPLIED, EtcdClient, TxnPlan
 from .validate import validate_lease_id, validate_name, validate_token
-from .session import ETCD_CALL_TIMEOUT
 from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
@@ -79,17 +78,47 @@ class Description:
     revision: int = 0
 
 
+def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_alive: bool) -> FencepostError:
+    """The error of a release whose ``is_owner`` compare failed.
+
+    Args:
+        hold: What the caller asked to release.
+        mine: The lease's key in that lock as read in the Txn's failure
+            branch (a KeyValue), None when it has none.
+        holder: The lock's holder read in the same failure branch, None when free.
+        lease_alive: Whether the lease still exists (only consulted when ``mine`` is None).
+
+    Returns:
+        StaleTokenError (the lease's key is newer: ``current_token`` is its
+        create revision), LeaseLost (no key and no lease), or NotHolder
+        (``current_token`` is the holder's token when the lock is held).
+    """
+    name, lease_id, token = hold
+    current = holder.token if holder is not None else None
+    if mine is not None:
+        created = int(mine.create_revision)
+        if created > token:
+            return StaleTokenError(f"token {token} of {name!r} is stale: the lease holds it under {created}",
+                                   name=name, lease_id=lease_id, token=token, current_token=created)
+        return NotHolder(f"token {token} was not granted to lease {lease_id:#x} for {name!r} (its key there "
+                         f"has revision {created})", name=name, lease_id=lease_id, token=token, current_token=current)
+    if not lease_alive:
+        return LeaseLost(f"lease {lease_id:#x} has expired or was revoked", name=name, lease_id=lease_id)
+    return NotHolder(f"lease {lease_id:#x} does not hold {name!r}", name=name, lease_id=lease_id, token=token,
+                     current_token=current)
+
+
 class LockManager:
     """Acquire, release and describe locks stored in etcd.
 
     Args:
-        etcd: a connected etcd3aio client.
+        etcd: the coordinator's etcd layer.
         keys: the key layout.
         watcher: the running deletion watcher for the same prefix.
         max_waiters: most Acquire calls that may wait at once on this coordinator.
     """
 
-    def __init__(self, etcd: Etcd3Client, keys: Keys, watcher: DeleteWatcher, *, max_waiters: int = 10_000) -> None:
+    def __init__(self, etcd: EtcdClient, keys: Keys, watcher: DeleteWatcher, *, max_waiters: int = 10_000) -> None:
         self._etcd = etcd
         self._keys = keys
         self._watcher = watcher
@@ -112,11 +141,11 @@ class LockManager:
             gets the same token again.
 
         Raises:
-            InvalidField: bad name or lease id.
-            AcquireTimeout: not granted within ``wait`` seconds (the waiter key is deleted).
-            LeaseExpired: the lease is gone, or the waiter key was deleted while waiting.
-            TooManyWaiters: this coordinator's queue limit.
-            EtcdUnavailable: etcd unreachable.
+            InvalidArgument: bad name or lease id.
+            LockTimeout: not granted within ``wait`` seconds (the waiter key is deleted).
+            LeaseLost: the lease is gone, or the waiter key was deleted while waiting.
+            ResourceExhausted: this coordinator's queue limit (TOO_MANY_WAITERS).
+            Unavailable: etcd unreachable.
         """
         validate_name(name)
         validate_lease_id(lease_id)
@@ -134,42 +163,66 @@ class LockManager:
     async def _try_once(self, name: str, lease_id: int) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
+
+        def owned(owners: Any) -> AcquireResult:
+            if not owners.kvs:
+                return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back: the lock is free
+            owner = owners.kvs[0]
+            if bytes(owner.key) == key:
+                return AcquireResult(True, token=int(owner.create_revision))
+            return AcquireResult(False, holder=self._holder(owner))
+
+        def decide(resp: Any) -> AcquireResult:
+            if resp.succeeded:
+                return AcquireResult(True, token=int(resp.header.revision))
+            return owned(resp.responses[0].response_range)
+
         # The whole range compares to create revision 0 only when it is empty.
-        free = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=lock, range_end=prefix_end(lock), create_revision=0)
-        resp = await self._txn([free], [_put(key, lease_id)], [self._first(lock)], name=name, lease_id=lease_id)
-        if resp.succeeded:
-            return AcquireResult(True, token=int(resp.header.revision))
-        owner = resp.responses[0].response_range.kvs[0]
-        if bytes(owner.key) == key:
-            return AcquireResult(True, token=int(owner.create_revision))
-        return AcquireResult(False, holder=self._holder(owner))
+        return await self._etcd.txn(TxnPlan(
+            etcdops.txn([etcdops.is_free(lock)], [etcdops.put(key, lease_id=lease_id)], [etcdops.holder_of(lock)]),
+            decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
+            name=name, lease_id=lease_id))
 
     async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
-        absent = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=0)
-        step = asyncio.ensure_future(self._txn(
-            [absent], [_put(key, lease_id), self._first(lock)], [_get(key), self._first(lock)],
-            name=name, lease_id=lease_id,
-        ))
+
+        # (our key's create revision, the holder's, whether this call created our key)
+        def queued(mine: Any, owners: Any, created: bool) -> tuple[int, int | None, bool]:
+            if not mine.kvs:
+                return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back
+            owner = int(owners.kvs[0].create_revision) if owners.kvs else None
+            return int(mine.kvs[0].create_revision), owner, created
+
+        def decide(resp: Any) -> tuple[int, int | None, bool]:
+            if resp.succeeded:
+                owners = resp.responses[1].response_range
+                return int(resp.header.revision), (int(owners.kvs[0].create_revision) if owners.kvs else None), True
+            mine, owners = (r.response_range for r in resp.responses)
+            if not mine.kvs:  # deleted between the compare and the read: cannot be, Txn is atomic
+                raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
+            return queued(mine, owners, False)
+
+        def resolve(resp: Any) -> tuple[int, int | None, bool]:
+            # Read back after a lost answer: our key is there, created by this call or
+            # before it; count it as ours to take back if cancelled (never leave a ghost waiter).
+            return queued(*(r.response_range for r in resp.responses), True)
+
+        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]
+        step = asyncio.ensure_future(self._etcd.txn(TxnPlan(
+            etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, lease_id=lease_id), etcdops.holder_of(lock)],
+                        reads),
+            decide, reads, resolve, name=name, lease_id=lease_id)))
         try:
-            put_resp = await asyncio.shield(step)
+            my_rev, owner_rev, _ = await asyncio.shield(step)
         except asyncio.CancelledError:
             # Cancelled while queueing: finish the write, then take back a key we created.
             with contextlib.suppress(Exception):
-                done = await step
-                if done.succeeded:
-                    await self._withdraw(key, int(done.header.revision))
+                my_rev, _, created = await step
+                if created:
+                    await self._withdraw(key, my_rev)
             raise
-        if put_resp.succeeded:
-            my_rev = int(put_resp.header.revision)
-        else:
-            mine = put_resp.responses[0].response_range.kvs
-            if not mine:  # deleted between the compare and the read: cannot be, Txn is atomic
-                raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
-            my_rev = int(mine[0].create_revision)
-        owner = put_resp.responses[1].response_range.kvs
-        if owner and int(owner[0].create_revision) == my_rev:
+        if owner_rev == my_rev:
             return AcquireResult(True, token=my_rev)
         granted = False
         try:
@@ -185,24 +238,19 @@ class LockManager:
 
     async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int) -> None:
         """Wait until ``key`` (created at ``my_rev``) is the lowest in its range."""
-        mine = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=my_rev)
-        before = RequestOp(request_range=RangeRequest(
-            key=lock, range_end=prefix_end(lock), max_create_revision=my_rev - 1,
-            sort_order=RangeRequest.DESCEND, sort_target=RangeRequest.CREATE, limit=1, keys_only=True,
-        ))
-        backoff = 0.05
+        delays = ETCD_BACKOFF.delays()
         while True:
             try:
-                resp = await self._txn([mine], [before], [], name=name, lease_id=lease_id)
+                resp = await self._etcd.read([etcdops.last_before(lock, my_rev)],
+                                             compare=[etcdops.is_owner(key, my_rev)], name=name, lease_id=lease_id)
             except Unavailable:
-                await asyncio.sleep(backoff)  # etcd blip: keep our place, retry within the wait
-                backoff = min(backoff * 2, 1.0)
+                await asyncio.sleep(next(delays))  # etcd blip: keep our place, retry within the wait
                 continue
-            backoff = 0.05
+            delays = ETCD_BACKOFF.delays()
             if not resp.succeeded:
                 # Our key is gone: the lease expired or was revoked, or someone deleted it.
                 raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
-                                   name=name, lease_id=lease_id)
+                                name=name, lease_id=lease_id)
             predecessors = resp.responses[0].response_range.kvs
             if not predecessors:
                 return  # granted: at this revision our key exists and is the lowest
@@ -210,127 +258,99 @@ class LockManager:
 
     async def _withdraw(self, key: bytes, my_rev: int) -> None:
         """Delete our waiter key (if it is still the one we created), shielded from cancellation."""
-        mine = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=my_rev)
-        delete = RequestOp(request_delete_range=DeleteRangeRequest(key=key))
+        def gone(resp: Any) -> bool:
+            kvs = resp.responses[0].response_range.kvs
+            return NOT_APPLIED if kvs and int(kvs[0].create_revision) == my_rev else True  # type: ignore[no-any-return]
+
+        plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev)], [etcdops.delete(key)]),
+                       lambda resp: True, [etcdops.get(key, keys_only=True)], gone)
         try:
-            await _finish_even_if_cancelled(self._etcd.kv.txn([mine], [delete], [], timeout=ETCD_CALL_TIMEOUT))
-        except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
+            await _finish_even_if_cancelled(self._etcd.txn(plan))
+        except FencepostError as exc:
             # The key stays until its lease ends; log it so an operator can see it.
             _log.warning("could not withdraw waiter key %r: %s", key, exc)
 
     async def release(self, name: str, lease_id: int, token: int) -> int:
-        """Release the hold of ``name`` by ``lease_id`` granted with ``token``.
+        """Release the hold of ``name`` by ``lease_id`` granted with ``token``: one Txn.
 
         Returns:
-            The etcd revision of the release.
+            The etcd revision of the release (when its answer was lost and
+            the read-back found the key gone: the revision of that read).
 
         Raises:
-            InvalidField: bad name, lease id or token.
-            NotHolder: the lease holds no such lock.
-            StaleToken: the lease holds the lock under a newer token.
-            LeaseExpired: the lease is gone.
-            EtcdUnavailable: etcd unreachable.
+            InvalidArgument: bad name, lease id or token.
+            NotHolder: the lease holds no such lock (``current_token``: the holder's, when held).
+            StaleTokenError: the lease holds the lock under a newer token (``current_token``).
+            LeaseLost: the lease is gone.
+            Unavailable: etcd unreachable.
         """
         validate_name(name)
         validate_lease_id(lease_id)
         validate_token(token)
+        hold = Hold(name, lease_id, token)
         key = self._keys.contender(name, lease_id)
-        held = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=token)
-        delete = RequestOp(request_delete_range=DeleteRangeRequest(key=key))
-        resp = await self._txn([held], [delete], [_get(key)], name=name, lease_id=lease_id)
-        if resp.succeeded:
-            return int(resp.header.revision)
-        current = resp.responses[0].response_range.kvs
-        if current:
-            if int(current[0].create_revision) > token:
-                raise StaleTokenError(f"token {token} of {name!r} is stale: the lease holds it under "
-                                      f"{current[0].create_revision}", name=name, lease_id=lease_id, token=token,
-                                      current_token=int(current[0].create_revision))
-            raise NotHolder(f"token {token} was not granted to lease {lease_id:#x} for {name!r} (its key "
-                            f"there has revision {current[0].create_revision})", name=name, lease_id=lease_id,
-                            token=token)
-        if not await self._lease_alive(lease_id):
-            raise LeaseLost(f"lease {lease_id:#x} has expired or was revoked", name=name, lease_id=lease_id)
-        raise NotHolder(f"lease {lease_id:#x} does not hold {name!r}", name=name, lease_id=lease_id, token=token)
+        lock = self._keys.lock_prefix(name)
+
+        def decide(resp: Any) -> tuple[int, Any, Holder | None]:
+            if resp.succeeded:
+                return int(resp.header.revision), None, None
+            mine, owners = (r.response_range.kvs for r in resp.responses)
+            return 0, (mine[0] if mine else None), (self._holder(owners[0]) if owners else None)
+
+        def released(resp: Any) -> tuple[int, Any, Holder | None]:
+            kvs = resp.responses[0].response_range.kvs
+            if kvs:
+                return NOT_APPLIED  # type: ignore[no-any-return]  # a key is there: send again for the real answer
+            return int(resp.header.revision), None, None
+
+        revision, mine, holder = await self._etcd.txn(TxnPlan(
+            etcdops.txn([etcdops.is_owner(key, token)], [etcdops.delete(key)],
+                        [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]),
+            decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id))
+        if revision:
+            return revision
+        alive = True if mine is not None else await self._lease_alive(lease_id)
+        raise release_refusal(hold, mine, holder, alive)
 
     async def describe(self, name: str) -> Description:
         """Report the holder, token, waiters and TTL left of lock ``name``.
 
         Raises:
-            InvalidField: bad name.
-            EtcdUnavailable: etcd unreachable.
+            InvalidArgument: bad name.
+            Unavailable: etcd unreachable.
         """
         validate_name(name)
         lock = self._keys.lock_prefix(name)
-        try:
-            resp = await self._etcd.kv.get(
-                lock, range_end=prefix_end(lock), sort_order=SortOrder.ASCEND, sort_target=SortTarget.CREATE,
-                keys_only=True,
-                limit=DESCRIBE_WAITERS + 1, timeout=ETCD_CALL_TIMEOUT,
-            )
-            count = await self._etcd.kv.get(lock, range_end=prefix_end(lock), count_only=True, timeout=ETCD_CALL_TIMEOUT)
-        except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
-            raise etcd_unavailable(f"etcd: describe failed: {exc}", name=name) from exc
-        contenders = [self._holder(kv) for kv in resp.kvs]
+        count = etcdops.RequestOp(request_range=etcdops.count(lock))
+        resp = await self._etcd.read([etcdops.holder_of(lock, limit=DESCRIBE_WAITERS + 1), count], name=name)
+        listed, counted = (r.response_range for r in resp.responses)
+        contenders = [self._holder(kv) for kv in listed.kvs]
         if not contenders:
             return Description(None, -1, 0, 0, [], int(resp.header.revision))
         holder = contenders[0]
         ttl_left, granted = -1, 0
-        with contextlib.suppress(EtcdError, grpc.aio.AioRpcError, TimeoutError):
-            info = await self._etcd.lease.time_to_live(holder.lease_id, timeout=ETCD_CALL_TIMEOUT)
-            ttl_left, granted = int(info.TTL), int(info.grantedTTL)
-        return Description(holder, ttl_left, granted, int(count.count) - 1, contenders[1:], int(resp.header.revision))
+        with contextlib.suppress(FencepostError):
+            ttl_left, granted = await self._etcd.lease_ttl(holder.lease_id)
+        return Description(holder, ttl_left, granted, int(counted.count) - 1, contenders[1:], int(resp.header.revision))
 
-    async def hold_exists(self, name: str, lease_id: int, token: int) -> bool:
-        """Whether ``lease_id`` still holds ``name`` under ``token`` (one read).
+    async def hold_exists(self, hold: Hold) -> bool:
+        """Whether ``hold.lease_id`` still holds ``hold.name`` under ``hold.token`` (one read).
 
         Raises:
-            EtcdUnavailable: etcd unreachable.
+            Unavailable: etcd unreachable.
         """
-        key = self._keys.contender(name, lease_id)
-        try:
-            resp = await self._etcd.kv.get(key, timeout=ETCD_CALL_TIMEOUT)
-        except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
-            raise etcd_unavailable(f"etcd: read failed: {exc}", name=name, lease_id=lease_id) from exc
-        return bool(resp.kvs) and int(resp.kvs[0].create_revision) == token
+        key = self._keys.contender(hold.name, hold.lease_id)
+        resp = await self._etcd.range(etcdops.get(key, keys_only=True).request_range, name=hold.name,
+                                      lease_id=hold.lease_id)
+        return bool(resp.kvs) and int(resp.kvs[0].create_revision) == hold.token
 
     async def _lease_alive(self, lease_id: int) -> bool:
-        try:
-            info = await self._etcd.lease.time_to_live(lease_id, timeout=ETCD_CALL_TIMEOUT)
-        except (EtcdError, grpc.aio.AioRpcError, TimeoutError) as exc:
-            raise etcd_unavailable(f"etcd: lease lookup failed: {exc}", lease_id=lease_id) from exc
-        return int(info.TTL) > 0
+        ttl, _ = await self._etcd.lease_ttl(lease_id)
+        return ttl > 0
 
-    async def _txn(self, compare: Sequence[Compare], success: Sequence[RequestOp], failure: Sequence[RequestOp],
-                   *, name: str, lease_id: int) -> TxnResponse:
-        try:
-            return await self._etcd.kv.txn(compare, success, failure, timeout=ETCD_CALL_TIMEOUT)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:  # "requested lease not found"
-                raise LeaseLost(f"lease {lease_id:#x} has expired or was revoked",
-                                   name=name, lease_id=lease_id) from exc
-            raise etcd_unavailable(f"etcd: {exc.code().name}: {exc.details()}", name=name, lease_id=lease_id) from exc
-        except (EtcdError, TimeoutError) as exc:
-            raise etcd_unavailable(f"etcd: {exc}", name=name, lease_id=lease_id) from exc
-
-    def _first(self, lock: bytes) -> RequestOp:
-        """A range read of the lock's holder: its key with the lowest create revision."""
-        return RequestOp(request_range=RangeRequest(
-            key=lock, range_end=prefix_end(lock), sort_order=RangeRequest.ASCEND,
-            sort_target=RangeRequest.CREATE, limit=1, keys_only=True,
-        ))
-
-    def _holder(self, kv: object) -> Holder:
-        parsed = self._keys.parse(bytes(kv.key))  # type: ignore[attr-defined]
-        return Holder(parsed[1] if parsed else 0, int(kv.create_revision))  # type: ignore[attr-defined]
-
-
-def _put(key: bytes, lease_id: int) -> RequestOp:
-    return RequestOp(request_put=PutRequest(key=key, value=b"", lease=lease_id))
-
-
-def _get(key: bytes) -> RequestOp:
-    return RequestOp(request_range=RangeRequest(key=key, keys_only=True))
+    def _holder(self, kv: Any) -> Holder:
+        parsed = self._keys.parse(bytes(kv.key))
+        return Holder(parsed[1] if parsed else 0, int(kv.create_revision))
 
 
 async def _finish_even_if_cancelled(step: Awaitable[T]) -> T:

@@ -1,6 +1,6 @@
 """The coordinator process: gRPC server, health service, shutdown, ``fencepost serve``.
 
-``Coordinator`` wires the etcd client, the deletion watcher, the session and
+``Coordinator`` wires the etcd layer, the deletion watcher, the lease and
 lock modules and the servicer into one grpc.aio server. It holds no lock state
 of its own: several replicas can serve the same etcd cluster and prefix.
 
@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import signal
 import sys
@@ -25,16 +26,16 @@ from pathlib import Path
 from typing import IO
 
 import grpc
-from etcd3aio import Etcd3Client, EtcdError
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fencepost.client.errors import FencepostError
 from fencepost.client.v1 import lock_pb2_grpc
-
 from fencepost.client.v1.keys import Keys
+
+from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
+from .lease import Leases
 from .lock import LockManager
 from .service import LockService
-from .session import Sessions
 from .watch import DeleteWatcher
 
 _log = logging.getLogger("fencepost.coordinator")
@@ -64,33 +65,40 @@ class Coordinator:
     """A Fencepost coordinator serving LockService on one address.
 
     Args:
-        etcd_endpoints: etcd client endpoints, ``host:port`` each.
+        etcd_endpoints: etcd client endpoints, ``host:port`` each (a host name
+            or an address; ``https://`` or ``http://`` may prefix it).
         listen: ``HOST:PORT`` to serve on; port 0 picks a free port.
         prefix: the etcd key prefix of all locks.
         grace_seconds: how long ``stop()`` lets in-flight calls finish.
         server_options: extra gRPC server channel options, applied over
             ``SERVER_OPTIONS`` (same key: the extra value wins). For tests and
             tuning, e.g. a stricter ``grpc.http2.min_recv_ping_interval_without_data_ms``.
+        etcd_tls: TLS (mTLS with a client certificate) to etcd; None for plaintext.
+        etcd_auth: etcd user and password when etcd has auth enabled.
+
+    Raises:
+        ValueError: no endpoint, a malformed one, or ``http://`` endpoints with ``etcd_tls``.
     """
 
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
-                 server_options: Sequence[tuple[str, int | str]] = ()) -> None:
-        if not etcd_endpoints:
-            raise ValueError("etcd_endpoints must name at least one host:port")
+                 server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
+                 etcd_auth: EtcdAuth | None = None) -> None:
+        check_endpoints(etcd_endpoints, etcd_tls)
         self._endpoints = list(etcd_endpoints)
+        self._etcd_tls = etcd_tls
+        self._etcd_auth = etcd_auth
         self._listen = listen
         self._keys = Keys(prefix)
         self._grace = grace_seconds
         extra = dict(server_options)
         self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
-        self._etcd = Etcd3Client(self._endpoints)
+        self._etcd: EtcdClient | None = None
         self._server: grpc.aio.Server | None = None
-        self._health = HealthServicer()
+        self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._service: LockService | None = None
         self._watcher: DeleteWatcher | None = None
-        self._sessions: Sessions | None = None
         self.port = 0
 
     @property
@@ -101,17 +109,25 @@ class Coordinator:
     async def start(self) -> int:
         """Connect to etcd, bind and start serving.
 
+        An unreachable etcd is not an error: the coordinator serves with
+        health NOT_SERVING until etcd answers.
+
         Returns:
             The bound port.
 
         Raises:
-            RuntimeError: the address could not be bound.
+            RuntimeError: the address could not be bound, or etcd refused the
+                coordinator's credentials.
         """
-        await self._etcd.connect()
+        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth)
+        try:
+            await self._etcd.connect()
+        except FencepostError as exc:
+            raise RuntimeError(exc.message) from exc
         self._watcher = DeleteWatcher(self._etcd, self._keys)
-        self._sessions = Sessions(self._etcd, self._endpoints)
+        leases = Leases(self._etcd)
         locks = LockManager(self._etcd, self._keys, self._watcher)
-        self._service = LockService(self._sessions, locks, self._watcher, self._keys)
+        self._service = LockService(leases, locks, self._watcher, self._keys)
         server = grpc.aio.server(options=self._server_options)
         lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -138,7 +154,7 @@ class Coordinator:
         """
         await self._health.enter_graceful_shutdown()
         if self._service is not None:
-            self._service.closing.set()
+            self._service.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(self._grace if grace is None else grace)
         for task in self._tasks:
@@ -149,9 +165,8 @@ class Coordinator:
         self._tasks.clear()
         if self._watcher is not None:
             await self._watcher.close()
-        if self._sessions is not None:
-            await self._sessions.close()
-        await self._etcd.close()
+        if self._etcd is not None:
+            await self._etcd.close()
 
     async def wait_closed(self) -> None:
         """Wait until the server has stopped."""
@@ -165,24 +180,18 @@ class Coordinator:
 
     async def _monitor_etcd(self) -> None:
         """Keep health SERVING while etcd answers a linearizable read, NOT_SERVING otherwise."""
+        assert self._etcd is not None
         serving: bool | None = None
         while True:
-            ok = False
-            # Two tries: the round-robin channel sends the second to another
+            # Two tries of 1 s (the HEALTH rule): the second goes to the next
             # member, so one frozen member of a healthy cluster is not an outage.
-            for _ in range(2):
-                try:
-                    await self._etcd.kv.get(self._keys.prefix, count_only=True, timeout=HEALTH_INTERVAL,
-                                            max_attempts=1)
-                    ok = True
-                    break
-                except (EtcdError, grpc.aio.AioRpcError, TimeoutError):
-                    pass
+            ok = await self._etcd.healthy(self._keys.prefix)
             if ok != serving:
                 serving = ok
                 await self._set_health(ok)
-                _log.log(logging.INFO if ok else logging.WARNING, "etcd %s", "reachable: SERVING"
-                         if ok else "unreachable: NOT_SERVING")
+                why = f" ({self._etcd.refusal})" if not ok and self._etcd.refusal else ""
+                _log.log(logging.INFO if ok else logging.WARNING, "etcd %s%s",
+                         "reachable: SERVING" if ok else "unreachable: NOT_SERVING", why)
             await asyncio.sleep(HEALTH_INTERVAL)
 
 
@@ -197,27 +206,94 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("fencepost")) / "etcd"
 
 
+#: The environment variable that carries the etcd password (never a flag, never logged).
+PASSWORD_ENV = "FENCEPOST_ETCD_PASSWORD"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fencepost serve`` argument parser; every flag also reads FENCEPOST_<FLAG>."""
     parser = argparse.ArgumentParser(
         prog="fencepost serve",
         description="Serve the Fencepost lock service. Without --etcd-endpoints, start an embedded "
-                    "single-member etcd whose data lives in --data-dir.",
+                    f"single-member etcd whose data lives in --data-dir. The etcd password of --etcd-user "
+                    f"is read from the environment variable {PASSWORD_ENV} only.",
     )
     parser.add_argument("--listen", default=_env("listen", DEFAULT_LISTEN),
                         help=f"HOST:PORT to serve on; port 0 picks one (env FENCEPOST_LISTEN; default {DEFAULT_LISTEN})")
     parser.add_argument("--etcd-endpoints", default=_env("etcd-endpoints", None),
-                        help="comma-separated etcd host:port list; omit for the embedded etcd "
-                             "(env FENCEPOST_ETCD_ENDPOINTS)")
+                        help="comma-separated etcd endpoints, HOST:PORT each (a host name or an address; "
+                             "https:// for TLS); omit for the embedded etcd (env FENCEPOST_ETCD_ENDPOINTS)")
+    parser.add_argument("--etcd-cacert", default=_env("etcd-cacert", None),
+                        help="PEM file of the CA that signed etcd's server certificate: TLS to etcd "
+                             "(env FENCEPOST_ETCD_CACERT)")
+    parser.add_argument("--etcd-cert", default=_env("etcd-cert", None),
+                        help="PEM file of the coordinator's client certificate, for etcd's --client-cert-auth "
+                             "(env FENCEPOST_ETCD_CERT; needs --etcd-key)")
+    parser.add_argument("--etcd-key", default=_env("etcd-key", None),
+                        help="PEM file of the client certificate's private key (env FENCEPOST_ETCD_KEY)")
+    parser.add_argument("--etcd-user", default=_env("etcd-user", None),
+                        help=f"etcd user to authenticate as, its password in env {PASSWORD_ENV} "
+                             "(env FENCEPOST_ETCD_USER)")
     parser.add_argument("--data-dir", default=_env("data-dir", None),
                         help="embedded etcd data directory (env FENCEPOST_DATA_DIR; default: a per-user data directory)")
     parser.add_argument("--prefix", default=_env("prefix", DEFAULT_PREFIX),
                         help=f"etcd key prefix of all locks (env FENCEPOST_PREFIX; default {DEFAULT_PREFIX})")
-    parser.add_argument("--grace-seconds", type=float, default=float(_env("grace-seconds", "5") or 5),
+    parser.add_argument("--grace-seconds", default=_env("grace-seconds", "5"),
                         help="seconds in-flight calls may take at shutdown (env FENCEPOST_GRACE_SECONDS; default 5)")
     parser.add_argument("--log-level", default=_env("log-level", "INFO"),
                         help="logging level (env FENCEPOST_LOG_LEVEL; default INFO)")
     return parser
+
+
+class _BadFlag(Exception):
+    """A flag or environment value that ``fencepost serve`` refuses (exit 2)."""
+
+
+def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None, float, str]:
+    """Check the flags: (endpoints or None for the embedded etcd, TLS, auth, grace seconds, log level).
+
+    Raises:
+        _BadFlag: with the one-line message to print.
+    """
+    try:
+        grace = float(args.grace_seconds)
+    except ValueError:
+        raise _BadFlag(f"--grace-seconds is {args.grace_seconds!r}; must be a number of seconds") from None
+    if not 0 <= grace <= 3600 or math.isnan(grace):
+        raise _BadFlag(f"--grace-seconds is {args.grace_seconds}; must be 0 to 3600 seconds")
+    level = str(args.log_level).upper()
+    if not isinstance(logging.getLevelName(level), int):
+        raise _BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    password = os.environ.get(PASSWORD_ENV)
+    endpoints = None
+    if args.etcd_endpoints:
+        endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
+    elif args.etcd_cacert or args.etcd_cert or args.etcd_key or args.etcd_user:
+        raise _BadFlag("--etcd-cacert, --etcd-cert, --etcd-key and --etcd-user need --etcd-endpoints "
+                       "(the embedded etcd has no TLS or auth)")
+    tls = None
+    if args.etcd_cacert or args.etcd_cert or args.etcd_key:
+        try:
+            tls = EtcdTls.from_files(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+        except ValueError as exc:
+            raise _BadFlag(f"--etcd-cert/--etcd-key/--etcd-cacert: {exc}") from None
+        for flag, pem in (("--etcd-cacert", tls.ca), ("--etcd-cert", tls.cert), ("--etcd-key", tls.key)):
+            if pem is not None and b"-----BEGIN " not in pem:
+                raise _BadFlag(f"{flag}: not a PEM file")
+    if endpoints is not None:
+        try:
+            check_endpoints(endpoints, tls)
+        except ValueError as exc:
+            raise _BadFlag(f"--etcd-endpoints: {exc}") from None
+    auth = None
+    if args.etcd_user:
+        if password is None:
+            raise _BadFlag(f"--etcd-user {args.etcd_user} needs its password in the environment variable "
+                           f"{PASSWORD_ENV}")
+        auth = EtcdAuth(args.etcd_user, password)
+    elif password is not None and endpoints is not None:
+        raise _BadFlag(f"{PASSWORD_ENV} is set but no --etcd-user names its user")
+    return endpoints, tls, auth, grace, level
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,18 +303,20 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after ``serve``; default ``sys.argv[2:]`` style parsing by the caller.
 
     Returns:
-        The process exit status: 0 after a clean shutdown, 1 when it cannot start.
+        The process exit status: 0 after a clean shutdown, 1 when it cannot
+        start, 2 for a bad flag or environment value (one line on stderr).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 0 <= args.grace_seconds <= 3600:
-        parser.error(f"--grace-seconds is {args.grace_seconds}; must be 0 to 3600 seconds")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    try:
+        endpoints, tls, auth, grace, level = _settings(args)
+    except _BadFlag as exc:
+        print(f"fencepost serve: error: {exc}", file=sys.stderr)
+        return 2
+    args.grace_seconds = grace
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     embedded = None
-    if args.etcd_endpoints:
-        endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
-    else:
+    if endpoints is None:
         from .embedded import EmbeddedEtcd
 
         data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
@@ -257,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         endpoints = [embedded.endpoint]
     try:
-        return asyncio.run(_serve(endpoints, args))
+        return asyncio.run(_serve(endpoints, args, tls, auth))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -278,14 +356,23 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
     return handle
 
 
-async def _serve(endpoints: list[str], args: argparse.Namespace) -> int:
-    coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=args.grace_seconds)
+async def _serve(endpoints: list[str], args: argparse.Namespace, tls: EtcdTls | None,
+                 auth: EtcdAuth | None) -> int:
+    coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=args.grace_seconds,
+                              etcd_tls=tls, etcd_auth=auth)
     try:
         await coordinator.start()
     except RuntimeError as exc:
         print(f"fencepost: {exc}", file=sys.stderr)
+        await coordinator.stop(0)
         return 1
-    print(f"fencepost: etcd at {','.join(endpoints)}, prefix {args.prefix}", flush=True)
+    how = []
+    if tls is not None:
+        how.append("mTLS" if tls.cert else "TLS")
+    if auth is not None:
+        how.append(f"user {auth.user}")
+    print(f"fencepost: etcd at {','.join(endpoints)}{' (' + ', '.join(how) + ')' if how else ''}, "
+          f"prefix {args.prefix}", flush=True)
     print(f"fencepost: listening on {coordinator.address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
-"""The gRPC LockService servicer: a thin adapter onto the lock and session modules.
+"""The gRPC LockService servicer: a thin adapter onto the lock and lease modules.
 
-Each RPC makes one call into ``lock.LockManager`` or ``session.Sessions``;
+Each RPC makes one call into ``lock.LockManager`` or ``lease.Leases``;
 errors leave through one decorator that turns a ``FencepostError`` into its
 gRPC status with an ``ErrorInfo`` detail (see ``errors``).
 """
@@ -14,18 +14,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-
 from fencepost.client.errors import FencepostError, ResourceExhausted
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
-
-from .errors import shutting_down, to_status
 from fencepost.client.v1.keys import Keys
 
-from .validate import wait_seconds
+from .errors import shutting_down, to_status
+from .lease import Leases
 from .lock import Holder, LockManager
-from .session import Sessions
 from .stream import KeepAliveStream
+from .validate import wait_seconds
 from .watch import DeleteWatcher
 
 R = TypeVar("R")
@@ -53,16 +51,16 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     """Implements fencepost.v1.LockService (see proto/fencepost/v1/lock.proto).
 
     Args:
-        sessions: lease grant/revoke/keepalive.
+        leases: lease grant/revoke/keepalive.
         locks: the lock algorithm.
         watcher: the shared deletion watcher.
         keys: the key layout.
         max_streams: most KeepAlive streams served at once.
     """
 
-    def __init__(self, sessions: Sessions, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
+    def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
                  *, max_streams: int = 10_000) -> None:
-        self._sessions = sessions
+        self._leases = leases
         self._locks = locks
         self._watcher = watcher
         self._keys = keys
@@ -70,16 +68,20 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._streams = 0
         self.closing = asyncio.Event()
 
+    def enter_graceful_shutdown(self) -> None:
+        """Refuse new KeepAlive streams and end the open ones with UNAVAILABLE / SHUTTING_DOWN."""
+        self.closing.set()
+
     @_statuses
     async def LeaseGrant(self, request: lock_pb2.LeaseGrantRequest, context: grpc.aio.ServicerContext
                          ) -> lock_pb2.LeaseGrantResponse:
-        lease_id, ttl = await self._sessions.grant(request.ttl_seconds)
+        lease_id, ttl = await self._leases.grant(request.ttl_seconds)
         return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl)
 
     @_statuses
     async def LeaseRevoke(self, request: lock_pb2.LeaseRevokeRequest, context: grpc.aio.ServicerContext
                           ) -> lock_pb2.LeaseRevokeResponse:
-        return lock_pb2.LeaseRevokeResponse(found=await self._sessions.revoke(request.lease_id))
+        return lock_pb2.LeaseRevokeResponse(found=await self._leases.revoke(request.lease_id))
 
     @_statuses
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
@@ -112,7 +114,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             await context.abort_with_status(to_status(ResourceExhausted(
                 f"more than {self._max_streams} streams", reason=reason_name(ErrorReason.TOO_MANY_STREAMS))))
         self._streams += 1
-        stream = KeepAliveStream(self._sessions, self._locks, self._watcher, self._keys.contender)
+        stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender)
         try:
             async for response in stream.serve(request_iterator, self.closing):
                 yield response

@@ -13,37 +13,37 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
-from fencepost.client.v1 import lock_pb2
-
 from fencepost.client.errors import FencepostError
+from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.details import ErrorReason
+from fencepost.client.v1.keys import Hold
+from fencepost.client.v1.retry import ETCD_BACKOFF
+
+from .lease import Leases
 from .lock import LockManager
-from .session import Sessions
 from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
-
-HoldKey = tuple[str, int, int]  # (name, lease id, token)
 
 
 class KeepAliveStream:
     """Serves one KeepAlive stream.
 
     Args:
-        sessions: forwards keepalives to etcd.
+        leases: forwards keepalives to etcd.
         locks: re-reads a hold when the deletion watcher cannot tell.
         watcher: the shared deletion watcher.
         keys_for: maps (name, lease id) to the contender key.
     """
 
-    def __init__(self, sessions: Sessions, locks: LockManager, watcher: DeleteWatcher,
+    def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
                  keys_for: Callable[[str, int], bytes]) -> None:
-        self._sessions = sessions
+        self._leases = leases
         self._locks = locks
         self._watcher = watcher
         self._keys_for = keys_for
         self._out: asyncio.Queue[lock_pb2.KeepAliveResponse] = asyncio.Queue()
-        self._holds: dict[HoldKey, Callable[[], None]] = {}
+        self._holds: dict[Hold, Callable[[], None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def serve(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest],
@@ -88,10 +88,10 @@ class KeepAliveStream:
                 self._spawn(self._forward(request.keepalive.lease_id, request.keepalive.request_id))
             elif kind == "watch":
                 w = request.watch
-                self._watch((w.name, w.lease_id, w.token))
+                self._watch(Hold(w.name, w.lease_id, w.token))
             elif kind == "unwatch":
                 w = request.unwatch
-                unsubscribe = self._holds.pop((w.name, w.lease_id, w.token), None)
+                unsubscribe = self._holds.pop(Hold(w.name, w.lease_id, w.token), None)
                 if unsubscribe is not None:
                     unsubscribe()
 
@@ -102,17 +102,17 @@ class KeepAliveStream:
 
     async def _forward(self, lease_id: int, request_id: int) -> None:
         try:
-            ttl = await self._sessions.keepalive(lease_id)
+            ttl = await self._leases.keepalive(lease_id)
         except FencepostError as exc:
             _log.info("keepalive for lease %#x not answered: %s", lease_id, exc)
             return  # no answer: the client's deadline counts it as not acknowledged
         self._out.put_nowait(lock_pb2.KeepAliveResponse(
             keepalive=lock_pb2.LeaseKeepAliveAck(lease_id=lease_id, request_id=request_id, ttl_seconds=ttl)))
         if ttl <= 0:
-            for hold in [h for h in self._holds if h[1] == lease_id]:
+            for hold in [h for h in self._holds if h.lease_id == lease_id]:
                 self._ended(hold, ErrorReason.LEASE_EXPIRED)
 
-    def _watch(self, hold: HoldKey) -> None:
+    def _watch(self, hold: Hold) -> None:
         name, lease_id, token = hold
         if hold in self._holds:
             return
@@ -131,24 +131,21 @@ class KeepAliveStream:
         elif known is None:
             self._spawn(self._recheck(hold))
 
-    async def _recheck(self, hold: HoldKey) -> None:
+    async def _recheck(self, hold: Hold) -> None:
         """Re-read a hold from etcd when the watcher cannot tell whether it ended."""
-        name, lease_id, token = hold
-        backoff = 0.1
+        delays = ETCD_BACKOFF.delays()
         while hold in self._holds:
             try:
-                if not await self._locks.hold_exists(name, lease_id, token):
+                if not await self._locks.hold_exists(hold):
                     self._ended(hold, ErrorReason.NOT_HOLDER)
                 return
             except FencepostError:
-                await asyncio.sleep(backoff)  # etcd down: the client's deadline protects it meanwhile
-                backoff = min(backoff * 2, 2.0)
+                await asyncio.sleep(next(delays))  # etcd down: the client's deadline protects it meanwhile
 
-    def _ended(self, hold: HoldKey, reason: int) -> None:
+    def _ended(self, hold: Hold, reason: int) -> None:
         unsubscribe = self._holds.pop(hold, None)
         if unsubscribe is None:
             return  # already reported once
         unsubscribe()
-        name, lease_id, token = hold
         self._out.put_nowait(lock_pb2.KeepAliveResponse(
-            hold_ended=lock_pb2.HoldEnded(name=name, lease_id=lease_id, token=token, reason=reason)))
+            hold_ended=lock_pb2.HoldEnded(name=hold.name, lease_id=hold.lease_id, token=hold.token, reason=reason)))

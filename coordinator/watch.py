@@ -21,11 +21,12 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Protocol
 
-from etcd3aio import Etcd3Client, WatchFilter
-
+from fencepost.client.v1 import etcdops
 from fencepost.client.v1.keys import Keys
+from fencepost.client.v1.retry import ETCD_BACKOFF
 
 _log = logging.getLogger(__name__)
 
@@ -35,16 +36,29 @@ _log = logging.getLogger(__name__)
 DeleteCallback = Callable[[int | None], None]
 
 
+class DeleteSource(Protocol):
+    """What the watcher needs of etcd: the etcd layer (:class:`.etcd.EtcdClient`), or a fake in tests."""
+
+    async def range(self, request: Any) -> Any:
+        """A Range; the watcher counts its prefix to learn the current revision."""
+        ...
+
+    def watch_deletes(self, key: bytes, range_end: bytes, start_revision: int
+                      ) -> AsyncGenerator[list[tuple[bytes, int]], None]:
+        """Deletions in the range from ``start_revision``, in batches; ends on compaction."""
+        ...
+
+
 class DeleteWatcher:
     """A single etcd watch on the lock prefix, dispatching DELETE events by key.
 
     Args:
-        etcd: a connected etcd3aio client.
+        etcd: the etcd layer (its ``range`` and ``watch_deletes``).
         keys: the key layout (its prefix is watched).
         window: how many recent deletions to remember for ``deleted_after``.
     """
 
-    def __init__(self, etcd: Etcd3Client, keys: Keys, *, window: int = 100_000) -> None:
+    def __init__(self, etcd: DeleteSource, keys: Keys, *, window: int = 100_000) -> None:
         self._etcd = etcd
         self._keys = keys
         self._window = window
@@ -67,6 +81,10 @@ class DeleteWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def wait_ready(self) -> None:
+        """Return once the watch runs and every deletion after its start revision is known."""
+        await self._ready.wait()
 
     def subscribe(self, key: bytes, callback: DeleteCallback) -> Callable[[], None]:
         """Call ``callback`` on every deletion of ``key`` until unsubscribed.
@@ -129,42 +147,29 @@ class DeleteWatcher:
             unsubscribe()
 
     async def _current_revision(self) -> int:
-        resp = await self._etcd.kv.get(self._keys.prefix, range_end=self._keys.range_end, count_only=True, timeout=5.0)
+        resp = await self._etcd.range(etcdops.count(self._keys.prefix))
         return int(resp.header.revision)
 
     async def _run(self) -> None:
-        backoff = 0.1
+        delays = ETCD_BACKOFF.delays()
         while True:
             try:
                 start = await self._current_revision()
                 self._reset(start)
-                await self._watch_from(start + 1)
-                backoff = 0.1
-                self._mark_unknown()  # the watch ended: deletions may be missed until it restarts
+                stream = self._etcd.watch_deletes(self._keys.prefix, self._keys.range_end, start + 1)
+                async with contextlib.aclosing(stream):
+                    async for deletions in stream:
+                        delays = ETCD_BACKOFF.delays()
+                        for key, revision in deletions:
+                            self._on_delete(key, revision)
+                self._mark_unknown()  # the watch ended (compaction): deletions may be missed until it restarts
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # etcd down: retry; subscribers re-read
-                _log.warning("lock watch failed (%s); restarting in %.1f s", exc, backoff)
+                delay = next(delays)
+                _log.warning("lock watch failed (%s); restarting in %.2f s", exc, delay)
                 self._mark_unknown()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-
-    async def _watch_from(self, start_revision: int) -> None:
-        stream = self._etcd.watch.watch(
-            self._keys.prefix,
-            range_end=self._keys.range_end,
-            start_revision=start_revision,
-            filters=[WatchFilter.NOPUT],
-        )
-        try:
-            async for resp in stream:
-                if resp.compact_revision or resp.canceled:
-                    _log.warning("lock watch cancelled (compacted at %d); re-reading", resp.compact_revision)
-                    return
-                for event in resp.events:
-                    self._on_delete(bytes(event.kv.key), int(event.kv.mod_revision))
-        finally:
-            await stream.aclose()
+                await asyncio.sleep(delay)
 
     def _reset(self, start: int) -> None:
         self._latest.clear()

@@ -1,4 +1,8 @@
-"""Unit tests of the coordinator's pure logic: names, keys, wait fields, error statuses."""
+"""Unit tests of the coordinator's pure logic: names, keys, wait fields, error statuses.
+
+The etcd layer, release classification and the deletion watcher have theirs
+in test_etcd_layer.py (with a fake etcd).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from fencepost.client.errors import InvalidArgument, NotHolder
-from fencepost.coordinator.errors import etcd_unavailable, to_status
 from fencepost.client.v1.keys import Keys, prefix_end
+from fencepost.coordinator.errors import etcd_unavailable, to_status
 from fencepost.coordinator.validate import validate_name, validate_ttl, wait_seconds
 
 
@@ -77,35 +81,3 @@ def test_to_status_when_unavailable_carries_retry_info() -> None:
     assert any(d.Unpack(retry) for d in details)
     assert retry.retry_delay.seconds == 1
 
-
-def test_deleted_after_when_window_overflows() -> None:
-    """The watcher answers from its window and says "unknown" (None) past it."""
-    from fencepost.coordinator.watch import DeleteWatcher
-
-    watcher = DeleteWatcher(None, Keys("/p/"), window=2)  # type: ignore[arg-type]
-    assert watcher.deleted_after(b"k1", 5) is None  # not started: unknown
-    watcher._reset(10)
-    watcher._on_delete(b"k1", 12)
-    assert watcher.deleted_after(b"k1", 11) is True
-    assert watcher.deleted_after(b"k1", 12) is False
-    assert watcher.deleted_after(b"k2", 11) is False
-    watcher._on_delete(b"k2", 13)
-    watcher._on_delete(b"k3", 14)  # evicts k1's deletion at 12
-    assert watcher.deleted_after(b"k1", 11) is None
-    assert watcher.deleted_after(b"k3", 13) is True
-
-
-def test_subscribe_when_deleted_then_unsubscribed() -> None:
-    """Callbacks see deletions of their key only, and none after unsubscribing."""
-    from fencepost.coordinator.watch import DeleteWatcher
-
-    watcher = DeleteWatcher(None, Keys("/p/"))  # type: ignore[arg-type]
-    watcher._reset(1)
-    seen: list[int | None] = []
-    unsubscribe = watcher.subscribe(b"k", seen.append)
-    watcher._on_delete(b"other", 2)
-    watcher._on_delete(b"k", 3)
-    watcher._mark_unknown()
-    unsubscribe()
-    watcher._on_delete(b"k", 4)
-    assert seen == [3, None]

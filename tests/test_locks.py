@@ -10,7 +10,8 @@ import grpc
 import pytest
 from etcd3aio import Etcd3Client
 
-from fencepost.client import AsyncLockClient, LockClient, LockHeld, LockTimeout
+from fencepost.client import AsyncLockClient, LockClient, LockHeld, LockTimeout, NotHolder, StaleTokenError
+from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
 from .conftest import count_keys, describe, describe_waiters_is, error_info, lease_ids, list_keys, wait_for
@@ -283,3 +284,26 @@ async def test_sync_client_works_from_a_thread(address: str) -> None:
             h2.release()
 
     await asyncio.wait_for(asyncio.to_thread(work), 30)
+
+
+async def test_release_refusals_carry_current_token_to_the_client(stub: lock_pb2_grpc.LockServiceStub) -> None:
+    """STALE_TOKEN and NOT_HOLDER refusals reach the Python client's errors with the current token filled."""
+    a = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+    b = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+    try:
+        first = await stub.Acquire(lock_pb2.AcquireRequest(name="cur", lease_id=a.lease_id), timeout=5)
+        await stub.Release(lock_pb2.ReleaseRequest(name="cur", lease_id=a.lease_id, token=first.token), timeout=5)
+        second = await stub.Acquire(lock_pb2.AcquireRequest(name="cur", lease_id=a.lease_id), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as stale:
+            await stub.Release(lock_pb2.ReleaseRequest(name="cur", lease_id=a.lease_id, token=first.token), timeout=5)
+        err = from_rpc_error(stale.value)
+        assert isinstance(err, StaleTokenError)
+        assert (err.reason, err.token, err.current_token) == ("STALE_TOKEN", first.token, second.token)
+        with pytest.raises(grpc.aio.AioRpcError) as other:
+            await stub.Release(lock_pb2.ReleaseRequest(name="cur", lease_id=b.lease_id, token=second.token), timeout=5)
+        err = from_rpc_error(other.value)
+        assert isinstance(err, NotHolder) and not isinstance(err, StaleTokenError)
+        assert (err.reason, err.token, err.current_token) == ("NOT_HOLDER", second.token, second.token)
+    finally:
+        for lease in (a.lease_id, b.lease_id):
+            await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)

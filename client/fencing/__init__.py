@@ -40,7 +40,7 @@ Adapters (each module's docstring shows its exact statement):
   and ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE t.fencing_token IS
   NULL OR t.fencing_token <= excluded.fencing_token``; :func:`add_token_column`.
 - :class:`RedisGuard` (redis-py): one Lua compare-and-set script on a hash.
-- :class:`EtcdGuard` (etcd3aio, asyncio): one Txn that also requires the
+- :class:`EtcdGuard` (a grpc.aio channel to etcd, asyncio): one Txn that also requires the
   writer's lock key to still have the token as its create revision.
 - :class:`DynamoDBGuard` (boto3): ``attribute_not_exists(fencing_token) OR
   fencing_token <= :t`` as the write's ConditionExpression; :func:`condition_kwargs`.
@@ -56,7 +56,8 @@ Example (a worked timeline, SQLite)::
 
 from ._dynamodb import CONDITION as DYNAMODB_CONDITION
 from ._dynamodb import DynamoDBGuard, condition_kwargs
-from ._etcd import EtcdGuard, Grant, Hold
+from ._etcd import EtcdGuard, HoldLike
+from ..v1.keys import Hold
 from ._guard import FencingGuard, RejectHook, check_identifier, check_token
 from ._redis import SCRIPT as REDIS_SCRIPT
 from ._redis import RedisGuard
@@ -69,8 +70,8 @@ __all__ = [
     "DynamoDBGuard",
     "EtcdGuard",
     "FencingGuard",
-    "Grant",
     "Hold",
+    "HoldLike",
     "MissingRecordError",
     "RejectHook",
     "RedisGuard",

@@ -24,26 +24,46 @@ A refusal raises :class:`~fencepost.client.StaleTokenError`: reason
 ``STALE_TOKEN`` when the record holds a higher token, ``NOT_HOLDER`` when the
 writer no longer holds the lock (released, lease expired, key deleted); both
 are counted by the hook. The value keys carry no lease: they outlive the lock.
+The compares and ops come from :mod:`fencepost.client.v1.etcdops`, the
+builders the coordinator's own Txns use.
+
+The guard talks to etcd through a ``grpc.aio.Channel`` you make, to the
+same etcd cluster (and with the same ``--prefix``) as the coordinator::
+
+    channel = grpc.aio.insecure_channel("dns:///etcd1:2379")
+    # TLS (mTLS: with your client certificate and key, for --client-cert-auth):
+    creds = grpc.ssl_channel_credentials(root_certificates=open("ca.pem", "rb").read(),
+                                         private_key=open("client-key.pem", "rb").read(),
+                                         certificate_chain=open("client.pem", "rb").read())
+    channel = grpc.aio.secure_channel("dns:///etcd1:2379", creds)
+    guard = EtcdGuard(channel, prefix="/fencepost/locks/")
+
+With etcd authentication on, pass ``metadata=(("token", token),)`` with a
+token from etcd's ``Auth.Authenticate`` (the user needs read on the lock
+prefix and readwrite on the record keys).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+import grpc
+
+from ..errors import Unavailable
+from ..v1 import etcdops
 from ..v1.details import ErrorReason
+from ..v1.etcd import rpc_pb2_grpc
+from ..v1.keys import DEFAULT_PREFIX, Keys
 from ._guard import FencingGuard, RejectHook, check_token
 
-if TYPE_CHECKING:
-    from etcd3aio import Etcd3Client
-
 TOKEN_SUFFIX = b"\x00fencing_token"
-DEFAULT_PREFIX = "/fencepost/locks/"
+#: Per-call deadline of the guard's etcd calls, in seconds.
 ETCD_CALL_TIMEOUT = 5.0
 
 
-class Hold(Protocol):
-    """What the guard needs of a grant: a LockHandle, AsyncLockHandle or :class:`Grant`."""
+class HoldLike(Protocol):
+    """What the guard needs of a hold: a :class:`~fencepost.client.v1.keys.Hold`, or a lock handle."""
 
     @property
     def name(self) -> str: ...
@@ -51,15 +71,6 @@ class Hold(Protocol):
     def lease_id(self) -> int: ...
     @property
     def token(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class Grant:
-    """A grant given by its parts (lock name, lease id, fencing token)."""
-
-    name: str
-    lease_id: int
-    token: int
 
 
 def _pad(token: int) -> bytes:
@@ -74,27 +85,33 @@ class EtcdGuard(FencingGuard):
     """Fenced writes to etcd keys, tied to a live hold of a Fencepost lock.
 
     Args:
-        etcd: A connected ``etcd3aio.Etcd3Client`` on the coordinator's etcd.
+        channel: A ``grpc.aio.Channel`` to the coordinator's etcd (see the
+            module docstring for TLS); the guard does not close it.
         prefix: The coordinator's lock key prefix (``--prefix``, default
             ``/fencepost/locks/``).
+        metadata: Call metadata sent with every call, e.g. ``(("token", token),)``
+            when etcd has authentication on.
+        timeout: Per-call deadline, seconds.
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
     """
 
-    def __init__(self, etcd: Etcd3Client, *, prefix: str = DEFAULT_PREFIX,
+    def __init__(self, channel: grpc.aio.Channel, *, prefix: str = DEFAULT_PREFIX,
+                 metadata: Sequence[tuple[str, str]] | None = None, timeout: float = ETCD_CALL_TIMEOUT,
                  on_reject: RejectHook | None = None) -> None:
-        from fencepost.client.v1.keys import Keys
-
         super().__init__(on_reject=on_reject)
-        self.etcd = etcd
+        self.channel = channel
         self.keys = Keys(prefix)
+        self._kv = rpc_pb2_grpc.KVStub(channel)
+        self._metadata = tuple(metadata) if metadata else None
+        self._timeout = timeout
 
-    async def put(self, key: str | bytes, value: str | bytes, hold: Hold) -> int:
-        """Write ``value`` at ``key`` if ``hold`` still holds its lock and its token is not stale.
+    async def put(self, key: str | bytes, hold: HoldLike, value: str | bytes) -> int:
+        """Write ``value`` at ``key`` if ``hold`` still holds its lock and its token is not stale: one Txn.
 
         Args:
             key: The record's etcd key (outside the lock prefix).
-            value: The new value.
             hold: The writer's grant: ``.name``, ``.lease_id``, ``.token``.
+            value: The new value.
 
         Returns:
             The etcd revision of the write.
@@ -103,24 +120,20 @@ class EtcdGuard(FencingGuard):
             StaleTokenError: refused, nothing written; reason ``STALE_TOKEN``
                 (the record holds a higher token) or ``NOT_HOLDER`` (the
                 lock is no longer held under this token).
-            ValueError: a bad token.
-            etcd3aio.EtcdError, grpc.aio.AioRpcError: etcd failed.
+            InvalidArgument: a bad token.
+            Unavailable: the etcd call failed (after a timeout or a broken
+                connection the write may or may not have been applied: read
+                the record back with :meth:`get`).
         """
-        from etcd3aio._protobuf import Compare, PutRequest, RangeRequest, RequestOp, TxnRequest
-
         token = check_token(hold.token)
         record, key = key, _bytes(key)
         token_key = key + TOKEN_SUFFIX
         holder = self.keys.contender(hold.name, hold.lease_id)
-        held = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=holder, create_revision=token)
-        not_higher = Compare(result=Compare.LESS, target=Compare.VALUE, key=token_key, value=_pad(token + 1))
-        absent = Compare(result=Compare.EQUAL, target=Compare.CREATE, key=token_key, create_revision=0)
-        puts = [RequestOp(request_put=PutRequest(key=key, value=_bytes(value))),
-                RequestOp(request_put=PutRequest(key=token_key, value=_pad(token)))]
-        reads = [RequestOp(request_range=RangeRequest(key=holder, keys_only=True)),
-                 RequestOp(request_range=RangeRequest(key=token_key))]
-        first = RequestOp(request_txn=TxnRequest(compare=[held, absent], success=puts, failure=reads))
-        resp: Any = await self.etcd.kv.txn([held, not_higher], puts, [first], timeout=ETCD_CALL_TIMEOUT)
+        held = etcdops.is_owner(holder, token)
+        puts = [etcdops.put(key, _bytes(value)), etcdops.put(token_key, _pad(token))]
+        reads = [etcdops.get(holder, keys_only=True), etcdops.get(token_key)]
+        first = etcdops.txn_op([held, etcdops.is_absent(token_key)], puts, reads)
+        resp = await self._txn(etcdops.txn([held, etcdops.value_below(token_key, _pad(token + 1))], puts, [first]))
         if resp.succeeded:
             return int(resp.header.revision)
         inner = resp.responses[0].response_txn
@@ -140,15 +153,17 @@ class EtcdGuard(FencingGuard):
         """Read a record: (value, token), each None when absent (one Txn, one revision).
 
         Raises:
-            etcd3aio.EtcdError, grpc.aio.AioRpcError: etcd failed.
+            Unavailable: the etcd call failed.
         """
-        from etcd3aio._protobuf import RangeRequest, RequestOp
-
         key = _bytes(key)
-        ops = [RequestOp(request_range=RangeRequest(key=key)),
-               RequestOp(request_range=RangeRequest(key=key + TOKEN_SUFFIX))]
-        resp: Any = await self.etcd.kv.txn([], ops, [], timeout=ETCD_CALL_TIMEOUT)
+        resp = await self._txn(etcdops.txn([], [etcdops.get(key), etcdops.get(key + TOKEN_SUFFIX)]))
         value_kvs = resp.responses[0].response_range.kvs
         token_kvs = resp.responses[1].response_range.kvs
         return (bytes(value_kvs[0].value) if value_kvs else None,
                 int(token_kvs[0].value) if token_kvs else None)
+
+    async def _txn(self, request: Any) -> Any:
+        try:
+            return await self._kv.Txn(request, timeout=self._timeout, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(f"etcd: Txn failed: {exc.code().name}: {exc.details()}") from exc

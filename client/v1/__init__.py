@@ -14,4 +14,7 @@ Hand-written, importing nothing from ``fencepost.client`` or
 - ``details``: the status details of a failed call (ErrorInfo reasons and
   metadata keys, RetryInfo), built by the coordinator and parsed by the client.
 - ``retry``: the backoff policy (exponential, full jitter) of every retry loop.
+- ``etcdops``: builders of the etcd compares and ops of the lock algorithm
+  (``is_owner`` after etcd's mutex.go), shared by the coordinator's etcd
+  layer and the client's etcd fencing guard.
 """

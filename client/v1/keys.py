@@ -9,6 +9,7 @@ becomes ``%2F``: no lock's range can contain another lock's keys (``a`` and
 
 from __future__ import annotations
 
+from typing import NamedTuple
 from urllib.parse import quote, unquote
 
 #: Longest lock name, in bytes of UTF-8.
@@ -23,6 +24,19 @@ MAX_LEASE_ID = 2**63 - 1
 MAX_TOKEN = 2**63 - 1
 #: Default etcd key prefix of all locks.
 DEFAULT_PREFIX = "/fencepost/locks/"
+
+
+class Hold(NamedTuple):
+    """A hold: one grant of lock ``name`` to lease ``lease_id`` with fencing token ``token``.
+
+    In etcd it is the key ``Keys.contender(name, lease_id)`` whose create
+    revision is ``token``; it lasts until released, until its lease ends, or
+    until that key is deleted.
+    """
+
+    name: str
+    lease_id: int
+    token: int
 
 
 class Keys:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fencepost.client import StaleTokenError
-from fencepost.client.fencing import DynamoDBGuard, EtcdGuard, Grant, RedisGuard, SqlGuard
+from fencepost.client.fencing import DynamoDBGuard, EtcdGuard, Hold, RedisGuard, SqlGuard
 
 from .servers import DynaliteServer, PostgresServer, RedisServer
 
@@ -258,8 +258,9 @@ class EtcdDriver(Driver):
 
     name = "etcd"
 
-    def __init__(self, client: Any, prefix: str) -> None:
-        self.client = client
+    def __init__(self, client: Any, channel: Any, prefix: str) -> None:
+        self.client = client  # an etcd3aio client, to put the contender keys
+        self.channel = channel  # the guard's grpc.aio channel to etcd
         self.prefix = prefix
         self.lock = "conformance"
         self.revisions: dict[int, int] = {}
@@ -282,19 +283,20 @@ class EtcdDriver(Driver):
 
     async def close(self) -> None:
         await self.client.close()
+        await self.channel.close()
 
     async def writer(self, on_reject: Hook | None = None) -> Write:
-        guard = EtcdGuard(self.client, prefix=self.prefix, on_reject=on_reject)
+        guard = EtcdGuard(self.channel, prefix=self.prefix, on_reject=on_reject)
 
         async def write(key: str, value: str, token: int) -> None:
             # A token that is not a conformance token (the bad-token test) goes to the guard as it is.
             ok = isinstance(token, int) and not isinstance(token, bool)
             revision = self.revisions.get(token, token) if ok else token
-            await guard.put(self.prefix + "records/" + key, value, Grant(self.lock, token, revision))
+            await guard.put(self.prefix + "records/" + key, Hold(self.lock, token, revision), value)
         return write
 
     async def read(self, key: str) -> tuple[str | None, int | None]:
-        value, token = await EtcdGuard(self.client, prefix=self.prefix).get(self.prefix + "records/" + key)
+        value, token = await EtcdGuard(self.channel, prefix=self.prefix).get(self.prefix + "records/" + key)
         return (None if value is None else value.decode()), self.conformance_token(token)
 
 
@@ -312,11 +314,13 @@ async def driver(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, t
     elif name == "dynamodb":
         drv = DynamoDriver(executor, request.getfixturevalue("dynalite"))
     else:
+        import grpc
         from etcd3aio import Etcd3Client
 
-        client = Etcd3Client([request.getfixturevalue("etcd").endpoint])
+        endpoint = request.getfixturevalue("etcd").endpoint
+        client = Etcd3Client([endpoint])
         await client.connect()
-        drv = EtcdDriver(client, request.getfixturevalue("prefix"))
+        drv = EtcdDriver(client, grpc.aio.insecure_channel(f"dns:///{endpoint}"), request.getfixturevalue("prefix"))
         await drv.setup()
     try:
         yield drv

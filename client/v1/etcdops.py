@@ -1,0 +1,139 @@
+"""Builders of the etcd compares and request ops that the lock algorithm and the etcd guard use.
+
+Pure functions over the generated etcd stubs (:mod:`fencepost.client.v1.etcd`):
+they build messages and send nothing. The coordinator's etcd layer and the
+client's etcd fencing guard both build their Txns here, so that "this hold
+is still the holder's" is spelled once.
+
+The central compare is :func:`is_owner`, after ``Mutex.IsOwner()`` in etcd's
+``client/v3/concurrency/mutex.go``: a contender key still exists with the
+create revision it had when it was granted (its fencing token). A deleted
+and re-created key has a new create revision, so it never passes for the
+old grant.
+
+etcd semantics these builders rely on (``api/etcdserverpb/rpc.proto``):
+
+- a Compare with ``range_end`` holds only if it holds for every key in the
+  range; a missing key has create revision 0, and a VALUE compare on a
+  missing key is false;
+- the compares of one Txn are ANDed; a ``request_txn`` op nests a Txn
+  (etcd >= 3.3), which is how "A or B" is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .etcd import rpc_pb2
+from .keys import prefix_end
+
+__all__ = [
+    "count",
+    "delete",
+    "get",
+    "holder_of",
+    "is_absent",
+    "is_owner",
+    "is_free",
+    "last_before",
+    "put",
+    "txn",
+    "txn_op",
+    "value_below",
+]
+
+Compare = rpc_pb2.Compare
+RequestOp = rpc_pb2.RequestOp
+RangeRequest = rpc_pb2.RangeRequest
+
+
+def is_owner(key: bytes, create_revision: int) -> rpc_pb2.Compare:
+    """The compare "``key`` exists and was created at ``create_revision``" (mutex.go's ``IsOwner``).
+
+    Args:
+        key: A contender key.
+        create_revision: Its create revision when granted: the fencing token (> 0).
+
+    Returns:
+        ``CREATE(key) == create_revision``.
+    """
+    return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=create_revision)
+
+
+def is_absent(key: bytes) -> rpc_pb2.Compare:
+    """The compare "``key`` does not exist" (its create revision is 0)."""
+    return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=0)
+
+
+def is_free(lock: bytes) -> rpc_pb2.Compare:
+    """The compare "no key starts with ``lock``": the whole range has create revision 0.
+
+    Args:
+        lock: A lock's key range prefix (:meth:`fencepost.client.v1.keys.Keys.lock_prefix`).
+    """
+    return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=lock, range_end=prefix_end(lock),
+                   create_revision=0)
+
+
+def value_below(key: bytes, value: bytes) -> rpc_pb2.Compare:
+    """The compare "``key`` exists and its value sorts below ``value``" (bytewise; false when absent)."""
+    return Compare(result=Compare.LESS, target=Compare.VALUE, key=key, value=value)
+
+
+def put(key: bytes, value: bytes = b"", *, lease_id: int = 0) -> rpc_pb2.RequestOp:
+    """A put op, attached to ``lease_id`` when it is not 0 (the key then dies with the lease)."""
+    return RequestOp(request_put=rpc_pb2.PutRequest(key=key, value=value, lease=lease_id))
+
+
+def delete(key: bytes) -> rpc_pb2.RequestOp:
+    """A delete op of one key."""
+    return RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=key))
+
+
+def get(key: bytes, *, keys_only: bool = False) -> rpc_pb2.RequestOp:
+    """A read op of one key (its create revision, lease and, unless ``keys_only``, value)."""
+    return RequestOp(request_range=RangeRequest(key=key, keys_only=keys_only))
+
+
+def holder_of(lock: bytes, *, limit: int = 1) -> rpc_pb2.RequestOp:
+    """A read op of the lock's contenders in grant order: the first is the holder.
+
+    Args:
+        lock: The lock's key range prefix.
+        limit: How many contenders to return, lowest create revision first.
+    """
+    return RequestOp(request_range=RangeRequest(
+        key=lock, range_end=prefix_end(lock), sort_order=RangeRequest.ASCEND,
+        sort_target=RangeRequest.CREATE, limit=limit, keys_only=True,
+    ))
+
+
+def last_before(lock: bytes, create_revision: int) -> rpc_pb2.RequestOp:
+    """A read op of the contender queued just before the one created at ``create_revision``.
+
+    Returns:
+        The op whose response holds at most one key: the highest create
+        revision below ``create_revision`` in the lock's range (empty when
+        that contender is first, i.e. holds the lock).
+    """
+    return RequestOp(request_range=RangeRequest(
+        key=lock, range_end=prefix_end(lock), max_create_revision=create_revision - 1,
+        sort_order=RangeRequest.DESCEND, sort_target=RangeRequest.CREATE, limit=1, keys_only=True,
+    ))
+
+
+def count(prefix: bytes) -> rpc_pb2.RangeRequest:
+    """A Range request counting the keys that start with ``prefix`` (returns no keys)."""
+    return RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=True)
+
+
+def txn(compare: Sequence[rpc_pb2.Compare], success: Sequence[rpc_pb2.RequestOp],
+        failure: Sequence[rpc_pb2.RequestOp] = ()) -> rpc_pb2.TxnRequest:
+    """A Txn request: if every compare holds, apply ``success``, else ``failure``, at one revision."""
+    return rpc_pb2.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
+
+
+def txn_op(compare: Sequence[rpc_pb2.Compare], success: Sequence[rpc_pb2.RequestOp],
+           failure: Sequence[rpc_pb2.RequestOp] = ()) -> rpc_pb2.RequestOp:
+    """A nested Txn, as an op of an outer Txn's branch."""
+    return RequestOp(request_txn=txn(compare, success, failure))

@@ -1,0 +1,36 @@
+"""The coordinator's etcd layer: the only code of the coordinator that talks to etcd.
+
+- :mod:`.members`: endpoints (host names or addresses), TLS and mTLS,
+  credentials, one channel per member with failover rotation.
+- :mod:`.policy`: the failure table (gRPC code and etcd message -> Failure)
+  and the retry table (per operation: attempts, re-send, read back); the
+  coordinator's error for a failure.
+- :mod:`.client`: :class:`EtcdClient`, every etcd call (Range, Txn with
+  read-back resolution, leases, the deletion watch, auth).
+- :mod:`.keepalive`: the shared multi-lease LeaseKeepAlive stream.
+
+The compares and ops of the lock algorithm are built by
+:mod:`fencepost.client.v1.etcdops`, shared with the client's etcd fencing guard.
+"""
+
+from .client import NOT_APPLIED, EtcdClient, Stubs, TxnPlan
+from .members import EtcdAuth, EtcdTls, check_endpoints, parse_endpoint
+from .policy import FAILURES, RULES, Failure, Op, Rule, classify, error_for
+
+__all__ = [
+    "FAILURES",
+    "NOT_APPLIED",
+    "RULES",
+    "EtcdAuth",
+    "EtcdClient",
+    "EtcdTls",
+    "Failure",
+    "Op",
+    "Rule",
+    "Stubs",
+    "TxnPlan",
+    "check_endpoints",
+    "classify",
+    "error_for",
+    "parse_endpoint",
+]

@@ -1,0 +1,389 @@
+"""The coordinator's etcd client: every call the coordinator makes to etcd goes through here.
+
+It sends each call to the current member (:class:`~.members.Members`), with
+the auth token as ``token`` metadata when the coordinator has etcd
+credentials, under the per-call deadline and retry rule of its operation
+(:data:`~.policy.RULES`), and turns a failure that ends the call into the
+coordinator's error (:func:`~.policy.error_for`). A Txn whose outcome is
+unknown is resolved by its :class:`TxnPlan`'s read-back, never re-sent
+blindly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from fencepost.client.errors import FencepostError, LeaseLost
+from fencepost.client.v1 import etcdops
+from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
+from fencepost.client.v1.retry import ETCD_BACKOFF, Backoff
+
+from ..errors import etcd_unavailable
+from .keepalive import KeepAlives
+from .members import EtcdAuth, EtcdTls, Members
+from .policy import RULES, UNKNOWN_OUTCOME, Failure, Op, Rule, classify, error_for
+
+__all__ = ["NOT_APPLIED", "EtcdClient", "Stubs", "TxnPlan"]
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _NotApplied:
+    def __repr__(self) -> str:
+        return "NOT_APPLIED"
+
+
+#: What a :class:`TxnPlan`'s ``resolve`` returns when the read-back shows the Txn did not apply.
+NOT_APPLIED: Any = _NotApplied()
+
+
+@dataclass(frozen=True)
+class TxnPlan(Generic[T]):
+    """A Txn, how to read its response, and how to tell its outcome when the response is lost.
+
+    Attributes:
+        request: The Txn.
+        decide: Reads the Txn's response into the caller's result.
+        read_back: Read-only ops that show what the Txn would have written
+            (e.g. our key and its create revision), read at one revision
+            when the outcome is unknown.
+        resolve: Reads the read-back's TxnResponse (``responses[i]`` for
+            ``read_back[i]``) into the caller's result, or returns
+            :data:`NOT_APPLIED` when the Txn did not apply: it is then sent
+            again (its compares make a late duplicate of the first a no-op).
+        name: The lock name, for errors.
+        lease_id: The lease, for errors.
+    """
+
+    request: rpc_pb2.TxnRequest
+    decide: Callable[[rpc_pb2.TxnResponse], T]
+    read_back: Sequence[rpc_pb2.RequestOp]
+    resolve: Callable[[rpc_pb2.TxnResponse], T]
+    name: str | None = None
+    lease_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Stubs:
+    """The etcd service stubs on one member's channel."""
+
+    kv: Any
+    lease: Any
+    watch: Any
+    auth: Any
+
+    @classmethod
+    def on(cls, channel: grpc.aio.Channel) -> Stubs:
+        """The generated stubs (``rpc_pb2_grpc``) on ``channel``."""
+        return cls(rpc_pb2_grpc.KVStub(channel), rpc_pb2_grpc.LeaseStub(channel),
+                   rpc_pb2_grpc.WatchStub(channel), rpc_pb2_grpc.AuthStub(channel))
+
+
+@dataclass(frozen=True)
+class _ReadBack(Generic[T]):
+    value: T
+
+
+class EtcdClient:
+    """The coordinator's one way to etcd.
+
+    Args:
+        endpoints: etcd endpoints, host names or addresses (``etcd1:2379``,
+            ``https://10.0.0.5:2379``); see :func:`~.members.parse_endpoint`.
+        tls: TLS (and mTLS) settings; None for plaintext.
+        auth: etcd user and password; None when etcd auth is off.
+        stubs: Makes the stubs of one channel (fakes in unit tests).
+        rules: The retry rule of each operation.
+        backoff: The delays between attempts.
+
+    Raises:
+        ValueError: bad endpoints or TLS settings.
+    """
+
+    def __init__(self, endpoints: Sequence[str], *, tls: EtcdTls | None = None, auth: EtcdAuth | None = None,
+                 stubs: Callable[[grpc.aio.Channel], Stubs] = Stubs.on, rules: dict[Op, Rule] | None = None,
+                 backoff: Backoff = ETCD_BACKOFF) -> None:
+        self.members = Members(endpoints, tls=tls)
+        self._stubs = [stubs(self.members.channel(i)) for i in range(len(self.members))]
+        self._auth = auth
+        self._rules = {**RULES, **(rules or {})}
+        self._backoff = backoff
+        self._token: str | None = None
+        self._stale: str | None = None  # a token etcd rejected
+        #: Why etcd last refused the coordinator (credentials, permissions), None once it accepts them.
+        self.refusal: str | None = None
+        self._auth_lock = asyncio.Lock()
+        self._keepalives = KeepAlives(self._open_keepalive, self._stream_broken)
+
+    @property
+    def user(self) -> str | None:
+        """The etcd user the coordinator authenticates as, None without auth."""
+        return self._auth.user if self._auth else None
+
+    async def connect(self) -> None:
+        """Authenticate now when credentials are set (otherwise nothing to do).
+
+        An unreachable etcd is not an error here: calls authenticate once it answers.
+
+        Raises:
+            Unavailable: etcd refused the credentials (wrong user or password,
+                auth not enabled).
+        """
+        if self._auth is None:
+            return
+        try:
+            await self._ensure_token()
+        except FencepostError as exc:
+            if self.refusal is not None:
+                raise
+            _log.warning("etcd: cannot authenticate yet (%s); will retry on the first call", exc.message)
+
+    async def close(self) -> None:
+        """Stop the keepalive stream and close every channel (leases are left alone)."""
+        await self._keepalives.close()
+        await self.members.close()
+
+    # ------------------------------------------------------------ KV
+
+    async def range(self, request: rpc_pb2.RangeRequest, *, op: Op = Op.RANGE, name: str | None = None,
+                    lease_id: int | None = None) -> rpc_pb2.RangeResponse:
+        """A Range (linearizable), retried per ``op``'s rule.
+
+        Raises:
+            Unavailable: etcd unreachable, or refused the coordinator.
+        """
+        return await self._unary(op, lambda s: s.kv.Range, request, name=name, lease_id=lease_id)
+
+    async def read(self, ops: Sequence[rpc_pb2.RequestOp], *, compare: Sequence[rpc_pb2.Compare] = (),
+                   name: str | None = None, lease_id: int | None = None) -> rpc_pb2.TxnResponse:
+        """Several reads at one revision (a Txn that writes nothing), retried like a Range.
+
+        Args:
+            ops: Range ops only (the Txn's success branch).
+            compare: Compares that must hold for ``ops`` to be read;
+                ``succeeded`` in the response tells whether they did.
+
+        Raises:
+            Unavailable: etcd unreachable, or refused the coordinator.
+        """
+        if any(op.WhichOneof("request") != "request_range" for op in ops):
+            raise ValueError("read() takes range ops only")
+        return await self._unary(Op.RANGE, lambda s: s.kv.Txn, etcdops.txn(compare, ops), name=name,
+                                 lease_id=lease_id)
+
+    async def txn(self, plan: TxnPlan[T]) -> T:
+        """Send a Txn once; when its outcome is unknown, read back and send again only if it did not apply.
+
+        Returns:
+            ``plan.decide`` of the Txn's response, or ``plan.resolve`` of the read-back.
+
+        Raises:
+            LeaseLost: the Txn puts a key on a lease that etcd does not know.
+            Unavailable: etcd unreachable, or refused the coordinator; also
+                when the outcome is still unknown after the rule's attempts.
+        """
+        async def read_back() -> Any:
+            return plan.resolve(await self.read(plan.read_back, name=plan.name, lease_id=plan.lease_id))
+
+        result = await self._unary(Op.TXN, lambda s: s.kv.Txn, plan.request, name=plan.name,
+                                   lease_id=plan.lease_id, read_back=read_back)
+        return result.value if isinstance(result, _ReadBack) else plan.decide(result)
+
+    async def healthy(self, key: bytes) -> bool:
+        """Whether etcd answers a linearizable count of ``key``'s range (the HEALTH rule: 2 tries of 1 s)."""
+        try:
+            await self.range(etcdops.count(key), op=Op.HEALTH)
+        except FencepostError as exc:
+            _log.debug("etcd health read failed: %s", exc)
+            return False
+        return True
+
+    # ------------------------------------------------------------ leases
+
+    async def lease_grant(self, ttl_seconds: int) -> tuple[int, int]:
+        """Grant a lease (never re-sent after it may have reached etcd).
+
+        Returns:
+            (lease id, granted TTL in seconds).
+
+        Raises:
+            Unavailable: etcd unreachable or refused.
+        """
+        resp = await self._unary(Op.LEASE_GRANT, lambda s: s.lease.LeaseGrant,
+                                 rpc_pb2.LeaseGrantRequest(TTL=ttl_seconds))
+        if resp.error:
+            raise etcd_unavailable(f"etcd: LeaseGrant refused: {resp.error}")
+        return int(resp.ID), int(resp.TTL)
+
+    async def lease_revoke(self, lease_id: int) -> bool:
+        """Revoke a lease (deleting its keys); an unknown outcome is resolved by a TTL lookup.
+
+        Returns:
+            False when etcd did not know the lease.
+
+        Raises:
+            Unavailable: etcd unreachable or refused.
+        """
+        async def read_back() -> Any:
+            ttl, _ = await self.lease_ttl(lease_id)
+            return True if ttl <= 0 else NOT_APPLIED
+
+        try:
+            await self._unary(Op.LEASE_REVOKE, lambda s: s.lease.LeaseRevoke,
+                              rpc_pb2.LeaseRevokeRequest(ID=lease_id), lease_id=lease_id, read_back=read_back)
+        except LeaseLost:
+            return False
+        return True
+
+    async def lease_ttl(self, lease_id: int) -> tuple[int, int]:
+        """Look up a lease's TTL.
+
+        Returns:
+            (seconds left, granted TTL in seconds); (-1, 0) when the lease is gone.
+
+        Raises:
+            Unavailable: etcd unreachable or refused.
+        """
+        try:
+            resp = await self._unary(Op.LEASE_TTL, lambda s: s.lease.LeaseTimeToLive,
+                                     rpc_pb2.LeaseTimeToLiveRequest(ID=lease_id), lease_id=lease_id)
+        except LeaseLost:
+            return -1, 0
+        return int(resp.TTL), int(resp.grantedTTL)
+
+    async def keepalive(self, lease_id: int) -> int:
+        """Forward one keepalive on the shared LeaseKeepAlive stream (see :mod:`.keepalive`).
+
+        Returns:
+            The TTL etcd reset the lease to, in seconds; <= 0 when the lease is gone.
+
+        Raises:
+            Unavailable: no answer on any of the KEEPALIVE rule's attempts.
+        """
+        return await self._keepalives.keepalive(lease_id)
+
+    # ------------------------------------------------------------ watch
+
+    async def watch_deletes(self, key: bytes, range_end: bytes, start_revision: int
+                            ) -> AsyncIterator[list[tuple[bytes, int]]]:
+        """Watch a key range for deletions from ``start_revision`` on, on the current member.
+
+        Yields:
+            Each watch response's deletions, as (key, deletion revision) pairs.
+
+        Returns when etcd cancels the watch because ``start_revision`` was
+        compacted (the caller re-reads and watches again from a newer revision).
+
+        Raises:
+            Unavailable: the stream broke, or etcd refused the watch.
+        """
+        await self._ensure_token()
+        index, stubs = self._current()
+        stop = asyncio.Event()
+
+        async def requests() -> AsyncIterator[rpc_pb2.WatchRequest]:
+            yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
+                key=key, range_end=range_end, start_revision=start_revision,
+                filters=[rpc_pb2.WatchCreateRequest.NOPUT]))
+            await stop.wait()  # keep our side open while the watch runs
+
+        call = stubs.watch.Watch(requests(), metadata=self._metadata(self._token))
+        try:
+            async for resp in call:
+                if resp.compact_revision:
+                    _log.warning("lock watch cancelled (compacted at %d); re-reading", resp.compact_revision)
+                    return
+                if resp.canceled:
+                    failure = Failure.PERMISSION_DENIED if "permission denied" in resp.cancel_reason \
+                        else Failure.REJECTED
+                    raise error_for(failure, RuntimeError(resp.cancel_reason), Op.WATCH, user=self.user)
+                deletes = [(bytes(e.kv.key), int(e.kv.mod_revision)) for e in resp.events if e.type == e.DELETE]
+                if deletes:
+                    yield deletes
+        except grpc.aio.AioRpcError as exc:
+            failure = classify(exc)
+            self._failed(index, failure, self._token)
+            raise error_for(failure, exc, Op.WATCH, user=self.user) from exc
+        finally:
+            stop.set()
+            call.cancel()
+
+    # ------------------------------------------------------------ internals
+
+    def _current(self) -> tuple[int, Stubs]:
+        index, _ = self.members.current()
+        return index, self._stubs[index]
+
+    def _metadata(self, token: str | None) -> tuple[tuple[str, str], ...] | None:
+        return (("token", token),) if token else None
+
+    def _failed(self, index: int, failure: Failure, token: str | None) -> None:
+        """Note a failed call: move on from a member out of reach, forget a rejected token."""
+        if failure in UNKNOWN_OUTCOME:
+            self.members.failed(index)
+        elif failure is Failure.AUTH_EXPIRED and token is not None:
+            self._stale = token
+        elif failure in (Failure.AUTH_FAILED, Failure.PERMISSION_DENIED):
+            self.refusal = failure.value
+
+    async def _ensure_token(self) -> None:
+        """Authenticate if credentials are set and there is no token, or etcd rejected it."""
+        if self._auth is None or (self._token is not None and self._token != self._stale):
+            return
+        async with self._auth_lock:
+            if self._token is not None and self._token != self._stale:
+                return  # another call authenticated meanwhile
+            request = rpc_pb2.AuthenticateRequest(name=self._auth.user, password=self._auth.password)
+            resp = await self._unary(Op.AUTHENTICATE, lambda s: s.auth.Authenticate, request, anonymous=True)
+            self._token = str(resp.token)
+            if self.refusal == Failure.AUTH_FAILED.value:
+                self.refusal = None
+
+    async def _unary(self, op: Op, method: Callable[[Stubs], Any], request: Any, *, name: str | None = None,
+                     lease_id: int | None = None, read_back: Callable[[], Awaitable[Any]] | None = None,
+                     anonymous: bool = False) -> Any:
+        """Send one unary call under ``op``'s rule (see :mod:`.policy`)."""
+        rule = self._rules[op]
+        delays = self._backoff.delays()
+        failure, last = Failure.TIMEOUT, None
+        for attempt in range(rule.attempts):
+            if attempt:
+                await asyncio.sleep(next(delays))
+            if not anonymous:
+                await self._ensure_token()
+            token = None if anonymous else self._token
+            index, stubs = self._current()
+            try:
+                resp = await method(stubs)(request, timeout=rule.timeout, metadata=self._metadata(token))
+                if self.refusal is not None and not anonymous:
+                    self.refusal = None  # etcd accepts the coordinator again
+                return resp
+            except grpc.aio.AioRpcError as exc:
+                failure, last = classify(exc), exc
+                self._failed(index, failure, token)
+            if failure in rule.read_back and read_back is not None:
+                outcome = await read_back()
+                if outcome is not NOT_APPLIED:
+                    return _ReadBack(outcome)
+                _log.info("etcd %s did not apply (%s); sending it again", op.value, failure.value)
+            elif failure not in rule.resend:
+                break
+        raise error_for(failure, last, op, name=name, lease_id=lease_id, user=self.user) from last
+
+    async def _open_keepalive(self, requests: AsyncIterator[rpc_pb2.LeaseKeepAliveRequest]
+                              ) -> tuple[int, grpc.aio.StreamStreamCall]:
+        with contextlib.suppress(FencepostError):  # the stream then fails UNAUTHENTICATED, and says so
+            await self._ensure_token()
+        index, stubs = self._current()
+        return index, stubs.lease.LeaseKeepAlive(requests, metadata=self._metadata(self._token))
+
+    def _stream_broken(self, index: int, failure: Failure) -> None:
+        self._failed(index, failure, self._token)

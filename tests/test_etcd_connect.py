@@ -1,0 +1,297 @@
+"""How the coordinator reaches etcd, against real etcd servers: a host name, TLS with client
+certificates (mTLS), and etcd user/password authentication; and the serve flags for them."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import trustme
+
+from fencepost.client import AsyncLockClient
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1.etcd import auth_pb2, rpc_pb2, rpc_pb2_grpc
+from fencepost.client.v1.keys import prefix_end
+from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.etcd import EtcdAuth, EtcdTls
+from fencepost.coordinator.server import Coordinator, main
+
+from .conftest import LISTENING, ChildProcess, child_env, error_info
+
+
+async def _acquire_and_release(coordinator: Coordinator, name: str) -> int:
+    """One full acquire/release through the coordinator; returns the token."""
+    async with AsyncLockClient(coordinator.address) as client:
+        handle = await client.acquire(name, ttl=5.0, timeout=10.0)
+        token = handle.token
+        await handle.release()
+    assert token > 0
+    return token
+
+
+async def _started(coordinator: Coordinator) -> Coordinator:
+    await asyncio.wait_for(coordinator.start(), 20)
+    return coordinator
+
+
+# ---------------------------------------------------------------- host names
+
+
+async def test_endpoint_when_given_as_the_machines_host_name(tmp_path: Path, prefix: str) -> None:
+    """--etcd-endpoints accepts a host name: etcd listens on the address the machine's name resolves to."""
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError as exc:
+        pytest.skip(f"this machine's host name {name!r} does not resolve: {exc}")
+    etcd = EmbeddedEtcd(tmp_path / "etcd", host=address)
+    await asyncio.to_thread(etcd.start)
+    coordinator = Coordinator([f"{name}:{etcd.client_port}"], listen="127.0.0.1:0", prefix=prefix)
+    try:
+        await _started(coordinator)
+        first = await _acquire_and_release(coordinator, "by-host-name")
+        assert await _acquire_and_release(coordinator, "by-host-name") > first
+    finally:
+        await coordinator.stop(0)
+        await asyncio.to_thread(etcd.stop)
+
+
+# ---------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    """A throwaway certificate authority for etcd's server and the coordinator's client certificates."""
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def tls_etcd(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+    """A real etcd serving https with --client-cert-auth: clients need a certificate from ``ca``."""
+    files = tmp_path_factory.mktemp("tls")
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.cert_chain_pems[0].write_to_path(files / "server.pem")
+    server.private_key_pem.write_to_path(files / "server-key.pem")
+    ca.cert_pem.write_to_path(files / "ca.pem")
+    etcd = EmbeddedEtcd(files / "etcd", cert_file=files / "server.pem", key_file=files / "server-key.pem",
+                        trusted_ca_file=files / "ca.pem", client_cert_auth=True)
+    etcd.start()
+    try:
+        yield etcd
+    finally:
+        etcd.stop()
+
+
+def _client_tls(ca: trustme.CA, *, with_cert: bool = True) -> EtcdTls:
+    if not with_cert:
+        return EtcdTls(ca=ca.cert_pem.bytes())
+    cert = ca.issue_cert("fencepost-coordinator")
+    return EtcdTls(ca=ca.cert_pem.bytes(), cert=cert.cert_chain_pems[0].bytes(), key=cert.private_key_pem.bytes())
+
+
+async def test_tls_when_coordinator_has_a_client_certificate(tls_etcd: EmbeddedEtcd, ca: trustme.CA,
+                                                             prefix: str) -> None:
+    """Over mTLS to an etcd with --client-cert-auth, a full acquire/release works."""
+    assert tls_etcd.client_url.startswith("https://")
+    coordinator = Coordinator([tls_etcd.client_url], listen="127.0.0.1:0", prefix=prefix,
+                              etcd_tls=_client_tls(ca))
+    try:
+        await _started(coordinator)
+        await _acquire_and_release(coordinator, "over-mtls")
+    finally:
+        await coordinator.stop(0)
+
+
+async def test_tls_when_client_certificate_is_missing(tls_etcd: EmbeddedEtcd, ca: trustme.CA,
+                                                      prefix: str) -> None:
+    """Without a client certificate etcd refuses the handshake: calls fail UNAVAILABLE / ETCD_UNAVAILABLE, fast."""
+    coordinator = Coordinator([tls_etcd.endpoint], listen="127.0.0.1:0", prefix=prefix,
+                              etcd_tls=_client_tls(ca, with_cert=False))
+    try:
+        await _started(coordinator)
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            stub = lock_pb2_grpc.LockServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5), timeout=15)
+    finally:
+        await coordinator.stop(0)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    detail = error_info(info.value)
+    assert detail is not None and detail.reason == "ETCD_UNAVAILABLE"
+    said = info.value.details() or ""
+    assert "LeaseGrant unreachable" in said and "handshake" in said.lower(), said
+
+
+async def test_serve_when_tls_flags_are_given(tls_etcd: EmbeddedEtcd, ca: trustme.CA, prefix: str,
+                                              tmp_path: Path) -> None:
+    """`fencepost serve --etcd-cacert --etcd-cert --etcd-key` serves locks over mTLS to etcd."""
+    cert = ca.issue_cert("fencepost-serve")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    cert.cert_chain_pems[0].write_to_path(tmp_path / "client.pem")
+    cert.private_key_pem.write_to_path(tmp_path / "client-key.pem")
+    child = ChildProcess([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+                          "--etcd-endpoints", tls_etcd.client_url, "--prefix", prefix,
+                          "--etcd-cacert", str(tmp_path / "ca.pem"), "--etcd-cert", str(tmp_path / "client.pem"),
+                          "--etcd-key", str(tmp_path / "client-key.pem")], log_path=tmp_path / "serve.log")
+    try:
+        match = await child.await_line(LISTENING, 30)
+        assert any("(mTLS)" in line for line in child.output), child.output
+        async with AsyncLockClient(f"127.0.0.1:{match.group(2)}") as client:
+            handle = await client.acquire("serve-mtls", ttl=5.0, timeout=10.0)
+            await handle.release()
+    finally:
+        child.kill()
+
+
+# ---------------------------------------------------------------- authentication
+
+PASSWORD = "s3cret-pw"
+
+
+@pytest.fixture(scope="module")
+def auth_prefix() -> str:
+    return "/fencepost-auth/"
+
+
+@pytest.fixture(scope="module")
+def auth_etcd(tmp_path_factory: pytest.TempPathFactory, auth_prefix: str) -> Iterator[EmbeddedEtcd]:
+    """A real etcd with auth enabled: root, and user ``locks`` whose role grants only the lock prefix."""
+    etcd = EmbeddedEtcd(tmp_path_factory.mktemp("auth-etcd"))
+    etcd.start()
+    try:
+        asyncio.run(_enable_auth(etcd.endpoint, auth_prefix))
+        yield etcd
+    finally:
+        etcd.stop()
+
+
+async def _enable_auth(endpoint: str, prefix: str) -> None:
+    async with grpc.aio.insecure_channel(f"dns:///{endpoint}") as channel:
+        auth = rpc_pb2_grpc.AuthStub(channel)
+        await auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="root"), timeout=5)
+        await auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password="root-pw"), timeout=5)
+        await auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
+        await auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="fencepost"), timeout=5)
+        key = prefix.encode()
+        await auth.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(
+            name="fencepost", perm=auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=key,
+                                                       range_end=prefix_end(key))), timeout=5)
+        await auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="locks", password=PASSWORD), timeout=5)
+        await auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="locks", role="fencepost"), timeout=5)
+        await auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=5)
+
+
+async def test_auth_when_password_is_right(auth_etcd: EmbeddedEtcd, auth_prefix: str) -> None:
+    """With etcd auth on, a coordinator whose user may use only the lock prefix serves locks."""
+    coordinator = Coordinator([auth_etcd.endpoint], listen="127.0.0.1:0", prefix=auth_prefix + "right/",
+                              etcd_auth=EtcdAuth("locks", PASSWORD))
+    try:
+        await _started(coordinator)
+        first = await _acquire_and_release(coordinator, "authenticated")
+        assert await _acquire_and_release(coordinator, "authenticated") > first
+    finally:
+        await coordinator.stop(0)
+
+
+async def test_auth_when_password_is_wrong(auth_etcd: EmbeddedEtcd, auth_prefix: str) -> None:
+    """A wrong password stops the coordinator at start with a message naming the user, not the password."""
+    coordinator = Coordinator([auth_etcd.endpoint], listen="127.0.0.1:0", prefix=auth_prefix,
+                              etcd_auth=EtcdAuth("locks", "not-" + PASSWORD))
+    try:
+        with pytest.raises(RuntimeError) as info:
+            await coordinator.start()
+    finally:
+        await coordinator.stop(0)
+    assert "'locks'" in str(info.value) and "authentication failed" in str(info.value)
+    assert PASSWORD not in str(info.value)
+
+
+async def test_auth_when_prefix_is_outside_the_role(auth_etcd: EmbeddedEtcd) -> None:
+    """A prefix the user's role does not grant: calls fail UNAVAILABLE saying permission denied."""
+    coordinator = Coordinator([auth_etcd.endpoint], listen="127.0.0.1:0", prefix="/elsewhere/",
+                              etcd_auth=EtcdAuth("locks", PASSWORD))
+    try:
+        await _started(coordinator)
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            stub = lock_pb2_grpc.LockServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Describe(lock_pb2.DescribeRequest(name="x"), timeout=15)
+    finally:
+        await coordinator.stop(0)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "permission denied" in (info.value.details() or "") and "'locks'" in (info.value.details() or "")
+
+
+def _serve(endpoint: str, prefix: str, password: str, tmp_path: Path) -> ChildProcess:
+    env = child_env()
+    env["FENCEPOST_ETCD_PASSWORD"] = password
+    return ChildProcess([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+                         "--etcd-endpoints", endpoint, "--prefix", prefix, "--etcd-user", "locks"],
+                        log_path=tmp_path / "serve.log", env=env)
+
+
+async def test_serve_when_etcd_user_is_given(auth_etcd: EmbeddedEtcd, auth_prefix: str, tmp_path: Path) -> None:
+    """`fencepost serve --etcd-user` takes the password from FENCEPOST_ETCD_PASSWORD and never prints it."""
+    child = _serve(auth_etcd.endpoint, auth_prefix + "serve/", PASSWORD, tmp_path)
+    try:
+        match = await child.await_line(LISTENING, 30)
+        async with AsyncLockClient(f"127.0.0.1:{match.group(2)}") as client:
+            handle = await client.acquire("serve-auth", ttl=5.0, timeout=10.0)
+            await handle.release()
+        assert child.terminate() == 0
+    finally:
+        child.kill()
+    assert any("user locks" in line for line in child.output), child.output
+    assert PASSWORD not in child.log_tail(100_000)
+
+
+def test_serve_when_etcd_password_is_wrong(auth_etcd: EmbeddedEtcd, auth_prefix: str, tmp_path: Path) -> None:
+    """A wrong password: `fencepost serve` exits 1 with one line naming the user."""
+    env = child_env()
+    env["FENCEPOST_ETCD_PASSWORD"] = "wrong-" + PASSWORD
+    result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+                             "--etcd-endpoints", auth_etcd.endpoint, "--etcd-user", "locks"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1, result.stderr
+    line = next(line for line in result.stderr.splitlines() if line.startswith("fencepost:"))
+    assert "'locks'" in line and "authentication failed" in line
+    assert PASSWORD not in result.stderr + result.stdout
+
+
+# ---------------------------------------------------------------- bad flags
+
+
+@pytest.mark.parametrize(("argv", "env", "says"), [
+    (["--etcd-endpoints", "etcd1"], {}, "--etcd-endpoints"),
+    (["--etcd-endpoints", "etcd1:70000"], {}, "port 70000"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-cert", "/nonexistent/c.pem", "--etcd-key", "/nonexistent/k.pem"],
+     {}, "cannot read"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-cert", "{pem}"], {}, "needs its key"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-cacert", "{junk}"], {}, "not a PEM file"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-user", "locks"], {}, "FENCEPOST_ETCD_PASSWORD"),
+    (["--etcd-endpoints", "etcd1:2379"], {"FENCEPOST_ETCD_PASSWORD": "x"}, "--etcd-user"),
+    (["--etcd-user", "locks"], {"FENCEPOST_ETCD_PASSWORD": "x"}, "need --etcd-endpoints"),
+    (["--etcd-endpoints", "http://etcd1:2379", "--etcd-cacert", "{pem}"], {}, "http://"),
+    (["--log-level", "chatty"], {}, "--log-level"),
+    ([], {"FENCEPOST_GRACE_SECONDS": "soon"}, "--grace-seconds"),
+])
+def test_serve_when_a_flag_is_bad(argv: list[str], env: dict[str, str], says: str, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad etcd flags or environment values: one line on stderr naming the problem, exit 2, nothing started."""
+    (tmp_path / "c.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "junk.txt").write_text("not a certificate")
+    monkeypatch.delenv("FENCEPOST_ETCD_PASSWORD", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    argv = [a.replace("{pem}", str(tmp_path / "c.pem")).replace("{junk}", str(tmp_path / "junk.txt")) for a in argv]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1 and says in err and "Traceback" not in err, err
+
