@@ -60,11 +60,17 @@ class Transport:
         addresses: ``"host:port"`` of each coordinator, in the order they are tried.
         connect_timeout: Seconds each call (and :meth:`wait_connected`) keeps
             trying to reach a coordinator; finite, > 0.
+        fail_fast: Give up on an address as soon as a connection attempt to
+            it fails, and make each call try every address once only (a
+            command line tool's policy). By default (a long-lived client) a
+            call waits up to ``per_try`` seconds for each address to come up,
+            and goes round the addresses with backoff until ``connect_timeout``.
     """
 
-    def __init__(self, addresses: Sequence[str], *, connect_timeout: float) -> None:
+    def __init__(self, addresses: Sequence[str], *, connect_timeout: float, fail_fast: bool = False) -> None:
         self.addresses: tuple[str, ...] = tuple(addresses)
         self.connect_timeout = connect_timeout
+        self.fail_fast = fail_fast
         self.channel: grpc.aio.Channel | None = None
         self.stub: pb_grpc.LockServiceStub | None = None
         self.closed = False
@@ -183,6 +189,7 @@ class Transport:
                     give_up_at = min(give_up_at, until)
             return give_up_at - now
 
+        unreachable = 0  # addresses that could not be connected to (fail_fast)
         while True:
             if self.closed:
                 raise FencepostError("client is closed", name=name, lease_id=lease_id)
@@ -192,6 +199,13 @@ class Transport:
                 left = budget()
                 if left <= 0:
                     raise Unavailable("no coordinator reachable", name=name, lease_id=lease_id)
+                if self.fail_fast:
+                    if not await _connects(channel, left):
+                        unreachable += 1
+                        self.rotate(channel, force=True)
+                        if unreachable >= len(self.addresses):
+                            raise Unavailable("every connection attempt failed", name=name, lease_id=lease_id)
+                        continue
                 try:
                     await asyncio.wait_for(channel.channel_ready(), min(left, self.per_try))
                 except TimeoutError:
@@ -235,3 +249,18 @@ class Transport:
             await self.channel.close()
 
 
+
+async def _connects(channel: grpc.aio.Channel, timeout: float) -> bool:
+    """Whether ``channel`` becomes READY before one connection attempt fails or ``timeout`` seconds pass."""
+
+    async def settle() -> bool:
+        state = channel.get_state(try_to_connect=True)
+        while state not in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+        return state == grpc.ChannelConnectivity.READY
+
+    try:
+        return await asyncio.wait_for(settle(), timeout)
+    except TimeoutError:
+        return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -25,6 +26,7 @@ from fencepost.client import _wire
 from fencepost.client._lease import Lease, LeasePool, margin_for
 from fencepost.client._lock import Locker
 from fencepost.client._stream import DeadlineWatcher, KeepAliveStream
+from fencepost.client._transport import Transport
 from fencepost.client.errors import REASON_DEADLINE, from_rpc_error
 from fencepost.client.handle import AsyncLockHandle
 from fencepost.client.v1 import details
@@ -776,6 +778,35 @@ def test_check_when_local_deadline_passed_before_the_watcher_ran() -> None:
     with pytest.raises(fc.LeaseLost) as info:
         handle.check()
     assert info.value.reason == REASON_DEADLINE
+
+
+# ---------------------------------------------------------------- the transport
+
+
+def refused_address() -> str:
+    """A 127.0.0.1 address that refuses connections (a port bound, never listened on)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+async def test_call_when_fail_fast_and_every_address_refuses() -> None:
+    """A fail-fast transport tries each address once and gives up well before its connect_timeout."""
+    transport = Transport([refused_address(), refused_address()], connect_timeout=30.0, fail_fast=True)
+    transport.open()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        with pytest.raises(fc.Unavailable) as info:
+            await transport.call("Describe", lambda _left: (pb.DescribeRequest(name="n"), 1.0), until=None,
+                                 idempotent=True, name="n")
+    finally:
+        await transport.close()
+    assert loop.time() - started < 15.0
+    assert (info.value.name, info.value.reason, info.value.code) == ("n", None, None)
+    with pytest.raises(fc.FencepostError, match="closed"):
+        await transport.call("Describe", lambda _left: (pb.DescribeRequest(name="n"), 1.0), until=None,
+                             idempotent=True)
 
 
 # ---------------------------------------------------------------- the client
