@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 from google.protobuf.message import Message
 
 from . import _wire
 from ._lease import Lease, LeasePool, Slot
-from ._stream import KeepAliveStream
+from ._stream import KeepAliveStream, Spawn
 from ._transport import Transport
 from .errors import REASON_DEADLINE, FencepostError, LeaseLost, LockHeld, LockTimeout, NotHolder, StaleTokenError
 from .handle import AsyncLockHandle
@@ -45,8 +44,6 @@ NOT_HOLDER = reason_name(ErrorReason.NOT_HOLDER)
 #: Slack added to the gRPC deadline of a bounded Acquire, in seconds, so that
 #: the coordinator's own ACQUIRE_TIMEOUT answer normally arrives first.
 ACQUIRE_SLACK_SECONDS = 1.0
-
-Spawn = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
 
 
 class Locker:

@@ -39,7 +39,7 @@ from .v1 import lock_pb2 as pb
 from .v1.details import ErrorReason, reason_name
 from .v1.retry import CLIENT_BACKOFF
 
-__all__ = ["DeadlineWatcher", "KeepAliveStream"]
+__all__ = ["DeadlineWatcher", "KeepAliveStream", "Spawn", "hold_end_reason"]
 
 log = logging.getLogger("fencepost.client")
 
