@@ -102,7 +102,8 @@ class Transport:
                 its connection is READY (the server ended a stream, or is
                 shutting down).
         """
-        if failed is None or failed is not self.channel or self.closed:
+        current = self.channel
+        if failed is None or current is None or failed is not current or self.closed:
             return
         if not force and len(self.addresses) == 1:
             if failed.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY:
@@ -217,8 +218,7 @@ class Transport:
                         raise Unavailable("channel closed", name=name, lease_id=lease_id) from err
                     await asyncio.sleep(min(next(delays), max(0.0, budget())))
                     continue
-            left = None if until is None else until - loop.time()
-            request, timeout = make(left)
+            request, timeout = make(None if until is None else until - loop.time())
             try:
                 return await getattr(stub, method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as err:
