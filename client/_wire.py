@@ -1,20 +1,38 @@
-"""Argument checks, unit conversion to the wire, channel options and backoff.
+"""The client's defaults, argument checks, and unit conversion to the wire.
 
 The Python API takes float seconds; this module is the one place that turns
-them into the wire's whole ``ttl_seconds`` and ``wait_ms``.
+them into the wire's whole ``ttl_seconds`` and ``wait_ms``. The limits come
+from the wire contract (:mod:`fencepost.client.v1.keys`), the backoff policy
+from :mod:`fencepost.client.v1.retry`.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from .errors import InvalidArgument
+from .v1.keys import MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
 
-MIN_TTL_SECONDS = 1
-MAX_TTL_SECONDS = 86_400
-MAX_WAIT_SECONDS = 86_400.0
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "DEFAULT_ADDRESS",
+    "MAX_TTL_SECONDS",
+    "MAX_WAIT_SECONDS",
+    "MIN_TTL_SECONDS",
+    "check_addresses",
+    "check_connect_timeout",
+    "check_fraction",
+    "check_name",
+    "check_timeout",
+    "ttl_to_wire",
+    "wait_to_wire",
+]
+
+#: The coordinator address used when none is given.
+DEFAULT_ADDRESS = "127.0.0.1:7420"
+#: Longest wait of one acquire, in seconds (the wire's ``MAX_WAIT_MS``).
+MAX_WAIT_SECONDS = MAX_WAIT_MS / 1000
 
 # gRPC channel options: HTTP/2 pings every 20 s (10 s to answer) even without
 # calls, so that a half-open connection is noticed.
@@ -24,9 +42,6 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
-
-BACKOFF_BASE_SECONDS = 0.05
-BACKOFF_CAP_SECONDS = 2.0
 
 
 def _is_number(value: object) -> bool:
@@ -88,7 +103,7 @@ def wait_to_wire(remaining: float | None) -> tuple[int, bool]:
     if remaining is None:
         return 0, True
     wait_ms = round(max(0.0, remaining) * 1000)
-    return min(wait_ms, int(MAX_WAIT_SECONDS * 1000)), False
+    return min(wait_ms, MAX_WAIT_MS), False
 
 
 def check_name(name: str) -> str:
@@ -129,7 +144,13 @@ def check_addresses(address: str | Sequence[str]) -> list[str]:
 
 
 def check_fraction(keepalive_fraction: float) -> float:
-    """Check the keepalive period as a fraction of the TTL (0 < f <= 0.5).
+    """Check the keepalive period as a fraction of the TTL.
+
+    Args:
+        keepalive_fraction: The fraction, 0 < f <= 0.5.
+
+    Returns:
+        ``keepalive_fraction`` as a float.
 
     Raises:
         InvalidArgument: out of range (field "keepalive_fraction").
@@ -141,35 +162,21 @@ def check_fraction(keepalive_fraction: float) -> float:
     return float(keepalive_fraction)
 
 
-def margin_for(ttl: float) -> float:
-    """Safety margin in seconds taken off the local lease deadline.
+def check_connect_timeout(connect_timeout: float) -> float:
+    """Check how long the client keeps trying to reach a coordinator.
 
     Args:
-        ttl: Granted TTL in seconds.
+        connect_timeout: Seconds; finite and > 0.
 
     Returns:
-        ``min(1.0, max(0.1, 0.1 * ttl))``.
+        ``connect_timeout`` as a float.
+
+    Raises:
+        InvalidArgument: out of range (field "connect_timeout").
     """
-    return min(1.0, max(0.1, 0.1 * ttl))
-
-
-def backoff_delays(
-    base: float = BACKOFF_BASE_SECONDS,
-    cap: float = BACKOFF_CAP_SECONDS,
-    rng: random.Random | None = None,
-) -> Iterator[float]:
-    """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**n)).
-
-    Args:
-        base: First ceiling in seconds.
-        cap: Largest ceiling in seconds.
-        rng: Random source (for tests); the module's by default.
-
-    Yields:
-        Delays in seconds, forever.
-    """
-    uniform = (rng or random).uniform
-    ceiling = base
-    while True:
-        yield uniform(0.0, ceiling)
-        ceiling = min(cap, ceiling * 2)
+    if not _is_number(connect_timeout) or not math.isfinite(connect_timeout) or connect_timeout <= 0:
+        raise InvalidArgument(
+            f"connect_timeout must be a finite number of seconds > 0, got {connect_timeout!r}",
+            field="connect_timeout",
+        )
+    return float(connect_timeout)

@@ -53,7 +53,16 @@ __all__ = [
     "Unavailable",
     "ResourceExhausted",
     "from_rpc_error",
+    "REASON_CLOSED",
+    "REASON_DEADLINE",
 ]
+
+# The client-local reasons: not ErrorReason values, never sent by a server.
+#: The hold's local deadline (send time of the last acknowledged keepalive +
+#: TTL - margin) passed: the lease must be assumed gone.
+REASON_DEADLINE = "DEADLINE"
+#: The client was closed while the hold was live.
+REASON_CLOSED = "CLOSED"
 
 
 class FencepostError(Exception):

@@ -1,12 +1,10 @@
-"""Lease state and lock handles of the asyncio client.
+"""Lock handles of the asyncio client.
 
-A :class:`_LeaseState` is one lease (a session) as the client sees it: its
-granted TTL and the conservative local deadline ``send time of the last
-acknowledged keepalive + granted TTL - margin`` on a monotonic clock. An
-:class:`AsyncLockHandle` is one grant of one lock under a lease, with its
-fencing token; it is lost exactly once, whichever detection path fires first
-(local deadline, an acknowledgement saying the lease is gone, a HoldEnded
-event, a reconnect finding the lease gone).
+An :class:`AsyncLockHandle` is one hold: one grant of one lock under a lease
+(:class:`~fencepost.client._lease.Lease`), with its fencing token. It is lost
+exactly once, whichever detection path fires first (local deadline, an
+acknowledgement saying the lease is gone, a HoldEnded event, a reconnect
+finding the lease gone), and never after it was released.
 """
 
 from __future__ import annotations
@@ -14,93 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable
-from ._wire import margin_for
-from .errors import LeaseLost, NotHolder
+from typing import TYPE_CHECKING
+
+from .errors import REASON_DEADLINE, LeaseLost, NotHolder
+
+if TYPE_CHECKING:
+    from ._lease import Lease
 
 __all__ = ["AsyncLockHandle"]
 
 log = logging.getLogger("fencepost.client")
-
-Clock = Callable[[], float]
-
-# Local reasons (the server's reasons are ErrorReason names such as LEASE_EXPIRED).
-REASON_DEADLINE = "DEADLINE"
-REASON_LEASE_EXPIRED = "LEASE_EXPIRED"
-
-
-class _LeaseState:
-    """One lease's liveness as seen by the client, on an injected monotonic clock.
-
-    Args:
-        lease_id: The etcd lease id.
-        ttl: The granted TTL in whole seconds.
-        granted_at: Clock reading taken just before the LeaseGrant call was sent.
-        clock: Monotonic clock in seconds (``time.monotonic`` by default).
-
-    The deadline only moves forward: an acknowledged keepalive sent at ``t``
-    moves it to ``max(deadline, t + ttl - margin)``. Once lost (``mark_lost``
-    returned True) the lease is never used again.
-    """
-
-    def __init__(self, lease_id: int, ttl: int, granted_at: float, *, clock: Clock = time.monotonic) -> None:
-        self.lease_id = lease_id
-        self.ttl = ttl
-        self.margin = margin_for(ttl)
-        self.deadline = granted_at + ttl - self.margin
-        self.lost_reason: str | None = None
-        self.clock = clock
-        # name -> the live handle holding that lock under this lease.
-        self.holds: dict[str, AsyncLockHandle] = {}
-
-    @property
-    def lost(self) -> bool:
-        """Whether the lease has been declared lost."""
-        return self.lost_reason is not None
-
-    def on_ack(self, send_time: float, ttl_seconds: int) -> bool:
-        """Apply a keepalive acknowledgement.
-
-        Args:
-            send_time: Clock reading when the acknowledged keepalive was sent.
-            ttl_seconds: The acknowledgement's TTL; <= 0 means the lease is gone.
-
-        Returns:
-            True when the lease is still alive, False when the acknowledgement
-            says it is gone (the caller then calls ``mark_lost``) or it was
-            already lost.
-        """
-        if self.lost:
-            return False
-        if ttl_seconds <= 0:
-            return False
-        self.deadline = max(self.deadline, send_time + self.ttl - self.margin)
-        return True
-
-    def remaining(self) -> float:
-        """Seconds left before the local deadline (0.0 once lost or past it)."""
-        if self.lost:
-            return 0.0
-        return max(0.0, self.deadline - self.clock())
-
-    def expired(self) -> bool:
-        """Whether the local deadline has passed."""
-        return self.clock() >= self.deadline
-
-    def mark_lost(self, reason: str) -> bool:
-        """Declare the lease lost.
-
-        Args:
-            reason: Why (``"DEADLINE"``, ``"LEASE_EXPIRED"``, ...).
-
-        Returns:
-            True the first time only; False if it was already lost.
-        """
-        if self.lost:
-            return False
-        self.lost_reason = reason
-        return True
 
 
 def _run_in_thread(callback: Callable[[object], object], arg: object) -> None:
@@ -132,7 +54,7 @@ class AsyncLockHandle:
     def __init__(
         self,
         name: str,
-        lease: _LeaseState,
+        lease: Lease,
         token: int,
         release: Callable[[AsyncLockHandle], Awaitable[None]],
     ) -> None:
@@ -201,7 +123,7 @@ class AsyncLockHandle:
             NotHolder: the handle was released.
         """
         if self._released:
-            raise NotHolder("lock was released", name=self._name, lease_id=self.lease_id, reason="NOT_HOLDER")
+            raise NotHolder("lock was released", name=self._name, lease_id=self.lease_id)
         if self.lost_reason is not None:
             raise LeaseLost("lock hold was lost", name=self._name, lease_id=self.lease_id, reason=self.lost_reason)
         if self._lease.remaining() <= 0.0:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from fencepost.client import cli
+from fencepost.client.cli import common
 
 from .conftest import CliResult, cli_env
 
@@ -279,7 +280,7 @@ async def test_address_from_env_and_list_skips_unreachable(address: str) -> None
     """FENCEPOST_ADDRESS is used, and an unreachable first address is skipped."""
     dead = f"127.0.0.1:{free_port()}"
     env = cli_env()
-    env[cli.ADDRESS_ENV] = f"{dead},{address}"
+    env[common.ADDRESS_ENV] = f"{dead},{address}"
     proc = await asyncio.create_subprocess_exec(
         *_argv("status", "some-lock", "--json"), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env)
@@ -336,21 +337,21 @@ async def test_help_lists_exit_codes() -> None:
     """--help documents every exit code."""
     result = await run_cli("acquire", "--help")
     assert result.rc == 0
-    for code, text in cli.EXIT_CODES.items():
+    for code, text in common.EXIT_CODES.items():
         assert f"{code:<4} {text}" in result.out
 
 
 def test_parse_lease_id_accepts_decimal_and_hex() -> None:
     """Lease ids are accepted in decimal and as 0x-hex."""
-    assert cli.parse_lease_id("7587867312345") == 7587867312345
-    assert cli.parse_lease_id("0x6E6C8E1C9A") == 0x6E6C8E1C9A
+    assert common.parse_lease_id("7587867312345") == 7587867312345
+    assert common.parse_lease_id("0x6E6C8E1C9A") == 0x6E6C8E1C9A
 
 
 def test_parse_addresses_splits_commas_and_defaults() -> None:
     """--address may repeat or be comma-separated; the default is 127.0.0.1:7420."""
-    assert cli.parse_addresses(None) == [cli.DEFAULT_ADDRESS]
-    assert cli.parse_addresses(None, "a:1, b:2") == ["a:1", "b:2"]
-    assert cli.parse_addresses(["a:1,b:2", "c:3", "a:1"], "ignored:9") == ["a:1", "b:2", "c:3"]
+    assert common.parse_addresses(None) == [common.DEFAULT_ADDRESS]
+    assert common.parse_addresses(None, "a:1, b:2") == ["a:1", "b:2"]
+    assert common.parse_addresses(["a:1,b:2", "c:3", "a:1"], "ignored:9") == ["a:1", "b:2", "c:3"]
 
 
 def test_serve_when_coordinator_extra_missing_exits_2(

@@ -7,6 +7,7 @@ import asyncio
 from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient
+from fencepost.client.errors import REASON_DEADLINE
 
 from .conftest import describe_waiters_is, list_keys, wait_for
 
@@ -19,8 +20,9 @@ async def test_acquire_when_lease_lost_while_waiting(
         held = await holder_client.acquire("x", ttl=5)
         waiting = asyncio.ensure_future(waiter_client.acquire("x", ttl=5, timeout=10))
         await wait_for(lambda: describe_waiters_is(stub, "x", 1), 5, what="the waiter queued")  # type: ignore[arg-type]
-        (old_lease,) = list(waiter_client._leases.values())
-        waiter_client._lose_lease(old_lease, "DEADLINE")  # as if its keepalives went unanswered
+        # As if its keepalives went unanswered: the client's lease pool declares the lease lost.
+        (old_lease,) = waiter_client._leases.leases()
+        waiter_client._leases.lose(old_lease, REASON_DEADLINE)
         await held.release()
         handle = await asyncio.wait_for(waiting, 10)
         assert handle.lease_id != old_lease.lease_id

@@ -23,6 +23,7 @@ EXPECTED_PUBLIC = {
     "LeaseLost",
     "NotHolder",
     "StaleTokenError",
+    "MissingRecordError",
     "Unavailable",
     "ResourceExhausted",
     "DEFAULT_ADDRESS",
@@ -70,13 +71,14 @@ def test_errors_share_one_base_class() -> None:
         LeaseLost,
         LockHeld,
         LockTimeout,
+        MissingRecordError,
         NotHolder,
         ResourceExhausted,
         StaleTokenError,
         Unavailable,
     )
 
-    for exc in (InvalidArgument, LeaseLost, LockHeld, LockTimeout, NotHolder, ResourceExhausted,
+    for exc in (InvalidArgument, LeaseLost, LockHeld, LockTimeout, MissingRecordError, NotHolder, ResourceExhausted,
                 StaleTokenError, Unavailable):
         assert issubclass(exc, FencepostError), exc
     assert issubclass(FencepostError, Exception)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fencepost.client import cli
+from fencepost.client.cli.common import ADDRESS_ENV
 
 UNFENCED_LOST = "unfenced: B's write was LOST (final version 1, written by stale A)"
 FENCED_KEPT = "fenced: B's write KEPT (final version 2); A's stale write rejected"
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env.pop(cli.ADDRESS_ENV, None)
+    env.pop(ADDRESS_ENV, None)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

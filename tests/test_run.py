@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 import grpc
 import pytest
 
-from fencepost.client import AsyncLockClient, cli
-from fencepost.client.run import exit_status
+from fencepost.client import AsyncLockClient
+from fencepost.client.cli.run import RUN_EXIT_CODES, exit_status
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
 from .conftest import CliResult, cli_env
@@ -288,7 +288,7 @@ async def test_run_help_lists_exit_codes_and_env() -> None:
     out, _ = await proc.communicate()
     assert proc.returncode == 0
     text = out.decode()
-    for code, meaning in cli.RUN_EXIT_CODES.items():
+    for code, meaning in RUN_EXIT_CODES.items():
         assert f"{code:<4} {meaning[:30]}" in text
     for var in ("FENCEPOST_LOCK", "FENCEPOST_TOKEN", "FENCEPOST_LEASE_ID", "FENCEPOST_ADDRESS"):
         assert var in text

@@ -1,4 +1,4 @@
-"""``fencepost run``: hold a lock for as long as a command runs.
+"""``fencepost run NAME --ttl S [--timeout S | --try] [--grace S] -- CMD [ARGS...]``: hold a lock while a command runs.
 
 Compare ``etcdctl lock NAME CMD`` and ``consul lock PREFIX CMD``: they run a
 command under a lock but do not tell it its fencing token. ``fencepost run``
@@ -33,14 +33,55 @@ as "force quit" sees two.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import grpc
+
+from fencepost.client import AsyncLockClient, AsyncLockHandle, FencepostError, LeaseLost, NotHolder, StaleTokenError
+
+from .acquire import acquire_unless
+from .common import (
+    ADDRESS_ENV,
+    EXIT_HELD,
+    EXIT_INTERRUPTED,
+    EXIT_LOST,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+    Formatter,
+    acquire_error,
+    address_flag,
+    addresses_of,
+    epilog,
+    parse_timeout,
+    parse_ttl,
+)
+
+__all__ = [
+    "ENV_ADDRESS",
+    "ENV_LEASE_ID",
+    "ENV_LOCK",
+    "ENV_TOKEN",
+    "ENV_TTL",
+    "RUN_EXIT_CODES",
+    "CommandError",
+    "RunResult",
+    "add_parser",
+    "child_environment",
+    "execute",
+    "exit_status",
+    "run_locked",
+]
 
 ENV_LOCK = "FENCEPOST_LOCK"
 """The child's environment: the lock name."""
@@ -50,7 +91,7 @@ ENV_LEASE_ID = "FENCEPOST_LEASE_ID"
 """The child's environment: the lease id of the grant (decimal)."""
 ENV_TTL = "FENCEPOST_TTL"
 """The child's environment: the granted TTL in seconds."""
-ENV_ADDRESS = "FENCEPOST_ADDRESS"
+ENV_ADDRESS = ADDRESS_ENV
 """The child's environment: the coordinator address(es), comma-separated
 (the variable the ``fencepost`` command reads, so ``fencepost status`` works
 in the child)."""
@@ -62,6 +103,107 @@ EXIT_CANNOT_EXECUTE = 126
 """The command exists but could not be executed (as in POSIX shells)."""
 EXIT_NOT_FOUND = 127
 """The command was not found (as in POSIX shells)."""
+
+RUN_EXIT_CODES: dict[str, str] = {
+    "N": "the command's own exit status (128+N when signal N killed it)",
+    str(EXIT_UNAVAILABLE): "coordinator unreachable or not serving, or another server error",
+    str(EXIT_USAGE): "bad input: a flag, a lock name, a TTL; or no command after --",
+    str(EXIT_LOST): "the hold was lost while the command ran: the command got SIGTERM, then "
+                    "SIGKILL after --grace (--lost-exit-code changes 3)",
+    str(EXIT_TIMEOUT): "--timeout passed before the lock was granted; the command did not run",
+    str(EXIT_HELD): "--try: the lock is held by someone else; the command did not run",
+    str(EXIT_CANNOT_EXECUTE): "the command could not be executed",
+    str(EXIT_NOT_FOUND): "the command was not found",
+    str(EXIT_INTERRUPTED): "interrupted before the lock was granted; the command did not run",
+}
+"""Exit codes of ``fencepost run``. A command that exits 1 to 5 itself is told
+apart from fencepost's own failures only by the one-line message on stderr
+(and, for 3, by choosing another --lost-exit-code)."""
+
+MAX_GRACE_SECONDS = 3600.0
+"""Longest --grace, in seconds."""
+
+
+def _grace(text: str) -> float:
+    """Parse --grace: seconds, 0 to 3600."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"grace must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_GRACE_SECONDS:
+        raise argparse.ArgumentTypeError(f"grace must be 0 to {MAX_GRACE_SECONDS:g} seconds, got {text}")
+    return value
+
+
+def _exit_code(text: str) -> int:
+    """Parse --lost-exit-code: 1 to 255."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"lost-exit-code must be an integer, got {text!r}") from None
+    if not 1 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"lost-exit-code must be 1 to 255, got {text}")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``run`` command to the ``fencepost`` subparsers ``sub``."""
+    p = sub.add_parser(
+        "run", formatter_class=Formatter,
+        epilog=epilog(
+            RUN_EXIT_CODES,
+            "The command's environment gets FENCEPOST_LOCK (the lock name), FENCEPOST_TOKEN (the",
+            "fencing token), FENCEPOST_LEASE_ID (decimal), FENCEPOST_TTL (granted TTL, seconds)",
+            "and FENCEPOST_ADDRESS (the coordinator addresses, comma-separated).",
+            "SIGINT, SIGTERM and SIGHUP sent to fencepost run are forwarded to the command.",
+        ),
+        usage="fencepost run NAME --ttl S [--timeout S | --try] [--grace S] "
+              "[--lost-exit-code N] [--address HOST:PORT] -- CMD [ARGS...]",
+        help="run a command while holding a lock; the command gets the fencing token",
+        description="Take the lock NAME, run CMD with the fencing token in its environment "
+                    "while the client streams keepalives, and release the lock when CMD "
+                    "exits. If the hold is lost first, CMD gets SIGTERM, then SIGKILL after "
+                    "--grace seconds. Exits with CMD's status.")
+    address_flag(p)
+    p.add_argument("name", metavar="NAME", help="lock name")
+    p.add_argument("--ttl", type=parse_ttl, required=True, metavar="S", help="lease TTL in seconds, 1 to 86400")
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument("--timeout", type=parse_timeout, default=None, metavar="S",
+                      help="give up after S seconds of waiting, exit 4 (default: wait forever)")
+    wait.add_argument("--try", dest="try_once", action="store_true", help="try once; exit 5 if the lock is held")
+    p.add_argument("--grace", type=_grace, default=5.0, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL after the hold is lost (default 5)")
+    p.add_argument("--lost-exit-code", type=_exit_code, default=EXIT_LOST, metavar="N",
+                   help=f"exit code when the hold is lost while CMD runs (default {EXIT_LOST})")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run ``fencepost run NAME --ttl S [...] -- CMD [ARGS...]`` (``args.argv`` is CMD [ARGS...]).
+
+    Returns:
+        The command's exit status, or the code of :data:`RUN_EXIT_CODES` that applies.
+
+    Raises:
+        CliError: the command did not run, or the lock could not be taken.
+    """
+    addresses = addresses_of(args)
+    if not args.argv:
+        raise CliError("no command: give it after --, as in fencepost run NAME --ttl S -- CMD [ARGS...]", EXIT_USAGE)
+    try:
+        result = asyncio.run(run_locked(
+            addresses, args.name, args.argv, ttl=args.ttl, timeout=args.timeout, try_once=args.try_once,
+            grace=args.grace, lost_exit_code=args.lost_exit_code, interrupted_exit_code=EXIT_INTERRUPTED))
+    except CommandError as err:
+        raise CliError(str(err), err.exit_code) from None
+    except (FencepostError, grpc.RpcError) as err:
+        cli_err = acquire_error(err, args.name, args.timeout, addresses)
+        if cli_err.exit_code in (EXIT_TIMEOUT, EXIT_HELD):
+            cli_err = CliError(f"{cli_err}; command not run", cli_err.exit_code)
+        raise cli_err from None
+    if result.message:
+        print(result.message if result.lost_reason else f"fencepost run: {result.message}",
+              file=sys.stderr, flush=True)
+    return result.exit_code
 
 
 @dataclass
@@ -152,45 +294,6 @@ def _note(text: str) -> None:
     print(f"fencepost run: {text}", file=sys.stderr, flush=True)
 
 
-async def acquire_unless(client: Any, name: str, *, ttl: float, timeout: float | None, try_once: bool,
-                         interrupt: Awaitable[object]) -> Any:
-    """Acquire ``name`` unless ``interrupt`` completes first (a signal, say).
-
-    Args:
-        client: a connected :class:`fencepost.client.AsyncLockClient`.
-        name: the lock name.
-        ttl: lease TTL in seconds.
-        timeout: seconds to wait; None waits forever (ignored with ``try_once``).
-        try_once: try once (``try_acquire``) instead of waiting.
-        interrupt: an awaitable; if it completes before the grant, the acquire
-            is cancelled (which removes the waiter's place in the queue).
-
-    Returns:
-        The :class:`fencepost.client.AsyncLockHandle`, or None when interrupted
-        (a grant that raced with the interrupt is released).
-
-    Raises:
-        fencepost.client.FencepostError: the acquire failed (LockTimeout, LockHeld, ...).
-    """
-    if try_once:
-        acquiring = asyncio.ensure_future(client.try_acquire(name, ttl=ttl))
-    else:
-        acquiring = asyncio.ensure_future(client.acquire(name, ttl=ttl, timeout=timeout))
-    interrupted = asyncio.ensure_future(interrupt)
-    try:
-        await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        interrupted.cancel()
-    if acquiring.done():
-        return acquiring.result()
-    acquiring.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await acquiring
-    if not acquiring.cancelled() and acquiring.exception() is None:
-        await acquiring.result().release()
-    return None
-
-
 async def run_locked(
     addresses: Sequence[str],
     name: str,
@@ -200,8 +303,8 @@ async def run_locked(
     timeout: float | None = None,
     try_once: bool = False,
     grace: float = 5.0,
-    lost_exit_code: int = 3,
-    interrupted_exit_code: int = 130,
+    lost_exit_code: int = EXIT_LOST,
+    interrupted_exit_code: int = EXIT_INTERRUPTED,
 ) -> RunResult:
     """Acquire ``name``, run ``command`` while holding it, release it.
 
@@ -224,8 +327,6 @@ async def run_locked(
         fencepost.client.FencepostError: the lock could not be acquired
             (LockTimeout, LockHeld, Unavailable, InvalidArgument, ...).
     """
-    from fencepost.client import AsyncLockClient, FencepostError
-
     loop = asyncio.get_running_loop()
     received: asyncio.Queue[int] = asyncio.Queue()
     for sig in FORWARDED_SIGNALS:
@@ -256,12 +357,9 @@ async def run_locked(
             loop.remove_signal_handler(sig)
 
 
-async def _supervise(proc: asyncio.subprocess.Process, handle: object, received: asyncio.Queue[int],
+async def _supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, received: asyncio.Queue[int],
                      *, grace: float, lost_exit_code: int) -> RunResult:
     """Wait for the child while forwarding signals; stop it if the hold is lost."""
-    from fencepost.client import AsyncLockHandle, FencepostError, LeaseLost, NotHolder, StaleTokenError
-
-    assert isinstance(handle, AsyncLockHandle)
     exited = asyncio.ensure_future(proc.wait())
     lost = asyncio.ensure_future(handle.lost.wait())
     forwarding = asyncio.ensure_future(_forward(proc, received))

@@ -1,31 +1,11 @@
-"""``fencepost demo``: the paused-holder failure, without and with fencing.
+"""The paused-holder scenario of ``fencepost demo``: the invoices table, the two workers, one run.
 
-Real processes, a real lock service, a real database. Worker A takes the
-lock ``inv:42`` (token tA, TTL 2 s), reads invoice 42 and starts computing;
-the demo freezes it with SIGSTOP, as a long GC pause or a stuck disk would.
-A's keepalives stop with it, its lease expires, and worker B (another
-process) is granted the lock with token tB > tA and writes version 2. Then
-the demo resumes A (SIGCONT), which still believes it holds the lock and
-writes version 1.
-
-The scenario runs twice on the same lock service:
-
-1. **unfenced**, as people usually do it: a TTL lock and a plain
-   ``UPDATE invoices SET version = ?, body = ?, written_by = ? WHERE id = ?``.
-   A's late write lands and B's write is lost.
-2. **fenced**: the table gets a ``fencing_token`` column
-   (:func:`fencepost.client.fencing.add_token_column`) and every write goes
-   through :class:`fencepost.client.fencing.SqlGuard` with the writer's
-   token, one conditional UPDATE. A's write is rejected with
-   StaleTokenError and B's version 2 stays.
-
-By default the demo starts its own etcd (:class:`EmbeddedEtcd`, in a
-temporary directory) and an in-process coordinator on ``127.0.0.1:0``, and
-keeps the invoices in a temporary SQLite file; ``target`` uses a running
-coordinator, ``dsn`` a PostgreSQL database (table
-``fencepost_demo_invoices``, created and dropped). Each worker reports JSON
-lines (see :mod:`fencepost.client._demo_worker`); the demo prints them as a
-timeline, then one verdict per run.
+:func:`run_scenario` runs it once, unfenced or fenced: both workers (each
+its own OS process, :mod:`fencepost.client.cli.demo.worker`) start and
+connect; worker A takes the lock, reads invoice 42 and computes; the demo
+freezes A with SIGSTOP until its lease expires and worker B has taken the
+lock and written version 2; then A resumes and writes version 1. The
+:class:`RunRecord` keeps every event of both workers and the final row.
 """
 
 from __future__ import annotations
@@ -34,10 +14,8 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,7 +130,7 @@ class Store:
 
     def connect(self) -> Any:
         """A new DB-API connection."""
-        from ._demo_worker import connect_db
+        from .worker import connect_db
 
         try:
             return connect_db(self.db_arg)
@@ -161,7 +139,7 @@ class Store:
 
     def reset(self, fenced: bool) -> None:
         """(Re)create the table with invoice 42 at version 0; add the token column when fenced."""
-        from .fencing import add_token_column
+        from fencepost.client.fencing import add_token_column
 
         conn = self.connect()
         try:
@@ -213,7 +191,7 @@ class Store:
 
 
 class WorkerProcess:
-    """One ``python -m fencepost.client._demo_worker`` child and its events."""
+    """One ``python -m fencepost.client.cli.demo.worker`` child and its events."""
 
     def __init__(self, role: str, proc: asyncio.subprocess.Process, log_path: Path, record: RunRecord) -> None:
         self.role = role
@@ -228,7 +206,7 @@ class WorkerProcess:
                     workdir: Path) -> WorkerProcess:
         """Start worker ``role`` for ``record``'s run."""
         argv = [
-            sys.executable, "-m", "fencepost.client._demo_worker",
+            sys.executable, "-m", "fencepost.client.cli.demo.worker",
             "--role", role, "--address", address, "--lock", record.lock, "--ttl", f"{record.ttl:g}",
             "--timeout", f"{WAIT_SECONDS:g}", "--db", store.db_arg, "--table", store.table,
             "--invoice", str(INVOICE_ID), "--version", str(VERSIONS[role]), "--body", BODIES[role],
@@ -372,175 +350,3 @@ async def run_scenario(address: str, store: Store, *, fenced: bool, ttl: float, 
     record.events.sort(key=lambda e: e.t)
     record.final, record.final_token = store.final(fenced)
     return record
-
-
-# ---------------------------------------------------------------------------
-# Timeline and verdicts
-# ---------------------------------------------------------------------------
-
-
-def describe(event: Event, record: RunRecord) -> str:
-    """One timeline line's text (without the time and the actor)."""
-    d = event.data
-    who = event.who
-    if who == "demo":
-        if event.event == "frozen":
-            return "SIGSTOP A: frozen mid-computation (as by a long GC pause); its keepalives stop"
-        if event.event == "resumed":
-            return (f"SIGCONT A after {d['frozen_seconds']:.2f} s frozen (TTL {record.ttl:g} s); "
-                    f"A still thinks it holds {record.lock}")
-    if event.event == "acquired":
-        text = f"acquired {d['name']} with token {d['token']} (TTL {d['ttl']} s)"
-        if who == "B" and any(e.who == "demo" and e.event == "frozen" for e in record.events):
-            text += ": A's lease expired while A was frozen"
-        return text
-    if event.event == "read":
-        return f"read invoice {INVOICE_ID}: version {d['version']}"
-    if event.event == "computing":
-        return f"computing for {d['seconds']:g} s"
-    if event.event == "wrote":
-        how = "guarded UPDATE" if record.fenced else "plain UPDATE"
-        text = f"writes version {d['version']} with token {d['token']} ({how}) -> accepted"
-        if who == "A":
-            text = (f"writes version {d['version']} with token {d['token']} ({how}) -> ACCEPTED "
-                    f"(nothing checks the token): B's version 2 is overwritten")
-        return text
-    if event.event == "rejected":
-        return (f"writes version {d['version']} with token {d['token']} (guarded UPDATE) -> REJECTED: "
-                f"StaleTokenError, stored token {d['stored_token']}")
-    if event.event == "released":
-        return f"released {record.lock}"
-    if event.event == "release_failed":
-        return f"release fails ({d['reason']}): its lease had expired and the lock had passed to B"
-    return f"{event.event} {d}" if d else event.event
-
-
-def timeline(record: RunRecord) -> list[str]:
-    """The run's timeline as printable lines, ending with the final row and the verdict."""
-    lines = []
-    for e in record.events:
-        if e.event == "ready":
-            continue
-        lines.append(f"  {e.t:6.2f}s  {e.who:<4} {describe(e, record)}")
-    if record.final is not None:
-        version, body, by = record.final
-        token = f", fencing_token {record.final_token}" if record.fenced else ""
-        lines.append(f"  final row: version {version}, written by {by}{token}: {body}")
-    lines.append(record.verdict())
-    return lines
-
-
-# ---------------------------------------------------------------------------
-# Lock service: embedded etcd + in-process coordinator, or --target
-# ---------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def lock_service(target: str | None, workdir: Path) -> Any:
-    """Yield ``(address, description)`` of a coordinator to use."""
-    if target is not None:
-        yield target, f"coordinator at {target}"
-        return
-    try:
-        from fencepost.coordinator.embedded import EmbeddedEtcd
-        from fencepost.coordinator.server import Coordinator
-    except ImportError as err:
-        raise DemoError(f"the embedded lock service needs the coordinator extra (missing {err.name}): "
-                        f"pip install 'fencepost[coordinator]', or pass --target HOST:PORT", 2) from None
-    etcd = EmbeddedEtcd(workdir / "etcd")
-    try:
-        await asyncio.to_thread(etcd.start)
-    except (RuntimeError, OSError) as err:
-        etcd.stop()
-        raise DemoError(f"cannot start the embedded etcd: {str(err).splitlines()[0]}") from None
-    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", grace_seconds=0.0)
-    try:
-        try:
-            await coord.start()
-        except Exception as err:  # noqa: BLE001
-            raise DemoError(f"cannot start the coordinator: {err}") from None
-        yield coord.address, f"embedded etcd at {etcd.endpoint}, coordinator at {coord.address}"
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(coord.stop(grace=0), 10)
-        await asyncio.to_thread(etcd.stop)
-
-
-async def run_demo(*, target: str | None, dsn: str | None, ttl: float, workdir: Path) -> list[RunRecord]:
-    """Run both scenarios and print their timelines as they finish.
-
-    Returns:
-        The unfenced and the fenced run, in that order.
-    """
-    store = Store(dsn, workdir)
-    lock = "inv:42" if target is None else "fencepost-demo/inv:42"
-    records = []
-    async with lock_service(target, workdir) as (address, where):
-        print(f"fencepost demo: {where}; invoices in {store.where}", flush=True)
-        print(f"Worker A takes {lock} (TTL {ttl:g} s), reads invoice {INVOICE_ID} and computes; the demo "
-              f"freezes it with SIGSTOP\nuntil its lease expires and worker B has taken the lock and written "
-              f"version 2; then A resumes\nand writes version 1.", flush=True)
-        try:
-            for fenced in (False, True):
-                title = ("Run 2, fenced: the write carries the token; SqlGuard's UPDATE ... WHERE "
-                         "fencing_token <= token" if fenced else
-                         "Run 1, unfenced: a TTL lock and a plain UPDATE, as people usually do it")
-                print(f"\n{title}", flush=True)
-                record = await run_scenario(address, store, fenced=fenced, ttl=ttl, lock=lock, workdir=workdir)
-                errors = [e for e in record.events if e.event == "error"]
-                if errors:
-                    raise DemoError(f"worker {errors[0].who} failed: {errors[0].data.get('message')}")
-                for line in timeline(record):
-                    print(line, flush=True)
-                records.append(record)
-        finally:
-            store.drop()
-    return records
-
-
-def check_plot_available() -> None:
-    """Fail early when ``--plot`` cannot work.
-
-    Raises:
-        DemoError: matplotlib is not installed (exit 2).
-    """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise DemoError("--plot needs matplotlib: pip install matplotlib", 2) from None
-
-
-def main(*, target: str | None = None, dsn: str | None = None, plot: str | None = None,
-         ttl: float = 2.0) -> int:
-    """Run ``fencepost demo``: print both timelines and verdicts; optionally draw them.
-
-    Args:
-        target: ``HOST:PORT`` of a running coordinator; None starts an embedded etcd and coordinator.
-        dsn: PostgreSQL connection string; None uses a temporary SQLite file.
-        plot: Path of a PNG to draw both timelines into; None draws nothing.
-        ttl: The workers' lease TTL in seconds.
-
-    Returns:
-        0 when the fenced run kept B's write, 1 otherwise.
-
-    Raises:
-        DemoError: the demo could not run.
-    """
-    if plot is not None:
-        check_plot_available()
-    workdir = Path(tempfile.mkdtemp(prefix="fencepost-demo-"))
-    started = time.monotonic()
-    try:
-        records = asyncio.run(run_demo(target=target, dsn=dsn, ttl=ttl, workdir=workdir))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    unfenced, fenced = records
-    tokens = f"tokens: A {fenced.token('A')} < B {fenced.token('B')} in the fenced run"
-    print(f"\n{unfenced.verdict()}\n{fenced.verdict()}", flush=True)
-    print(f"({tokens}; {time.monotonic() - started:.1f} s in all)", flush=True)
-    if plot is not None:
-        from ._demo_plot import draw
-
-        draw(records, plot)
-        print(f"timelines drawn in {plot}", flush=True)
-    return 0 if fenced.kept else 1

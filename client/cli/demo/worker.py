@@ -1,6 +1,6 @@
 """One worker of ``fencepost demo``, run as its own OS process.
 
-``python -m fencepost.client._demo_worker --role A ...`` connects to the
+``python -m fencepost.client.cli.demo.worker --role A ...`` connects to the
 coordinator and the database, prints ``ready``, waits for a ``go T0`` line on
 stdin, then does what a worker holding a lock usually does: acquire, read the
 invoice, compute, write, release. It never checks whether it still holds the

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .demo import RunRecord
+    from .scenario import RunRecord
 
 LANES = {"A": 2.0, "B": 1.0, "row": 0.0}
 COLORS = {"A": "#1f77b4", "B": "#2ca02c", "stale": "#d62728", "frozen": "#999999"}

@@ -1,0 +1,314 @@
+"""The lock recipe, client side: grant leases, acquire and release holds over the transport.
+
+:class:`Locker` makes the calls of the lock protocol (LeaseGrant,
+LeaseRevoke, Acquire, Release) through the
+:class:`~fencepost.client._transport.Transport` and keeps the
+:class:`~fencepost.client._lease.LeasePool` in step with their answers:
+
+- a lease is granted once per requested TTL and shared by every lock taken
+  with that TTL; a second local acquire of a name held under that lease
+  waits for the local holder (the pool's slot), so that the coordinator is
+  never asked for a lock its caller already holds;
+- a grant that arrives after its lease was declared lost is given back, and
+  the acquire retries once on a new lease;
+- a release keeps the hold until the server confirms (cancellation-safe), and
+  classifies a refusal: NOT_HOLDER and STALE_TOKEN lose the hold,
+  LEASE_EXPIRED loses the lease; a HoldEnded that arrived while the Release
+  was in flight settles a release whose answer was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from google.protobuf.message import Message
+
+from . import _wire
+from ._lease import Lease, LeasePool, Slot
+from ._stream import KeepAliveStream, Spawn
+from ._transport import Transport
+from .errors import REASON_DEADLINE, FencepostError, LeaseLost, LockHeld, LockTimeout, NotHolder, StaleTokenError
+from .handle import AsyncLockHandle
+from .v1 import lock_pb2 as pb
+from .v1.details import ErrorReason, reason_name
+
+__all__ = ["Locker"]
+
+log = logging.getLogger("fencepost.client")
+
+LEASE_EXPIRED = reason_name(ErrorReason.LEASE_EXPIRED)
+NOT_HOLDER = reason_name(ErrorReason.NOT_HOLDER)
+
+#: Slack added to the gRPC deadline of a bounded Acquire, in seconds, so that
+#: the coordinator's own ACQUIRE_TIMEOUT answer normally arrives first.
+ACQUIRE_SLACK_SECONDS = 1.0
+
+
+class Locker:
+    """Leases and holds of one client, kept in step with the coordinator's answers.
+
+    Args:
+        transport: Where the calls go.
+        pool: The client's leases, holds and slots.
+        stream: The keepalive stream (to watch and unwatch holds).
+        spawn: Starts a background task owned by the client.
+        on_new_lease: Called with each newly granted lease (to start its
+            keepalives and watch its deadline).
+        state: The client's state: ``"new"``, ``"open"``, ``"closing"`` or
+            ``"closed"`` (a lease granted once the client is no longer open is
+            not kept; a release needs an open or closing client).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        pool: LeasePool,
+        stream: KeepAliveStream,
+        *,
+        spawn: Spawn,
+        on_new_lease: Callable[[Lease], None],
+        state: Callable[[], str],
+    ) -> None:
+        self.transport = transport
+        self.pool = pool
+        self.stream = stream
+        self._spawn = spawn
+        self._on_new_lease = on_new_lease
+        self._state = state
+
+    @property
+    def _call_timeout(self) -> float:
+        return self.transport.connect_timeout
+
+    # ------------------------------------------------------------------ leases
+
+    async def lease_for(self, ttl: int, until: float | None) -> Lease:
+        """The live lease for a requested TTL of ``ttl`` whole seconds, granting one if needed.
+
+        Args:
+            ttl: Requested TTL in whole seconds.
+            until: Loop time after which to stop trying, or None.
+
+        Returns:
+            A live lease (its granted TTL may exceed ``ttl``).
+
+        Raises:
+            FencepostError: the grant failed, or the client closed meanwhile.
+        """
+        lease = self.pool.live(ttl)
+        if lease is not None:
+            return lease
+        async with self.pool.grant_lock(ttl):
+            lease = self.pool.live(ttl)
+            if lease is not None:
+                return lease
+            sent = self.pool.clock()
+            resp = await self.transport.call(
+                "LeaseGrant",
+                lambda _left: (pb.LeaseGrantRequest(ttl_seconds=ttl), self._call_timeout),
+                until=until,
+                idempotent=False,
+            )
+            lease = Lease(resp.lease_id, max(int(resp.ttl_seconds), ttl), sent, clock=self.pool.clock)
+            if self._state() != "open":
+                raise FencepostError("client is closed", lease_id=lease.lease_id)
+            self.pool.add(ttl, lease)
+            self._on_new_lease(lease)
+            return lease
+
+    async def revoke(self, lease_id: int, *, until: float | None) -> bool:
+        """Revoke a lease (idempotent).
+
+        Args:
+            lease_id: The lease.
+            until: Loop time after which to stop trying, or None.
+
+        Returns:
+            Whether the coordinator still knew the lease.
+        """
+        resp = await self.transport.call(
+            "LeaseRevoke",
+            lambda _left: (pb.LeaseRevokeRequest(lease_id=lease_id), self._call_timeout),
+            until=until,
+            idempotent=True,
+            lease_id=lease_id,
+        )
+        return bool(resp.found)
+
+    # ------------------------------------------------------------------ acquire
+
+    async def acquire(self, name: str, ttl: int, until: float | None, *, try_once: bool) -> AsyncLockHandle:
+        """Acquire ``name`` under the lease for ``ttl`` (see ``AsyncLockClient.acquire``).
+
+        Args:
+            name: The lock name (checked).
+            ttl: Requested TTL in whole seconds (checked).
+            until: Loop time after which to give up waiting, or None.
+            try_once: Fail with LockHeld instead of waiting.
+
+        Returns:
+            The handle of the grant.
+
+        Raises:
+            LockHeld, LockTimeout, LeaseLost, FencepostError: as the public methods say.
+        """
+        retries_on_lost_lease = 1
+        while True:
+            lease = await self.lease_for(ttl, until)
+            key = (lease.lease_id, name)
+            slot = self.pool.slot(*key)
+            slot.users += 1
+            try:
+                if try_once:
+                    if slot.lock.locked() or slot.users > 1:
+                        holder = slot.holder
+                        raise LockHeld(
+                            "lock is held by this client",
+                            name=name,
+                            lease_id=lease.lease_id,
+                            holder_lease_id=lease.lease_id,
+                            holder_token=holder.token if holder is not None else 0,
+                        )
+                    await slot.lock.acquire()
+                else:
+                    await _wait_slot(slot, until, name)
+                try:
+                    if lease.lost:
+                        slot.lock.release()
+                        continue
+                    handle = await self._acquire_rpc(lease, name, until, try_once)
+                except LeaseLost:
+                    slot.lock.release()
+                    self.pool.lose(lease, LEASE_EXPIRED)
+                    if retries_on_lost_lease <= 0:
+                        raise
+                    retries_on_lost_lease -= 1
+                    continue
+                except BaseException:
+                    slot.lock.release()
+                    raise
+                slot.holder = handle
+                return handle
+            finally:
+                slot.users -= 1
+                self.pool.drop_slot_if_idle(*key)
+
+    async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool) -> AsyncLockHandle:
+        def make(left: float | None) -> tuple[Message, float | None]:
+            wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
+            request = pb.AcquireRequest(name=name, lease_id=lease.lease_id, wait_ms=wait_ms, wait_forever=forever)
+            if forever:
+                return request, None
+            if try_once:
+                return request, self._call_timeout
+            return request, wait_ms / 1000 + ACQUIRE_SLACK_SECONDS
+
+        resp = await self.transport.call("Acquire", make, until=until, idempotent=True, name=name,
+                                         lease_id=lease.lease_id)
+        if not resp.acquired:
+            holder_lease = int(resp.holder.lease_id) if resp.HasField("holder") else 0
+            holder_token = int(resp.holder.token) if resp.HasField("holder") else 0
+            if not try_once:  # acquire(timeout=0): the one try failed
+                raise LockTimeout(
+                    f"lock is held (lease {holder_lease}, token {holder_token})", name=name, lease_id=lease.lease_id
+                )
+            raise LockHeld("lock is held", name=name, lease_id=lease.lease_id, holder_lease_id=holder_lease,
+                           holder_token=holder_token)
+        handle = AsyncLockHandle(name, lease, int(resp.token), self.release)
+        if lease.lost:
+            # The lease was declared lost while the Acquire was in flight: the
+            # grant cannot be trusted. Give it back (in the background: the
+            # coordinator may be unreachable) and let acquire() retry on a new
+            # lease rather than hand out a handle that is lost from the start.
+            self._spawn(self.release_quietly(handle), f"fencepost-release-{name}")
+            raise LeaseLost("the lease was lost while acquiring", name=name, lease_id=lease.lease_id,
+                            reason=lease.lost_reason or LEASE_EXPIRED)
+        lease.holds[name] = handle
+        self.stream.watch(handle)
+        return handle
+
+    # ------------------------------------------------------------------ release
+
+    async def release(self, handle: AsyncLockHandle, *, until: float | None = None) -> None:
+        """Release ``handle`` (see :meth:`AsyncLockHandle.release`).
+
+        Args:
+            handle: The hold.
+            until: Loop time after which to stop trying; ``connect_timeout``
+                from now by default.
+
+        Raises:
+            NotHolder, StaleTokenError, LeaseLost, Unavailable, FencepostError:
+                as :meth:`AsyncLockHandle.release` says.
+        """
+        if handle._released:
+            raise NotHolder("lock was already released", name=handle.name, lease_id=handle.lease_id)
+        if self._state() in ("new", "closed"):
+            raise FencepostError("client is closed", name=handle.name, lease_id=handle.lease_id)
+        if until is None:
+            until = asyncio.get_running_loop().time() + self._call_timeout
+        if handle.lost_reason is not None:
+            reason = handle.lost_reason
+            if reason == REASON_DEADLINE:
+                # The server may not know yet: free the lock early, in the
+                # background, so that the caller is told at once (during a
+                # partition the call would wait for its whole timeout).
+                self._spawn(self._release_lost(handle, until), f"fencepost-release-{handle.name}")
+            self.pool.finish_release(handle)
+            raise LeaseLost("lock hold was lost before release", name=handle.name, lease_id=handle.lease_id,
+                            reason=reason)
+        handle._releasing = True
+        try:
+            await self._release_rpc(handle, until)
+        except (NotHolder, StaleTokenError, LeaseLost) as err:
+            handle._releasing = False
+            if isinstance(err, LeaseLost):
+                self.pool.lose(handle._lease, LEASE_EXPIRED)
+            self.pool.lose_hold(handle, err.reason or NOT_HOLDER)
+            self.pool.finish_release(handle)
+            raise
+        except BaseException:
+            handle._releasing = False
+            ended = handle._ended_during_release
+            if ended == LEASE_EXPIRED:
+                self.pool.lose(handle._lease, ended)
+            elif ended is not None:
+                # The server ended the hold while our Release was in flight:
+                # most likely that very Release. The lock is not held either way.
+                self.pool.finish_release(handle)
+            raise
+        self.pool.finish_release(handle)
+        self.stream.unwatch(handle)
+
+    async def release_quietly(self, handle: AsyncLockHandle) -> None:
+        """Release ``handle``, logging (not raising) a FencepostError."""
+        try:
+            await handle.release()
+        except FencepostError as err:
+            log.debug("fencepost: release of %r on error exit failed: %r", handle.name, err)
+
+    async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
+        request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token)
+        await self.transport.call("Release", lambda _left: (request, self._call_timeout), until=until,
+                                  idempotent=False, name=handle.name, lease_id=handle.lease_id, token=handle.token)
+
+    async def _release_lost(self, handle: AsyncLockHandle, until: float) -> None:
+        """Best-effort Release of a hold already reported lost."""
+        try:
+            await self._release_rpc(handle, until)
+        except FencepostError as err:
+            log.debug("fencepost: release of lost hold %r: %r", handle.name, err)
+
+
+async def _wait_slot(slot: Slot, until: float | None, name: str) -> None:
+    """Wait for the local holder of ``slot`` to let go, until ``until`` (loop time) at most."""
+    if until is None:
+        await slot.lock.acquire()
+        return
+    left = until - asyncio.get_running_loop().time()
+    try:
+        await asyncio.wait_for(slot.lock.acquire(), max(0.0, left))
+    except TimeoutError:
+        raise LockTimeout("lock is held by this client", name=name) from None

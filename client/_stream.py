@@ -1,0 +1,268 @@
+"""The keepalive stream: one bidirectional KeepAlive call for every lease and hold of a client.
+
+:class:`KeepAliveStream` keeps one ``KeepAlive`` stream open through the
+:class:`~fencepost.client._transport.Transport`, reopening it (with backoff,
+after a rotation) whenever it breaks. Each lease sends a keepalive about
+every ``ttl * keepalive_fraction`` seconds; each hold is watched, so that the
+coordinator reports its end (HoldEnded). Messages are queued in an outbox;
+what a broken stream may have lost (a keepalive for each lease, a watch for
+each hold) is sent again on the next stream. Leases and tokens do not change
+across a reconnect: both live in etcd.
+
+Dispatch: an acknowledgement is matched to its keepalive by request id, and
+moves that lease's deadline from the keepalive's send time; one with TTL <= 0
+loses the lease. A HoldEnded is matched by (name, lease id, token): an event
+for an older grant of the same name is ignored, and one that arrives while
+the hold's Release is in flight is left to the release to interpret.
+
+:class:`DeadlineWatcher` declares a lease lost (reason ``DEADLINE``) when its
+local deadline passes, even if no message arrives (a partition, a half-open
+TCP stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from ._lease import Lease, LeasePool
+from ._transport import Transport, current_task_cancelling
+from .errors import from_rpc_error
+from .handle import AsyncLockHandle
+from .v1 import lock_pb2 as pb
+from .v1.details import ErrorReason, reason_name
+from .v1.retry import CLIENT_BACKOFF
+
+__all__ = ["DeadlineWatcher", "KeepAliveStream", "Spawn", "hold_end_reason"]
+
+log = logging.getLogger("fencepost.client")
+
+LEASE_EXPIRED = reason_name(ErrorReason.LEASE_EXPIRED)
+NOT_HOLDER = reason_name(ErrorReason.NOT_HOLDER)
+SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
+
+Outbox = asyncio.Queue[pb.KeepAliveRequest | None]
+#: Starts a background task: (coroutine, task name) -> the task.
+Spawn = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
+
+
+def hold_end_reason(reason: int) -> str:
+    """The reason name of a HoldEnded event (``NOT_HOLDER`` when unset or unknown to this client)."""
+    try:
+        return reason_name(reason or ErrorReason.NOT_HOLDER)
+    except ValueError:  # a reason added after this client was built
+        return NOT_HOLDER
+
+
+class KeepAliveStream:
+    """The client's KeepAlive stream: outbox, resend on reconnect, dispatch of what arrives.
+
+    Args:
+        transport: The channel to use (rotated when the stream breaks).
+        pool: The client's leases and holds.
+        fraction: Keepalive period as a fraction of each lease's granted TTL.
+        spawn: Starts a background task owned by the client.
+        on_open: Called on each new stream to queue what must be sent again;
+            :meth:`resend_all` by default.
+        on_response: Called with each message that arrives; :meth:`dispatch`
+            by default.
+        send_keepalive: Called to send one keepalive of a lease;
+            :meth:`send_keepalive` by default.
+
+    The three callbacks let the client route the stream's events through
+    methods of its own, which a subclass may observe.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        pool: LeasePool,
+        *,
+        fraction: float,
+        spawn: Spawn,
+        on_open: Callable[[], None] | None = None,
+        on_response: Callable[[pb.KeepAliveResponse], None] | None = None,
+        send_keepalive: Callable[[Lease], None] | None = None,
+    ) -> None:
+        self.transport = transport
+        self.pool = pool
+        self.fraction = fraction
+        self.outbox: Outbox | None = None
+        #: request id -> (lease, clock reading when its keepalive was queued)
+        self.pending: dict[int, tuple[Lease, float]] = {}
+        self._spawn = spawn
+        self._on_open = on_open or self.resend_all
+        self._on_response = on_response or self.dispatch
+        self._send_keepalive = send_keepalive or self.send_keepalive
+        self._request_ids = itertools.count(1)
+        self._closing = False
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, message: pb.KeepAliveRequest) -> None:
+        """Queue a message on the current stream; dropped when there is none (resent on reconnect)."""
+        if self.outbox is not None:
+            self.outbox.put_nowait(message)
+
+    def send_keepalive(self, lease: Lease) -> None:
+        """Queue one keepalive of ``lease``, remembering its send time under a new request id."""
+        if self.outbox is None or lease.lost:
+            return
+        now = self.pool.clock()
+        for request_id, (old, sent) in list(self.pending.items()):
+            if sent + old.ttl < now:  # an answer could no longer move any deadline
+                del self.pending[request_id]
+        request_id = next(self._request_ids)
+        self.pending[request_id] = (lease, now)
+        self.send(pb.KeepAliveRequest(keepalive=pb.LeaseKeepAlive(lease_id=lease.lease_id, request_id=request_id)))
+
+    def watch(self, handle: AsyncLockHandle) -> None:
+        """Ask to be told (HoldEnded) when ``handle``'s hold ends."""
+        self.send(pb.KeepAliveRequest(watch=_hold(handle)))
+
+    def unwatch(self, handle: AsyncLockHandle) -> None:
+        """Stop hearing about ``handle``'s hold (after its release)."""
+        self.send(pb.KeepAliveRequest(unwatch=_hold(handle)))
+
+    def resend_all(self) -> None:
+        """Queue a keepalive for every live lease and a watch for every live hold."""
+        for lease in self.pool.leases():
+            self._send_keepalive(lease)
+            for handle in list(lease.holds.values()):
+                self.watch(handle)
+
+    def start_keepalives(self, lease: Lease) -> None:
+        """Send ``lease``'s keepalives every ``ttl * fraction`` seconds until it is lost."""
+        lease.keepalive = self._spawn(self._keepalive_loop(lease), f"fencepost-keepalive-{lease.lease_id}")
+
+    async def _keepalive_loop(self, lease: Lease) -> None:
+        period = lease.ttl * self.fraction
+        while not lease.lost and not self._closing:
+            self._send_keepalive(lease)
+            await asyncio.sleep(period)
+
+    # ------------------------------------------------------------------ receiving
+
+    def dispatch(self, response: pb.KeepAliveResponse) -> None:
+        """Apply one message from the coordinator: an acknowledgement or a HoldEnded event."""
+        kind = response.WhichOneof("response")
+        if kind == "keepalive":
+            self._on_ack(response.keepalive)
+        elif kind == "hold_ended":
+            self._on_hold_ended(response.hold_ended)
+
+    def _on_ack(self, ack: pb.LeaseKeepAliveAck) -> None:
+        entry = self.pending.pop(ack.request_id, None)
+        if entry is None:
+            return
+        lease, sent = entry
+        if lease.lease_id != ack.lease_id or lease.lost:
+            return
+        if not lease.on_ack(sent, ack.ttl_seconds):
+            self.pool.lose(lease, LEASE_EXPIRED)
+
+    def _on_hold_ended(self, event: pb.HoldEnded) -> None:
+        handle = self.pool.find_hold(event.lease_id, event.name, event.token)
+        if handle is None:
+            return
+        reason = hold_end_reason(event.reason)
+        if handle._releasing:
+            handle._ended_during_release = reason
+        elif reason == LEASE_EXPIRED:
+            self.pool.lose(handle._lease, reason)
+        else:
+            self.pool.lose_hold(handle, reason)
+
+    # ------------------------------------------------------------------ the stream
+
+    def begin_close(self) -> None:
+        """Stop sending keepalives and do not reopen the stream once it breaks."""
+        self._closing = True
+
+    async def run(self) -> None:
+        """Keep a stream open until :meth:`begin_close` (then until it breaks) or cancellation."""
+        delays = CLIENT_BACKOFF.delays()
+        while True:
+            channel, stub = self.transport.channel, self.transport.stub
+            assert channel is not None and stub is not None
+            outbox: Outbox = asyncio.Queue()
+            call = None
+            force = False
+            answered = False
+            try:
+                call = stub.KeepAlive(_drain(outbox))
+                self.outbox = outbox
+                self.pending.clear()
+                self._on_open()
+                async for response in call:
+                    if not answered:
+                        answered = True
+                        delays = CLIENT_BACKOFF.delays()
+                    self._on_response(response)
+                force = True  # the server ended the stream: try another one
+                log.debug("fencepost: keepalive stream to %s ended", self.transport.address)
+            except grpc.aio.AioRpcError as err:
+                mapped = from_rpc_error(err)
+                force = mapped.reason == SHUTTING_DOWN
+                # Log the first failure of a working stream, not every retry.
+                log.log(logging.INFO if answered else logging.DEBUG,
+                        "fencepost: keepalive stream to %s broke: %s", self.transport.address, mapped)
+            except grpc.aio.UsageError:
+                pass  # the channel was closed by a rotation
+            except asyncio.CancelledError:
+                if current_task_cancelling():
+                    raise
+            finally:
+                if self.outbox is outbox:
+                    self.outbox = None
+                outbox.put_nowait(None)
+                if call is not None:
+                    call.cancel()
+            if self._closing:
+                return
+            self.transport.rotate(channel, force=force)
+            await asyncio.sleep(next(delays))
+
+
+class DeadlineWatcher:
+    """Declares leases lost when their local deadline passes (monotonic clock only).
+
+    Args:
+        pool: The leases to watch, and their clock.
+    """
+
+    def __init__(self, pool: LeasePool) -> None:
+        self.pool = pool
+        self._wakeup = asyncio.Event()
+
+    def wake(self) -> None:
+        """Look at the deadlines again now (a lease was added)."""
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        """Lose each lease at its deadline, until cancelled."""
+        while True:
+            delay = self.pool.expire()
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), delay)
+            except TimeoutError:
+                pass
+
+
+async def _drain(outbox: Outbox) -> AsyncIterator[pb.KeepAliveRequest]:
+    while True:
+        message = await outbox.get()
+        if message is None:
+            return
+        yield message
+
+
+def _hold(handle: AsyncLockHandle) -> pb.WatchHold:
+    return pb.WatchHold(name=handle.name, lease_id=handle.lease_id, token=handle.token)

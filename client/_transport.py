@@ -1,0 +1,266 @@
+"""The client's transport: coordinator addresses, the channel, and the unary call retry loop.
+
+One :class:`Transport` holds a ``grpc.aio`` channel to one coordinator
+address at a time. When that coordinator misbehaves it moves to the next
+address (rotation), and every unary call goes through :meth:`Transport.call`,
+which waits for a connection, retries what may be retried with the one
+backoff policy (:data:`fencepost.client.v1.retry.CLIENT_BACKOFF`), and turns
+a failed call into a :class:`~fencepost.client.FencepostError` with
+:func:`~fencepost.client.errors.from_rpc_error`.
+
+Retry rule: an idempotent call (Acquire, LeaseRevoke, Describe) that fails
+with UNAVAILABLE is retried on the next address. A call that is not
+idempotent (LeaseGrant, Release) is retried only while no connection could
+be made, so that the request cannot have reached a server; once sent, an
+UNAVAILABLE answer is raised. Either way a call stops trying
+``connect_timeout`` seconds after its first failure, or at its own deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf.message import Message
+
+from . import _wire
+from .errors import FencepostError, Unavailable, from_rpc_error
+from .v1 import lock_pb2_grpc as pb_grpc
+from .v1.details import ErrorReason, reason_name
+from .v1.retry import CLIENT_BACKOFF
+
+__all__ = ["MakeRequest", "Transport", "current_task_cancelling"]
+
+log = logging.getLogger("fencepost.client")
+
+#: Grace given to calls still running on a channel being replaced, in seconds.
+ROTATE_GRACE_SECONDS = 0.5
+
+SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
+
+#: Builds one attempt of a call: given the seconds left before the call's
+#: ``until`` (None when unbounded), returns (request, gRPC timeout in seconds or None).
+MakeRequest = Callable[[float | None], tuple[Message, float | None]]
+
+
+def current_task_cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not just a call it awaits)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class Transport:
+    """Channels to a list of coordinator addresses, one at a time, and the unary call loop.
+
+    Args:
+        addresses: ``"host:port"`` of each coordinator, in the order they are tried.
+        connect_timeout: Seconds each call (and :meth:`wait_connected`) keeps
+            trying to reach a coordinator; finite, > 0.
+        fail_fast: Give up on an address as soon as a connection attempt to
+            it fails, and make each call try every address once only (a
+            command line tool's policy). By default (a long-lived client) a
+            call waits up to ``per_try`` seconds for each address to come up,
+            and goes round the addresses with backoff until ``connect_timeout``.
+    """
+
+    def __init__(self, addresses: Sequence[str], *, connect_timeout: float, fail_fast: bool = False) -> None:
+        self.addresses: tuple[str, ...] = tuple(addresses)
+        self.connect_timeout = connect_timeout
+        self.fail_fast = fail_fast
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: pb_grpc.LockServiceStub | None = None
+        self.closed = False
+        self._index = 0
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @property
+    def address(self) -> str:
+        """The address of the coordinator currently used."""
+        return self.addresses[self._index]
+
+    @property
+    def per_try(self) -> float:
+        """Seconds to wait for one address to connect before trying the next."""
+        return max(1.0, self.connect_timeout / len(self.addresses))
+
+    def open(self) -> None:
+        """Open a channel to the current address (no connection is made yet)."""
+        self.channel = grpc.aio.insecure_channel(self.address, options=_wire.CHANNEL_OPTIONS)
+        self.stub = pb_grpc.LockServiceStub(self.channel)
+
+    def rotate(self, failed: grpc.aio.Channel | None, *, force: bool = False) -> None:
+        """Move to the next address after the channel ``failed`` misbehaved (once per channel).
+
+        Args:
+            failed: The channel that failed; nothing happens unless it is the
+                current one (another caller rotated already).
+            force: Replace the channel even when it is the only address and
+                its connection is READY (the server ended a stream, or is
+                shutting down).
+        """
+        current = self.channel
+        if failed is None or current is None or failed is not current or self.closed:
+            return
+        if not force and len(self.addresses) == 1:
+            if failed.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY:
+                return
+        self._index = (self._index + 1) % len(self.addresses)
+        self.open()
+        task = asyncio.ensure_future(failed.close(grace=ROTATE_GRACE_SECONDS))
+        task.set_name("fencepost-close-channel")
+        self._closing.add(task)
+        task.add_done_callback(self._closed_one)
+
+    def _closed_one(self, task: asyncio.Task[None]) -> None:
+        self._closing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("fencepost: closing a replaced channel failed: %r", task.exception())
+
+    async def wait_connected(self, until: float) -> None:
+        """Wait until the current channel is READY, rotating addresses with backoff.
+
+        Args:
+            until: Loop time (``loop.time()``) after which to give up.
+
+        Raises:
+            Unavailable: no coordinator connected before ``until``.
+        """
+        loop = asyncio.get_running_loop()
+        delays = CLIENT_BACKOFF.delays()
+        while True:
+            channel = self.channel
+            assert channel is not None
+            if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+                return
+            left = until - loop.time()
+            if left <= 0:
+                raise Unavailable(f"no coordinator reachable at {', '.join(self.addresses)}")
+            try:
+                await asyncio.wait_for(channel.channel_ready(), min(left, self.per_try))
+                return
+            except TimeoutError:
+                self.rotate(channel, force=True)
+                await asyncio.sleep(min(next(delays), max(0.0, until - loop.time())))
+
+    async def call(
+        self,
+        method: str,
+        make: MakeRequest,
+        *,
+        until: float | None,
+        idempotent: bool,
+        name: str | None = None,
+        lease_id: int | None = None,
+        token: int | None = None,
+    ) -> Any:
+        """Run one unary RPC with connection handling, retries and error mapping.
+
+        Args:
+            method: The stub method name (``"Acquire"``, ...).
+            make: Called before each attempt (see :data:`MakeRequest`).
+            until: Loop time after which to stop trying, or None.
+            idempotent: Whether an UNAVAILABLE answer may be retried.
+            name: The lock name of the call, for the error.
+            lease_id: The lease id of the call, for the error.
+            token: The fencing token of the call, for the error.
+
+        Returns:
+            The RPC's response message.
+
+        Raises:
+            FencepostError: the call failed (the subclass from
+                :func:`~fencepost.client.errors.from_rpc_error`), no coordinator
+                was reachable in time (:class:`Unavailable`), or the transport
+                is closed.
+        """
+        loop = asyncio.get_running_loop()
+        delays = CLIENT_BACKOFF.delays()
+        give_up_at: float | None = None
+
+        def budget() -> float:
+            nonlocal give_up_at
+            now = loop.time()
+            if give_up_at is None:
+                give_up_at = now + self.connect_timeout
+                if until is not None:
+                    give_up_at = min(give_up_at, until)
+            return give_up_at - now
+
+        unreachable = 0  # addresses that could not be connected to (fail_fast)
+        while True:
+            if self.closed:
+                raise FencepostError("client is closed", name=name, lease_id=lease_id)
+            channel, stub = self.channel, self.stub
+            assert channel is not None and stub is not None
+            if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
+                left = budget()
+                if left <= 0:
+                    raise Unavailable("no coordinator reachable", name=name, lease_id=lease_id)
+                if self.fail_fast:
+                    if not await _connects(channel, left):
+                        unreachable += 1
+                        self.rotate(channel, force=True)
+                        if unreachable >= len(self.addresses):
+                            raise Unavailable("every connection attempt failed", name=name, lease_id=lease_id)
+                        continue
+                try:
+                    await asyncio.wait_for(channel.channel_ready(), min(left, self.per_try))
+                except TimeoutError:
+                    self.rotate(channel, force=True)
+                    await asyncio.sleep(min(next(delays), max(0.0, budget())))
+                    continue
+                except grpc.aio.UsageError as err:  # the stream's rotation closed it: use the new channel
+                    if budget() <= 0:
+                        raise Unavailable("channel closed", name=name, lease_id=lease_id) from err
+                    await asyncio.sleep(min(next(delays), max(0.0, budget())))
+                    continue
+            request, timeout = make(None if until is None else until - loop.time())
+            try:
+                return await getattr(stub, method)(request, timeout=timeout)
+            except grpc.aio.AioRpcError as err:
+                mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token)
+                if err.code() != grpc.StatusCode.UNAVAILABLE or not idempotent or budget() <= 0:
+                    raise mapped from err
+                self.rotate(channel, force=mapped.reason == SHUTTING_DOWN)
+            except grpc.aio.UsageError as err:  # the channel was closed by a rotation
+                if budget() <= 0:
+                    raise Unavailable("channel closed", name=name, lease_id=lease_id) from err
+            except asyncio.CancelledError:
+                if current_task_cancelling():
+                    raise
+                # The call (not this task) was cancelled: its channel was closed.
+                if not idempotent or budget() <= 0:
+                    raise Unavailable("connection closed during the call", name=name, lease_id=lease_id) from None
+            await asyncio.sleep(min(next(delays), max(0.0, budget())))
+
+    async def close(self) -> None:
+        """Stop every call: close the channel and the ones being replaced. Idempotent."""
+        self.closed = True
+        closing = list(self._closing)
+        for task in closing:
+            task.cancel()
+        if closing:
+            await asyncio.gather(*closing, return_exceptions=True)
+        if self.channel is not None:
+            await self.channel.close()
+
+
+
+async def _connects(channel: grpc.aio.Channel, timeout: float) -> bool:
+    """Whether ``channel`` becomes READY before one connection attempt fails or ``timeout`` seconds pass."""
+
+    async def settle() -> bool:
+        state = channel.get_state(try_to_connect=True)
+        while state not in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+        return state == grpc.ChannelConnectivity.READY
+
+    try:
+        return await asyncio.wait_for(settle(), timeout)
+    except TimeoutError:
+        return False

@@ -1,0 +1,398 @@
+"""What the ``fencepost`` commands share: exit codes, flag parsing, error lines, one call to a coordinator.
+
+Every expected failure is a :class:`CliError`: one line on stderr and an
+exit code from :data:`EXIT_CODES`. Failed calls are read once, by
+:func:`fencepost.client.errors.from_rpc_error` (the client's transport does
+it), and turned into that line here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import textwrap
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import grpc
+
+from fencepost.client import DEFAULT_ADDRESS
+from fencepost.client._transport import Transport
+from fencepost.client.errors import (
+    FencepostError,
+    InvalidArgument,
+    LeaseLost,
+    LockHeld,
+    LockTimeout,
+    NotHolder,
+    StaleTokenError,
+    Unavailable,
+    from_rpc_error,
+)
+from fencepost.client.v1.keys import MAX_LEASE_ID, MAX_TOKEN, MAX_TTL_SECONDS, MIN_TTL_SECONDS
+
+__all__ = [
+    "ADDRESS_ENV",
+    "DEFAULT_ADDRESS",
+    "EXIT_CODES",
+    "EXIT_HELD",
+    "EXIT_INTERRUPTED",
+    "EXIT_LOST",
+    "EXIT_OK",
+    "EXIT_PRECONDITION",
+    "EXIT_TIMEOUT",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "RPC_TIMEOUT_SECONDS",
+    "CallFailed",
+    "CliError",
+    "Formatter",
+    "Parser",
+    "acquire_error",
+    "address_flag",
+    "addresses_of",
+    "call",
+    "call_error",
+    "epilog",
+    "err_text",
+    "lease_hex",
+    "parse_addresses",
+    "parse_lease_id",
+    "parse_timeout",
+    "parse_token",
+    "parse_ttl",
+]
+
+ADDRESS_ENV = "FENCEPOST_ADDRESS"
+"""Environment variable holding the default coordinator address(es), comma-separated."""
+
+RPC_TIMEOUT_SECONDS = 5.0
+"""Seconds ``status`` and ``release`` keep trying to reach a coordinator, and the deadline of each call."""
+
+EXIT_OK = 0
+EXIT_UNAVAILABLE = 1
+EXIT_USAGE = 2
+EXIT_LOST = 3
+EXIT_TIMEOUT = 4
+EXIT_HELD = 5
+EXIT_PRECONDITION = 6
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success (acquire: released after SIGINT/SIGTERM)",
+    EXIT_UNAVAILABLE: "coordinator unreachable or not serving, or another server error",
+    EXIT_USAGE: "bad input: a flag, a lock name, a TTL, a lease id or a token",
+    EXIT_LOST: "acquire, run: the lease or the lock was lost while holding it",
+    EXIT_TIMEOUT: "acquire, run: --timeout passed before the lock was granted",
+    EXIT_HELD: "acquire --try, run --try: the lock is held by someone else",
+    EXIT_PRECONDITION: "release: not released (NOT_HOLDER, STALE_TOKEN or LEASE_EXPIRED)",
+    EXIT_INTERRUPTED: "acquire, run: interrupted before the lock was granted",
+}
+"""Exit codes of the client commands (``status``, ``acquire``, ``release``; ``run`` and ``demo`` have their own)."""
+
+
+class CliError(Exception):
+    """An expected failure: printed as one line, exits with ``exit_code``.
+
+    Args:
+        message: The line (without the ``fencepost COMMAND: `` prefix).
+        exit_code: The process exit code.
+        bare: Print the line without the ``fencepost COMMAND: `` prefix.
+    """
+
+    def __init__(self, message: str, exit_code: int, *, bare: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.bare = bare
+
+
+# ---------------------------------------------------------------------------
+# Parsing
+# ---------------------------------------------------------------------------
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps the description like the default formatter, keeps the epilog's layout."""
+
+    def add_text(self, text: str | None) -> None:
+        if text and not text.startswith("exit codes:"):
+            text = textwrap.fill(" ".join(text.split()), width=78)
+        super().add_text(text)
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one line: ``fencepost acquire: error: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be a number of seconds, got {text!r}") from None
+
+
+def parse_ttl(text: str) -> float:
+    """Parse --ttl.
+
+    Args:
+        text: Seconds, 1 to 86400.
+
+    Returns:
+        The TTL in seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number in range.
+    """
+    value = _number(text, "ttl")
+    if not math.isfinite(value) or not MIN_TTL_SECONDS <= value <= MAX_TTL_SECONDS:
+        raise argparse.ArgumentTypeError(f"ttl must be {MIN_TTL_SECONDS:g} to {MAX_TTL_SECONDS:g} seconds, got {text}")
+    return value
+
+
+def parse_timeout(text: str) -> float:
+    """Parse --timeout.
+
+    Args:
+        text: Seconds, 0 to 86400.
+
+    Returns:
+        The timeout in seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number in range.
+    """
+    value = _number(text, "timeout")
+    if not math.isfinite(value) or value < 0 or value > MAX_TTL_SECONDS:
+        raise argparse.ArgumentTypeError(f"timeout must be >= 0 and <= {MAX_TTL_SECONDS:g} seconds, got {text}")
+    return value
+
+
+def parse_lease_id(text: str) -> int:
+    """Parse a lease id given in decimal or as 0x-hex.
+
+    Args:
+        text: ``"7587867312345"`` or ``"0x6e6c8e1c9a"``.
+
+    Returns:
+        The lease id, > 0.
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive integer.
+    """
+    s = text.strip().lower()
+    try:
+        value = int(s[2:], 16) if s.startswith("0x") else int(s, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"lease-id must be a decimal or 0x-hex integer, got {text!r}") from None
+    if value <= 0 or value > MAX_LEASE_ID:
+        raise argparse.ArgumentTypeError(f"lease-id must be > 0 and < 2**63, got {text}")
+    return value
+
+
+def parse_token(text: str) -> int:
+    """Parse --token.
+
+    Args:
+        text: A positive decimal integer.
+
+    Returns:
+        The fencing token.
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive integer.
+    """
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token must be a positive integer, got {text!r}") from None
+    if value <= 0 or value > MAX_TOKEN:
+        raise argparse.ArgumentTypeError(f"token must be > 0 and < 2**63, got {text}")
+    return value
+
+
+def parse_addresses(values: Sequence[str] | None, env: str | None = None) -> list[str]:
+    """Collect coordinator addresses from --address flags or FENCEPOST_ADDRESS.
+
+    Args:
+        values: The --address values, each ``HOST:PORT`` or a comma-separated list.
+        env: The FENCEPOST_ADDRESS value, used when ``values`` is empty.
+
+    Returns:
+        The addresses in order, without duplicates; ``[DEFAULT_ADDRESS]`` when none is given.
+
+    Raises:
+        CliError: an address is not ``HOST:PORT`` (exit 2).
+    """
+    raw = list(values or []) or ([env] if env else [])
+    out: list[str] = []
+    for item in raw:
+        for part in item.split(","):
+            addr = part.strip()
+            if not addr:
+                continue
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise CliError(f"address must be HOST:PORT, got {addr!r}", EXIT_USAGE)
+            if addr not in out:
+                out.append(addr)
+    return out or [DEFAULT_ADDRESS]
+
+
+def addresses_of(args: argparse.Namespace) -> list[str]:
+    """The coordinator addresses of a parsed command line (--address, else FENCEPOST_ADDRESS).
+
+    Raises:
+        CliError: an address is not ``HOST:PORT`` (exit 2).
+    """
+    return parse_addresses(args.address, os.environ.get(ADDRESS_ENV))
+
+
+def address_flag(parser: argparse.ArgumentParser) -> None:
+    """Add --address to ``parser``."""
+    parser.add_argument(
+        "--address", action="append", metavar="HOST:PORT",
+        help=f"coordinator address; repeat or comma-separate for several "
+             f"(env {ADDRESS_ENV}, default {DEFAULT_ADDRESS})")
+
+
+def epilog(codes: dict[Any, str] | None = None, *notes: str) -> str:
+    """The ``exit codes:`` block of a command's --help, then ``notes`` and where the address comes from."""
+    lines = ["exit codes:"]
+    lines += [f"  {code!s:<4} {text}" for code, text in (codes or EXIT_CODES).items()]
+    lines += ["", *notes, *([""] if notes else [])]
+    lines.append(f"The coordinator address comes from --address, else ${ADDRESS_ENV}, else {DEFAULT_ADDRESS}.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+
+def lease_hex(lease_id: int) -> str:
+    """A lease id as ``0x``-hex (etcd's usual spelling)."""
+    return f"0x{lease_id:x}"
+
+
+def err_text(err: BaseException) -> str:
+    """The first line of an error's message (its class name when it has none)."""
+    text = (getattr(err, "message", None) or str(err)).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _never_reached(err: FencepostError) -> bool:
+    """True when the call never reached a coordinator (no reason, UNAVAILABLE or no status), or timed out."""
+    if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True
+    return err.reason is None and err.code in (None, grpc.StatusCode.UNAVAILABLE)
+
+
+def call_error(err: FencepostError, addresses: Sequence[str], address: str, what: str) -> CliError:
+    """Turn a failed ``status`` or ``release`` call into one line and an exit code.
+
+    Args:
+        err: What the client's transport raised.
+        addresses: Every address tried (named when none could be reached).
+        address: The address that answered.
+        what: The RPC (``"Describe"``, ``"Release"``).
+
+    Returns:
+        The CliError to raise: exit 2 for INVALID_ARGUMENT, else exit 1.
+    """
+    if _never_reached(err):
+        return CliError(f"cannot reach the coordinator at {', '.join(addresses)}: {err_text(err)}", EXIT_UNAVAILABLE)
+    if isinstance(err, InvalidArgument):
+        return CliError(f"invalid {err.field or 'request'}: {err_text(err)}", EXIT_USAGE)
+    label = err.code.name if err.code is not None else "error"
+    if err.reason:
+        label += f"/{err.reason}"
+    return CliError(f"{what} failed at {address}: {label}: {err_text(err)}", EXIT_UNAVAILABLE)
+
+
+def acquire_error(err: Exception, name: str, timeout: float | None, addresses: Sequence[str]) -> CliError:
+    """Map an error raised while acquiring or holding lock ``name`` to a CliError (``acquire`` and ``run``).
+
+    Args:
+        err: A FencepostError (a grpc.RpcError is read with ``from_rpc_error`` first).
+        name: The lock name.
+        timeout: The --timeout value, for the LockTimeout message.
+        addresses: The coordinator addresses.
+
+    Returns:
+        The CliError to raise.
+    """
+    if isinstance(err, grpc.RpcError):
+        err = from_rpc_error(err, name=name)
+    if isinstance(err, InvalidArgument):
+        return CliError(f"invalid {err.field or 'request'}: {err_text(err)}", EXIT_USAGE)
+    if isinstance(err, LockTimeout):
+        return CliError(f"timeout: {name} not granted within {timeout or 0:g} s", EXIT_TIMEOUT)
+    if isinstance(err, LockHeld):
+        lease = err.holder_lease_id
+        who = f" by lease {lease_hex(lease)} ({lease}) with token {err.holder_token}" if lease else ""
+        return CliError(f"held: {name} is held{who}", EXIT_HELD)
+    if isinstance(err, (LeaseLost, NotHolder, StaleTokenError)):
+        return CliError(f"lost: {err.reason or type(err).__name__}: {err_text(err)}", EXIT_LOST, bare=True)
+    if isinstance(err, Unavailable):
+        return CliError(f"coordinator unavailable at {', '.join(addresses)}: {err_text(err)}", EXIT_UNAVAILABLE)
+    reason = getattr(err, "reason", None)
+    label = type(err).__name__ + (f"/{reason}" if reason else "")
+    return CliError(f"{label}: {err_text(err)}", EXIT_UNAVAILABLE)
+
+
+# ---------------------------------------------------------------------------
+# One call
+# ---------------------------------------------------------------------------
+
+
+class CallFailed(Exception):
+    """A :func:`call` failed.
+
+    Attributes:
+        error: What the client's transport raised.
+        address: The address of the coordinator that answered (or was tried last).
+    """
+
+    def __init__(self, error: FencepostError, address: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.address = address
+
+
+async def call(addresses: Sequence[str], method: str, request: Any, *, idempotent: bool,
+               name: str | None = None, lease_id: int | None = None, token: int | None = None) -> tuple[str, Any]:
+    """Make one unary call through the client's transport (addresses in turn, its retry rule).
+
+    Fails fast: an address whose connection attempt fails is skipped at once,
+    and the call fails once every address was tried; it keeps trying for
+    :data:`RPC_TIMEOUT_SECONDS` at most, and each attempt has that deadline too.
+
+    Args:
+        addresses: The coordinator addresses.
+        method: The LockService method (``"Describe"``, ``"Release"``).
+        request: Its request message.
+        idempotent: Whether an UNAVAILABLE answer may be retried (Describe yes, Release no).
+        name: The lock name, for the error.
+        lease_id: The lease id, for the error.
+        token: The fencing token, for the error.
+
+    Returns:
+        The address that answered and the response.
+
+    Raises:
+        CallFailed: the call failed (``.error`` is a FencepostError).
+    """
+    transport = Transport(addresses, connect_timeout=RPC_TIMEOUT_SECONDS, fail_fast=True)
+    transport.open()
+    try:
+        response = await transport.call(method, lambda _left: (request, RPC_TIMEOUT_SECONDS), until=None,
+                                        idempotent=idempotent, name=name, lease_id=lease_id, token=token)
+        return transport.address, response
+    except FencepostError as err:
+        raise CallFailed(err, transport.address) from err
+    finally:
+        await transport.close()

@@ -1,0 +1,58 @@
+"""The timeline of one run of ``fencepost demo``, as printed lines (the plot draws the same events)."""
+
+from __future__ import annotations
+
+from .scenario import INVOICE_ID, Event, RunRecord
+
+__all__ = ["describe", "timeline"]
+
+
+def describe(event: Event, record: RunRecord) -> str:
+    """One timeline line's text (without the time and the actor)."""
+    d = event.data
+    who = event.who
+    if who == "demo":
+        if event.event == "frozen":
+            return "SIGSTOP A: frozen mid-computation (as by a long GC pause); its keepalives stop"
+        if event.event == "resumed":
+            return (f"SIGCONT A after {d['frozen_seconds']:.2f} s frozen (TTL {record.ttl:g} s); "
+                    f"A still thinks it holds {record.lock}")
+    if event.event == "acquired":
+        text = f"acquired {d['name']} with token {d['token']} (TTL {d['ttl']} s)"
+        if who == "B" and any(e.who == "demo" and e.event == "frozen" for e in record.events):
+            text += ": A's lease expired while A was frozen"
+        return text
+    if event.event == "read":
+        return f"read invoice {INVOICE_ID}: version {d['version']}"
+    if event.event == "computing":
+        return f"computing for {d['seconds']:g} s"
+    if event.event == "wrote":
+        how = "guarded UPDATE" if record.fenced else "plain UPDATE"
+        text = f"writes version {d['version']} with token {d['token']} ({how}) -> accepted"
+        if who == "A":
+            text = (f"writes version {d['version']} with token {d['token']} ({how}) -> ACCEPTED "
+                    f"(nothing checks the token): B's version 2 is overwritten")
+        return text
+    if event.event == "rejected":
+        return (f"writes version {d['version']} with token {d['token']} (guarded UPDATE) -> REJECTED: "
+                f"StaleTokenError, stored token {d['stored_token']}")
+    if event.event == "released":
+        return f"released {record.lock}"
+    if event.event == "release_failed":
+        return f"release fails ({d['reason']}): its lease had expired and the lock had passed to B"
+    return f"{event.event} {d}" if d else event.event
+
+
+def timeline(record: RunRecord) -> list[str]:
+    """The run's timeline as printable lines, ending with the final row and the verdict."""
+    lines = []
+    for e in record.events:
+        if e.event == "ready":
+            continue
+        lines.append(f"  {e.t:6.2f}s  {e.who:<4} {describe(e, record)}")
+    if record.final is not None:
+        version, body, by = record.final
+        token = f", fencing_token {record.final_token}" if record.fenced else ""
+        lines.append(f"  final row: version {version}, written by {by}{token}: {body}")
+    lines.append(record.verdict())
+    return lines

@@ -1,0 +1,77 @@
+"""``fencepost release NAME --lease-id ID --token T``: release one grant by hand.
+
+One Release call through the client's transport. Release is not idempotent,
+so it goes to the next address only while no connection could be made (as
+the library's own release does). A refusal (NOT_HOLDER, STALE_TOKEN,
+LEASE_EXPIRED) exits 6 naming the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import grpc
+
+from fencepost.client.v1 import lock_pb2 as pb
+
+from .common import (
+    EXIT_OK,
+    EXIT_PRECONDITION,
+    CallFailed,
+    CliError,
+    Formatter,
+    address_flag,
+    addresses_of,
+    call,
+    call_error,
+    epilog,
+    err_text,
+    lease_hex,
+    parse_lease_id,
+    parse_token,
+)
+
+__all__ = ["add_parser", "execute"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``release`` command to the ``fencepost`` subparsers ``sub``."""
+    p = sub.add_parser(
+        "release", formatter_class=Formatter, epilog=epilog(),
+        help="release a grant by lease id and fencing token",
+        description="Release the lock NAME held by lease ID under fencing token T.")
+    address_flag(p)
+    p.add_argument("name", metavar="NAME", help="lock name")
+    p.add_argument("--lease-id", required=True, type=parse_lease_id, metavar="ID",
+                   help="holder's lease id, decimal or 0x-hex")
+    p.add_argument("--token", required=True, type=parse_token, metavar="T", help="fencing token of the grant")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run ``fencepost release NAME --lease-id ID --token T``; prints ``released``.
+
+    Returns:
+        0 once released.
+
+    Raises:
+        CliError: not released (exit 6), bad input (exit 2), or no coordinator (exit 1).
+    """
+    addresses = addresses_of(args)
+    request = pb.ReleaseRequest(name=args.name, lease_id=args.lease_id, token=args.token)
+    try:
+        asyncio.run(call(addresses, "Release", request, idempotent=False, name=args.name,
+                         lease_id=args.lease_id, token=args.token))
+    except CallFailed as failed:
+        err = failed.error
+        if err.code == grpc.StatusCode.FAILED_PRECONDITION:
+            text = err_text(err)
+            raise CliError(
+                f"not released: {err.reason or 'FAILED_PRECONDITION'}: {args.name} "
+                f"lease {lease_hex(args.lease_id)} ({args.lease_id}) token {args.token}"
+                + (f": {text}" if text else ""),
+                EXIT_PRECONDITION) from None
+        raise call_error(err, addresses, failed.address, "Release") from None
+    print("released")
+    return EXIT_OK
