@@ -82,6 +82,16 @@ class LockHandle:
         """Whether :meth:`release` has completed (or the client closed)."""
         return self._inner.released
 
+    @property
+    def deadline(self) -> float:
+        """The conservative local deadline of the hold's lease, on ``time.monotonic()`` (see AsyncLockHandle)."""
+        return self._inner.deadline
+
+    @property
+    def margin(self) -> float:
+        """Seconds the local deadline keeps short of the granted TTL."""
+        return self._inner.margin
+
     def valid_for(self) -> float:
         """Seconds left on the conservative local deadline (0.0 once lost or released)."""
         return self._inner.valid_for()

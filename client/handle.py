@@ -97,6 +97,22 @@ class AsyncLockHandle:
         """Whether :meth:`release` has completed (or the client closed)."""
         return self._released
 
+    @property
+    def deadline(self) -> float:
+        """The conservative local deadline of the hold's lease, on ``time.monotonic()``.
+
+        Returns:
+            Seconds on the monotonic clock: send time of the last acknowledged
+            keepalive + granted TTL - :attr:`margin`. It only moves forward;
+            past it the hold is reported lost even if no message arrived.
+        """
+        return self._lease.deadline
+
+    @property
+    def margin(self) -> float:
+        """Seconds the local deadline keeps short of the granted TTL (``min(1, max(0.1, TTL / 10))``)."""
+        return self._lease.margin
+
     def valid_for(self) -> float:
         """Seconds left on the conservative local deadline.
 

@@ -93,10 +93,9 @@ with LockClient(address) as client:
         if lost_early is None and (h.lost.is_set() or v <= 0):
             lost_early = t1
             print(f"LOST-EARLY reason={h.lost_reason}", flush=True)
-    lease = h._inner._lease
-    out = {"resumed_at": t1, "frozen_at": t0, "expiry": lease.deadline + lease.margin,
+    out = {"resumed_at": t1, "frozen_at": t0, "expiry": h.deadline + h.margin,
            "valid_at_resume": h.is_valid(), "max_valid_for": max_valid_for, "lost_early": lost_early,
-           "margin": lease.margin}
+           "margin": h.margin}
     while h.is_valid() or not h.lost.is_set():
         time.sleep(0.002)
     out["lost_at"] = time.monotonic()

@@ -136,7 +136,7 @@ async def test_f04_etcd_leader_changes(
                     assert h.is_valid()
                     # The deadline comes from the client's own send times: never beyond now + T - margin,
                     # whatever TTL etcd reported after its leader changes.
-                    assert h.valid_for() <= h.ttl - h._lease.margin + 0.01, h.valid_for()
+                    assert h.valid_for() <= h.ttl - h.margin + 0.01, h.valid_for()
                 assert not any(line.startswith("LOST") for line in d.output), d.output
 
                 # (b) SIGKILL D, 3 s later kill the etcd leader: D's lock still passes on in time.

@@ -88,8 +88,8 @@ async def _granted_at(coro: Any) -> tuple[AsyncLockHandle, float]:
 
 async def _wait_ack(handle: AsyncLockHandle, timeout: float = 5.0) -> None:
     """Wait until a keepalive of ``handle``'s lease is acknowledged (its deadline moves)."""
-    first = handle._lease.deadline
-    await wait_for(lambda: handle._lease.deadline > first, timeout, interval=0.01, what="a keepalive ack")
+    first = handle.deadline
+    await wait_for(lambda: handle.deadline > first, timeout, interval=0.01, what="a keepalive ack")
 
 
 async def test_f02_silent_partition_of_the_holder(
@@ -113,7 +113,7 @@ async def test_f02_silent_partition_of_the_holder(
             lost_at = await asyncio.wait_for(asyncio.shield(lost), 2 * T + 5)
             detect = lost_at - start
             # The deadline A used: send time of its last acknowledged keepalive + T - margin.
-            last_acked_send = ha._lease.deadline - ha.ttl + ha._lease.margin
+            last_acked_send = ha.deadline - ha.ttl + ha.margin
             assert ha.lost_reason == "DEADLINE", ha.lost_reason
             assert lost_at <= last_acked_send + ha.ttl + 0.1, (lost_at - last_acked_send)
             assert detect <= ha.ttl + 0.25, f"loss reported {detect:.2f} s after the blackhole (T = {ha.ttl})"

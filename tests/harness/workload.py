@@ -214,10 +214,10 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     fraction = 1 / 3
 
     def on_lost(handle: Any) -> None:
-        lease = handle._inner._lease  # harness: the client's own deadline, for the expiry estimate
+        # The client's own deadline + margin: the server-side expiry it estimates.
         h.record("lost", name=handle.name, token=handle.token, lease=handle.lease_id,
-                 reason=handle.lost_reason, expiry=lease.deadline + lease.margin,
-                 keepalive=lease.ttl * fraction)
+                 reason=handle.lost_reason, expiry=handle.deadline + handle.margin,
+                 keepalive=handle.ttl * fraction)
 
     try:
         client.connect()
