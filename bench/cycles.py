@@ -6,6 +6,10 @@ Runs in one process against one etcd (embedded, or --etcd-endpoints):
   coordinator makes (built by ``fencepost.client.v1.etcdops``): one that puts
   the contender key on a lease granted once and reads the holder, one that
   deletes it if its create revision is the token. This is the baseline.
+- ``etcd3aio-direct``: the same two Txns through etcd3aio (its public
+  ``kv.txn`` and ``txn_op_*``/``txn_compare_*`` builders): the baseline that
+  ``docs/benchmarks.md`` recorded before the coordinator had its own etcd
+  layer, kept so that old and new ratios can be compared.
 - ``etcd3aio-lock``: etcd3aio's own Lock recipe (its public ``lock()`` API; a
   lease granted and revoked per lock), for reference.
 - ``coordinator-stub``: Acquire + Release through a coordinator (``fencepost
@@ -38,6 +42,7 @@ from etcd3aio import Etcd3Client
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import etcdops, lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
+from fencepost.client.v1.keys import prefix_end
 from fencepost.coordinator.embedded import EmbeddedEtcd
 
 Cycle = Callable[[int], Awaitable[None]]
@@ -101,6 +106,32 @@ async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, 
 
         return cycle, close
 
+    async def direct_etcd3aio(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        assert etcd.kv is not None and etcd.lease is not None
+        kvs = etcd.kv
+        lease = (await etcd.lease.grant(30)).ID
+        lock = f"{prefix}direct3aio/{i}/".encode()
+        key = lock + f"{lease:016x}".encode()
+        first = kvs.txn_op_get(lock, range_end=prefix_end(lock))
+        first.request_range.sort_order = first.request_range.ASCEND
+        first.request_range.sort_target = first.request_range.CREATE
+        first.request_range.limit = 1
+        first.request_range.keys_only = True
+        mine = kvs.txn_op_get(key)
+        mine.request_range.keys_only = True
+
+        async def cycle(_: int) -> None:
+            absent = kvs.txn_compare_create_revision(key, 0)
+            put = await kvs.txn([absent], [kvs.txn_op_put(key, b"", lease=lease), first], [mine, first])
+            token = put.header.revision
+            await kvs.txn([kvs.txn_compare_create_revision(key, token)], [kvs.txn_op_delete(key)], [mine, first])
+
+        async def close() -> None:
+            assert etcd.lease is not None
+            await etcd.lease.revoke(lease)
+
+        return cycle, close
+
     async def recipe(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
         async def cycle(_: int) -> None:
             async with etcd.lock(f"{prefix}recipe/{i}", ttl=30):
@@ -141,7 +172,8 @@ async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, 
 
         return cycle, close
 
-    kinds = {"etcd-direct": direct, "etcd3aio-lock": recipe, "coordinator-stub": stub, "coordinator-client": client}
+    kinds = {"etcd-direct": direct, "etcd3aio-direct": direct_etcd3aio, "etcd3aio-lock": recipe,
+             "coordinator-stub": stub, "coordinator-client": client}
     for n in clients:
         row: dict[str, float] = {}
         for kind, make in kinds.items():
@@ -166,11 +198,11 @@ def main() -> None:
     else:
         with tempfile.TemporaryDirectory() as tmp, EmbeddedEtcd(tmp) as etcd:
             results = asyncio.run(bench(etcd.endpoint, clients, args.seconds))
-    print(f"{'clients':>7} {'kind':<20} {'cycles/s':>10} {'vs etcd-direct':>15}")
+    print(f"{'clients':>7} {'kind':<20} {'cycles/s':>10} {'vs etcd-direct':>15} {'vs etcd3aio-direct':>18}")
     for n, row in results.items():
-        base = row["etcd-direct"]
+        base, old_base = row["etcd-direct"], row["etcd3aio-direct"]
         for kind, rate in row.items():
-            print(f"{n:>7} {kind:<20} {rate:>10.1f} {rate / base:>15.2f}")
+            print(f"{n:>7} {kind:<20} {rate:>10.1f} {rate / base:>15.2f} {rate / old_base:>18.2f}")
     print(json.dumps(results))
 
 
