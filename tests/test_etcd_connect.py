@@ -49,7 +49,8 @@ async def test_endpoint_when_given_as_the_machines_host_name(tmp_path: Path, pre
     try:
         address = socket.gethostbyname(name)
     except OSError as exc:
-        pytest.skip(f"this machine's host name {name!r} does not resolve: {exc}")
+        pytest.fail(f"this machine's host name {name!r} does not resolve ({exc}); the test needs it to: "
+                    f"add it to /etc/hosts (.ci/run does)")
     etcd = EmbeddedEtcd(tmp_path / "etcd", host=address)
     await asyncio.to_thread(etcd.start)
     coordinator = Coordinator([f"{name}:{etcd.client_port}"], listen="127.0.0.1:0", prefix=prefix)
