@@ -19,6 +19,7 @@ import fcntl
 import logging
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -41,6 +42,8 @@ from .watch import DeleteWatcher
 _log = logging.getLogger("fencepost.coordinator")
 
 DEFAULT_LISTEN = "127.0.0.1:7420"
+#: ``HOST:PORT`` of ``--listen``: a host name, an IPv4 address or a bracketed IPv6 address, and a port.
+_LISTEN = re.compile(r"^(?:\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 DEFAULT_PREFIX = "/fencepost/locks/"
 SERVICE_NAME = "fencepost.v1.LockService"
 #: How often the health monitor checks etcd, in seconds.
@@ -61,6 +64,28 @@ SERVER_OPTIONS = [
 ]
 
 
+def check_listen(listen: str) -> str:
+    """Check the address to serve on: ``HOST:PORT``, the port 0 (pick a free one) to 65535.
+
+    gRPC itself takes ``127.0.0.1`` as ``127.0.0.1:443``; this refuses it.
+
+    Args:
+        listen: e.g. ``127.0.0.1:7420``, ``0.0.0.0:7420``, ``localhost:7420``, ``[::1]:7420``.
+
+    Returns:
+        ``listen`` unchanged.
+
+    Raises:
+        ValueError: not of that form (no port, a port that is not a number or
+            above 65535, an IPv6 address without brackets).
+    """
+    match = _LISTEN.match(listen) if isinstance(listen, str) else None
+    if match is None or int(match.group("port")) > 65535:
+        raise ValueError(f"listen address {listen!r} is not HOST:PORT with a port 0 to 65535 "
+                         f"(e.g. 127.0.0.1:7420, 0.0.0.0:7420, [::1]:7420; port 0 picks a free one)")
+    return listen
+
+
 class Coordinator:
     """A Fencepost coordinator serving LockService on one address.
 
@@ -77,7 +102,8 @@ class Coordinator:
         etcd_auth: etcd user and password when etcd has auth enabled.
 
     Raises:
-        ValueError: no endpoint, a malformed one, or ``http://`` endpoints with ``etcd_tls``.
+        ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
+            ``etcd_tls``; ``listen`` not ``HOST:PORT``.
     """
 
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
@@ -85,6 +111,7 @@ class Coordinator:
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
                  etcd_auth: EtcdAuth | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
+        check_listen(listen)
         self._endpoints = list(etcd_endpoints)
         self._etcd_tls = etcd_tls
         self._etcd_auth = etcd_auth
@@ -261,6 +288,11 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         raise _BadFlag(f"--grace-seconds is {args.grace_seconds!r}; must be a number of seconds") from None
     if not 0 <= grace <= 3600 or math.isnan(grace):
         raise _BadFlag(f"--grace-seconds is {args.grace_seconds}; must be 0 to 3600 seconds")
+    try:
+        check_listen(args.listen)
+    except ValueError:
+        raise _BadFlag(f"--listen is {args.listen!r}; must be HOST:PORT with a port 0 to 65535 (e.g. "
+                       f"127.0.0.1:7420, 0.0.0.0:7420, [::1]:7420; port 0 picks a free one)") from None
     level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(level), int):
         raise _BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")

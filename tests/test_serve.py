@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.server import Coordinator, check_listen
 
 from .conftest import LISTENING, child_env
 
@@ -57,3 +57,38 @@ def test_serve_when_grace_seconds_is_out_of_range(grace: str) -> None:
                             capture_output=True, text=True, timeout=30, env=child_env())
     assert result.returncode == 2
     assert "--grace-seconds" in result.stderr
+
+
+def _serve_fails_at_once(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """Run `fencepost serve ARGV` and expect exit 2 with one line on stderr; returns that line."""
+    child = child_env()
+    child.update(env or {})
+    result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", *argv],
+                            capture_output=True, text=True, timeout=20, env=child)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout == "", result.stdout
+    return lines[0]
+
+
+@pytest.mark.parametrize(("argv", "env"), [
+    (["--listen", "127.0.0.1"], {}),
+    (["--listen", "127.0.0.1:abc"], {}),
+    (["--listen", "127.0.0.1:65536"], {}),
+    (["--listen", "::1:7420"], {}),
+    (["--listen", ":7420"], {}),
+    ([], {"FENCEPOST_LISTEN": "nope"}),
+])
+def test_serve_when_listen_is_not_host_port(argv: list[str], env: dict[str, str], tmp_path: Path) -> None:
+    """A --listen without a port, with a bad port or an unbracketed IPv6 address: exit 2 before etcd starts."""
+    line = _serve_fails_at_once(["--data-dir", str(tmp_path / "data"), *argv], env)
+    assert "--listen" in line and "HOST:PORT" in line, line
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "127.0.0.1:7420", "0.0.0.0:65535", "localhost:7420",
+                                    "[::1]:7420", "[::]:0", "etcd-1.example.com:80"])
+def test_listen_when_host_port_is_well_formed(listen: str) -> None:
+    """Addresses, host names and bracketed IPv6 addresses with a port 0 to 65535 are accepted as they are."""
+    assert check_listen(listen) == listen
