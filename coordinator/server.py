@@ -298,8 +298,10 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         raise _BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
     password = os.environ.get(PASSWORD_ENV)
     endpoints = None
-    if args.etcd_endpoints:
+    if args.etcd_endpoints is not None:  # given, even empty: only an unset flag and env mean "embedded"
         endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
+        if not endpoints:
+            raise _BadFlag("--etcd-endpoints is empty; omit it (and FENCEPOST_ETCD_ENDPOINTS) for the embedded etcd")
     elif args.etcd_cacert or args.etcd_cert or args.etcd_key or args.etcd_user:
         raise _BadFlag("--etcd-cacert, --etcd-cert, --etcd-key and --etcd-user need --etcd-endpoints "
                        "(the embedded etcd has no TLS or auth)")

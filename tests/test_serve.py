@@ -92,3 +92,15 @@ def test_serve_when_listen_is_not_host_port(argv: list[str], env: dict[str, str]
 def test_listen_when_host_port_is_well_formed(listen: str) -> None:
     """Addresses, host names and bracketed IPv6 addresses with a port 0 to 65535 are accepted as they are."""
     assert check_listen(listen) == listen
+
+
+@pytest.mark.parametrize(("argv", "env"), [
+    (["--etcd-endpoints", ""], {}),
+    (["--etcd-endpoints", " , ,"], {}),
+    ([], {"FENCEPOST_ETCD_ENDPOINTS": ""}),
+])
+def test_serve_when_etcd_endpoints_is_empty(argv: list[str], env: dict[str, str], tmp_path: Path) -> None:
+    """An explicitly empty --etcd-endpoints is refused (exit 2), not taken as "start the embedded etcd"."""
+    line = _serve_fails_at_once(["--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"), *argv], env)
+    assert "--etcd-endpoints is empty" in line, line
+    assert not (tmp_path / "data").exists()
