@@ -354,8 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         from .embedded import EmbeddedEtcd
 
         data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-        data_dir.mkdir(parents=True, exist_ok=True)
-        owner = _lock_data_dir(data_dir)
+        try:
+            owner = _lock_data_dir(data_dir)
+        except _BadFlag as exc:
+            print(f"fencepost serve: error: {exc}", file=sys.stderr)
+            return 2
         if owner is None:
             print(f"fencepost: {data_dir} is in use by another fencepost serve; give it another --data-dir "
                   f"or stop the other one", file=sys.stderr)
@@ -364,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         embedded = EmbeddedEtcd(data_dir)
         try:
             embedded.start()
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:
             print(f"fencepost: cannot start the embedded etcd: {exc}", file=sys.stderr)
             return 1
         endpoints = [embedded.endpoint]
@@ -376,12 +379,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _lock_data_dir(data_dir: Path) -> IO[str] | None:
-    """Take an exclusive lock on ``data_dir`` for this process's lifetime.
+    """Make ``data_dir`` if missing and take an exclusive lock on it for this process's lifetime.
 
     Returns:
         The open lock file (keep it open), or None when another process holds it.
+
+    Raises:
+        _BadFlag: ``data_dir`` is not a directory, cannot be made, or no file can be made in it.
     """
-    handle = open(data_dir / "fencepost.lock", "a+")  # noqa: SIM115 - held until the process exits
+    if data_dir.exists() and not data_dir.is_dir():
+        raise _BadFlag(f"--data-dir {data_dir} is not a directory")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a dangling symbolic link, or made meanwhile as a file
+        raise _BadFlag(f"--data-dir {data_dir} is not a directory") from None
+    except OSError as exc:
+        raise _BadFlag(f"--data-dir {data_dir} cannot be made: {exc.strerror}") from None
+    try:
+        handle = open(data_dir / "fencepost.lock", "a+")  # noqa: SIM115 - held until the process exits
+    except OSError as exc:
+        raise _BadFlag(f"--data-dir {data_dir}: cannot make a file in it: {exc.strerror}") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

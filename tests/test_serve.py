@@ -104,3 +104,12 @@ def test_serve_when_etcd_endpoints_is_empty(argv: list[str], env: dict[str, str]
     line = _serve_fails_at_once(["--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"), *argv], env)
     assert "--etcd-endpoints is empty" in line, line
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("where", ["a-file", "under-a-file", "/proc/forbidden", "/proc"])
+def test_serve_when_data_dir_is_unusable(where: str, tmp_path: Path) -> None:
+    """A --data-dir that is a file, cannot be made or cannot be written in: one line naming it, exit 2."""
+    (tmp_path / "a-file").write_text("not a directory")
+    data_dir = {"a-file": str(tmp_path / "a-file"), "under-a-file": str(tmp_path / "a-file" / "etcd")}.get(where, where)
+    line = _serve_fails_at_once(["--listen", "127.0.0.1:0", "--data-dir", data_dir])
+    assert f"--data-dir {data_dir}" in line, line
