@@ -21,6 +21,7 @@ import math
 import os
 import re
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -319,6 +320,8 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
             check_endpoints(endpoints, tls)
         except ValueError as exc:
             raise _BadFlag(f"--etcd-endpoints: {exc}") from None
+    if tls is not None:
+        _check_tls_files(args.etcd_cacert, args.etcd_cert, args.etcd_key)
     auth = None
     if args.etcd_user:
         if password is None:
@@ -328,6 +331,54 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
     elif password is not None and endpoints is not None:
         raise _BadFlag(f"{PASSWORD_ENV} is set but no --etcd-user names its user")
     return endpoints, tls, auth, grace, level
+
+
+class _Encrypted(Exception):
+    """The private key asks for a passphrase (gRPC takes unencrypted keys only)."""
+
+
+def _no_passphrase() -> bytes:
+    raise _Encrypted
+
+
+def _ssl_why(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason, when it says more than "no certificate" (not its bare "PEM lib")."""
+    return f" ({exc.reason})" if exc.reason and exc.reason != "NO_CERTIFICATE_OR_CRL_FOUND" else ""
+
+
+def _check_tls_files(cacert: str | None, cert: str | None, key: str | None) -> None:
+    """Load the PEM files as OpenSSL will in gRPC, so that a bad one stops the start, not each handshake.
+
+    gRPC only fails on them when it first connects to etcd, and keeps failing
+    (NOT_SERVING for ever, with core errors on stderr).
+
+    Raises:
+        _BadFlag: naming the flag: a CA file without a certificate, a client
+            certificate file without one, a key that is not a private key, is
+            encrypted, or is not the key of the certificate.
+    """
+    if cacert is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cacert)
+        except ssl.SSLError as exc:
+            raise _BadFlag(f"--etcd-cacert {cacert} holds no certificate that OpenSSL can read"
+                           f"{_ssl_why(exc)}") from None
+    if cert is None or key is None:
+        return
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert)
+    except ssl.SSLError as exc:
+        raise _BadFlag(f"--etcd-cert {cert} holds no certificate that OpenSSL can read{_ssl_why(exc)}; "
+                       f"are --etcd-cert and --etcd-key swapped?") from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=_no_passphrase)
+    except _Encrypted:
+        raise _BadFlag(f"--etcd-key {key} is encrypted; give the key without a passphrase") from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise _BadFlag(f"--etcd-key {key} is not the private key of the certificate in --etcd-cert {cert}"
+                           ) from None
+        raise _BadFlag(f"--etcd-key {key} holds no private key that OpenSSL can read{_ssl_why(exc)}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

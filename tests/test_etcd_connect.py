@@ -150,6 +150,47 @@ async def test_serve_when_tls_flags_are_given(tls_etcd: EmbeddedEtcd, ca: trustm
         child.kill()
 
 
+@pytest.mark.parametrize(("case", "flag", "says"), [
+    ("key of another certificate", "--etcd-key", "not the private key of"),
+    ("certificate and key swapped", "--etcd-cert", "no certificate"),
+    ("key given as the certificate too", "--etcd-key", "no private key"),
+    ("encrypted key", "--etcd-key", "encrypted"),
+    ("CA file holds a private key", "--etcd-cacert", "no certificate"),
+])
+def test_serve_when_tls_files_do_not_fit(case: str, flag: str, says: str, ca: trustme.CA, tmp_path: Path) -> None:
+    """PEM files that gRPC would only fail on in the handshake (for ever, NOT_SERVING): exit 2 at start, one line."""
+    from cryptography.hazmat.primitives import serialization
+
+    mine, other = ca.issue_cert("fencepost-serve"), ca.issue_cert("someone-else")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    mine.cert_chain_pems[0].write_to_path(tmp_path / "client.pem")
+    mine.private_key_pem.write_to_path(tmp_path / "client-key.pem")
+    other.private_key_pem.write_to_path(tmp_path / "other-key.pem")
+    key = serialization.load_pem_private_key(mine.private_key_pem.bytes(), password=None)
+    (tmp_path / "encrypted-key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"passphrase")))
+    files = {
+        "key of another certificate": ["--etcd-cacert", "ca.pem", "--etcd-cert", "client.pem",
+                                       "--etcd-key", "other-key.pem"],
+        "certificate and key swapped": ["--etcd-cacert", "ca.pem", "--etcd-cert", "client-key.pem",
+                                        "--etcd-key", "client.pem"],
+        "key given as the certificate too": ["--etcd-cacert", "ca.pem", "--etcd-cert", "client.pem",
+                                             "--etcd-key", "client.pem"],
+        "encrypted key": ["--etcd-cacert", "ca.pem", "--etcd-cert", "client.pem", "--etcd-key", "encrypted-key.pem"],
+        "CA file holds a private key": ["--etcd-cacert", "client-key.pem"],
+    }[case]
+    argv = [str(tmp_path / a) if a.endswith(".pem") else a for a in files]
+    result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+                             "--etcd-endpoints", "https://127.0.0.1:1", *argv],
+                            capture_output=True, text=True, timeout=20, env=child_env())
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fencepost serve: error: {flag} "), result.stderr
+    assert says in lines[0], lines[0]
+    assert "listening" not in result.stdout
+
+
 # ---------------------------------------------------------------- authentication
 
 PASSWORD = "s3cret-pw"
