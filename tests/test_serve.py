@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -9,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from fencepost.client import AsyncLockClient
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator, check_listen
 
-from .conftest import LISTENING, child_env
+from .conftest import LISTENING, ChildProcess, child_env
 
 
 async def test_start_when_port_is_taken_by_another_coordinator(etcd: EmbeddedEtcd, prefix: str) -> None:
@@ -48,6 +51,70 @@ def test_serve_when_data_dir_is_in_use(tmp_path: Path) -> None:
     finally:
         first.terminate()
         first.communicate(timeout=30)
+
+
+def _etcds_on(data_dir: Path) -> list[int]:
+    """The pids of the live (not zombie) etcd processes whose data is in ``data_dir``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if state != "Z" and Path(os.fsdecode(args[0])).name == "etcd" and os.fsencode(data_dir / "data") in args:
+            pids.append(int(entry.name))
+    return pids
+
+
+async def test_serve_when_the_previous_serve_was_killed(tmp_path: Path) -> None:
+    """A SIGKILLed serve leaves its embedded etcd running (in its own session, out of Ctrl-C's reach); the next
+    serve on the same data directory stops that etcd, says so, and serves within seconds."""
+    argv = [sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+            "--data-dir", str(tmp_path)]
+    first = ChildProcess(argv, log_path=tmp_path / "serve-1.log")
+    second: ChildProcess | None = None
+    try:
+        await first.await_line(LISTENING, 30)
+        orphans = _etcds_on(tmp_path)
+        assert len(orphans) == 1, orphans
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+        assert _etcds_on(tmp_path) == orphans  # it outlived its serve
+
+        second = ChildProcess(argv, log_path=tmp_path / "serve-2.log")
+        match = await second.await_line(LISTENING, 15)
+        assert _etcds_on(tmp_path) not in ([], orphans)
+        assert any(f"pid {orphans[0]}" in line and "stopped" in line for line in second.output), second.output
+        async with AsyncLockClient(f"127.0.0.1:{match.group(2)}") as client:
+            handle = await client.acquire("after-a-killed-serve", ttl=5.0, timeout=10.0)
+            await handle.release()
+        assert second.terminate() == 0
+        assert _etcds_on(tmp_path) == []
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+        for pid in _etcds_on(tmp_path):  # left by a failure above: ours, on our data directory
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_embedded_etcd_when_a_living_owner_runs_etcd_on_the_data_dir(tmp_path: Path) -> None:
+    """Only an orphan is stopped: an etcd whose owner still runs is left alone, and a second start fails at once."""
+    first = EmbeddedEtcd(tmp_path)
+    first.start()
+    try:
+        second = EmbeddedEtcd(tmp_path)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"etcd \\(pid {first.pid}\\) of the running process {os.getpid()}"):
+            second.start()
+        assert time.monotonic() - started < 5
+        assert first.healthy()
+    finally:
+        first.stop()
+    assert not first.pid_path.exists()
 
 
 @pytest.mark.parametrize("grace", ["-3", "nan", "4000"])
