@@ -27,7 +27,16 @@ from fencepost.client.errors import FencepostError, InvalidArgument, NotHolder, 
 from fencepost.client.v1 import details
 from fencepost.client.v1.details import ErrorReason, reason_name
 
-__all__ = ["etcd_unavailable", "shutting_down", "to_status"]
+__all__ = ["EtcdRefused", "etcd_refused", "etcd_unavailable", "shutting_down", "to_status"]
+
+
+class EtcdRefused(Unavailable):
+    """etcd refused the coordinator itself (its credentials, or its role's permissions), not a request.
+
+    To the caller it is ETCD_UNAVAILABLE like an unreachable etcd; inside the
+    coordinator it is told apart, because it lasts until etcd or the
+    coordinator's settings change (it is logged once, not on every retry).
+    """
 
 
 def to_status(exc: FencepostError) -> grpc.Status:
@@ -64,6 +73,12 @@ def to_status(exc: FencepostError) -> grpc.Status:
 def etcd_unavailable(message: str, *, name: str | None = None, lease_id: int | None = None) -> Unavailable:
     """The error for etcd unreachable or without quorum (UNAVAILABLE / ETCD_UNAVAILABLE)."""
     return Unavailable(message, name=name, lease_id=lease_id, reason=reason_name(ErrorReason.ETCD_UNAVAILABLE),
+                       retry_delay=details.RETRY_DELAY_BY_REASON[ErrorReason.ETCD_UNAVAILABLE])
+
+
+def etcd_refused(message: str, *, name: str | None = None, lease_id: int | None = None) -> EtcdRefused:
+    """The error for etcd refusing the coordinator's credentials or permissions (UNAVAILABLE / ETCD_UNAVAILABLE)."""
+    return EtcdRefused(message, name=name, lease_id=lease_id, reason=reason_name(ErrorReason.ETCD_UNAVAILABLE),
                        retry_delay=details.RETRY_DELAY_BY_REASON[ErrorReason.ETCD_UNAVAILABLE])
 
 

@@ -210,6 +210,7 @@ class Coordinator:
         """Keep health SERVING while etcd answers a linearizable read, NOT_SERVING otherwise."""
         assert self._etcd is not None
         serving: bool | None = None
+        said: tuple[bool, str | None] | None = None
         while True:
             # Two tries of 1 s (the HEALTH rule): the second goes to the next
             # member, so one frozen member of a healthy cluster is not an outage.
@@ -217,9 +218,19 @@ class Coordinator:
             if ok != serving:
                 serving = ok
                 await self._set_health(ok)
-                why = f" ({self._etcd.refusal})" if not ok and self._etcd.refusal else ""
-                _log.log(logging.INFO if ok else logging.WARNING, "etcd %s%s",
-                         "reachable: SERVING" if ok else "unreachable: NOT_SERVING", why)
+            # Logged once per change, also when an unreachable etcd comes back
+            # refusing the coordinator (health stays NOT_SERVING meanwhile).
+            state = (ok, None if ok else self._etcd.refusal)
+            if state != said:
+                said = state
+                if ok:
+                    _log.info("etcd reachable: SERVING")
+                elif state[1] is not None:
+                    who = f"user {self._etcd.user!r}" if self._etcd.user else "no --etcd-user"
+                    _log.warning("etcd refuses the coordinator (%s, %s): NOT_SERVING until it accepts it",
+                                 state[1], who)
+                else:
+                    _log.warning("etcd unreachable: NOT_SERVING")
             await asyncio.sleep(HEALTH_INTERVAL)
 
 

@@ -21,6 +21,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
@@ -28,7 +29,14 @@ from fencepost.client.v1 import etcdops
 from fencepost.client.v1.keys import Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
+from .errors import EtcdRefused
+
 _log = logging.getLogger(__name__)
+
+#: While the watch keeps failing for the same reason (etcd out of reach), it
+#: says so again at most this often, in seconds. A refusal (credentials,
+#: permissions) is logged once per change of its message.
+REPEAT_INTERVAL = 30.0
 
 #: A deletion callback: called with the deletion revision, or None when
 #: deletions may have been missed (the watch restarted after compaction) and
@@ -45,7 +53,10 @@ class DeleteSource(Protocol):
 
     def watch_deletes(self, key: bytes, range_end: bytes, start_revision: int
                       ) -> AsyncGenerator[list[tuple[bytes, int]], None]:
-        """Deletions in the range from ``start_revision``, in batches; ends on compaction."""
+        """Deletions in the range from ``start_revision``, in batches; ends on compaction.
+
+        A batch may be empty (the etcd layer yields one when etcd has created the watch).
+        """
         ...
 
 
@@ -68,6 +79,7 @@ class DeleteWatcher:
         self._known_after: int | None = None  # every deletion with revision > this is known
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()  # set while the watch runs and deletions are known
+        self._outage = _Outage()
 
     def start(self) -> None:
         """Start watching in a background task (it retries while etcd is unreachable)."""
@@ -159,7 +171,9 @@ class DeleteWatcher:
                 stream = self._etcd.watch_deletes(self._keys.prefix, self._keys.range_end, start + 1)
                 async with contextlib.aclosing(stream):
                     async for deletions in stream:
-                        delays = ETCD_BACKOFF.delays()
+                        self._outage.ended()
+                        if deletions:
+                            delays = ETCD_BACKOFF.delays()
                         for key, revision in deletions:
                             self._on_delete(key, revision)
                 self._mark_unknown()  # the watch ended (compaction): deletions may be missed until it restarts
@@ -167,7 +181,7 @@ class DeleteWatcher:
                 raise
             except Exception as exc:  # etcd down: retry; subscribers re-read
                 delay = next(delays)
-                _log.warning("lock watch failed (%s); restarting in %.2f s", exc, delay)
+                self._outage.failed(exc, delay)
                 self._mark_unknown()
                 await asyncio.sleep(delay)
 
@@ -197,6 +211,48 @@ class DeleteWatcher:
         for subs in list(self._subs.values()):
             for callback in list(subs):
                 _call(callback, None)
+
+
+class _Outage:
+    """What the watch says while it keeps failing: not one WARNING per restart (every 0.05 to 2 s).
+
+    The first failure and each change of its kind are logged at WARNING; while
+    etcd stays out of reach, a reminder at most every ``REPEAT_INTERVAL``; a
+    refusal (:class:`~.errors.EtcdRefused`) is not repeated while its message
+    stays the same. The other restarts are logged at DEBUG. When the watch
+    runs again, one INFO line.
+    """
+
+    def __init__(self) -> None:
+        self._since: float | None = None  # monotonic time of the first failure of this outage
+        self._kind: str | None = None  # "failing" (etcd out of reach, mostly), or the refusal's message
+        self._said_at = 0.0
+        self._restarts = 0
+
+    def failed(self, exc: Exception, delay: float) -> None:
+        now = time.monotonic()
+        message = getattr(exc, "message", None) or str(exc)
+        refused = isinstance(exc, EtcdRefused)
+        kind = message if refused else "failing"
+        if self._since is None:
+            self._since = now
+        self._restarts += 1
+        if kind != self._kind:
+            self._kind, self._said_at = kind, now
+            _log.warning("lock watch failed (%s); restarting it until it runs%s", message,
+                         "" if refused else f", saying so again at most every {REPEAT_INTERVAL:.0f} s")
+        elif not refused and now - self._said_at >= REPEAT_INTERVAL:
+            self._said_at = now
+            _log.warning("lock watch still failing after %.0f s (%d restarts): %s", now - self._since,
+                         self._restarts, message)
+        else:
+            _log.debug("lock watch failed (%s); restarting in %.2f s", message, delay)
+
+    def ended(self) -> None:
+        if self._since is not None:
+            _log.info("lock watch running again after %.1f s (%d restarts)", time.monotonic() - self._since,
+                      self._restarts)
+            self._since, self._kind, self._restarts = None, None, 0
 
 
 def _call(callback: DeleteCallback, revision: int | None) -> None:

@@ -4,6 +4,7 @@ certificates (mTLS), and etcd user/password authentication; and the serve flags 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import EtcdAuth, EtcdTls
 from fencepost.coordinator.server import Coordinator, main
 
-from .conftest import LISTENING, ChildProcess, child_env, error_info
+from .conftest import LISTENING, ChildProcess, child_env, error_info, wait_for
 
 
 async def _acquire_and_release(coordinator: Coordinator, name: str) -> int:
@@ -268,6 +269,62 @@ async def test_auth_when_prefix_is_outside_the_role(auth_etcd: EmbeddedEtcd) -> 
         await coordinator.stop(0)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "permission denied" in (info.value.details() or "") and "'locks'" in (info.value.details() or "")
+
+
+def _logged(caplog: pytest.LogCaptureFixture, logger: str, text: str, level: int | None = None) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == logger and text in r.getMessage() and (level is None or r.levelno == level)]
+
+
+async def test_auth_when_coordinator_has_no_user(auth_etcd: EmbeddedEtcd, auth_prefix: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Auth on in etcd, no user given: the coordinator stays up NOT_SERVING (etcd may change) and logs the
+    refusal once, naming the missing --etcd-user, not on every restart of its watch."""
+    caplog.set_level(logging.DEBUG, logger="fencepost.coordinator")
+    coordinator = Coordinator([auth_etcd.endpoint], listen="127.0.0.1:0", prefix=auth_prefix + "no-user/")
+    try:
+        await _started(coordinator)
+        await wait_for(lambda: len(_logged(caplog, "fencepost.coordinator.watch", "lock watch failed")) >= 4, 30,
+                       0.05, "four restarts of the lock watch")
+        await wait_for(lambda: _logged(caplog, "fencepost.coordinator", "NOT_SERVING"), 10, 0.05, "NOT_SERVING")
+    finally:
+        await coordinator.stop(0)
+    warned = _logged(caplog, "fencepost.coordinator.watch", "lock watch failed", logging.WARNING)
+    assert len(warned) == 1 and "--etcd-user" in warned[0], warned
+    health = _logged(caplog, "fencepost.coordinator", "NOT_SERVING")
+    assert len(health) == 1 and "refuses the coordinator" in health[0] and "no --etcd-user" in health[0], health
+
+
+async def test_auth_when_etcd_refuses_the_password_after_start(tmp_path: Path, auth_prefix: str,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """etcd down at start, back refusing the password: NOT_SERVING (not an exit), and each change logged once:
+    unreachable, then refused."""
+    caplog.set_level(logging.DEBUG, logger="fencepost.coordinator")
+    etcd = EmbeddedEtcd(tmp_path / "etcd")
+    await asyncio.to_thread(etcd.start)
+    coordinator = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=auth_prefix + "later/",
+                              etcd_auth=EtcdAuth("locks", "not-" + PASSWORD))
+    try:
+        await _enable_auth(etcd.endpoint, auth_prefix)
+        await asyncio.to_thread(etcd.stop)
+        await _started(coordinator)  # etcd out of reach: not a refusal yet
+        await wait_for(lambda: _logged(caplog, "fencepost.coordinator", "unreachable: NOT_SERVING"), 10, 0.05,
+                       "NOT_SERVING with etcd down")
+        await asyncio.to_thread(etcd.start)
+        await wait_for(lambda: _logged(caplog, "fencepost.coordinator", "refuses the coordinator"), 30, 0.05,
+                       "the refusal to be logged")
+        refused_at = len(_logged(caplog, "fencepost.coordinator.watch", "lock watch failed"))
+        await wait_for(lambda: len(_logged(caplog, "fencepost.coordinator.watch", "lock watch failed"))
+                       >= refused_at + 4, 30, 0.05, "four more restarts of the lock watch")
+    finally:
+        await coordinator.stop(0)
+        await asyncio.to_thread(etcd.stop)
+    health = _logged(caplog, "fencepost.coordinator", "NOT_SERVING")
+    assert len(health) == 2 and "unreachable" in health[0], health
+    assert "refuses the coordinator (authentication failed, user 'locks')" in health[1], health
+    warned = _logged(caplog, "fencepost.coordinator.watch", "refused the coordinator's credentials", logging.WARNING)
+    assert len(warned) == 1, warned
+    assert PASSWORD not in caplog.text
 
 
 def _serve(endpoint: str, prefix: str, password: str, tmp_path: Path) -> ChildProcess:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import grpc
@@ -79,6 +80,51 @@ async def test_acquire_while_etcd_is_down_is_unavailable(tmp_path: Path, prefix:
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE, (info.value.code(), info.value.details())
         detail = error_info(info.value)
         assert detail is not None and detail.reason == "ETCD_UNAVAILABLE"
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+        await asyncio.to_thread(own_etcd.stop)
+
+
+def _watch_failures(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[logging.LogRecord]:
+    """The lock watch's failure records (each restart is one, at DEBUG when not worth a WARNING)."""
+    return [r for r in caplog.records
+            if r.name == "fencepost.coordinator.watch" and ("failed" in r.getMessage() or "failing" in r.getMessage())
+            and (level is None or r.levelno == level)]
+
+
+async def test_log_when_etcd_stays_unreachable(tmp_path: Path, prefix: str, caplog: pytest.LogCaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With etcd out of reach the watch restarts every 0.05-2 s but warns once, then at most every
+    REPEAT_INTERVAL; health says NOT_SERVING once; one line each when etcd is back."""
+    from fencepost.coordinator import watch
+    from fencepost.coordinator.server import Coordinator
+
+    monkeypatch.setattr(watch, "REPEAT_INTERVAL", 2.0)
+    caplog.set_level(logging.DEBUG, logger="fencepost.coordinator")
+    own_etcd = EmbeddedEtcd(tmp_path / "etcd")
+    await asyncio.to_thread(own_etcd.start)
+    await asyncio.to_thread(own_etcd.stop)  # its ports are kept: it comes back on the same endpoint
+    coord = Coordinator([own_etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    try:
+        await asyncio.wait_for(coord.start(), 20)
+
+        def reminders() -> int:
+            return sum("still failing" in r.getMessage() for r in _watch_failures(caplog, logging.WARNING))
+
+        await wait_for(lambda: reminders() >= 2, 30, 0.05, "two reminders of the watch failing")
+        warned = _watch_failures(caplog, logging.WARNING)
+        assert len(warned) == 3 and "lock watch failed" in warned[0].getMessage(), [r.getMessage() for r in warned]
+        assert all(b.created - a.created >= 2.0 - 0.05 for a, b in zip(warned, warned[1:], strict=False))
+        assert len(_watch_failures(caplog)) > len(warned)  # the other restarts were at DEBUG
+        said = [r.getMessage() for r in caplog.records if r.name == "fencepost.coordinator"]
+        assert said == ["etcd unreachable: NOT_SERVING"], said
+
+        await asyncio.to_thread(own_etcd.start)
+        await wait_for(lambda: any("lock watch running again" in r.getMessage() for r in caplog.records), 30, 0.05,
+                       "the watch to say it runs again")
+        await wait_for(lambda: any("etcd reachable: SERVING" in r.getMessage() for r in caplog.records), 30, 0.05,
+                       "health to say SERVING")
+        assert sum("lock watch running again" in r.getMessage() for r in caplog.records) == 1
     finally:
         await asyncio.wait_for(coord.stop(grace=0), 20)
         await asyncio.to_thread(own_etcd.stop)

@@ -277,7 +277,8 @@ class EtcdClient:
         """Watch a key range for deletions from ``start_revision`` on, on the current member.
 
         Yields:
-            Each watch response's deletions, as (key, deletion revision) pairs.
+            An empty batch once etcd has created the watch, then each watch
+            response's deletions, as (key, deletion revision) pairs.
 
         Returns when etcd cancels the watch because ``start_revision`` was
         compacted (the caller re-reads and watches again from a newer revision).
@@ -306,7 +307,7 @@ class EtcdClient:
                         else Failure.REJECTED
                     raise error_for(failure, RuntimeError(resp.cancel_reason), Op.WATCH, user=self.user)
                 deletes = [(bytes(e.kv.key), int(e.kv.mod_revision)) for e in resp.events if e.type == e.DELETE]
-                if deletes:
+                if deletes or resp.created:
                     yield deletes
         except grpc.aio.AioRpcError as exc:
             failure = classify(exc)

@@ -28,7 +28,7 @@ import grpc
 
 from fencepost.client.errors import FencepostError, LeaseLost
 
-from ..errors import etcd_unavailable
+from ..errors import etcd_refused, etcd_unavailable
 
 __all__ = ["FAILURES", "Failure", "Op", "RULES", "Rule", "UNKNOWN_OUTCOME", "classify", "error_for"]
 
@@ -70,6 +70,8 @@ FAILURES: tuple[tuple[grpc.StatusCode, str | None, Failure], ...] = (
     (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: authentication failed", Failure.AUTH_FAILED),
     (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled", Failure.AUTH_FAILED),
     (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name not found", Failure.AUTH_FAILED),
+    # Auth is enabled and the coordinator has no user (no token sent).
+    (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty", Failure.AUTH_FAILED),
     (grpc.StatusCode.UNAUTHENTICATED, None, Failure.AUTH_FAILED),
     (grpc.StatusCode.PERMISSION_DENIED, None, Failure.PERMISSION_DENIED),
     (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader", Failure.NO_LEADER),
@@ -166,17 +168,20 @@ def error_for(failure: Failure, exc: BaseException | None, op: Op, *, name: str 
     Returns:
         :class:`LeaseLost` for LEASE_NOT_FOUND; otherwise an Unavailable
         (ETCD_UNAVAILABLE): to the caller, etcd refusing the coordinator is
-        the same as etcd being out of reach, and the message says which.
+        the same as etcd being out of reach, and the message says which
+        (inside the coordinator, a refusal is an :class:`~..errors.EtcdRefused`).
     """
     said = exc.details() if isinstance(exc, grpc.RpcError) else (str(exc) if exc else "")  # type: ignore[attr-defined]
     if failure is Failure.LEASE_NOT_FOUND:
         who = f"lease {lease_id:#x}" if lease_id else "the lease"
         return LeaseLost(f"{who} has expired or was revoked", name=name, lease_id=lease_id)
+    if failure is Failure.AUTH_FAILED and user is None:
+        return etcd_refused(f"etcd refused the coordinator, which has no etcd user (--etcd-user): {said}",
+                            name=name, lease_id=lease_id)
     if failure is Failure.AUTH_FAILED:
-        message = f"etcd refused the coordinator's credentials (user {user!r}): {said}"
-    elif failure is Failure.PERMISSION_DENIED:
-        message = (f"etcd: permission denied for the coordinator's user {user!r} on {op.value}: its role must "
-                   f"grant readwrite on the lock prefix")
-    else:
-        message = f"etcd: {op.value} {failure.value}: {said}"
-    return etcd_unavailable(message, name=name, lease_id=lease_id)
+        return etcd_refused(f"etcd refused the coordinator's credentials (user {user!r}): {said}",
+                            name=name, lease_id=lease_id)
+    if failure is Failure.PERMISSION_DENIED:
+        return etcd_refused(f"etcd: permission denied for the coordinator's user {user!r} on {op.value}: its "
+                            f"role must grant readwrite on the lock prefix", name=name, lease_id=lease_id)
+    return etcd_unavailable(f"etcd: {op.value} {failure.value}: {said}", name=name, lease_id=lease_id)
