@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from .errors import InvalidArgument
-from .v1.keys import MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
+from .v1.keys import MAX_NAME_BYTES, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -25,6 +25,7 @@ __all__ = [
     "check_fraction",
     "check_name",
     "check_timeout",
+    "name_problem",
     "ttl_to_wire",
     "wait_to_wire",
 ]
@@ -106,8 +107,42 @@ def wait_to_wire(remaining: float | None) -> tuple[int, bool]:
     return min(wait_ms, MAX_WAIT_MS), False
 
 
+def name_problem(name: object) -> str | None:
+    """What is wrong with a lock name, if anything: the server's rules, checked client-side.
+
+    A name is a str of 1 to :data:`~fencepost.client.v1.keys.MAX_NAME_BYTES`
+    bytes of UTF-8 without control characters (the coordinator's own check,
+    with the same wording). A str that cannot be encoded as UTF-8 (a lone
+    surrogate, as ``sys.argv`` holds for a byte that is not UTF-8) is refused
+    too: it could not be sent at all.
+
+    Args:
+        name: The lock name.
+
+    Returns:
+        None when the name is valid, else the problem, worded to follow
+        ``"name "`` (``"must not be empty"``).
+    """
+    if not isinstance(name, str):
+        return f"must be a str, got {name!r}"
+    if not name:
+        return "must not be empty"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        ch = name[err.start]
+        if 0xDC80 <= ord(ch) <= 0xDCFF:  # how sys.argv and os.fsdecode carry a byte that is not UTF-8
+            return f"must be valid UTF-8: character {err.start} is the byte 0x{ord(ch) - 0xDC00:02x}, not UTF-8"
+        return f"must be valid UTF-8: character {err.start} is {ch!r}, a lone surrogate"
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes; at most {MAX_NAME_BYTES} bytes of UTF-8"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+        return "must not contain control characters (NUL, newline, ...)"
+    return None
+
+
 def check_name(name: str) -> str:
-    """Check a lock name client-side (the server checks length and characters).
+    """Check a lock name client-side, by the server's rules (see :func:`name_problem`).
 
     Args:
         name: The lock name.
@@ -116,10 +151,12 @@ def check_name(name: str) -> str:
         ``name`` unchanged.
 
     Raises:
-        InvalidArgument: ``name`` is not a non-empty str (field "name").
+        InvalidArgument: ``name`` is not a str of 1 to 256 bytes of UTF-8
+            without control characters (field "name").
     """
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument(f"name must be a non-empty str, got {name!r}", field="name")
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidArgument(f"name {problem}", field="name")
     return name
 
 

@@ -290,6 +290,38 @@ async def test_address_from_env_and_list_skips_unreachable(address: str) -> None
     assert obj["address"] == address and obj["held"] is False
 
 
+NAME_COMMANDS = {
+    "acquire": ["acquire", "{name}", "--try"],
+    "status": ["status", "{name}"],
+    "release": ["release", "{name}", "--lease-id", "0x10", "--token", "3"],
+    "run": ["run", "{name}", "--ttl", "3", "--try", "--", "true"],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [("\udcff", "name must be valid UTF-8: character 0 is the byte 0xff, not UTF-8"),
+     ("", "name must not be empty"),
+     ("n" * 300, "name is 300 bytes; at most 256 bytes of UTF-8"),
+     ("a\tb", "name must not contain control characters")],
+    ids=["byte-0xff", "empty", "300-bytes", "tab"],
+)
+async def test_commands_when_name_is_bad_exit_2_with_one_wording(address: str, name: str, needle: str) -> None:
+    """Every command refuses a bad NAME with exit 2 and the same line, whatever the command.
+
+    A byte that is not UTF-8 (``fencepost acquire $'\\xff'``; sys.argv holds a lone
+    surrogate) was a UnicodeEncodeError traceback with exit 1; an empty name
+    was worded one way by acquire and run, another by status and release.
+    """
+    lines = set()
+    for command, argv in NAME_COMMANDS.items():
+        result = await run_cli(*(name if a == "{name}" else a for a in argv), "--address", address)
+        assert result.rc == 2, (command, result)
+        assert_one_line_error(result, f"fencepost {command}: invalid name: {needle}")
+        lines.add(result.err.strip().split(": ", 1)[1])
+    assert len(lines) == 1, lines
+
+
 # ---------------------------------------------------------------- no coordinator needed
 
 

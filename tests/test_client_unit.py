@@ -283,13 +283,61 @@ async def test_acquire_when_timeout_is_out_of_range(timeout: object, no_connect:
     assert info.value.field == "timeout"
 
 
-@pytest.mark.parametrize("name", ["", None, 5, b"x"])
+BAD_NAMES = {
+    "empty": "", "None": None, "int": 5, "bytes": b"x", "lone-surrogate": "\ud800", "argv-byte-0xff": "a\udcff",
+    "257-bytes": "n" * 257, "258-bytes-e-acute": "\u00e9" * 129, "nul": "a\x00b", "newline": "a\nb", "del": "\x7f",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_NAMES.values()), ids=list(BAD_NAMES))
 async def test_try_acquire_when_name_is_not_a_non_empty_str(name: object, no_connect: list[str]) -> None:
     """A bad name raises InvalidArgument(field="name") before the client opens a channel."""
     client = fc.AsyncLockClient(UNUSED_ADDRESS)
     with pytest.raises(fc.InvalidArgument) as info:
         await client.try_acquire(name)  # type: ignore[arg-type]
     assert info.value.field == "name"
+    with pytest.raises(fc.InvalidArgument) as info:
+        await client.describe(name)  # type: ignore[arg-type]
+    assert info.value.field == "name"
+
+
+@pytest.mark.parametrize("name", ["\ud800", "lock-\udcff"], ids=["lone-surrogate", "argv-byte-0xff"])
+def test_sync_calls_when_name_is_not_utf8(name: str, no_connect: list[str]) -> None:
+    """A name with a lone surrogate (what sys.argv holds for a byte that is not UTF-8) is InvalidArgument.
+
+    It was a bare UnicodeEncodeError from the request's serialization.
+    """
+    client = fc.LockClient(UNUSED_ADDRESS)
+    for call in (lambda: client.try_acquire(name, ttl=5), lambda: client.acquire(name, ttl=5),
+                 lambda: client.describe(name)):
+        with pytest.raises(fc.InvalidArgument) as info:
+            call()
+        assert info.value.field == "name"
+        assert "UTF-8" in info.value.message
+    client.close()
+
+
+NAMES_AT_THE_LIMITS = {
+    "plain": "a", "colon": "inv:42", "slash": "a/b", "256-bytes-e-acute": "\u00e9" * 128,
+    "257-bytes-e-acute": "\u00e9" * 128 + "x", "256-bytes": "n" * 256, "257-bytes": "n" * 257, "empty": "",
+    "nul": "a\x00b", "newline": "a\nb", "tab": "tab\there", "del": "\x7f", "c1-control": "\x80ok",
+    "256-bytes-emoji": "\U0001F512" * 64, "257-bytes-emoji": "\U0001F512" * 64 + "x", "space": " ",
+}
+
+
+@pytest.mark.parametrize("name", list(NAMES_AT_THE_LIMITS.values()), ids=list(NAMES_AT_THE_LIMITS))
+def test_check_name_agrees_with_the_coordinator(name: str) -> None:
+    """The client accepts exactly the names the coordinator accepts, and words a refusal the same way."""
+    from fencepost.coordinator.validate import validate_name
+
+    try:
+        validate_name(name)
+    except fc.InvalidArgument as err:
+        server: str | None = err.message
+    else:
+        server = None
+    problem = _wire.name_problem(name)
+    assert (None if problem is None else f"name {problem}") == server
 
 
 def test_sync_acquire_when_arguments_are_out_of_range(no_connect: list[str]) -> None:

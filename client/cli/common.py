@@ -19,6 +19,7 @@ import grpc
 
 from fencepost.client import DEFAULT_ADDRESS
 from fencepost.client._transport import Transport
+from fencepost.client._wire import check_name
 from fencepost.client.errors import (
     FencepostError,
     InvalidArgument,
@@ -57,6 +58,7 @@ __all__ = [
     "epilog",
     "err_text",
     "lease_hex",
+    "lock_name",
     "parse_addresses",
     "parse_lease_id",
     "parse_timeout",
@@ -212,6 +214,28 @@ def parse_token(text: str) -> int:
     if value <= 0 or value > MAX_TOKEN:
         raise argparse.ArgumentTypeError(f"token must be > 0 and < 2**63, got {text}")
     return value
+
+
+def lock_name(name: str) -> str:
+    """Check a NAME argument by the client's rules (the server's: 1 to 256 bytes of UTF-8, no control characters).
+
+    Every command checks its NAME this way before any call, so that a bad
+    name reads the same in each (``invalid name: name must not be empty``).
+
+    Args:
+        name: The NAME argument as ``sys.argv`` holds it (a byte that is not
+            UTF-8 is a lone surrogate there).
+
+    Returns:
+        ``name`` unchanged.
+
+    Raises:
+        CliError: not a valid lock name (exit 2).
+    """
+    try:
+        return check_name(name)
+    except InvalidArgument as err:
+        raise CliError(f"invalid name: {err_text(err)}", EXIT_USAGE) from None
 
 
 def parse_addresses(values: Sequence[str] | None, env: str | None = None) -> list[str]:
