@@ -123,14 +123,17 @@ class AsyncLockClient:
 
     Args:
         address: ``"host:port"`` of a coordinator, or several (a sequence or
-            a comma-separated string), tried in turn.
+            a comma-separated string), tried in turn. Each is ``HOST:PORT``
+            (host name, IPv4 or ``[IPv6]``; port 1 to 65535),
+            ``dns:///HOST:PORT`` or ``unix:PATH``.
         keepalive_fraction: Keepalive period as a fraction of the granted
             TTL, in (0, 0.5]; 1/3 by default.
         connect_timeout: Seconds to keep trying to reach a coordinator, for
             :meth:`connect` and for each call; finite, > 0.
 
     Raises:
-        InvalidArgument: an argument is out of range (nothing is contacted).
+        InvalidArgument: an argument is out of range, or an address is none
+            of the forms above (field "address"; nothing is contacted).
     """
 
     def __init__(

@@ -166,7 +166,8 @@ class LockClient:
                 db.write(key, value, fencing_token=h.token)
 
     Args:
-        address: ``"host:port"`` of a coordinator, or several, tried in turn.
+        address: ``"host:port"`` of a coordinator, or several, tried in turn
+            (the forms of :class:`AsyncLockClient`).
         keepalive_fraction: Keepalive period as a fraction of the TTL, (0, 0.5].
         connect_timeout: Seconds to keep trying to reach a coordinator.
 

@@ -57,7 +57,8 @@ class Transport:
     """Channels to a list of coordinator addresses, one at a time, and the unary call loop.
 
     Args:
-        addresses: ``"host:port"`` of each coordinator, in the order they are tried.
+        addresses: The address of each coordinator, in the order they are
+            tried, as :func:`fencepost.client._wire.check_addresses` returns them.
         connect_timeout: Seconds each call (and :meth:`wait_connected`) keeps
             trying to reach a coordinator; finite, > 0.
         fail_fast: Give up on an address as soon as a connection attempt to

@@ -8,23 +8,28 @@ from :mod:`fencepost.client.v1.retry`.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from collections.abc import Sequence
 
 from .errors import InvalidArgument
-from .v1.keys import MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
+from .v1.keys import MAX_NAME_BYTES, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
 
 __all__ = [
+    "ADDRESS_FORMS",
     "CHANNEL_OPTIONS",
     "DEFAULT_ADDRESS",
     "MAX_TTL_SECONDS",
     "MAX_WAIT_SECONDS",
     "MIN_TTL_SECONDS",
+    "address_problem",
     "check_addresses",
     "check_connect_timeout",
     "check_fraction",
     "check_name",
     "check_timeout",
+    "name_problem",
     "ttl_to_wire",
     "wait_to_wire",
 ]
@@ -106,8 +111,42 @@ def wait_to_wire(remaining: float | None) -> tuple[int, bool]:
     return min(wait_ms, MAX_WAIT_MS), False
 
 
+def name_problem(name: object) -> str | None:
+    """What is wrong with a lock name, if anything: the server's rules, checked client-side.
+
+    A name is a str of 1 to :data:`~fencepost.client.v1.keys.MAX_NAME_BYTES`
+    bytes of UTF-8 without control characters (the coordinator's own check,
+    with the same wording). A str that cannot be encoded as UTF-8 (a lone
+    surrogate, as ``sys.argv`` holds for a byte that is not UTF-8) is refused
+    too: it could not be sent at all.
+
+    Args:
+        name: The lock name.
+
+    Returns:
+        None when the name is valid, else the problem, worded to follow
+        ``"name "`` (``"must not be empty"``).
+    """
+    if not isinstance(name, str):
+        return f"must be a str, got {name!r}"
+    if not name:
+        return "must not be empty"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        ch = name[err.start]
+        if 0xDC80 <= ord(ch) <= 0xDCFF:  # how sys.argv and os.fsdecode carry a byte that is not UTF-8
+            return f"must be valid UTF-8: character {err.start} is the byte 0x{ord(ch) - 0xDC00:02x}, not UTF-8"
+        return f"must be valid UTF-8: character {err.start} is {ch!r}, a lone surrogate"
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes; at most {MAX_NAME_BYTES} bytes of UTF-8"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+        return "must not contain control characters (NUL, newline, ...)"
+    return None
+
+
 def check_name(name: str) -> str:
-    """Check a lock name client-side (the server checks length and characters).
+    """Check a lock name client-side, by the server's rules (see :func:`name_problem`).
 
     Args:
         name: The lock name.
@@ -116,31 +155,139 @@ def check_name(name: str) -> str:
         ``name`` unchanged.
 
     Raises:
-        InvalidArgument: ``name`` is not a non-empty str (field "name").
+        InvalidArgument: ``name`` is not a str of 1 to 256 bytes of UTF-8
+            without control characters (field "name").
     """
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument(f"name must be a non-empty str, got {name!r}", field="name")
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidArgument(f"name {problem}", field="name")
     return name
 
 
-def check_addresses(address: str | Sequence[str]) -> list[str]:
-    """Normalise the client's address argument into a non-empty list.
+#: What an address may be, for error messages.
+ADDRESS_FORMS = "HOST:PORT (a host name, an IPv4 address or [IPv6]; port 1 to 65535), dns:///HOST:PORT or unix:PATH"
 
-    Args:
-        address: ``"host:port"`` or a sequence of them (a comma-separated
-            string is split too).
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def _host_port_problem(text: str) -> str | None:
+    """What is wrong with ``HOST:PORT``, if anything (None when it is valid)."""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            return "has no ']' after its IPv6 address"
+        host, rest = text[1:end], text[end + 1:]
+        if not rest.startswith(":"):
+            return "has no port"
+        port = rest[1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"has {host!r} in brackets, which is not an IPv6 address"
+        if "%" in host:
+            return "has an IPv6 zone index, which is not supported"
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            return "has no port"
+        if not host:
+            return "has no host"
+        if ":" in host:
+            return "has a ':' in its host (write an IPv6 address in brackets: [::1]:7420)"
+        if re.fullmatch(r"[0-9.]+", host):
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                return f"has {host!r}, which is not an IPv4 address"
+        else:
+            name = host[:-1] if host.endswith(".") else host
+            if len(name) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in name.split(".")):
+                return f"has {host!r}, which is not a host name"
+    if not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+        return f"has port {port!r}, not 1 to 65535"
+    return None
+
+
+def address_problem(address: object) -> str | None:
+    """What is wrong with one coordinator address, if anything.
+
+    An address is ``HOST:PORT`` (a host name, an IPv4 address, or an IPv6
+    address in brackets; port 1 to 65535), or one of two gRPC targets:
+    ``dns:///HOST:PORT`` and ``unix:PATH`` (``unix:///abs/path`` too).
+    Nothing else is accepted, so that a typo (no port, a URL scheme) fails at
+    once instead of after the connect timeout.
 
     Returns:
-        The addresses, in order.
+        None when the address is valid, else the problem, worded to follow
+        the quoted address.
+    """
+    if not isinstance(address, str):
+        return "is not a str"
+    if not address:
+        return "is empty"
+    if address != address.strip() or any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in address):
+        return "contains white space or control characters"
+    try:
+        address.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if address.startswith("unix:"):
+        path = address[len("unix:"):]
+        if not path or (path.startswith("//") and not path.startswith("///")):
+            return "is not unix:PATH (or unix:///ABSOLUTE/PATH)"
+        return None
+    if address.startswith("dns:"):
+        if not address.startswith("dns:///"):
+            return "is not dns:///HOST:PORT (a DNS server authority is not supported)"
+        problem = _host_port_problem(address[len("dns:///"):])
+        return None if problem is None else f"{problem} after dns:///"
+    if "://" in address:
+        return f"is a URL; give HOST:PORT without the {address.split('://', 1)[0]}:// scheme"
+    return _host_port_problem(address)
+
+
+def check_addresses(address: str | Sequence[str]) -> list[str]:
+    """Parse the coordinator address argument: the one address parser of the client and the CLI.
+
+    Args:
+        address: An address, a comma-separated string of them, or a
+            sequence of such strings. Each address is ``HOST:PORT`` (a host
+            name, an IPv4 address or ``[IPv6]``; port 1 to 65535),
+            ``dns:///HOST:PORT`` or ``unix:PATH`` (see :func:`address_problem`).
+            Spaces around commas are ignored; an empty entry is an error.
+
+    Returns:
+        The addresses, in order, without duplicates (at least one).
 
     Raises:
-        InvalidArgument: no address given (field "address").
+        InvalidArgument: no address, an empty entry, or an address that is
+            none of the forms above (field "address").
     """
-    items = address.split(",") if isinstance(address, str) else list(address)
-    addresses = [a.strip() for a in items if isinstance(a, str) and a.strip()]
-    if not addresses or len(addresses) != len(items):
-        raise InvalidArgument(f"address must be 'host:port' or a list of them, got {address!r}", field="address")
-    return addresses
+    if isinstance(address, str):
+        items = [address]
+    elif isinstance(address, Sequence) and not isinstance(address, (bytes, bytearray)):
+        items = list(address)
+    else:
+        raise InvalidArgument(f"address must be a str or a list of str, got {address!r}", field="address")
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidArgument(f"address must be a str or a list of str, got {item!r} in {address!r}",
+                                  field="address")
+        for part in item.split(","):
+            addr = part.strip()
+            if not addr:
+                problem = "is empty" if not item.strip() else "has an empty entry"
+                raise InvalidArgument(f"address {item!r} {problem}; an address is {ADDRESS_FORMS}", field="address")
+            problem = address_problem(addr)
+            if problem is not None:
+                raise InvalidArgument(f"address {addr!r} {problem}; an address is {ADDRESS_FORMS}", field="address")
+            if addr not in out:
+                out.append(addr)
+    if not out:
+        raise InvalidArgument(f"address must name at least one coordinator, got {address!r}", field="address")
+    return out
 
 
 def check_fraction(keepalive_fraction: float) -> float:

@@ -7,6 +7,7 @@ import json
 import signal
 import socket
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -290,6 +291,38 @@ async def test_address_from_env_and_list_skips_unreachable(address: str) -> None
     assert obj["address"] == address and obj["held"] is False
 
 
+NAME_COMMANDS = {
+    "acquire": ["acquire", "{name}", "--try", "--address", "{address}"],
+    "status": ["status", "{name}", "--address", "{address}"],
+    "release": ["release", "{name}", "--lease-id", "0x10", "--token", "3", "--address", "{address}"],
+    "run": ["run", "{name}", "--ttl", "3", "--try", "--address", "{address}", "--", "true"],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [("\udcff", "name must be valid UTF-8: character 0 is the byte 0xff, not UTF-8"),
+     ("", "name must not be empty"),
+     ("n" * 300, "name is 300 bytes; at most 256 bytes of UTF-8"),
+     ("a\tb", "name must not contain control characters")],
+    ids=["byte-0xff", "empty", "300-bytes", "tab"],
+)
+async def test_commands_when_name_is_bad_exit_2_with_one_wording(address: str, name: str, needle: str) -> None:
+    """Every command refuses a bad NAME with exit 2 and the same line, whatever the command.
+
+    A byte that is not UTF-8 (``fencepost acquire $'\\xff'``; sys.argv holds a lone
+    surrogate) was a UnicodeEncodeError traceback with exit 1; an empty name
+    was worded one way by acquire and run, another by status and release.
+    """
+    lines = set()
+    for command, argv in NAME_COMMANDS.items():
+        result = await run_cli(*({"{name}": name, "{address}": address}.get(a, a) for a in argv))
+        assert result.rc == 2, (command, result)
+        assert_one_line_error(result, f"fencepost {command}: invalid name: {needle}")
+        lines.add(result.err.strip().split(": ", 1)[1])
+    assert len(lines) == 1, lines
+
+
 # ---------------------------------------------------------------- no coordinator needed
 
 
@@ -315,6 +348,57 @@ async def test_bad_input_exits_2_naming_the_field(args: list[str], field: str) -
     result = await run_cli(*args)
     assert result.rc == 2, result
     assert_one_line_error(result, field)
+
+
+ADDRESS_COMMANDS = {
+    "status": ["status", "x"],
+    "status-health": ["status"],
+    "acquire": ["acquire", "x", "--ttl", "2"],
+    "release": ["release", "x", "--lease-id", "0x10", "--token", "3"],
+    "run": ["run", "x", "--ttl", "2", "--address", "{address}", "--", "true"],
+}
+
+
+@pytest.mark.parametrize(
+    ("address", "needle"),
+    [("http://127.0.0.1:{port}", "is a URL"), ("", "is empty"), (",", "has an empty entry"),
+     ("127.0.0.1", "has no port"), ("127.0.0.1:99999", "has port '99999'")],
+    ids=["http-url", "empty", "comma", "no-port", "port-too-big"],
+)
+async def test_commands_when_address_is_bad_exit_2_at_once(address: str, needle: str) -> None:
+    """A bad --address exits 2 with one line before any connection attempt, in every command.
+
+    ``--address http://127.0.0.1:PORT`` waited 10 s then exited 1; an empty
+    ``--address ""`` or ``","`` silently used the default 127.0.0.1:7420.
+    """
+    value = address.format(port=free_port())
+    for command, argv in ADDRESS_COMMANDS.items():
+        started = time.monotonic()
+        if "{address}" not in argv:
+            argv = [*argv, "--address", "{address}"]
+        result = await run_cli(*(value if a == "{address}" else a for a in argv))
+        assert result.rc == 2, (command, result)
+        assert_one_line_error(result, "invalid address: ", needle)
+        assert time.monotonic() - started < 5, (command, "took", time.monotonic() - started)
+
+
+async def test_status_when_env_address_is_bad_exits_2_naming_it() -> None:
+    """A bad FENCEPOST_ADDRESS is an error naming the variable (an empty one means unset)."""
+    env = cli_env()
+    env[common.ADDRESS_ENV] = f"127.0.0.1:{free_port()},"
+    proc = await asyncio.create_subprocess_exec(*_argv("status", "x"), stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    result = CliResult(proc.returncode or 0, out.decode(), err.decode())
+    assert result.rc == 2, result
+    assert_one_line_error(result, "invalid address", common.ADDRESS_ENV)
+
+
+async def test_demo_when_target_is_bad_exits_2() -> None:
+    """demo --target goes through the same parser."""
+    result = await run_cli("demo", "--target", "http://127.0.0.1:1")
+    assert result.rc == 2, result
+    assert_one_line_error(result, "--target", "is a URL")
 
 
 @pytest.mark.parametrize(
@@ -352,6 +436,11 @@ def test_parse_addresses_splits_commas_and_defaults() -> None:
     assert common.parse_addresses(None) == [common.DEFAULT_ADDRESS]
     assert common.parse_addresses(None, "a:1, b:2") == ["a:1", "b:2"]
     assert common.parse_addresses(["a:1,b:2", "c:3", "a:1"], "ignored:9") == ["a:1", "b:2", "c:3"]
+    assert common.parse_addresses(None, "") == [common.DEFAULT_ADDRESS]
+    for explicit in ([""], [","], ["a:1", ""]):
+        with pytest.raises(common.CliError) as info:
+            common.parse_addresses(explicit)
+        assert info.value.exit_code == common.EXIT_USAGE
 
 
 def test_serve_when_coordinator_extra_missing_exits_2(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from etcd3aio import Etcd3Client
 
-from fencepost.client import AsyncLockClient, InvalidArgument
+from fencepost.client import AsyncLockClient, InvalidArgument, LockClient
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
 from .conftest import assert_invalid_field, count_keys, error_info, lease_ids
@@ -153,3 +154,43 @@ async def test_client_rejects_bad_arguments(
         h = await client.acquire("ok", ttl=5.0, timeout=2.0)
         assert h.token > 0
         await h.release()
+
+
+@pytest.mark.parametrize("name", ["\ud800", "inv:\udcff"], ids=["lone-surrogate", "argv-byte-0xff"])
+async def test_client_when_name_is_not_utf8(address: str, prefix: str, etcd_client: Etcd3Client, name: str) -> None:
+    """A name that cannot be encoded as UTF-8 is InvalidArgument (field "name"), not a UnicodeEncodeError.
+
+    Asyncio and sync clients, try_acquire, acquire and describe; the client stays usable.
+    """
+    async with AsyncLockClient(address) as client:
+        for call in (lambda: client.try_acquire(name, ttl=5.0), lambda: client.acquire(name, ttl=5.0, timeout=1.0),
+                     lambda: client.describe(name)):
+            with pytest.raises(InvalidArgument) as info:
+                await call()
+            assert info.value.field == "name" and "UTF-8" in info.value.message
+        assert (await client.describe("ok")).held is False
+
+    def sync() -> None:
+        with LockClient(address) as sync_client:
+            for call in (lambda: sync_client.try_acquire(name, ttl=5.0), lambda: sync_client.describe(name)):
+                with pytest.raises(InvalidArgument) as info:
+                    call()
+                assert info.value.field == "name"
+            assert sync_client.describe("ok").held is False
+
+    await asyncio.to_thread(sync)
+    assert await count_keys(etcd_client, prefix) == 0
+
+
+@pytest.mark.parametrize("name", list(BAD_NAMES.values()), ids=list(BAD_NAMES))
+async def test_client_refuses_bad_names_as_the_coordinator_does(
+    stub: lock_pb2_grpc.LockServiceStub, address: str, name: str
+) -> None:
+    """The client's own check of a bad name gives the coordinator's message, word for word."""
+    with pytest.raises(grpc.aio.AioRpcError) as server:
+        await stub.Describe(lock_pb2.DescribeRequest(name=name), timeout=5)
+    async with AsyncLockClient(address) as client:
+        with pytest.raises(InvalidArgument) as local:
+            await client.describe(name)
+    assert local.value.field == "name"
+    assert local.value.message == server.value.details()

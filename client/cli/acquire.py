@@ -30,6 +30,7 @@ from .common import (
     addresses_of,
     epilog,
     lease_hex,
+    lock_name,
     parse_timeout,
     parse_ttl,
 )
@@ -65,6 +66,7 @@ def execute(args: argparse.Namespace) -> int:
         CliError: with the exit code of :data:`~fencepost.client.cli.common.EXIT_CODES`.
     """
     addresses = addresses_of(args)
+    lock_name(args.name)
     try:
         return asyncio.run(_acquire_and_hold(args, addresses))
     except (FencepostError, grpc.RpcError) as err:

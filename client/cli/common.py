@@ -19,6 +19,7 @@ import grpc
 
 from fencepost.client import DEFAULT_ADDRESS
 from fencepost.client._transport import Transport
+from fencepost.client._wire import check_addresses, check_name
 from fencepost.client.errors import (
     FencepostError,
     InvalidArgument,
@@ -57,6 +58,8 @@ __all__ = [
     "epilog",
     "err_text",
     "lease_hex",
+    "lock_name",
+    "parse_address",
     "parse_addresses",
     "parse_lease_id",
     "parse_timeout",
@@ -214,49 +217,86 @@ def parse_token(text: str) -> int:
     return value
 
 
+def lock_name(name: str) -> str:
+    """Check a NAME argument by the client's rules (the server's: 1 to 256 bytes of UTF-8, no control characters).
+
+    Every command checks its NAME this way before any call, so that a bad
+    name reads the same in each (``invalid name: name must not be empty``).
+
+    Args:
+        name: The NAME argument as ``sys.argv`` holds it (a byte that is not
+            UTF-8 is a lone surrogate there).
+
+    Returns:
+        ``name`` unchanged.
+
+    Raises:
+        CliError: not a valid lock name (exit 2).
+    """
+    try:
+        return check_name(name)
+    except InvalidArgument as err:
+        raise CliError(f"invalid name: {err_text(err)}", EXIT_USAGE) from None
+
+
 def parse_addresses(values: Sequence[str] | None, env: str | None = None) -> list[str]:
     """Collect coordinator addresses from --address flags or FENCEPOST_ADDRESS.
 
+    Parsed by the client's own parser (:func:`fencepost.client._wire.check_addresses`),
+    so that the command line accepts exactly what ``LockClient`` accepts.
+
     Args:
-        values: The --address values, each ``HOST:PORT`` or a comma-separated list.
-        env: The FENCEPOST_ADDRESS value, used when ``values`` is empty.
+        values: The --address values, each an address or a comma-separated
+            list; None when no --address was given (an empty value is an error).
+        env: The FENCEPOST_ADDRESS value, used when ``values`` is None (unset
+            or empty: the default).
 
     Returns:
         The addresses in order, without duplicates; ``[DEFAULT_ADDRESS]`` when none is given.
 
     Raises:
-        CliError: an address is not ``HOST:PORT`` (exit 2).
+        CliError: an address is not ``HOST:PORT``, ``dns:///HOST:PORT`` or
+            ``unix:PATH``, or an entry is empty (exit 2).
     """
-    raw = list(values or []) or ([env] if env else [])
-    out: list[str] = []
-    for item in raw:
-        for part in item.split(","):
-            addr = part.strip()
-            if not addr:
-                continue
-            host, sep, port = addr.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise CliError(f"address must be HOST:PORT, got {addr!r}", EXIT_USAGE)
-            if addr not in out:
-                out.append(addr)
-    return out or [DEFAULT_ADDRESS]
+    if values is None and not env:
+        return [DEFAULT_ADDRESS]
+    try:
+        return check_addresses(list(values) if values is not None else [env or ""])
+    except InvalidArgument as err:
+        where = "" if values is not None else f" (from ${ADDRESS_ENV})"
+        raise CliError(f"invalid address: {err_text(err)}{where}", EXIT_USAGE) from None
 
 
 def addresses_of(args: argparse.Namespace) -> list[str]:
     """The coordinator addresses of a parsed command line (--address, else FENCEPOST_ADDRESS).
 
     Raises:
-        CliError: an address is not ``HOST:PORT`` (exit 2).
+        CliError: an address is not valid (exit 2).
     """
     return parse_addresses(args.address, os.environ.get(ADDRESS_ENV))
+
+
+def parse_address(text: str) -> str:
+    """Parse a flag that takes one coordinator address (``demo --target``), with the same parser.
+
+    Raises:
+        argparse.ArgumentTypeError: not exactly one valid address.
+    """
+    try:
+        addresses = check_addresses(text)
+    except InvalidArgument as err:
+        raise argparse.ArgumentTypeError(err_text(err)) from None
+    if len(addresses) != 1:
+        raise argparse.ArgumentTypeError(f"give one coordinator address, got {text!r}")
+    return addresses[0]
 
 
 def address_flag(parser: argparse.ArgumentParser) -> None:
     """Add --address to ``parser``."""
     parser.add_argument(
         "--address", action="append", metavar="HOST:PORT",
-        help=f"coordinator address; repeat or comma-separate for several "
-             f"(env {ADDRESS_ENV}, default {DEFAULT_ADDRESS})")
+        help=f"coordinator address (HOST:PORT, [IPv6]:PORT, dns:///HOST:PORT or unix:PATH); "
+             f"repeat or comma-separate for several (env {ADDRESS_ENV}, default {DEFAULT_ADDRESS})")
 
 
 def epilog(codes: dict[Any, str] | None = None, *notes: str) -> str:

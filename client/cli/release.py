@@ -29,6 +29,7 @@ from .common import (
     epilog,
     err_text,
     lease_hex,
+    lock_name,
     parse_lease_id,
     parse_token,
 )
@@ -59,6 +60,7 @@ def execute(args: argparse.Namespace) -> int:
         CliError: not released (exit 6), bad input (exit 2), or no coordinator (exit 1).
     """
     addresses = addresses_of(args)
+    lock_name(args.name)
     request = pb.ReleaseRequest(name=args.name, lease_id=args.lease_id, token=args.token)
     try:
         asyncio.run(call(addresses, "Release", request, idempotent=False, name=args.name,

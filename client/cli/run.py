@@ -63,6 +63,7 @@ from .common import (
     address_flag,
     addresses_of,
     epilog,
+    lock_name,
     parse_timeout,
     parse_ttl,
 )
@@ -187,6 +188,7 @@ def execute(args: argparse.Namespace) -> int:
         CliError: the command did not run, or the lock could not be taken.
     """
     addresses = addresses_of(args)
+    lock_name(args.name)
     if not args.argv:
         raise CliError("no command: give it after --, as in fencepost run NAME --ttl S -- CMD [ARGS...]", EXIT_USAGE)
     try:

@@ -33,6 +33,7 @@ from .common import (
     call_error,
     epilog,
     lease_hex,
+    lock_name,
 )
 
 __all__ = ["HEALTH_SERVICE", "PROBE_NAME", "add_parser", "execute"]
@@ -67,7 +68,7 @@ def execute(args: argparse.Namespace) -> int:
     addresses = addresses_of(args)
     if args.name is None:
         return _health(addresses, args.json)
-    return _describe(addresses, args.name, args.json)
+    return _describe(addresses, lock_name(args.name), args.json)
 
 
 # ---------------------------------------------------------------------------

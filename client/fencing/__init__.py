@@ -21,9 +21,14 @@ The contract, the same for every adapter:
   ``.record`` (the record's key), ``.token`` (offered) and
   ``.current_token`` (stored), and leaves the record unchanged.
 - Every other error a guard raises is a :class:`fencepost.client.FencepostError`
-  too: :class:`~fencepost.client.InvalidArgument` for a bad token or
-  identifier, :class:`MissingRecordError` for an update of a missing record;
-  the storage driver's own errors (a lost connection) pass through unchanged.
+  too: :class:`~fencepost.client.InvalidArgument` for a bad argument (a
+  token, identifier, key, hold or value; values naming the guard's own key
+  or token column), raised before anything is sent;
+  :class:`MissingRecordError` for an update of a missing record; the storage
+  driver's own errors (a lost connection) pass through unchanged.
+- The guard owns the token and the record's key: a write cannot set the
+  token column (attribute) or the key column through its values, and the
+  etcd guard's keys lie outside the lock prefix.
 - Every guard counts its rejections (``guard.rejected``) and calls its
   optional ``on_reject(err)`` hook before raising, so that operators can see
   stale writers (a metric, a log line).

@@ -17,6 +17,12 @@ only. ``update_item`` on a missing item creates it (DynamoDB's own rule;
 ``attribute_not_exists`` holds). Existing items need no migration: an item
 without the attribute takes any token. To guard your own calls use
 :func:`condition_kwargs`.
+
+The guard owns the token attribute and the key attributes: ``attributes``
+(``put_item``) or ``values`` (``update_item``) naming either raise
+:class:`~fencepost.client.InvalidArgument` before any call (a caller's
+token would be overwritten or refused by DynamoDB, and a key attribute
+cannot change: write the item under its new key instead).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import InvalidArgument
 from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_token
 
 CONDITION = "attribute_not_exists(#ft) OR #ft <= :ft"
@@ -65,12 +72,17 @@ class DynamoDBGuard(FencingGuard):
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
 
     Raises:
-        InvalidArgument: ``token_attribute`` is not an identifier.
+        InvalidArgument: ``client`` is not a DynamoDB client, ``table`` is not
+            a non-empty str, or ``token_attribute`` is not an identifier.
     """
 
     def __init__(self, client: Any, table: str, *, token_attribute: str = TOKEN_FIELD,
                  on_reject: RejectHook | None = None) -> None:
         super().__init__(on_reject=on_reject)
+        if not all(callable(getattr(client, m, None)) for m in ("put_item", "update_item", "get_item")):
+            raise InvalidArgument(f"client must be a boto3 DynamoDB client, got {client!r}", field="client")
+        if not isinstance(table, str) or not table.strip():
+            raise InvalidArgument(f"table must be a non-empty table name, got {table!r}", field="table")
         self.client = client
         self.table = table
         self.token_attribute = check_identifier(token_attribute, "token_attribute")
@@ -85,10 +97,13 @@ class DynamoDBGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the item holds a higher token; nothing was written.
-            InvalidArgument: a bad token.
+            InvalidArgument: a bad key or token, or ``attributes`` is not a
+                mapping or names the token attribute or a key attribute
+                (field ``attributes``); nothing was sent.
             botocore.exceptions.ClientError: any other failure.
         """
         kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
+        self._check(key, attributes, "attributes")
         item = {**attributes, **key, self.token_attribute: {"N": str(token)}}
         self._write(key, token, self.client.put_item, TableName=self.table, Item=item, **kwargs)
 
@@ -98,14 +113,18 @@ class DynamoDBGuard(FencingGuard):
         Args:
             key: The item's key in low-level form.
             token: The writer's fencing token.
-            values: Attribute name -> low-level value to SET.
+            values: Attribute name -> low-level value to SET (``{}`` writes
+                the token alone).
 
         Raises:
             StaleTokenError: the item holds a higher token; nothing was written.
-            InvalidArgument: a bad token.
+            InvalidArgument: a bad key or token, or ``values`` is not a
+                mapping or names the token attribute or a key attribute
+                (field ``values``); nothing was sent.
             botocore.exceptions.ClientError: any other failure.
         """
         kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
+        self._check(key, values, "values")
         sets = ["#ft = :ft"]
         for i, (name, value) in enumerate(values.items()):
             kwargs["ExpressionAttributeNames"][f"#a{i}"] = name
@@ -115,10 +134,39 @@ class DynamoDBGuard(FencingGuard):
                     UpdateExpression="SET " + ", ".join(sets), **kwargs)
 
     def get_item(self, key: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Read an item with a consistent read; None when there is none."""
+        """Read an item with a consistent read; None when there is none.
+
+        Raises:
+            InvalidArgument: ``key`` is not a non-empty mapping.
+        """
+        self._check_key(key)
         resp = self.client.get_item(TableName=self.table, Key=dict(key), ConsistentRead=True)
         item = resp.get("Item")
         return None if item is None else dict(item)
+
+    def _check_key(self, key: Mapping[str, Any]) -> None:
+        if not isinstance(key, Mapping) or not key:
+            raise InvalidArgument(f"key must be the item's key attributes in low-level form, such as "
+                                  f"{{'id': {{'S': 'inv:42'}}}}, got {key!r}", field="key")
+        if self.token_attribute in key:
+            raise InvalidArgument(f"key must not contain the token attribute {self.token_attribute!r}", field="key")
+
+    def _check(self, key: Mapping[str, Any], values: Mapping[str, Any], argument: str) -> None:
+        """Check a write's key and attributes before any call (``argument`` names the attributes)."""
+        self._check_key(key)
+        if not isinstance(values, Mapping):
+            raise InvalidArgument(f"{argument} must be a mapping of attribute name to low-level value, "
+                                  f"got {type(values).__name__}", field=argument)
+        for name in values:
+            if not isinstance(name, str) or not name:
+                raise InvalidArgument(f"{argument} must have non-empty str attribute names, got {name!r}",
+                                      field=argument)
+            if name == self.token_attribute:
+                raise InvalidArgument(f"{argument} must not set the token attribute {name!r}: the guard writes "
+                                      f"the fencing token itself", field=argument)
+            if name in key:
+                raise InvalidArgument(f"{argument} must not set the key attribute {name!r}: the key picks the "
+                                      f"item; write the item under its new key instead", field=argument)
 
     def _write(self, key: Mapping[str, Any], token: int, call: Any, **kwargs: Any) -> None:
         try:

@@ -24,6 +24,10 @@ A refusal raises :class:`~fencepost.client.StaleTokenError`: reason
 ``STALE_TOKEN`` when the record holds a higher token, ``NOT_HOLDER`` when the
 writer no longer holds the lock (released, lease expired, key deleted); both
 are counted by the hook. The value keys carry no lease: they outlive the lock.
+Record keys live outside the lock prefix: a key inside it (where the
+coordinator's lock keys are) is refused with
+:class:`~fencepost.client.InvalidArgument` before any call, as are an empty
+key and a hold that is not a valid grant.
 The compares and ops come from :mod:`fencepost.client.v1.etcdops`, the
 builders the coordinator's own Txns use.
 
@@ -45,16 +49,18 @@ prefix and readwrite on the record keys).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
 
-from ..errors import Unavailable
+from .._wire import name_problem
+from ..errors import InvalidArgument, Unavailable
 from ..v1 import etcdops
 from ..v1.details import ErrorReason
 from ..v1.etcd import rpc_pb2_grpc
-from ..v1.keys import DEFAULT_PREFIX, Keys
+from ..v1.keys import DEFAULT_PREFIX, MAX_LEASE_ID, Keys
 from ._guard import FencingGuard, RejectHook, check_token
 
 TOKEN_SUFFIX = b"\x00fencing_token"
@@ -77,8 +83,38 @@ def _pad(token: int) -> bytes:
     return f"{token:020d}".encode()
 
 
-def _bytes(data: str | bytes) -> bytes:
-    return data.encode() if isinstance(data, str) else bytes(data)
+def _bytes(data: str | bytes, field: str) -> bytes:
+    """``data`` as bytes (a str as UTF-8); InvalidArgument naming ``field`` for anything else."""
+    if isinstance(data, str):
+        try:
+            return data.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InvalidArgument(f"{field} must be valid UTF-8: character {err.start} is "
+                                  f"{data[err.start]!r}, a lone surrogate", field=field) from None
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise InvalidArgument(f"{field} must be str or bytes, got {data!r}", field=field)
+
+
+def _check_hold(hold: object) -> tuple[str, int, int]:
+    """The (name, lease id, token) of a hold, checked; InvalidArgument before anything is sent.
+
+    Raises:
+        InvalidArgument: not a hold, or its name or lease id is bad (field
+            ``hold``); its token is bad (field ``token``).
+    """
+    try:
+        name, lease_id, token = hold.name, hold.lease_id, hold.token  # type: ignore[attr-defined]
+    except AttributeError:
+        raise InvalidArgument(f"hold must be a lock handle or a Hold(name, lease_id, token), got {hold!r}",
+                              field="hold") from None
+    check_token(token)
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidArgument(f"hold's lock name {problem}", field="hold")
+    if isinstance(lease_id, bool) or not isinstance(lease_id, int) or not 0 < lease_id <= MAX_LEASE_ID:
+        raise InvalidArgument(f"hold's lease_id must be a lease id (1 to 2**63-1), got {lease_id!r}", field="hold")
+    return name, lease_id, token
 
 
 class EtcdGuard(FencingGuard):
@@ -93,12 +129,24 @@ class EtcdGuard(FencingGuard):
             when etcd has authentication on.
         timeout: Per-call deadline, seconds.
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
+
+    Raises:
+        InvalidArgument: ``channel`` is not a ``grpc.aio.Channel``, ``prefix``
+            is not a non-empty str, or ``timeout`` is not a finite number > 0.
     """
 
     def __init__(self, channel: grpc.aio.Channel, *, prefix: str = DEFAULT_PREFIX,
                  metadata: Sequence[tuple[str, str]] | None = None, timeout: float = ETCD_CALL_TIMEOUT,
                  on_reject: RejectHook | None = None) -> None:
         super().__init__(on_reject=on_reject)
+        if not isinstance(channel, grpc.aio.Channel):
+            raise InvalidArgument(f"channel must be a grpc.aio.Channel to etcd, got {channel!r}", field="channel")
+        if not isinstance(prefix, str) or not prefix:
+            raise InvalidArgument(f"prefix must be the coordinator's lock key prefix, got {prefix!r}", field="prefix")
+        _bytes(prefix, "prefix")
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
+                or timeout <= 0):
+            raise InvalidArgument(f"timeout must be a finite number of seconds > 0, got {timeout!r}", field="timeout")
         self.channel = channel
         self.keys = Keys(prefix)
         self._kv = rpc_pb2_grpc.KVStub(channel)
@@ -109,9 +157,10 @@ class EtcdGuard(FencingGuard):
         """Write ``value`` at ``key`` if ``hold`` still holds its lock and its token is not stale: one Txn.
 
         Args:
-            key: The record's etcd key (outside the lock prefix).
+            key: The record's etcd key (str or bytes, not empty, outside the
+                lock prefix: a guarded write must not touch lock keys).
             hold: The writer's grant: ``.name``, ``.lease_id``, ``.token``.
-            value: The new value.
+            value: The new value (str or bytes).
 
         Returns:
             The etcd revision of the write.
@@ -120,17 +169,19 @@ class EtcdGuard(FencingGuard):
             StaleTokenError: refused, nothing written; reason ``STALE_TOKEN``
                 (the record holds a higher token) or ``NOT_HOLDER`` (the
                 lock is no longer held under this token).
-            InvalidArgument: a bad token.
+            InvalidArgument: a bad key (field ``key``), hold (``hold``),
+                token (``token``) or value (``value``); nothing was sent.
             Unavailable: the etcd call failed (after a timeout or a broken
                 connection the write may or may not have been applied: read
                 the record back with :meth:`get`).
         """
-        token = check_token(hold.token)
-        record, key = key, _bytes(key)
+        name, lease_id, token = _check_hold(hold)
+        record, key = key, self._key(key)
+        data = _bytes(value, "value")
         token_key = key + TOKEN_SUFFIX
-        holder = self.keys.contender(hold.name, hold.lease_id)
+        holder = self.keys.contender(name, lease_id)
         held = etcdops.is_owner(holder, token)
-        puts = [etcdops.put(key, _bytes(value)), etcdops.put(token_key, _pad(token))]
+        puts = [etcdops.put(key, data), etcdops.put(token_key, _pad(token))]
         reads = [etcdops.get(holder, keys_only=True), etcdops.get(token_key)]
         first = etcdops.txn_op([held, etcdops.is_absent(token_key)], puts, reads)
         resp = await self._txn(etcdops.txn([held, etcdops.value_below(token_key, _pad(token + 1))], puts, [first]))
@@ -144,23 +195,36 @@ class EtcdGuard(FencingGuard):
         current = int(token_kvs[0].value) if token_kvs else None
         if not holder_kvs or int(holder_kvs[0].create_revision) != token:
             raise self._reject(
-                record, token, current, reason=ErrorReason.NOT_HOLDER, name=hold.name, lease_id=hold.lease_id,
-                message=(f"write with fencing token {token} refused: lease {hold.lease_id:#x} no longer "
-                         f"holds lock {hold.name!r} under that token"))
-        raise self._reject(record, token, current, name=hold.name, lease_id=hold.lease_id)
+                record, token, current, reason=ErrorReason.NOT_HOLDER, name=name, lease_id=lease_id,
+                message=(f"write with fencing token {token} refused: lease {lease_id:#x} no longer "
+                         f"holds lock {name!r} under that token"))
+        raise self._reject(record, token, current, name=name, lease_id=lease_id)
 
     async def get(self, key: str | bytes) -> tuple[bytes | None, int | None]:
         """Read a record: (value, token), each None when absent (one Txn, one revision).
 
         Raises:
+            InvalidArgument: a bad key (as for :meth:`put`).
             Unavailable: the etcd call failed.
         """
-        key = _bytes(key)
+        key = self._key(key)
         resp = await self._txn(etcdops.txn([], [etcdops.get(key), etcdops.get(key + TOKEN_SUFFIX)]))
         value_kvs = resp.responses[0].response_range.kvs
         token_kvs = resp.responses[1].response_range.kvs
         return (bytes(value_kvs[0].value) if value_kvs else None,
                 int(token_kvs[0].value) if token_kvs else None)
+
+    def _key(self, key: str | bytes) -> bytes:
+        """A record key as bytes: not empty, and neither it nor its token key inside the lock prefix."""
+        data = _bytes(key, "key")
+        if not data:
+            raise InvalidArgument("key must not be empty", field="key")
+        prefix = self.keys.prefix
+        if data.startswith(prefix) or (data + TOKEN_SUFFIX).startswith(prefix):
+            raise InvalidArgument(f"key {key!r} is inside the lock prefix {prefix.decode(errors='replace')!r}: a "
+                                  f"guarded write there could overwrite lock keys; keep records outside it",
+                                  field="key")
+        return data
 
     async def _txn(self, request: Any) -> Any:
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import InvalidArgument
 from ._guard import FencingGuard, RejectHook, check_token
 
 SCRIPT = """\
@@ -35,16 +36,27 @@ return {1, t}
 """
 
 
+def _check_data(data: object, field: str) -> None:
+    """What redis-py sends as a key or an argument: str, bytes, int or float (not None, not bool)."""
+    if isinstance(data, bool) or not isinstance(data, (str, bytes, int, float)):
+        raise InvalidArgument(f"{field} must be str, bytes, int or float, got {data!r}", field=field)
+
+
 class RedisGuard(FencingGuard):
     """Fenced writes to Redis hashes (fields ``value`` and ``fencing_token``).
 
     Args:
         client: A ``redis.Redis`` client (thread-safe; shared by writers).
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
+
+    Raises:
+        InvalidArgument: ``client`` is not a redis-py client.
     """
 
     def __init__(self, client: Any, *, on_reject: RejectHook | None = None) -> None:
         super().__init__(on_reject=on_reject)
+        if not all(callable(getattr(client, m, None)) for m in ("register_script", "hmget")):
+            raise InvalidArgument(f"client must be a redis-py client (redis.Redis), got {client!r}", field="client")
         self.client = client
         self._script = client.register_script(SCRIPT)
 
@@ -58,10 +70,13 @@ class RedisGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the record holds a higher token; nothing was written.
-            InvalidArgument: a bad token.
+            InvalidArgument: a bad token, or a key or value that is not
+                str, bytes, int or float (None, say); nothing was sent.
             redis.exceptions.RedisError: the server failed (e.g. WRONGTYPE).
         """
         check_token(token)
+        _check_data(key, "key")
+        _check_data(value, "value")
         accepted, stored = self._script(keys=[key], args=[str(token), value])
         if int(accepted) == 1:
             return
@@ -71,7 +86,9 @@ class RedisGuard(FencingGuard):
         """Read a record: (value, token), each None when absent (one HMGET).
 
         Raises:
+            InvalidArgument: ``key`` is not str, bytes, int or float.
             redis.exceptions.RedisError: the server failed.
         """
+        _check_data(key, "key")
         value, token = self.client.hmget(key, ["value", "fencing_token"])
         return value, (None if token is None else int(token))

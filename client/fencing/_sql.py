@@ -35,6 +35,12 @@ PostgreSQL keeps the conflicting row locked by a refused upsert until then). In
 PostgreSQL an accepted UPDATE holds the row lock until that transaction ends,
 so a concurrent writer waits and then re-checks the committed token. Names
 are validated, then double-quoted: in PostgreSQL they are case-sensitive.
+
+The guard owns two columns: it writes the token column itself, and the key
+column picks the row. ``values`` naming either (compared case-insensitively)
+raises :class:`~fencepost.client.InvalidArgument` (field ``values``) before
+any statement: a caller's ``fencing_token`` would replace the fencing token,
+and a new ``id`` would move the record to another key.
 """
 
 from __future__ import annotations
@@ -66,18 +72,43 @@ def _paramstyle(conn: Any, paramstyle: str | None) -> str:
     return _PLACEHOLDERS[paramstyle]
 
 
+def _check_columns(table: str, key_column: str, token_column: str, columns: list[str]) -> None:
+    """Check the names of a statement: identifiers, and no written column that the guard owns.
+
+    The token column is written by the guard alone (a caller's value there
+    would replace the fencing token), and the key column picks the row (a
+    value there would move the record to another key). Names are compared
+    case-insensitively, as SQLite does.
+
+    Raises:
+        InvalidArgument: a name is not an identifier (field: its argument), or
+            ``columns`` names the key or the token column (field ``values``).
+    """
+    check_identifier(table, "table")
+    check_identifier(key_column, "key_column")
+    check_identifier(token_column, "token_column")
+    if key_column.lower() == token_column.lower():
+        raise InvalidArgument(f"token_column must not be the key column, got {token_column!r}",
+                              field="token_column")
+    for column in columns:
+        check_identifier(column, "values")
+        if column.lower() == token_column.lower():
+            raise InvalidArgument(f"values must not set the token column {column!r}: the guard writes the "
+                                  f"fencing token itself", field="values")
+        if column.lower() == key_column.lower():
+            raise InvalidArgument(f"values must not set the key column {column!r}: the key picks the row; "
+                                  f"write the record under its new key instead", field="values")
+
+
 def update_statement(table: str, key_column: str, columns: list[str], *,
                      token_column: str = TOKEN_FIELD, placeholder: str = "?") -> str:
     """The conditional UPDATE for ``columns`` (parameters: values..., token, key, token).
 
     Raises:
-        InvalidArgument: a name is not an identifier.
+        InvalidArgument: a name is not an identifier, or ``columns`` names the
+            key or the token column (field ``values``).
     """
-    check_identifier(table, "table")
-    check_identifier(key_column, "key_column")
-    check_identifier(token_column, "token_column")
-    for column in columns:
-        check_identifier(column, "values")
+    _check_columns(table, key_column, token_column, columns)
     p = placeholder
     sets = "".join(f"{_q(c)} = {p}, " for c in columns)
     tok = _q(token_column)
@@ -90,13 +121,10 @@ def upsert_statement(table: str, key_column: str, columns: list[str], *,
     """The conditional upsert for ``columns`` (parameters: key, values..., token).
 
     Raises:
-        InvalidArgument: a name is not an identifier.
+        InvalidArgument: a name is not an identifier, or ``columns`` names the
+            key or the token column (field ``values``).
     """
-    check_identifier(table, "table")
-    check_identifier(key_column, "key_column")
-    check_identifier(token_column, "token_column")
-    for column in columns:
-        check_identifier(column, "values")
+    _check_columns(table, key_column, token_column, columns)
     p = placeholder
     names = [key_column, *columns, token_column]
     tok = _q(token_column)
@@ -150,16 +178,21 @@ class SqlGuard(FencingGuard):
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
 
     Raises:
-        InvalidArgument: a name is not an identifier, or the paramstyle is unknown.
+        InvalidArgument: ``conn`` is not a connection, a name is not an
+            identifier, the token column is the key column, or the paramstyle
+            is unknown.
     """
 
     def __init__(self, conn: Any, table: str, key_column: str, *, token_column: str = TOKEN_FIELD,
                  paramstyle: str | None = None, commit: bool = False,
                  on_reject: RejectHook | None = None) -> None:
         super().__init__(on_reject=on_reject)
-        self.table = check_identifier(table, "table")
-        self.key_column = check_identifier(key_column, "key_column")
-        self.token_column = check_identifier(token_column, "token_column")
+        if not callable(getattr(conn, "cursor", None)):
+            raise InvalidArgument(f"conn must be a DB-API connection (sqlite3, psycopg), got {conn!r}", field="conn")
+        _check_columns(table, key_column, token_column, [])
+        self.table = table
+        self.key_column = key_column
+        self.token_column = token_column
         self.placeholder = _paramstyle(conn, paramstyle)
         self.conn = conn
         self.commit = commit
@@ -168,17 +201,19 @@ class SqlGuard(FencingGuard):
         """Update an existing row if ``token`` is not lower than the row's token.
 
         Args:
-            key: The row's key (bound as a parameter).
+            key: The row's key (bound as a parameter; not None).
             token: The writer's fencing token.
-            values: Column name -> new value (names must be identifiers).
+            values: Column name -> new value (names must be identifiers, and
+                neither the key column nor the token column; ``{}`` writes
+                the token alone).
 
         Raises:
             StaleTokenError: the row holds a higher token; nothing was written.
             MissingRecordError: no row has that key; nothing was written.
-            InvalidArgument: a bad token or column name.
+            InvalidArgument: a bad key, token, values mapping or column name;
+                nothing was sent.
         """
-        check_token(token)
-        columns = list(values)
+        columns = self._check(key, token, values)
         sql = update_statement(self.table, self.key_column, columns,
                                token_column=self.token_column, placeholder=self.placeholder)
         params = [values[c] for c in columns] + [token, key, token]
@@ -194,16 +229,17 @@ class SqlGuard(FencingGuard):
         """Insert the row, or update it if ``token`` is not lower than its token.
 
         Args:
-            key: The row's key (bound as a parameter).
+            key: The row's key (bound as a parameter; not None).
             token: The writer's fencing token.
-            values: Column name -> value (names must be identifiers).
+            values: Column name -> value (names must be identifiers, and
+                neither the key column nor the token column).
 
         Raises:
             StaleTokenError: the row holds a higher token; nothing was written.
-            InvalidArgument: a bad token or column name.
+            InvalidArgument: a bad key, token, values mapping or column name;
+                nothing was sent.
         """
-        check_token(token)
-        columns = list(values)
+        columns = self._check(key, token, values)
         sql = upsert_statement(self.table, self.key_column, columns,
                                token_column=self.token_column, placeholder=self.placeholder)
         params = [key] + [values[c] for c in columns] + [token]
@@ -212,6 +248,16 @@ class SqlGuard(FencingGuard):
         current, _ = self._current(key)
         self._end_refused()
         raise self._reject(key, token, current)
+
+    def _check(self, key: Any, token: int, values: Mapping[str, Any]) -> list[str]:
+        """Check a write's arguments before any statement; returns the column names."""
+        check_token(token)
+        if key is None:
+            raise InvalidArgument(f"key must not be None: it picks the row of {self.table!r}", field="key")
+        if not isinstance(values, Mapping):
+            raise InvalidArgument(f"values must be a mapping of column name to value, got {type(values).__name__}",
+                                  field="values")
+        return list(values)
 
     def _execute(self, sql: str, params: list[Any]) -> bool:
         cur = self.conn.cursor()

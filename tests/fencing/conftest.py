@@ -246,6 +246,11 @@ class DynamoDriver(_Blocking):
         return item["value"]["S"], int(item["fencing_token"]["N"])
 
 
+def records_prefix(prefix: str) -> str:
+    """Where a test keeps its etcd guard records: beside the lock prefix, never inside it."""
+    return prefix.rstrip("/") + ".records/"
+
+
 class EtcdDriver(Driver):
     """etcd: conformance token t is a real grant: the contender key of lease id t.
 
@@ -253,7 +258,8 @@ class EtcdDriver(Driver):
     name, in token order, so key t's create revision (the real fencing token
     the guard checks) grows with t. Every key exists at once, so every token
     "holds" for the guard's holder check; the stored-token check is what the
-    suite exercises. The record keys live under the test prefix too.
+    suite exercises. The record keys live beside the test's lock prefix
+    (:func:`records_prefix`: the guard refuses keys inside it).
     """
 
     name = "etcd"
@@ -279,7 +285,7 @@ class EtcdDriver(Driver):
         return None if token is None else self.tokens[token]
 
     def record(self, key: str) -> object:
-        return self.prefix + "records/" + key
+        return records_prefix(self.prefix) + key
 
     async def close(self) -> None:
         await self.client.close()
@@ -292,11 +298,11 @@ class EtcdDriver(Driver):
             # A token that is not a conformance token (the bad-token test) goes to the guard as it is.
             ok = isinstance(token, int) and not isinstance(token, bool)
             revision = self.revisions.get(token, token) if ok else token
-            await guard.put(self.prefix + "records/" + key, Hold(self.lock, token, revision), value)
+            await guard.put(records_prefix(self.prefix) + key, Hold(self.lock, token, revision), value)
         return write
 
     async def read(self, key: str) -> tuple[str | None, int | None]:
-        value, token = await EtcdGuard(self.channel, prefix=self.prefix).get(self.prefix + "records/" + key)
+        value, token = await EtcdGuard(self.channel, prefix=self.prefix).get(records_prefix(self.prefix) + key)
         return (None if value is None else value.decode()), self.conformance_token(token)
 
 

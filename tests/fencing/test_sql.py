@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fencepost.client import StaleTokenError
 from fencepost.client import FencepostError, InvalidArgument
-from fencepost.client.fencing import MissingRecordError, SqlGuard, add_token_column, update_statement
+from fencepost.client.fencing import (
+    MissingRecordError,
+    SqlGuard,
+    add_token_column,
+    update_statement,
+    upsert_statement,
+)
 
 from .servers import PostgresServer
 
@@ -121,3 +129,107 @@ def test_postgres_update_missing_and_add_column(postgres: PostgresServer) -> Non
         assert (info.value.token, info.value.current_token) == (4, 5)
         row = db.execute("SELECT status, fencing_token FROM legacy_invoices").fetchone()
         assert row == ("paid", 5)
+
+
+# ---------------------------------------------------------------- the guard owns the key and token columns
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A connection to a real database with ``users (id INTEGER PRIMARY KEY, name TEXT, fencing_token BIGINT)``."""
+    if request.param == "sqlite":
+        conn: Any = sqlite3.connect(tmp_path / "owned.sqlite3")
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT, fencing_token BIGINT)")
+        conn.commit()
+        yield conn
+        conn.close()
+        return
+    import psycopg
+
+    dsn = request.getfixturevalue("postgres").dsn
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS users")
+        admin.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT, fencing_token BIGINT)")
+    conn = psycopg.connect(dsn)
+    yield conn
+    conn.close()
+
+
+def _rows(conn: Any) -> list[tuple[Any, ...]]:
+    cur = conn.cursor()
+    cur.execute("SELECT id, name, fencing_token FROM users ORDER BY id")
+    rows = [tuple(r) for r in cur.fetchall()]
+    cur.close()
+    return rows
+
+
+@pytest.mark.parametrize("column", ["fencing_token", "FENCING_TOKEN"])
+def test_upsert_when_values_set_the_token_column(db: Any, column: str) -> None:
+    """values naming the token column is refused before any statement: the stored token stays the writer's.
+
+    Before the fix the INSERT listed the token column twice and stored the
+    caller's 1 instead of the token 5, so a stale writer with token 2 was
+    then accepted after token 5 had written.
+    """
+    guard = SqlGuard(db, "users", "id", commit=True)
+    with pytest.raises(InvalidArgument) as info:
+        guard.upsert(9, 5, {"name": "a", column: 1})
+    assert info.value.field == "values"
+    assert _rows(db) == []
+    guard.upsert(9, 5, {"name": "a"})
+    with pytest.raises(StaleTokenError):
+        guard.upsert(9, 2, {"name": "stale"})
+    with pytest.raises(InvalidArgument):
+        guard.update(9, 5, {column: 1})
+    assert _rows(db) == [(9, "a", 5)]
+
+
+@pytest.mark.parametrize("column", ["id", "ID"])
+def test_update_when_values_set_the_key_column(db: Any, column: str) -> None:
+    """values naming the key column is refused (update and upsert): the record does not move to another key."""
+    guard = SqlGuard(db, "users", "id", commit=True)
+    guard.upsert(2, 5, {"name": "a"})
+    for write in (guard.update, guard.upsert):
+        with pytest.raises(InvalidArgument) as info:
+            write(2, 5, {column: 77})
+        assert info.value.field == "values"
+    assert _rows(db) == [(2, "a", 5)]
+
+
+@pytest.mark.parametrize("values", [None, "name", [("name", "a")], 5])
+def test_write_when_values_is_not_a_mapping(db: Any, values: object) -> None:
+    """values that is not a mapping raises InvalidArgument (field "values"), not a TypeError."""
+    guard = SqlGuard(db, "users", "id", commit=True)
+    for write in (guard.update, guard.upsert):
+        with pytest.raises(InvalidArgument) as info:
+            write(1, 5, values)  # type: ignore[arg-type]
+        assert info.value.field == "values"
+    assert _rows(db) == []
+
+
+def test_upsert_when_key_is_none(db: Any) -> None:
+    """A None key is refused (in SQLite it would insert a row under a fresh rowid)."""
+    guard = SqlGuard(db, "users", "id", commit=True)
+    with pytest.raises(InvalidArgument) as info:
+        guard.upsert(None, 5, {"name": "a"})
+    assert info.value.field == "key"
+    assert _rows(db) == []
+
+
+def test_statements_when_columns_name_the_key_or_token_column() -> None:
+    """The statement builders refuse the guard's own columns too, and a token column that is the key column."""
+    for build in (update_statement, upsert_statement):
+        for column in ("fencing_token", "id"):
+            with pytest.raises(InvalidArgument) as info:
+                build("users", "id", ["name", column])
+            assert info.value.field == "values"
+        with pytest.raises(InvalidArgument) as info:
+            build("users", "id", ["name"], token_column="Id")
+        assert info.value.field == "token_column"
+
+
+def test_guard_when_conn_is_not_a_connection() -> None:
+    """SqlGuard(None, ...) names the connection, not the paramstyle."""
+    with pytest.raises(InvalidArgument) as info:
+        SqlGuard(None, "users", "id")
+    assert info.value.field == "conn"

@@ -41,7 +41,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..common import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError, Formatter, parse_ttl
+from ..common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+    Formatter,
+    parse_address,
+    parse_ttl,
+)
 from .scenario import INVOICE_ID, DemoError, RunRecord, Store, run_scenario
 from .timeline import timeline
 
@@ -71,7 +80,7 @@ def add_parser(sub: Any) -> None:
                     "SQL guard (A's write is rejected). Starts its own etcd and coordinator "
                     "unless --target is given; the invoices table is in a temporary SQLite "
                     "file unless --dsn is given.")
-    p.add_argument("--target", metavar="HOST:PORT",
+    p.add_argument("--target", metavar="HOST:PORT", type=parse_address,
                    help="use this running coordinator instead of an embedded etcd + coordinator")
     p.add_argument("--dsn", metavar="DSN",
                    help="PostgreSQL connection string (needs psycopg); the demo creates and "
