@@ -136,7 +136,8 @@ class EmbeddedEtcd:
         """Describe the server; nothing starts until :meth:`start`.
 
         Args:
-            data_dir: etcd's data directory, created (mode 0700) if missing.
+            data_dir: etcd's data directory, created (mode 0700) if missing; an existing
+                directory keeps its mode (etcd's own ``data`` subdirectory is 0700).
                 Reusing one restarts the same member with its data.
             host: the IPv4 address to listen on, for clients and the peer port.
             client_port: the client port; 0 picks a free one at the first start.
@@ -249,8 +250,10 @@ class EmbeddedEtcd:
         """
         if self.pid is not None:
             return
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.data_dir, 0o700)
+        # A directory made here is private (0700); an existing one keeps its mode
+        # (``--data-dir /tmp`` must not turn /tmp private). etcd makes its own
+        # ``data`` subdirectory 0700 either way.
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         orphan = self.reclaim()
         if orphan is not None:
             _log.warning("stopped etcd (pid %d) left running on %s by an owner that died", orphan, self.data_dir)

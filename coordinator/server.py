@@ -457,7 +457,7 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
     if data_dir.exists() and not data_dir.is_dir():
         raise _BadFlag(f"--data-dir {data_dir} is not a directory")
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:  # a dangling symbolic link, or made meanwhile as a file
         raise _BadFlag(f"--data-dir {data_dir} is not a directory") from None
     except OSError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -180,3 +181,23 @@ def test_serve_when_data_dir_is_unusable(where: str, tmp_path: Path) -> None:
     data_dir = {"a-file": str(tmp_path / "a-file"), "under-a-file": str(tmp_path / "a-file" / "etcd")}.get(where, where)
     line = _serve_fails_at_once(["--listen", "127.0.0.1:0", "--data-dir", data_dir])
     assert f"--data-dir {data_dir}" in line, line
+
+
+def test_embedded_etcd_when_data_dir_already_exists(tmp_path: Path) -> None:
+    """An existing data directory keeps its mode (``--data-dir /tmp`` must not turn /tmp private); a new one is 0700."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    etcd = EmbeddedEtcd(shared)
+    etcd.start()
+    try:
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+        assert stat.S_IMODE((shared / "data").stat().st_mode) == 0o700
+    finally:
+        etcd.stop()
+    fresh = EmbeddedEtcd(tmp_path / "fresh")
+    fresh.start()
+    try:
+        assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) & 0o077 == 0
+    finally:
+        fresh.stop()
