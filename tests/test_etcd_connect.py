@@ -21,7 +21,8 @@ from fencepost.client.v1.etcd import auth_pb2, rpc_pb2, rpc_pb2_grpc
 from fencepost.client.v1.keys import prefix_end
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import EtcdAuth, EtcdTls
-from fencepost.coordinator.server import Coordinator, main
+from fencepost.coordinator.serve import main
+from fencepost.coordinator.server import Coordinator
 
 from .conftest import LISTENING, ChildProcess, child_env, error_info, wait_for
 

@@ -1,6 +1,6 @@
 """``fencepost serve [flags]``: run a coordinator (needs the ``fencepost[coordinator]`` extra).
 
-The flags belong to :func:`fencepost.coordinator.server.main`, imported only
+The flags belong to :func:`fencepost.coordinator.serve.main`, imported only
 here, when the command runs: the rest of the command line works without the
 coordinator extra.
 """
@@ -27,7 +27,7 @@ def execute(argv: list[str]) -> int:
         The coordinator's exit code, or 2 when the coordinator cannot be imported.
     """
     try:
-        from fencepost.coordinator import server
+        from fencepost.coordinator import serve
     except ImportError as err:
         missing = getattr(err, "name", None) or str(err)
         if missing.startswith("fencepost"):
@@ -36,4 +36,4 @@ def execute(argv: list[str]) -> int:
             print(f"fencepost serve: the coordinator extra is not installed (missing module "
                   f"{missing}); install it with: pip install 'fencepost[coordinator]'", file=sys.stderr)
         return EXIT_USAGE
-    return int(server.main(argv) or 0)
+    return int(serve.main(argv) or 0)
