@@ -396,3 +396,20 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
     finally:
         for child in children:
             child.kill()
+
+
+# ---------------------------------------------------------------- client unit tests
+
+
+@pytest.fixture
+def no_connect(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Record every channel the client tries to open (none should be)."""
+    opened: list[str] = []
+
+    def refuse(target: str, *args: object, **kwargs: object) -> None:
+        opened.append(target)
+        raise AssertionError(f"the client opened a channel to {target}")
+
+    monkeypatch.setattr(grpc.aio, "insecure_channel", refuse)
+    yield opened
+    assert opened == []
