@@ -105,7 +105,8 @@ class AsyncLockClient:
     deadline (send time of the last acknowledged keepalive + TTL - margin)
     passes, or that the server reports gone, is lost with all its holds and
     never reused. When the stream breaks the client reconnects (exponential
-    backoff with full jitter, 0.05 s to 2 s, trying the addresses in turn);
+    backoff with full jitter from 0.05 s, capped at 2 s and at half the
+    shortest lease's keepalive period, trying the addresses in turn);
     leases and tokens are unchanged by a reconnect.
 
     Retries: idempotent calls (Acquire, LeaseRevoke, Describe) that fail with

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -185,9 +186,28 @@ class KeepAliveStream:
         """Stop sending keepalives and do not reopen the stream once it breaks."""
         self._closing = True
 
+    def reconnect_ceiling(self) -> float:
+        """The longest wait before the next attempt to reopen the stream, in seconds.
+
+        :data:`CLIENT_BACKOFF`'s cap (2 s), but no more than half the keepalive
+        period of the shortest-lived lease (``ttl * fraction / 2``; 0.67 s for
+        a 4 s TTL) and no less than its base: a coordinator back from a
+        restart is reached within a fraction of a keepalive period, in time to
+        renew the leases and to hear of the ones that ended meanwhile.
+        """
+        ttls = [lease.ttl for lease in self.pool.leases() if not lease.lost]
+        if not ttls:
+            return CLIENT_BACKOFF.cap
+        return max(CLIENT_BACKOFF.base, min(CLIENT_BACKOFF.cap, min(ttls) * self.fraction / 2))
+
     async def run(self) -> None:
-        """Keep a stream open until :meth:`begin_close` (then until it breaks) or cancellation."""
-        delays = CLIENT_BACKOFF.delays()
+        """Keep a stream open until :meth:`begin_close` (then until it breaks) or cancellation.
+
+        Between attempts it waits a delay drawn uniformly from [0, ceiling]
+        (full jitter), the ceiling growing as :data:`CLIENT_BACKOFF`'s up to
+        :meth:`reconnect_ceiling`; the growth starts again once a stream answers.
+        """
+        ceilings = CLIENT_BACKOFF.ceilings()
         while True:
             channel, stub = self.transport.channel, self.transport.stub
             assert channel is not None and stub is not None
@@ -203,7 +223,7 @@ class KeepAliveStream:
                 async for response in call:
                     if not answered:
                         answered = True
-                        delays = CLIENT_BACKOFF.delays()
+                        ceilings = CLIENT_BACKOFF.ceilings()
                     self._on_response(response)
                 force = True  # the server ended the stream: try another one
                 log.debug("fencepost: keepalive stream to %s ended", self.transport.address)
@@ -227,7 +247,7 @@ class KeepAliveStream:
             if self._closing:
                 return
             self.transport.rotate(channel, force=force)
-            await asyncio.sleep(next(delays))
+            await asyncio.sleep(random.uniform(0.0, min(next(ceilings), self.reconnect_ceiling())))
 
 
 class DeadlineWatcher:

@@ -74,6 +74,28 @@ async def test_send_keepalive_when_no_stream_is_open() -> None:
     assert parts.stream.pending == {}
 
 
+@pytest.mark.parametrize(
+    ("ttls", "lost", "ceiling"),
+    [
+        ((), (), 2.0),  # no lease: the backoff's own cap
+        ((60,), (), 2.0),  # long TTLs: the cap
+        ((4,), (), 4 / 3 / 2),  # T = 4 s: half its keepalive period
+        ((60, 4, 9), (), 4 / 3 / 2),  # the shortest live lease counts
+        ((60, 4), (4,), 2.0),  # ... but not a lost one
+        ((1,), (), 1 / 6),
+    ],
+)
+async def test_reconnect_ceiling_when_leases_are_short(ttls: tuple[int, ...], lost: tuple[int, ...],
+                                                       ceiling: float) -> None:
+    """The stream retries within half the shortest live lease's keepalive period, at most every 2 s."""
+    parts = Parts()
+    for i, ttl in enumerate(ttls):
+        lease = parts.lease(lease_id=100 + i, ttl=ttl)
+        if ttl in lost:
+            lease.mark_lost("LEASE_EXPIRED")
+    assert parts.stream.reconnect_ceiling() == pytest.approx(ceiling)
+
+
 async def test_resend_all_when_a_stream_opens() -> None:
     """A new stream gets one keepalive per live lease and one watch per live hold."""
     parts = Parts()

@@ -27,11 +27,15 @@ __all__ = ["EtcdAuth", "EtcdTls", "Members", "check_endpoints", "parse_endpoint"
 #: gRPC channel options of every etcd channel: HTTP/2 pings find a dead
 #: member's connection within keepalive_time + keepalive_timeout (15 s) even
 #: without calls in flight (the shared keepalive stream's own 0.5 s answer
-#: timeout finds a silent member much sooner).
+#: timeout finds a silent member much sooner). A member back from a restart
+#: is reconnected to within ETCD_BACKOFF's cap (2 s), not gRPC's default
+#: backoff (1 s growing to 120 s), which would let the leases it serves die.
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")

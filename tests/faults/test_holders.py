@@ -248,6 +248,11 @@ async def test_f07a_no_missed_wakeup(address: str) -> None:
 # ---------------------------------------------------------------- F09
 
 
+#: How long the coordinator stays down in the F09 variant, seconds: long enough
+#: for several failed reconnects (a CI failure came from those backing off too far).
+OUTAGE = 0.3
+
+
 async def _f09(etcd: Any, prefix: str, etcd_client: Etcd3Client, cut_stream: bool) -> dict[str, Any]:
     from fencepost.coordinator.server import Coordinator
 
@@ -282,6 +287,9 @@ async def _f09(etcd: Any, prefix: str, etcd_client: Etcd3Client, cut_stream: boo
             revoked = time.monotonic()
             await etcd_client.lease.revoke(h.lease_id, timeout=5)
             if cut_stream:
+                # The coordinator stays down for OUTAGE s, so the client's reconnects fail
+                # (and back off) before one succeeds: the loss must still be told within K + e.
+                await asyncio.sleep(OUTAGE)
                 replacement = Coordinator([etcd.endpoint], listen=f"127.0.0.1:{coordinator.port}", prefix=prefix)
                 await replacement.start()
             await wait_for(lambda: not h.is_valid() and task.done() and calls, k + E, interval=0.005,
