@@ -206,6 +206,11 @@ class KeepAliveStream:
         Between attempts it waits a delay drawn uniformly from [0, ceiling]
         (full jitter), the ceiling growing as :data:`CLIENT_BACKOFF`'s up to
         :meth:`reconnect_ceiling`; the growth starts again once a stream answers.
+        When the server itself ends the stream (it is shutting down: every one
+        of its clients is reconnecting at this moment) the ceiling is
+        :meth:`reconnect_ceiling` from the first attempt, so that the
+        reconnects reach the restarted or next coordinator spread out (field
+        case F11) and still within half a keepalive period (F09).
         """
         ceilings = CLIENT_BACKOFF.ceilings()
         while True:
@@ -246,6 +251,8 @@ class KeepAliveStream:
                     call.cancel()
             if self._closing:
                 return
+            if force:  # the server went away from every client at once: spread out at once
+                ceilings = itertools.repeat(CLIENT_BACKOFF.cap)
             self.transport.rotate(channel, force=force)
             await asyncio.sleep(random.uniform(0.0, min(next(ceilings), self.reconnect_ceiling())))
 
