@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Run Fencepost's deployment on this machine, without containers, until Ctrl-C.
+
+Usage::
+
+    python deploy/local/run.py [--dir DIR] [--tls | --no-tls] [--coordinator-tls]
+
+Starts on 127.0.0.1 what the compose file describes: a 3-member etcd cluster
+(TLS on client and peer URLs unless ``--no-tls``) and 2 ``fencepost serve``
+coordinators given all three members; prints the addresses and the
+environment a client needs; runs until Ctrl-C (or SIGTERM), then stops the
+coordinators and the members (SIGTERM, SIGKILL after a timeout). A second
+Ctrl-C while stopping kills everything at once.
+
+Without ``--dir`` everything lives in a new temporary directory, removed at
+the end. With ``--dir`` the directory is kept: a later run on it restarts the
+same cluster, with its locks, on the same ports. See deploy/local/README.md.
+
+Exit status: 0 after Ctrl-C or SIGTERM, 1 when something could not start or
+a process exited on its own, 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from launch import LocalDeployment, has_server_tls, print_summary  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line parser."""
+    parser = argparse.ArgumentParser(prog="run.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", metavar="DIR",
+                        help="the deployment's directory, kept (default: a temporary one, removed at the end)")
+    parser.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
+                        help="TLS with client certificates on etcd's client and peer URLs (default: on)")
+    parser.add_argument("--coordinator-tls", action="store_true",
+                        help="mTLS between clients and coordinators (needs a fencepost serve with --tls-cert)")
+    parser.add_argument("--log-level", default="INFO", help="the coordinators' --log-level (default INFO)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the deployment until interrupted; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    # TODO(merge tls-server): drop this check with the one in launch.py.
+    if args.coordinator_tls and not has_server_tls():
+        print("run.py: error: --coordinator-tls needs a fencepost serve with --tls-cert (not merged yet)",
+              file=sys.stderr)
+        return 2
+    if args.dir is not None and Path(args.dir).exists() and not Path(args.dir).is_dir():
+        print(f"run.py: error: --dir {args.dir} is not a directory", file=sys.stderr)
+        return 2
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fencepost-local-"))
+    dep = LocalDeployment(base, etcd_tls=args.tls, coordinator_tls=args.coordinator_tls, log_level=args.log_level)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():  # the second Ctrl-C: no more waiting
+            raise KeyboardInterrupt
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    status = 0
+    try:
+        try:
+            print(f"starting in {base} ...", flush=True)
+            dep.start()
+        except (RuntimeError, OSError) as exc:
+            print(f"run.py: cannot start: {exc}", file=sys.stderr)
+            return 1
+        if not stop.is_set():
+            print_summary(dep)
+            print("\nrunning; Ctrl-C stops everything", flush=True)
+        reported: set[str] = set()
+        while not stop.wait(1.0):
+            for name, code in dep.exited():
+                if name not in reported:
+                    reported.add(name)
+                    status = 1
+                    print(f"run.py: {name} exited with status {code}; see {dep.log_path(name)}",
+                          file=sys.stderr, flush=True)
+        print("stopping the coordinators, then etcd ...", flush=True)
+        dep.stop()
+        print("stopped", flush=True)
+        return status
+    except KeyboardInterrupt:
+        print("killing everything", flush=True)
+        return 1
+    finally:
+        dep.kill()  # no-op after a clean stop; SIGKILL for whatever still runs
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
