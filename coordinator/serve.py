@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                     f"is read from the environment variable {PASSWORD_ENV} only.",
     )
     parser.add_argument("--listen", default=_env("listen", DEFAULT_LISTEN),
-                        help=f"HOST:PORT to serve on; port 0 picks one (env FENCEPOST_LISTEN; default {DEFAULT_LISTEN})")
+                        help=f"HOST:PORT to serve on (port 0 picks one), or a Unix socket unix:/ABSOLUTE/PATH; a "
+                             f"socket file left by a dead coordinator is removed (env FENCEPOST_LISTEN; default "
+                             f"{DEFAULT_LISTEN})")
     parser.add_argument("--etcd-endpoints", default=_env("etcd-endpoints", None),
                         help="comma-separated etcd endpoints, HOST:PORT each (a host name or an address; "
                              "https:// for TLS); omit for the embedded etcd (env FENCEPOST_ETCD_ENDPOINTS)")
@@ -94,9 +96,8 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         raise _BadFlag(f"--grace-seconds is {args.grace_seconds}; must be 0 to 3600 seconds")
     try:
         check_listen(args.listen)
-    except ValueError:
-        raise _BadFlag(f"--listen is {args.listen!r}; must be HOST:PORT with a port 0 to 65535 (e.g. "
-                       f"127.0.0.1:7420, 0.0.0.0:7420, [::1]:7420; port 0 picks a free one)") from None
+    except ValueError as exc:
+        raise _BadFlag(f"--listen: {exc}") from None
     level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(level), int):
         raise _BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")

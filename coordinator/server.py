@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Sequence
 
 import grpc
@@ -27,6 +26,7 @@ from fencepost.client.v1.keys import Keys
 
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .lease import Leases
+from .listen import UnixSocketClaim, check_listen, unix_socket_path
 from .lock import LockManager
 from .service import LockService
 from .watch import DeleteWatcher
@@ -34,8 +34,6 @@ from .watch import DeleteWatcher
 _log = logging.getLogger("fencepost.coordinator")
 
 DEFAULT_LISTEN = "127.0.0.1:7420"
-#: ``HOST:PORT`` of ``--listen``: a host name, an IPv4 address or a bracketed IPv6 address, and a port.
-_LISTEN = re.compile(r"^(?:\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 DEFAULT_PREFIX = "/fencepost/locks/"
 SERVICE_NAME = "fencepost.v1.LockService"
 #: How often the health monitor checks etcd, in seconds.
@@ -56,26 +54,7 @@ SERVER_OPTIONS = [
 ]
 
 
-def check_listen(listen: str) -> str:
-    """Check the address to serve on: ``HOST:PORT``, the port 0 (pick a free one) to 65535.
-
-    gRPC itself takes ``127.0.0.1`` as ``127.0.0.1:443``; this refuses it.
-
-    Args:
-        listen: e.g. ``127.0.0.1:7420``, ``0.0.0.0:7420``, ``localhost:7420``, ``[::1]:7420``.
-
-    Returns:
-        ``listen`` unchanged.
-
-    Raises:
-        ValueError: not of that form (no port, a port that is not a number or
-            above 65535, an IPv6 address without brackets).
-    """
-    match = _LISTEN.match(listen) if isinstance(listen, str) else None
-    if match is None or int(match.group("port")) > 65535:
-        raise ValueError(f"listen address {listen!r} is not HOST:PORT with a port 0 to 65535 "
-                         f"(e.g. 127.0.0.1:7420, 0.0.0.0:7420, [::1]:7420; port 0 picks a free one)")
-    return listen
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "SERVICE_NAME", "Coordinator", "check_listen"]
 
 
 class Coordinator:
@@ -84,7 +63,10 @@ class Coordinator:
     Args:
         etcd_endpoints: etcd client endpoints, ``host:port`` each (a host name
             or an address; ``https://`` or ``http://`` may prefix it).
-        listen: ``HOST:PORT`` to serve on; port 0 picks a free port.
+        listen: ``HOST:PORT`` to serve on (port 0 picks a free port), or a Unix
+            socket, ``unix:/ABSOLUTE/PATH`` or ``unix:///ABSOLUTE/PATH`` (see
+            :func:`~.listen.check_listen`). A socket file left at the path by
+            a dead coordinator is removed at ``start()``.
         prefix: the etcd key prefix of all locks.
         grace_seconds: how long ``stop()`` lets in-flight calls finish.
         server_options: extra gRPC server channel options, applied over
@@ -95,7 +77,7 @@ class Coordinator:
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
-            ``etcd_tls``; ``listen`` not ``HOST:PORT``.
+            ``etcd_tls``; ``listen`` not one of the forms above.
     """
 
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
@@ -104,6 +86,7 @@ class Coordinator:
                  etcd_auth: EtcdAuth | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
+        self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
         self._etcd_tls = etcd_tls
         self._etcd_auth = etcd_auth
@@ -118,11 +101,15 @@ class Coordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._service: LockService | None = None
         self._watcher: DeleteWatcher | None = None
+        self._claims: list[UnixSocketClaim] = []
+        #: The bound TCP port after ``start()``; 0 for a Unix socket.
         self.port = 0
 
     @property
     def address(self) -> str:
-        """``HOST:PORT`` the coordinator serves on (after ``start()``)."""
+        """The address the coordinator serves on: ``HOST:PORT`` (after ``start()``) or ``unix:/ABSOLUTE/PATH``."""
+        if self._socket_path is not None:
+            return f"unix:{self._socket_path}"
         return f"{self._listen.rsplit(':', 1)[0]}:{self.port}"
 
     async def start(self) -> int:
@@ -132,10 +119,12 @@ class Coordinator:
         health NOT_SERVING until etcd answers.
 
         Returns:
-            The bound port.
+            The bound TCP port; 0 for a Unix socket.
 
         Raises:
-            RuntimeError: the address could not be bound, or etcd refused the
+            RuntimeError: the address could not be bound (for a Unix socket:
+                its directory is missing, another coordinator or process serves
+                on it, or the path is not a socket), or etcd refused the
                 coordinator's credentials.
         """
         self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth)
@@ -150,18 +139,28 @@ class Coordinator:
         server = grpc.aio.server(options=self._server_options)
         lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        try:
-            self.port = server.add_insecure_port(self._listen)
-        except RuntimeError as exc:
-            raise RuntimeError(f"cannot listen on {self._listen}: {exc}") from exc
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self._listen}")
+        self.port = self._bind(server, self._listen)
         await self._set_health(False)
         await server.start()
         self._server = server
         self._watcher.start()
         self._tasks.append(asyncio.create_task(self._monitor_etcd(), name="fencepost-health"))
         return self.port
+
+    def _bind(self, server: grpc.aio.Server, listen: str) -> int:
+        """Add ``listen`` to ``server``: its TCP port, or 0 for a Unix socket (claimed first)."""
+        path = unix_socket_path(listen)
+        if path is not None:
+            claim = UnixSocketClaim(path)
+            claim.claim()
+            self._claims.append(claim)
+        try:
+            port = server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
+        if port == 0:
+            raise RuntimeError(f"cannot listen on {listen}")
+        return 0 if path is not None else port
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop serving: health NOT_SERVING, end streams, let calls finish.
@@ -186,6 +185,9 @@ class Coordinator:
             await self._watcher.close()
         if self._etcd is not None:
             await self._etcd.close()
+        for claim in self._claims:  # after the server stopped: gRPC has removed the socket files
+            claim.release()
+        self._claims.clear()
 
     async def wait_closed(self) -> None:
         """Wait until the server has stopped."""
