@@ -4,6 +4,10 @@
 lock modules and the servicer into one grpc.aio server. It holds no lock state
 of its own: several replicas can serve the same etcd cluster and prefix.
 
+It listens on ``HOST:PORT`` or a Unix socket (:mod:`.listen`), in plaintext
+or with TLS or mTLS whose certificate is reloaded without dropping
+established streams (:mod:`.tls`).
+
 Shutdown (SIGTERM/SIGINT, or ``stop()``): health turns NOT_SERVING, KeepAlive
 streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
 calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
@@ -29,6 +33,7 @@ from .lease import Leases
 from .listen import UnixSocketClaim, check_listen, unix_socket_path
 from .lock import LockManager
 from .service import LockService
+from .tls import ServerCertificates, ServerTls
 from .watch import DeleteWatcher
 
 _log = logging.getLogger("fencepost.coordinator")
@@ -74,18 +79,24 @@ class Coordinator:
             tuning, e.g. a stricter ``grpc.http2.min_recv_ping_interval_without_data_ms``.
         etcd_tls: TLS (mTLS with a client certificate) to etcd; None for plaintext.
         etcd_auth: etcd user and password when etcd has auth enabled.
+        tls: TLS, or mTLS with ``tls.client_ca``, on ``listen``; None for
+            plaintext. The files are read here, and again at a new handshake
+            after they change on disk or after :meth:`reload_tls`.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
             ``etcd_tls``; ``listen`` not one of the forms above.
+        TlsFileError: (a ValueError) a file of ``tls`` cannot be used; the
+            message names it.
     """
 
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
-                 etcd_auth: EtcdAuth | None = None) -> None:
+                 etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
+        self._certificates = ServerCertificates(tls) if tls is not None else None
         self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
         self._etcd_tls = etcd_tls
@@ -111,6 +122,29 @@ class Coordinator:
         if self._socket_path is not None:
             return f"unix:{self._socket_path}"
         return f"{self._listen.rsplit(':', 1)[0]}:{self.port}"
+
+    @property
+    def tls(self) -> ServerTls | None:
+        """The TLS files of the listener; None for plaintext."""
+        return self._certificates.tls if self._certificates is not None else None
+
+    def reload_tls(self) -> bool:
+        """Re-read the TLS files now (``fencepost serve`` does on SIGHUP), changed on disk or not.
+
+        New handshakes use them; established connections and their streams
+        keep the certificate they were made with. Changed files are also
+        taken up without this, at the next handshake.
+
+        Returns:
+            True when the files were good; False when one cannot be used: the
+            certificate in use stays, and a warning names the file.
+
+        Raises:
+            RuntimeError: the coordinator was made without ``tls``.
+        """
+        if self._certificates is None:
+            raise RuntimeError("the coordinator serves without TLS: no files to reload")
+        return self._certificates.reload()
 
     async def start(self) -> int:
         """Connect to etcd, bind and start serving.
@@ -139,7 +173,8 @@ class Coordinator:
         server = grpc.aio.server(options=self._server_options)
         lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.port = self._bind(server, self._listen)
+        credentials = self._certificates.credentials() if self._certificates is not None else None
+        self.port = self._bind(server, self._listen, credentials)
         await self._set_health(False)
         await server.start()
         self._server = server
@@ -147,15 +182,19 @@ class Coordinator:
         self._tasks.append(asyncio.create_task(self._monitor_etcd(), name="fencepost-health"))
         return self.port
 
-    def _bind(self, server: grpc.aio.Server, listen: str) -> int:
-        """Add ``listen`` to ``server``: its TCP port, or 0 for a Unix socket (claimed first)."""
+    def _bind(self, server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
+        """Add ``listen`` to ``server``, with TLS if ``credentials``: its TCP port, or 0 for a Unix socket.
+
+        A Unix socket's path is claimed first (see :class:`~.listen.UnixSocketClaim`).
+        """
         path = unix_socket_path(listen)
         if path is not None:
             claim = UnixSocketClaim(path)
             claim.claim()
             self._claims.append(claim)
         try:
-            port = server.add_insecure_port(listen)
+            port = (server.add_secure_port(listen, credentials) if credentials is not None
+                    else server.add_insecure_port(listen))
         except RuntimeError as exc:
             raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
         if port == 0:
