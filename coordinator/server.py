@@ -6,7 +6,9 @@ of its own: several replicas can serve the same etcd cluster and prefix.
 
 It listens on ``HOST:PORT`` or a Unix socket (:mod:`.listen`), in plaintext
 or with TLS or mTLS whose certificate is reloaded without dropping
-established streams (:mod:`.tls`).
+established streams (:mod:`.tls`). A second, plaintext listener may serve
+only ``grpc.health.v1`` (``health_listen``), for probes that cannot present
+a client certificate, such as the kubelet's gRPC probe.
 
 Shutdown (SIGTERM/SIGINT, or ``stop()``): health turns NOT_SERVING, KeepAlive
 streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
@@ -62,6 +64,14 @@ SERVER_OPTIONS = [
 __all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "SERVICE_NAME", "Coordinator", "check_listen"]
 
 
+def _same_address(a: str, b: str) -> bool:
+    """Whether two listen addresses are certainly the same (equal, or the same socket path; not port 0)."""
+    path_a, path_b = unix_socket_path(a), unix_socket_path(b)
+    if path_a is not None or path_b is not None:
+        return path_a == path_b
+    return a == b and not a.endswith(":0")
+
+
 class Coordinator:
     """A Fencepost coordinator serving LockService on one address.
 
@@ -82,10 +92,14 @@ class Coordinator:
         tls: TLS, or mTLS with ``tls.client_ca``, on ``listen``; None for
             plaintext. The files are read here, and again at a new handshake
             after they change on disk or after :meth:`reload_tls`.
+        health_listen: a second address (same forms as ``listen``) served in
+            plaintext with only the ``grpc.health.v1`` service, reporting the
+            same status as ``listen``; None for none.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
-            ``etcd_tls``; ``listen`` not one of the forms above.
+            ``etcd_tls``; ``listen`` or ``health_listen`` not one of the forms
+            above, or both the same.
         TlsFileError: (a ValueError) a file of ``tls`` cannot be used; the
             message names it.
     """
@@ -93,9 +107,15 @@ class Coordinator:
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
-                 etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None) -> None:
+                 etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
+                 health_listen: str | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
+        if health_listen is not None:
+            check_listen(health_listen)
+            if _same_address(listen, health_listen):
+                raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
+        self._health_listen = health_listen
         self._certificates = ServerCertificates(tls) if tls is not None else None
         self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
@@ -108,6 +128,7 @@ class Coordinator:
         self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
         self._etcd: EtcdClient | None = None
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._service: LockService | None = None
@@ -115,6 +136,8 @@ class Coordinator:
         self._claims: list[UnixSocketClaim] = []
         #: The bound TCP port after ``start()``; 0 for a Unix socket.
         self.port = 0
+        #: The health listener's bound TCP port after ``start()``; 0 for a Unix socket or no health listener.
+        self.health_port = 0
 
     @property
     def address(self) -> str:
@@ -122,6 +145,16 @@ class Coordinator:
         if self._socket_path is not None:
             return f"unix:{self._socket_path}"
         return f"{self._listen.rsplit(':', 1)[0]}:{self.port}"
+
+    @property
+    def health_address(self) -> str | None:
+        """The health listener's address, as :attr:`address` (after ``start()``); None without one."""
+        if self._health_listen is None:
+            return None
+        path = unix_socket_path(self._health_listen)
+        if path is not None:
+            return f"unix:{path}"
+        return f"{self._health_listen.rsplit(':', 1)[0]}:{self.health_port}"
 
     @property
     def tls(self) -> ServerTls | None:
@@ -175,7 +208,15 @@ class Coordinator:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         credentials = self._certificates.credentials() if self._certificates is not None else None
         self.port = self._bind(server, self._listen, credentials)
+        health_server = None
+        if self._health_listen is not None:
+            health_server = grpc.aio.server(options=self._server_options)
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
+            self.health_port = self._bind(health_server, self._health_listen)
         await self._set_health(False)
+        if health_server is not None:
+            await health_server.start()
+            self._health_server = health_server
         await server.start()
         self._server = server
         self._watcher.start()
@@ -202,7 +243,7 @@ class Coordinator:
         return 0 if path is not None else port
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop serving: health NOT_SERVING, end streams, let calls finish.
+        """Stop serving: health NOT_SERVING (on the health listener too), end streams, let calls finish.
 
         Args:
             grace: seconds in-flight calls may take; default ``grace_seconds``.
@@ -214,6 +255,8 @@ class Coordinator:
             self._service.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(self._grace if grace is None else grace)
+        if self._health_server is not None:  # NOT_SERVING there too until the main server has stopped
+            await self._health_server.stop(0)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
