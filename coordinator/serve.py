@@ -4,6 +4,11 @@ Every flag also reads ``FENCEPOST_<FLAG>``; the etcd password comes only from
 ``FENCEPOST_ETCD_PASSWORD``. Bad input exits 2 with one line, before anything
 starts; without ``--etcd-endpoints`` an embedded etcd runs in ``--data-dir``
 (one ``fencepost serve`` per data directory, held by a file lock).
+
+With ``--tls-cert``/``--tls-key`` (and ``--client-ca`` for mTLS) the port
+serves TLS; SIGHUP re-reads those files (changed files are also taken up at
+the next handshake), without dropping established connections.
+``--health-listen`` adds a plaintext port with only grpc.health.v1.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import logging
 import math
 import os
 import signal
-import ssl
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from .etcd import EtcdAuth, EtcdTls, check_endpoints
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
+from .tls import ServerTls, TlsFileError, check_pem_files
 
 __all__ = ["PASSWORD_ENV", "build_parser", "default_data_dir", "main"]
 
@@ -47,12 +53,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fencepost serve",
         description="Serve the Fencepost lock service. Without --etcd-endpoints, start an embedded "
                     f"single-member etcd whose data lives in --data-dir. The etcd password of --etcd-user "
-                    f"is read from the environment variable {PASSWORD_ENV} only.",
+                    f"is read from the environment variable {PASSWORD_ENV} only. With --tls-cert and "
+                    f"--tls-key the port serves TLS (mTLS with --client-ca); SIGHUP re-reads those files "
+                    f"(changed files are also taken up at the next handshake) without dropping established "
+                    f"connections. Bad flags exit 2 before anything starts.",
     )
-    parser.add_argument("--listen", default=_env("listen", DEFAULT_LISTEN),
+    parser.add_argument("--listen", default=_env("listen", DEFAULT_LISTEN), metavar="HOST:PORT",
                         help=f"HOST:PORT to serve on (port 0 picks one), or a Unix socket unix:/ABSOLUTE/PATH; a "
                              f"socket file left by a dead coordinator is removed (env FENCEPOST_LISTEN; default "
                              f"{DEFAULT_LISTEN})")
+    parser.add_argument("--tls-cert", default=_env("tls-cert", None), metavar="PATH",
+                        help="PEM file of the coordinator's certificate chain, its own certificate first: serve "
+                             "TLS on --listen (env FENCEPOST_TLS_CERT; needs --tls-key)")
+    parser.add_argument("--tls-key", default=_env("tls-key", None), metavar="PATH",
+                        help="PEM file of that certificate's private key, unencrypted (env FENCEPOST_TLS_KEY)")
+    parser.add_argument("--client-ca", default=_env("client-ca", None), metavar="PATH",
+                        help="PEM file of the CA certificates that clients' certificates must chain to: mTLS "
+                             "(env FENCEPOST_CLIENT_CA; needs --tls-cert)")
+    parser.add_argument("--client-auth", default=_env("client-auth", None), metavar="require|optional",
+                        help="with --client-ca: 'require' refuses a client without a valid certificate at the "
+                             "handshake; 'optional' lets any client connect (gRPC Python cannot ask for a "
+                             "certificate without requiring it, so none is asked for and --client-ca is not "
+                             "checked) (env FENCEPOST_CLIENT_AUTH; default require)")
+    parser.add_argument("--health-listen", default=_env("health-listen", None), metavar="HOST:PORT",
+                        help="also serve grpc.health.v1, and nothing else, in plaintext on HOST:PORT (or "
+                             "unix:/ABSOLUTE/PATH): for probes without a client certificate, such as the kubelet's "
+                             "gRPC probe (env FENCEPOST_HEALTH_LISTEN; default: none)")
     parser.add_argument("--etcd-endpoints", default=_env("etcd-endpoints", None),
                         help="comma-separated etcd endpoints, HOST:PORT each (a host name or an address; "
                              "https:// for TLS); omit for the embedded etcd (env FENCEPOST_ETCD_ENDPOINTS)")
@@ -82,8 +108,66 @@ class _BadFlag(Exception):
     """A flag or environment value that ``fencepost serve`` refuses (exit 2)."""
 
 
-def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None, float, str]:
-    """Check the flags: (endpoints or None for the embedded etcd, TLS, auth, grace seconds, log level).
+@dataclass(frozen=True)
+class _Settings:
+    """The checked flags."""
+
+    endpoints: list[str] | None  # None: the embedded etcd
+    etcd_tls: EtcdTls | None
+    auth: EtcdAuth | None
+    grace: float
+    level: str
+    tls: ServerTls | None
+    health_listen: str | None
+
+
+def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
+               ca: str | None = None) -> None:
+    """Load the PEM files as OpenSSL will in gRPC, so that a bad one stops the start, not each handshake.
+
+    gRPC only fails on them at a handshake, and keeps failing (for etcd:
+    NOT_SERVING for ever, with core errors on stderr).
+
+    Args:
+        flags: the flag of each role (``"cert"``, ``"key"``, ``"ca"``), for the message.
+
+    Raises:
+        _BadFlag: naming the flag and the file (see :func:`~.tls.check_pem_files`).
+    """
+    try:
+        check_pem_files(cert, key, ca)
+    except TlsFileError as exc:
+        raise _BadFlag(f"{flags[exc.role]} {exc.path} {exc.problem}") from None
+
+
+def _server_tls(args: argparse.Namespace) -> ServerTls | None:
+    """The checked --tls-cert, --tls-key, --client-ca and --client-auth.
+
+    Raises:
+        _BadFlag: one of them without the flag it needs, a bad --client-auth, or a file that cannot be used.
+    """
+    if args.tls_key and not args.tls_cert:
+        raise _BadFlag("--tls-key needs --tls-cert (the certificate of that key)")
+    if args.tls_cert and not args.tls_key:
+        raise _BadFlag("--tls-cert needs --tls-key (the certificate's private key)")
+    if args.client_ca and not args.tls_cert:
+        raise _BadFlag("--client-ca needs --tls-cert and --tls-key: client certificates are checked in the "
+                       "TLS handshake")
+    if args.client_auth is not None:
+        if args.client_auth not in ("require", "optional"):
+            raise _BadFlag(f"--client-auth is {args.client_auth!r}; must be require or optional")
+        if not args.client_ca:
+            raise _BadFlag(f"--client-auth {args.client_auth} needs --client-ca (the CA of the client certificates)")
+    if not args.tls_cert:
+        return None
+    _pem_files({"cert": "--tls-cert", "key": "--tls-key", "ca": "--client-ca"}, args.tls_cert, args.tls_key,
+               args.client_ca or None)
+    return ServerTls(Path(args.tls_cert), Path(args.tls_key), Path(args.client_ca) if args.client_ca else None,
+                     require_client_cert=args.client_auth != "optional")
+
+
+def _settings(args: argparse.Namespace) -> _Settings:
+    """Check the flags.
 
     Raises:
         _BadFlag: with the one-line message to print.
@@ -98,9 +182,18 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         check_listen(args.listen)
     except ValueError as exc:
         raise _BadFlag(f"--listen: {exc}") from None
+    health_listen = args.health_listen or None
+    if health_listen is not None:
+        try:
+            check_listen(health_listen)
+        except ValueError as exc:
+            raise _BadFlag(f"--health-listen: {exc}") from None
+        if health_listen == args.listen and not health_listen.endswith(":0"):
+            raise _BadFlag(f"--health-listen is {health_listen!r}, the --listen address; give another address")
     level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(level), int):
         raise _BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    server_tls = _server_tls(args)
     password = os.environ.get(PASSWORD_ENV)
     endpoints = None
     if args.etcd_endpoints is not None:  # given, even empty: only an unset flag and env mean "embedded"
@@ -125,7 +218,8 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         except ValueError as exc:
             raise _BadFlag(f"--etcd-endpoints: {exc}") from None
     if tls is not None:
-        _check_tls_files(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+        _pem_files({"cert": "--etcd-cert", "key": "--etcd-key", "ca": "--etcd-cacert"}, args.etcd_cert,
+                   args.etcd_key, args.etcd_cacert)
     auth = None
     if args.etcd_user:
         if password is None:
@@ -134,55 +228,7 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         auth = EtcdAuth(args.etcd_user, password)
     elif password is not None and endpoints is not None:
         raise _BadFlag(f"{PASSWORD_ENV} is set but no --etcd-user names its user")
-    return endpoints, tls, auth, grace, level
-
-
-class _Encrypted(Exception):
-    """The private key asks for a passphrase (gRPC takes unencrypted keys only)."""
-
-
-def _no_passphrase() -> bytes:
-    raise _Encrypted
-
-
-def _ssl_why(exc: ssl.SSLError) -> str:
-    """OpenSSL's reason, when it says more than "no certificate" (not its bare "PEM lib")."""
-    return f" ({exc.reason})" if exc.reason and exc.reason != "NO_CERTIFICATE_OR_CRL_FOUND" else ""
-
-
-def _check_tls_files(cacert: str | None, cert: str | None, key: str | None) -> None:
-    """Load the PEM files as OpenSSL will in gRPC, so that a bad one stops the start, not each handshake.
-
-    gRPC only fails on them when it first connects to etcd, and keeps failing
-    (NOT_SERVING for ever, with core errors on stderr).
-
-    Raises:
-        _BadFlag: naming the flag: a CA file without a certificate, a client
-            certificate file without one, a key that is not a private key, is
-            encrypted, or is not the key of the certificate.
-    """
-    if cacert is not None:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cacert)
-        except ssl.SSLError as exc:
-            raise _BadFlag(f"--etcd-cacert {cacert} holds no certificate that OpenSSL can read"
-                           f"{_ssl_why(exc)}") from None
-    if cert is None or key is None:
-        return
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert)
-    except ssl.SSLError as exc:
-        raise _BadFlag(f"--etcd-cert {cert} holds no certificate that OpenSSL can read{_ssl_why(exc)}; "
-                       f"are --etcd-cert and --etcd-key swapped?") from None
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=_no_passphrase)
-    except _Encrypted:
-        raise _BadFlag(f"--etcd-key {key} is encrypted; give the key without a passphrase") from None
-    except ssl.SSLError as exc:
-        if exc.reason == "KEY_VALUES_MISMATCH":
-            raise _BadFlag(f"--etcd-key {key} is not the private key of the certificate in --etcd-cert {cert}"
-                           ) from None
-        raise _BadFlag(f"--etcd-key {key} holds no private key that OpenSSL can read{_ssl_why(exc)}") from None
+    return _Settings(endpoints, tls, auth, grace, level, server_tls, health_listen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,12 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        endpoints, tls, auth, grace, level = _settings(args)
+        settings = _settings(args)
     except _BadFlag as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
-    args.grace_seconds = grace
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    endpoints = settings.endpoints
+    logging.basicConfig(level=settings.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
     embedded = None
     if endpoints is None:
         from .embedded import EmbeddedEtcd
@@ -232,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         endpoints = [embedded.endpoint]
     try:
-        return asyncio.run(_serve(endpoints, args, tls, auth))
+        return asyncio.run(_serve(endpoints, args, settings))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -267,10 +314,15 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
     return handle
 
 
-async def _serve(endpoints: list[str], args: argparse.Namespace, tls: EtcdTls | None,
-                 auth: EtcdAuth | None) -> int:
-    coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=args.grace_seconds,
-                              etcd_tls=tls, etcd_auth=auth)
+async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Settings) -> int:
+    tls, auth = settings.etcd_tls, settings.auth
+    try:
+        coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
+                                  etcd_tls=tls, etcd_auth=auth, tls=settings.tls,
+                                  health_listen=settings.health_listen)
+    except ValueError as exc:  # a TLS file changed since it was checked
+        print(f"fencepost serve: error: {exc}", file=sys.stderr)
+        return 2
     try:
         await coordinator.start()
     except RuntimeError as exc:
@@ -284,12 +336,31 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, tls: EtcdTls | 
         how.append(f"user {auth.user}")
     print(f"fencepost: etcd at {','.join(endpoints)}{' (' + ', '.join(how) + ')' if how else ''}, "
           f"prefix {args.prefix}", flush=True)
+    if settings.tls is not None:
+        ca = f", client CA {settings.tls.client_ca}" if settings.tls.client_ca is not None else ""
+        print(f"fencepost: {settings.tls.describe()}, certificate {settings.tls.cert}{ca}; SIGHUP re-reads them",
+              flush=True)
+    if coordinator.health_address is not None:
+        print(f"fencepost: health (grpc.health.v1 only, plaintext) on {coordinator.health_address}", flush=True)
+    # The last word of this line is the address (tests and bench/cycles.py read it).
     print(f"fencepost: listening on {coordinator.address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload, coordinator)
     await stop.wait()
     print("fencepost: shutting down (leases are kept)", flush=True)
     await coordinator.stop()
     return 0
+
+
+def _reload(coordinator: Coordinator) -> None:
+    """SIGHUP: re-read the TLS files (a bad one keeps the certificate in use; the warning names it)."""
+    if coordinator.tls is None:
+        print("fencepost: SIGHUP: no TLS files to reload", flush=True)
+    elif coordinator.reload_tls():
+        print("fencepost: SIGHUP: TLS files reloaded; new connections use them", flush=True)
+    else:
+        print("fencepost: SIGHUP: TLS files not reloaded, the certificate in use stays (see the warning)",
+              flush=True)

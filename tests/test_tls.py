@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -217,3 +219,145 @@ async def test_reload_tls_when_the_coordinator_has_no_tls(coordinator: Coordinat
     assert coordinator.tls is None
     with pytest.raises(RuntimeError, match="without TLS"):
         coordinator.reload_tls()
+
+
+# ---------------------------------------------------------------- fencepost serve
+
+
+def _bad_files(files: Path, ca2: trustme.CA) -> None:
+    """Next to the good files: a key of another certificate, an encrypted key, a DER file, a key-only CA file."""
+    from cryptography.hazmat.primitives import serialization
+
+    install(files / "other-key.pem", ca2.issue_cert("127.0.0.1").private_key_pem.bytes())
+    key = serialization.load_pem_private_key((files / "key.pem").read_bytes(), password=None)
+    (files / "encrypted-key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"passphrase")))
+    (files / "cert.der").write_bytes(b"\x30\x82\x01\x0a DER bytes")
+
+
+@pytest.mark.parametrize(("argv", "env", "says"), [
+    (["--tls-cert", "{cert}"], {}, "--tls-cert needs --tls-key"),
+    (["--tls-key", "{key}"], {}, "--tls-key needs --tls-cert"),
+    ([], {"FENCEPOST_TLS_CERT": "{cert}"}, "--tls-cert needs --tls-key"),
+    (["--client-ca", "{ca}"], {}, "--client-ca needs --tls-cert"),
+    (["--tls-cert", "{cert}", "--tls-key", "{key}", "--client-auth", "optional"], {},
+     "--client-auth optional needs --client-ca"),
+    (["--tls-cert", "{cert}", "--tls-key", "{key}", "--client-ca", "{ca}"], {"FENCEPOST_CLIENT_AUTH": "sometimes"},
+     "--client-auth is 'sometimes'; must be require or optional"),
+    (["--tls-cert", "{dir}/missing.pem", "--tls-key", "{key}"], {}, "--tls-cert {dir}/missing.pem cannot be read"),
+    (["--tls-cert", "{dir}/cert.der", "--tls-key", "{key}"], {}, "--tls-cert {dir}/cert.der is not a PEM file"),
+    (["--tls-cert", "{key}", "--tls-key", "{cert}"], {}, "--tls-cert {key} holds no certificate"),
+    (["--tls-cert", "{cert}", "--tls-key", "{dir}/other-key.pem"], {},
+     "--tls-key {dir}/other-key.pem is not the private key of the certificate in {cert}"),
+    (["--tls-cert", "{cert}", "--tls-key", "{dir}/encrypted-key.pem"], {}, "is encrypted"),
+    (["--tls-cert", "{cert}", "--tls-key", "{key}", "--client-ca", "{key}"], {},
+     "--client-ca {key} holds no certificate"),
+    (["--tls-cert", "{cert}", "--tls-key", "{key}", "--client-ca", "{dir}"], {}, "--client-ca {dir} cannot be read"),
+    (["--health-listen", "localhost"], {}, "--health-listen: "),
+    (["--listen", "127.0.0.1:7499"], {"FENCEPOST_HEALTH_LISTEN": "127.0.0.1:7499"}, "the --listen address"),
+])
+def test_serve_when_a_tls_or_health_flag_is_bad(argv: list[str], env: dict[str, str], says: str, files: Path,
+                                               ca2: trustme.CA, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Server TLS flags or files that cannot work, a bad --health-listen: one line naming the flag, exit 2,
+    nothing started."""
+    from fencepost.coordinator.serve import main
+
+    _bad_files(files, ca2)
+
+    def fill(text: str) -> str:
+        return text.format(cert=files / "cert.pem", key=files / "key.pem", ca=files / "client-ca.pem", dir=files)
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, fill(value))
+    rc = main(["--data-dir", str(files / "data"), *[fill(a) for a in argv]])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fencepost serve: error: ") and fill(says) in lines[0], err
+    assert not (files / "data").exists()
+
+
+@pytest.mark.parametrize(("argv", "client_auth"), [
+    (["--client-ca", "{ca}"], "require"),
+    (["--client-ca", "{ca}", "--client-auth", "require"], "require"),
+    (["--client-ca", "{ca}", "--client-auth", "optional"], "optional"),
+    ([], "none"),
+])
+def test_serve_when_client_auth_is_given(argv: list[str], client_auth: str, files: Path) -> None:
+    """--client-auth defaults to require with --client-ca; optional stops requiring client certificates."""
+    from fencepost.coordinator import serve
+
+    args = serve.build_parser().parse_args(["--tls-cert", str(files / "cert.pem"), "--tls-key", str(files / "key.pem"),
+                                            *[a.format(ca=files / "client-ca.pem") for a in argv]])
+    tls = serve._settings(args).tls
+    assert tls is not None and tls.client_auth == client_auth
+
+
+async def test_serve_when_sighup_after_the_certificate_changed(etcd: EmbeddedEtcd, prefix: str, files: Path,
+                                                               ca1: trustme.CA, ca2: trustme.CA,
+                                                               tmp_path: Path) -> None:
+    """`fencepost serve` with mTLS and a health port: SIGHUP after the certificate was replaced by one of another CA
+    keeps the open stream (keepalives acked), new connections need the new CA; a SIGHUP with a bad key keeps the
+    certificate in use and warns naming the file; health answers in plaintext throughout."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from .conftest import LISTENING, ChildProcess, child_env, wait_for
+
+    env = child_env()
+    env["FENCEPOST_CLIENT_CA"] = str(files / "client-ca.pem")  # flags and variables both work
+    env["FENCEPOST_HEALTH_LISTEN"] = "127.0.0.1:0"
+    child = ChildProcess([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+                          "--etcd-endpoints", etcd.endpoint, "--prefix", prefix, "--tls-cert", str(files / "cert.pem"),
+                          "--tls-key", str(files / "key.pem")], log_path=tmp_path / "serve.log", env=env)
+    try:
+        match = await child.await_line(LISTENING, 30)
+        address = f"127.0.0.1:{match.group(2)}"
+        assert any("mTLS (client certificates required)" in line for line in child.output), child.output
+        health_line = next(line for line in child.output if "grpc.health.v1 only" in line)
+        health_address = health_line.split()[-1]
+
+        async def health_serving() -> bool:
+            async with open_channel(health_address, None) as chan:
+                got = await health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            return got.status == health_pb2.HealthCheckResponse.SERVING
+
+        await wait_for(health_serving, 10, 0.1, "SERVING on the plaintext health port")
+        async with open_channel(address, client_credentials(ca1, ca1)) as channel:
+            stub = lock_pb2_grpc.LockServiceStub(channel)
+            lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=10)
+            got = await stub.Acquire(lock_pb2.AcquireRequest(name="held", lease_id=lease.lease_id), timeout=10)
+            assert got.acquired
+            stream = stub.KeepAlive()
+
+            async def keepalive(request_id: int) -> lock_pb2.LeaseKeepAliveAck:
+                await stream.write(lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(
+                    lease_id=lease.lease_id, request_id=request_id)))
+                return (await asyncio.wait_for(stream.read(), 10)).keepalive
+
+            assert (await keepalive(1)).ttl_seconds > 0
+            install_server_cert(ca2, files)
+            child.signal(signal.SIGHUP)
+            await child.await_line("SIGHUP: TLS files reloaded", 10)
+            ack = await keepalive(2)
+            assert ack.request_id == 2 and ack.ttl_seconds > 0
+            assert await call_fails(address, client_credentials(ca1, ca1)) == grpc.StatusCode.UNAVAILABLE
+            assert await call_fails(address, client_credentials(ca2, ca1)) is None
+            assert await call_fails(address, client_credentials(ca2)) == grpc.StatusCode.UNAVAILABLE  # still mTLS
+
+            install(files / "key.pem", ca1.issue_cert("127.0.0.1").private_key_pem.bytes())  # not B's key
+            child.signal(signal.SIGHUP)
+            await child.await_line("SIGHUP: TLS files not reloaded, the certificate in use stays", 10)
+            assert await call_fails(address, client_credentials(ca2, ca1)) is None
+            assert (await keepalive(3)).ttl_seconds > 0
+            assert await health_serving()
+            await stub.Release(lock_pb2.ReleaseRequest(name="held", lease_id=lease.lease_id, token=got.token),
+                               timeout=10)
+            await stream.done_writing()
+            await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease.lease_id), timeout=10)
+        assert child.terminate() == 0
+    finally:
+        child.kill()
+    log = (tmp_path / "serve.log").read_text()
+    assert f"key file {files / 'key.pem'} is not the private key of the certificate in {files / 'cert.pem'}" in log
