@@ -1,9 +1,10 @@
 """``fencepost serve``: the coordinator as a process, its flags and their checks.
 
 Every flag also reads ``FENCEPOST_<FLAG>``; the etcd password comes only from
-``FENCEPOST_ETCD_PASSWORD``. Bad input exits 2 with one line, before anything
-starts; without ``--etcd-endpoints`` an embedded etcd runs in ``--data-dir``
-(one ``fencepost serve`` per data directory, held by a file lock).
+``FENCEPOST_ETCD_PASSWORD`` or from the file ``--etcd-password-file`` names.
+Bad input exits 2 with one line, before anything starts; without
+``--etcd-endpoints`` an embedded etcd runs in ``--data-dir`` (one
+``fencepost serve`` per data directory, held by a file lock).
 
 With ``--tls-cert``/``--tls-key`` (and ``--client-ca`` for mTLS) the port
 serves TLS; SIGHUP re-reads those files (changed files are also taken up at
@@ -43,7 +44,8 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("fencepost")) / "etcd"
 
 
-#: The environment variable that carries the etcd password (never a flag, never logged).
+#: The environment variable that carries the etcd password (never a flag, never logged), unless
+#: --etcd-password-file names a file holding it.
 PASSWORD_ENV = "FENCEPOST_ETCD_PASSWORD"
 
 
@@ -53,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fencepost serve",
         description="Serve the Fencepost lock service. Without --etcd-endpoints, start an embedded "
                     f"single-member etcd whose data lives in --data-dir. The etcd password of --etcd-user "
-                    f"is read from the environment variable {PASSWORD_ENV} only. With --tls-cert and "
+                    f"is read from the environment variable {PASSWORD_ENV} or from --etcd-password-file, "
+                    f"never from a flag. With --tls-cert and "
                     f"--tls-key the port serves TLS (mTLS with --client-ca); SIGHUP re-reads those files "
                     f"(changed files are also taken up at the next handshake) without dropping established "
                     f"connections. Bad flags exit 2 before anything starts.",
@@ -82,17 +85,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--etcd-endpoints", default=_env("etcd-endpoints", None),
                         help="comma-separated etcd endpoints, HOST:PORT each (a host name or an address; "
                              "https:// for TLS); omit for the embedded etcd (env FENCEPOST_ETCD_ENDPOINTS)")
-    parser.add_argument("--etcd-cacert", default=_env("etcd-cacert", None),
+    parser.add_argument("--etcd-ca", default=_env("etcd-ca", None), metavar="PATH",
                         help="PEM file of the CA that signed etcd's server certificate: TLS to etcd "
-                             "(env FENCEPOST_ETCD_CACERT)")
-    parser.add_argument("--etcd-cert", default=_env("etcd-cert", None),
+                             "(env FENCEPOST_ETCD_CA)")
+    parser.add_argument("--etcd-cacert", default=_env("etcd-cacert", None), metavar="PATH",
+                        help="the old name of --etcd-ca (env FENCEPOST_ETCD_CACERT)")
+    parser.add_argument("--etcd-cert", default=_env("etcd-cert", None), metavar="PATH",
                         help="PEM file of the coordinator's client certificate, for etcd's --client-cert-auth "
                              "(env FENCEPOST_ETCD_CERT; needs --etcd-key)")
-    parser.add_argument("--etcd-key", default=_env("etcd-key", None),
+    parser.add_argument("--etcd-key", default=_env("etcd-key", None), metavar="PATH",
                         help="PEM file of the client certificate's private key (env FENCEPOST_ETCD_KEY)")
     parser.add_argument("--etcd-user", default=_env("etcd-user", None),
-                        help=f"etcd user to authenticate as, its password in env {PASSWORD_ENV} "
-                             "(env FENCEPOST_ETCD_USER)")
+                        help=f"etcd user to authenticate as, its password in env {PASSWORD_ENV} or in "
+                             "--etcd-password-file (env FENCEPOST_ETCD_USER)")
+    parser.add_argument("--etcd-password-file", default=_env("etcd-password-file", None), metavar="PATH",
+                        help=f"file holding the password of --etcd-user, one line (its newline is dropped), "
+                             f"instead of env {PASSWORD_ENV} (env FENCEPOST_ETCD_PASSWORD_FILE)")
     parser.add_argument("--data-dir", default=_env("data-dir", None),
                         help="embedded etcd data directory (env FENCEPOST_DATA_DIR; default: a per-user data directory)")
     parser.add_argument("--prefix", default=_env("prefix", DEFAULT_PREFIX),
@@ -166,6 +174,40 @@ def _server_tls(args: argparse.Namespace) -> ServerTls | None:
                      require_client_cert=args.client_auth != "optional")
 
 
+def _etcd_ca(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The etcd CA file and the flag that gave it: --etcd-ca, or --etcd-cacert, its old name.
+
+    Raises:
+        _BadFlag: both are given (as flags or variables) and name different files.
+    """
+    given = [(flag, path) for flag, path in (("--etcd-ca", args.etcd_ca), ("--etcd-cacert", args.etcd_cacert)) if path]
+    if len(given) == 2 and given[0][1] != given[1][1]:
+        raise _BadFlag(f"--etcd-ca {given[0][1]} and --etcd-cacert {given[1][1]} (its old name, or "
+                       f"FENCEPOST_ETCD_CA and FENCEPOST_ETCD_CACERT) name different files; give one")
+    return given[0] if given else ("--etcd-ca", None)
+
+
+def _read_password(path: str) -> str:
+    """The password in the file ``--etcd-password-file`` names, without its trailing newline.
+
+    Raises:
+        _BadFlag: the file cannot be read, is not UTF-8, is empty, or holds more than one line.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise _BadFlag(f"--etcd-password-file {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise _BadFlag(f"--etcd-password-file {path} is not UTF-8 text") from None
+    if not text:
+        raise _BadFlag(f"--etcd-password-file {path} is empty")
+    if "\n" in text or "\r" in text:
+        raise _BadFlag(f"--etcd-password-file {path} holds more than one line; it must hold the password only")
+    return text
+
+
 def _settings(args: argparse.Namespace) -> _Settings:
     """Check the flags.
 
@@ -194,22 +236,22 @@ def _settings(args: argparse.Namespace) -> _Settings:
     if not isinstance(logging.getLevelName(level), int):
         raise _BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
     server_tls = _server_tls(args)
-    password = os.environ.get(PASSWORD_ENV)
+    ca_flag, ca = _etcd_ca(args)
     endpoints = None
     if args.etcd_endpoints is not None:  # given, even empty: only an unset flag and env mean "embedded"
         endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
         if not endpoints:
             raise _BadFlag("--etcd-endpoints is empty; omit it (and FENCEPOST_ETCD_ENDPOINTS) for the embedded etcd")
-    elif args.etcd_cacert or args.etcd_cert or args.etcd_key or args.etcd_user:
-        raise _BadFlag("--etcd-cacert, --etcd-cert, --etcd-key and --etcd-user need --etcd-endpoints "
-                       "(the embedded etcd has no TLS or auth)")
+    elif ca or args.etcd_cert or args.etcd_key or args.etcd_user or args.etcd_password_file:
+        raise _BadFlag(f"{ca_flag}, --etcd-cert, --etcd-key, --etcd-user and --etcd-password-file need "
+                       f"--etcd-endpoints (the embedded etcd has no TLS or auth)")
     tls = None
-    if args.etcd_cacert or args.etcd_cert or args.etcd_key:
+    if ca or args.etcd_cert or args.etcd_key:
         try:
-            tls = EtcdTls.from_files(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+            tls = EtcdTls.from_files(ca, args.etcd_cert, args.etcd_key)
         except ValueError as exc:
-            raise _BadFlag(f"--etcd-cert/--etcd-key/--etcd-cacert: {exc}") from None
-        for flag, pem in (("--etcd-cacert", tls.ca), ("--etcd-cert", tls.cert), ("--etcd-key", tls.key)):
+            raise _BadFlag(f"--etcd-cert/--etcd-key/{ca_flag}: {exc}") from None
+        for flag, pem in ((ca_flag, tls.ca), ("--etcd-cert", tls.cert), ("--etcd-key", tls.key)):
             if pem is not None and b"-----BEGIN " not in pem:
                 raise _BadFlag(f"{flag}: not a PEM file")
     if endpoints is not None:
@@ -218,16 +260,21 @@ def _settings(args: argparse.Namespace) -> _Settings:
         except ValueError as exc:
             raise _BadFlag(f"--etcd-endpoints: {exc}") from None
     if tls is not None:
-        _pem_files({"cert": "--etcd-cert", "key": "--etcd-key", "ca": "--etcd-cacert"}, args.etcd_cert,
-                   args.etcd_key, args.etcd_cacert)
+        _pem_files({"cert": "--etcd-cert", "key": "--etcd-key", "ca": ca_flag}, args.etcd_cert, args.etcd_key, ca)
+    password = os.environ.get(PASSWORD_ENV)
+    said = f"{PASSWORD_ENV} is set"
+    if args.etcd_password_file:
+        if password is not None:
+            raise _BadFlag(f"--etcd-password-file and {PASSWORD_ENV} are both given; give the password one way")
+        password, said = _read_password(args.etcd_password_file), "--etcd-password-file is given"
     auth = None
     if args.etcd_user:
         if password is None:
             raise _BadFlag(f"--etcd-user {args.etcd_user} needs its password in the environment variable "
-                           f"{PASSWORD_ENV}")
+                           f"{PASSWORD_ENV} or in --etcd-password-file")
         auth = EtcdAuth(args.etcd_user, password)
     elif password is not None and endpoints is not None:
-        raise _BadFlag(f"{PASSWORD_ENV} is set but no --etcd-user names its user")
+        raise _BadFlag(f"{said} but no --etcd-user names its user")
     return _Settings(endpoints, tls, auth, grace, level, server_tls, health_listen)
 
 
