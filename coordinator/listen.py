@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-__all__ = ["UnixSocketClaim", "check_listen", "unix_socket_path"]
+__all__ = ["UnixSocketClaim", "check_listen", "same_address", "unix_socket_path"]
 
 _log = logging.getLogger("fencepost.coordinator")
 
@@ -99,6 +99,18 @@ def check_listen(listen: str) -> str:
     if match is None or int(match.group("port")) > 65535:
         raise ValueError(f"listen address {listen!r} is not {LISTEN_FORMS}")
     return listen
+
+
+def same_address(a: str, b: str) -> bool:
+    """Whether two checked listen addresses are certainly the same.
+
+    True when they are equal (``HOST:PORT`` with a port other than 0) or
+    name the same socket path; host names are not resolved.
+    """
+    path_a, path_b = unix_socket_path(a), unix_socket_path(b)
+    if path_a is not None or path_b is not None:
+        return path_a == path_b
+    return a == b and not a.endswith(":0")
 
 
 class UnixSocketClaim:

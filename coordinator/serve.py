@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from .etcd import EtcdAuth, EtcdTls, check_endpoints
+from .listen import same_address
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
 
@@ -230,7 +231,7 @@ def _settings(args: argparse.Namespace) -> _Settings:
             check_listen(health_listen)
         except ValueError as exc:
             raise _BadFlag(f"--health-listen: {exc}") from None
-        if health_listen == args.listen and not health_listen.endswith(":0"):
+        if same_address(args.listen, health_listen):
             raise _BadFlag(f"--health-listen is {health_listen!r}, the --listen address; give another address")
     level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(level), int):

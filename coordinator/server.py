@@ -32,7 +32,7 @@ from fencepost.client.v1.keys import Keys
 
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .lease import Leases
-from .listen import UnixSocketClaim, check_listen, unix_socket_path
+from .listen import UnixSocketClaim, check_listen, same_address, unix_socket_path
 from .lock import LockManager
 from .service import LockService
 from .tls import ServerCertificates, ServerTls
@@ -62,14 +62,6 @@ SERVER_OPTIONS = [
 
 
 __all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "SERVICE_NAME", "Coordinator", "check_listen"]
-
-
-def _same_address(a: str, b: str) -> bool:
-    """Whether two listen addresses are certainly the same (equal, or the same socket path; not port 0)."""
-    path_a, path_b = unix_socket_path(a), unix_socket_path(b)
-    if path_a is not None or path_b is not None:
-        return path_a == path_b
-    return a == b and not a.endswith(":0")
 
 
 class Coordinator:
@@ -113,7 +105,7 @@ class Coordinator:
         check_listen(listen)
         if health_listen is not None:
             check_listen(health_listen)
-            if _same_address(listen, health_listen):
+            if same_address(listen, health_listen):
                 raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
         self._health_listen = health_listen
         self._certificates = ServerCertificates(tls) if tls is not None else None

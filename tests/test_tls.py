@@ -256,6 +256,7 @@ def _bad_files(files: Path, ca2: trustme.CA) -> None:
     (["--tls-cert", "{cert}", "--tls-key", "{key}", "--client-ca", "{dir}"], {}, "--client-ca {dir} cannot be read"),
     (["--health-listen", "localhost"], {}, "--health-listen: "),
     (["--listen", "127.0.0.1:7499"], {"FENCEPOST_HEALTH_LISTEN": "127.0.0.1:7499"}, "the --listen address"),
+    (["--listen", "unix:/tmp/fp.sock", "--health-listen", "unix:///tmp/fp.sock"], {}, "the --listen address"),
 ])
 def test_serve_when_a_tls_or_health_flag_is_bad(argv: list[str], env: dict[str, str], says: str, files: Path,
                                                ca2: trustme.CA, monkeypatch: pytest.MonkeyPatch,
