@@ -215,8 +215,6 @@ class ServerCertificates:
         self._initial = self._configuration(tls.check())
         self._seen = stamps
         self._pending: grpc.ServerCertificateConfiguration | None = None
-        #: How many times new files were taken into use (for logs and tests).
-        self.reloads = 0
 
     def _stamps(self) -> list[_Stamp]:
         return [_stamp(path) for path in self.tls.files()]
@@ -253,7 +251,6 @@ class ServerCertificates:
         except TlsFileError as exc:
             _log.warning("TLS files not reloaded, the certificate in use stays: %s", exc)
             return None
-        self.reloads += 1
         _log.info("TLS files reloaded: certificate %s, key %s%s", self.tls.cert, self.tls.key,
                   f", client CA {self.tls.client_ca}" if self.tls.client_ca is not None else "")
         return config
