@@ -1,9 +1,15 @@
 """``fencepost serve``: the coordinator as a process, its flags and their checks.
 
 Every flag also reads ``FENCEPOST_<FLAG>``; the etcd password comes only from
-``FENCEPOST_ETCD_PASSWORD``. Bad input exits 2 with one line, before anything
-starts; without ``--etcd-endpoints`` an embedded etcd runs in ``--data-dir``
-(one ``fencepost serve`` per data directory, held by a file lock).
+``FENCEPOST_ETCD_PASSWORD`` or from the file ``--etcd-password-file`` names.
+Bad input exits 2 with one line, before anything starts; without
+``--etcd-endpoints`` an embedded etcd runs in ``--data-dir`` (one
+``fencepost serve`` per data directory, held by a file lock).
+
+With ``--tls-cert``/``--tls-key`` (and ``--client-ca`` for mTLS) the port
+serves TLS; SIGHUP re-reads those files (changed files are also taken up at
+the next handshake), without dropping established connections.
+``--health-listen`` adds a plaintext port with only grpc.health.v1.
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ import logging
 import math
 import os
 import signal
-import ssl
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from .etcd import EtcdAuth, EtcdTls, check_endpoints
+from .listen import same_address
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
+from .tls import ServerTls, TlsFileError, check_pem_files
 
 __all__ = ["PASSWORD_ENV", "build_parser", "default_data_dir", "main"]
 
@@ -37,7 +45,8 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("fencepost")) / "etcd"
 
 
-#: The environment variable that carries the etcd password (never a flag, never logged).
+#: The environment variable that carries the etcd password (never a flag, never logged), unless
+#: --etcd-password-file names a file holding it.
 PASSWORD_ENV = "FENCEPOST_ETCD_PASSWORD"
 
 
@@ -47,24 +56,52 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fencepost serve",
         description="Serve the Fencepost lock service. Without --etcd-endpoints, start an embedded "
                     f"single-member etcd whose data lives in --data-dir. The etcd password of --etcd-user "
-                    f"is read from the environment variable {PASSWORD_ENV} only.",
+                    f"is read from the environment variable {PASSWORD_ENV} or from --etcd-password-file, "
+                    f"never from a flag. With --tls-cert and "
+                    f"--tls-key the port serves TLS (mTLS with --client-ca); SIGHUP re-reads those files "
+                    f"(changed files are also taken up at the next handshake) without dropping established "
+                    f"connections. Bad flags exit 2 before anything starts.",
     )
-    parser.add_argument("--listen", default=_env("listen", DEFAULT_LISTEN),
-                        help=f"HOST:PORT to serve on; port 0 picks one (env FENCEPOST_LISTEN; default {DEFAULT_LISTEN})")
+    parser.add_argument("--listen", default=_env("listen", DEFAULT_LISTEN), metavar="HOST:PORT",
+                        help=f"HOST:PORT to serve on (port 0 picks one), or a Unix socket unix:/ABSOLUTE/PATH; a "
+                             f"socket file left by a dead coordinator is removed (env FENCEPOST_LISTEN; default "
+                             f"{DEFAULT_LISTEN})")
+    parser.add_argument("--tls-cert", default=_env("tls-cert", None), metavar="PATH",
+                        help="PEM file of the coordinator's certificate chain, its own certificate first: serve "
+                             "TLS on --listen (env FENCEPOST_TLS_CERT; needs --tls-key)")
+    parser.add_argument("--tls-key", default=_env("tls-key", None), metavar="PATH",
+                        help="PEM file of that certificate's private key, unencrypted (env FENCEPOST_TLS_KEY)")
+    parser.add_argument("--client-ca", default=_env("client-ca", None), metavar="PATH",
+                        help="PEM file of the CA certificates that clients' certificates must chain to: mTLS "
+                             "(env FENCEPOST_CLIENT_CA; needs --tls-cert)")
+    parser.add_argument("--client-auth", default=_env("client-auth", None), metavar="require|optional",
+                        help="with --client-ca: 'require' refuses a client without a valid certificate at the "
+                             "handshake; 'optional' lets any client connect (gRPC Python cannot ask for a "
+                             "certificate without requiring it, so none is asked for and --client-ca is not "
+                             "checked) (env FENCEPOST_CLIENT_AUTH; default require)")
+    parser.add_argument("--health-listen", default=_env("health-listen", None), metavar="HOST:PORT",
+                        help="also serve grpc.health.v1, and nothing else, in plaintext on HOST:PORT (or "
+                             "unix:/ABSOLUTE/PATH): for probes without a client certificate, such as the kubelet's "
+                             "gRPC probe (env FENCEPOST_HEALTH_LISTEN; default: none)")
     parser.add_argument("--etcd-endpoints", default=_env("etcd-endpoints", None),
                         help="comma-separated etcd endpoints, HOST:PORT each (a host name or an address; "
                              "https:// for TLS); omit for the embedded etcd (env FENCEPOST_ETCD_ENDPOINTS)")
-    parser.add_argument("--etcd-cacert", default=_env("etcd-cacert", None),
+    parser.add_argument("--etcd-ca", default=_env("etcd-ca", None), metavar="PATH",
                         help="PEM file of the CA that signed etcd's server certificate: TLS to etcd "
-                             "(env FENCEPOST_ETCD_CACERT)")
-    parser.add_argument("--etcd-cert", default=_env("etcd-cert", None),
+                             "(env FENCEPOST_ETCD_CA)")
+    parser.add_argument("--etcd-cacert", default=_env("etcd-cacert", None), metavar="PATH",
+                        help="the old name of --etcd-ca (env FENCEPOST_ETCD_CACERT)")
+    parser.add_argument("--etcd-cert", default=_env("etcd-cert", None), metavar="PATH",
                         help="PEM file of the coordinator's client certificate, for etcd's --client-cert-auth "
                              "(env FENCEPOST_ETCD_CERT; needs --etcd-key)")
-    parser.add_argument("--etcd-key", default=_env("etcd-key", None),
+    parser.add_argument("--etcd-key", default=_env("etcd-key", None), metavar="PATH",
                         help="PEM file of the client certificate's private key (env FENCEPOST_ETCD_KEY)")
     parser.add_argument("--etcd-user", default=_env("etcd-user", None),
-                        help=f"etcd user to authenticate as, its password in env {PASSWORD_ENV} "
-                             "(env FENCEPOST_ETCD_USER)")
+                        help=f"etcd user to authenticate as, its password in env {PASSWORD_ENV} or in "
+                             "--etcd-password-file (env FENCEPOST_ETCD_USER)")
+    parser.add_argument("--etcd-password-file", default=_env("etcd-password-file", None), metavar="PATH",
+                        help=f"file holding the password of --etcd-user, one line (its newline is dropped), "
+                             f"instead of env {PASSWORD_ENV} (env FENCEPOST_ETCD_PASSWORD_FILE)")
     parser.add_argument("--data-dir", default=_env("data-dir", None),
                         help="embedded etcd data directory (env FENCEPOST_DATA_DIR; default: a per-user data directory)")
     parser.add_argument("--prefix", default=_env("prefix", DEFAULT_PREFIX),
@@ -80,8 +117,100 @@ class _BadFlag(Exception):
     """A flag or environment value that ``fencepost serve`` refuses (exit 2)."""
 
 
-def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None, float, str]:
-    """Check the flags: (endpoints or None for the embedded etcd, TLS, auth, grace seconds, log level).
+@dataclass(frozen=True)
+class _Settings:
+    """The checked flags."""
+
+    endpoints: list[str] | None  # None: the embedded etcd
+    etcd_tls: EtcdTls | None
+    auth: EtcdAuth | None
+    grace: float
+    level: str
+    tls: ServerTls | None
+    health_listen: str | None
+
+
+def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
+               ca: str | None = None) -> None:
+    """Load the PEM files as OpenSSL will in gRPC, so that a bad one stops the start, not each handshake.
+
+    gRPC only fails on them at a handshake, and keeps failing (for etcd:
+    NOT_SERVING for ever, with core errors on stderr).
+
+    Args:
+        flags: the flag of each role (``"cert"``, ``"key"``, ``"ca"``), for the message.
+
+    Raises:
+        _BadFlag: naming the flag and the file (see :func:`~.tls.check_pem_files`).
+    """
+    try:
+        check_pem_files(cert, key, ca)
+    except TlsFileError as exc:
+        raise _BadFlag(f"{flags[exc.role]} {exc.path} {exc.problem}") from None
+
+
+def _server_tls(args: argparse.Namespace) -> ServerTls | None:
+    """The checked --tls-cert, --tls-key, --client-ca and --client-auth.
+
+    Raises:
+        _BadFlag: one of them without the flag it needs, a bad --client-auth, or a file that cannot be used.
+    """
+    if args.tls_key and not args.tls_cert:
+        raise _BadFlag("--tls-key needs --tls-cert (the certificate of that key)")
+    if args.tls_cert and not args.tls_key:
+        raise _BadFlag("--tls-cert needs --tls-key (the certificate's private key)")
+    if args.client_ca and not args.tls_cert:
+        raise _BadFlag("--client-ca needs --tls-cert and --tls-key: client certificates are checked in the "
+                       "TLS handshake")
+    if args.client_auth is not None:
+        if args.client_auth not in ("require", "optional"):
+            raise _BadFlag(f"--client-auth is {args.client_auth!r}; must be require or optional")
+        if not args.client_ca:
+            raise _BadFlag(f"--client-auth {args.client_auth} needs --client-ca (the CA of the client certificates)")
+    if not args.tls_cert:
+        return None
+    _pem_files({"cert": "--tls-cert", "key": "--tls-key", "ca": "--client-ca"}, args.tls_cert, args.tls_key,
+               args.client_ca or None)
+    return ServerTls(Path(args.tls_cert), Path(args.tls_key), Path(args.client_ca) if args.client_ca else None,
+                     require_client_cert=args.client_auth != "optional")
+
+
+def _etcd_ca(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The etcd CA file and the flag that gave it: --etcd-ca, or --etcd-cacert, its old name.
+
+    Raises:
+        _BadFlag: both are given (as flags or variables) and name different files.
+    """
+    given = [(flag, path) for flag, path in (("--etcd-ca", args.etcd_ca), ("--etcd-cacert", args.etcd_cacert)) if path]
+    if len(given) == 2 and given[0][1] != given[1][1]:
+        raise _BadFlag(f"--etcd-ca {given[0][1]} and --etcd-cacert {given[1][1]} (its old name, or "
+                       f"FENCEPOST_ETCD_CA and FENCEPOST_ETCD_CACERT) name different files; give one")
+    return given[0] if given else ("--etcd-ca", None)
+
+
+def _read_password(path: str) -> str:
+    """The password in the file ``--etcd-password-file`` names, without its trailing newline.
+
+    Raises:
+        _BadFlag: the file cannot be read, is not UTF-8, is empty, or holds more than one line.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise _BadFlag(f"--etcd-password-file {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise _BadFlag(f"--etcd-password-file {path} is not UTF-8 text") from None
+    if not text:
+        raise _BadFlag(f"--etcd-password-file {path} is empty")
+    if "\n" in text or "\r" in text:
+        raise _BadFlag(f"--etcd-password-file {path} holds more than one line; it must hold the password only")
+    return text
+
+
+def _settings(args: argparse.Namespace) -> _Settings:
+    """Check the flags.
 
     Raises:
         _BadFlag: with the one-line message to print.
@@ -94,28 +223,36 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         raise _BadFlag(f"--grace-seconds is {args.grace_seconds}; must be 0 to 3600 seconds")
     try:
         check_listen(args.listen)
-    except ValueError:
-        raise _BadFlag(f"--listen is {args.listen!r}; must be HOST:PORT with a port 0 to 65535 (e.g. "
-                       f"127.0.0.1:7420, 0.0.0.0:7420, [::1]:7420; port 0 picks a free one)") from None
+    except ValueError as exc:
+        raise _BadFlag(f"--listen: {exc}") from None
+    health_listen = args.health_listen or None
+    if health_listen is not None:
+        try:
+            check_listen(health_listen)
+        except ValueError as exc:
+            raise _BadFlag(f"--health-listen: {exc}") from None
+        if same_address(args.listen, health_listen):
+            raise _BadFlag(f"--health-listen is {health_listen!r}, the --listen address; give another address")
     level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(level), int):
         raise _BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
-    password = os.environ.get(PASSWORD_ENV)
+    server_tls = _server_tls(args)
+    ca_flag, ca = _etcd_ca(args)
     endpoints = None
     if args.etcd_endpoints is not None:  # given, even empty: only an unset flag and env mean "embedded"
         endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
         if not endpoints:
             raise _BadFlag("--etcd-endpoints is empty; omit it (and FENCEPOST_ETCD_ENDPOINTS) for the embedded etcd")
-    elif args.etcd_cacert or args.etcd_cert or args.etcd_key or args.etcd_user:
-        raise _BadFlag("--etcd-cacert, --etcd-cert, --etcd-key and --etcd-user need --etcd-endpoints "
-                       "(the embedded etcd has no TLS or auth)")
+    elif ca or args.etcd_cert or args.etcd_key or args.etcd_user or args.etcd_password_file:
+        raise _BadFlag(f"{ca_flag}, --etcd-cert, --etcd-key, --etcd-user and --etcd-password-file need "
+                       f"--etcd-endpoints (the embedded etcd has no TLS or auth)")
     tls = None
-    if args.etcd_cacert or args.etcd_cert or args.etcd_key:
+    if ca or args.etcd_cert or args.etcd_key:
         try:
-            tls = EtcdTls.from_files(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+            tls = EtcdTls.from_files(ca, args.etcd_cert, args.etcd_key)
         except ValueError as exc:
-            raise _BadFlag(f"--etcd-cert/--etcd-key/--etcd-cacert: {exc}") from None
-        for flag, pem in (("--etcd-cacert", tls.ca), ("--etcd-cert", tls.cert), ("--etcd-key", tls.key)):
+            raise _BadFlag(f"--etcd-cert/--etcd-key/{ca_flag}: {exc}") from None
+        for flag, pem in ((ca_flag, tls.ca), ("--etcd-cert", tls.cert), ("--etcd-key", tls.key)):
             if pem is not None and b"-----BEGIN " not in pem:
                 raise _BadFlag(f"{flag}: not a PEM file")
     if endpoints is not None:
@@ -124,64 +261,22 @@ def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | Non
         except ValueError as exc:
             raise _BadFlag(f"--etcd-endpoints: {exc}") from None
     if tls is not None:
-        _check_tls_files(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+        _pem_files({"cert": "--etcd-cert", "key": "--etcd-key", "ca": ca_flag}, args.etcd_cert, args.etcd_key, ca)
+    password = os.environ.get(PASSWORD_ENV)
+    said = f"{PASSWORD_ENV} is set"
+    if args.etcd_password_file:
+        if password is not None:
+            raise _BadFlag(f"--etcd-password-file and {PASSWORD_ENV} are both given; give the password one way")
+        password, said = _read_password(args.etcd_password_file), "--etcd-password-file is given"
     auth = None
     if args.etcd_user:
         if password is None:
             raise _BadFlag(f"--etcd-user {args.etcd_user} needs its password in the environment variable "
-                           f"{PASSWORD_ENV}")
+                           f"{PASSWORD_ENV} or in --etcd-password-file")
         auth = EtcdAuth(args.etcd_user, password)
     elif password is not None and endpoints is not None:
-        raise _BadFlag(f"{PASSWORD_ENV} is set but no --etcd-user names its user")
-    return endpoints, tls, auth, grace, level
-
-
-class _Encrypted(Exception):
-    """The private key asks for a passphrase (gRPC takes unencrypted keys only)."""
-
-
-def _no_passphrase() -> bytes:
-    raise _Encrypted
-
-
-def _ssl_why(exc: ssl.SSLError) -> str:
-    """OpenSSL's reason, when it says more than "no certificate" (not its bare "PEM lib")."""
-    return f" ({exc.reason})" if exc.reason and exc.reason != "NO_CERTIFICATE_OR_CRL_FOUND" else ""
-
-
-def _check_tls_files(cacert: str | None, cert: str | None, key: str | None) -> None:
-    """Load the PEM files as OpenSSL will in gRPC, so that a bad one stops the start, not each handshake.
-
-    gRPC only fails on them when it first connects to etcd, and keeps failing
-    (NOT_SERVING for ever, with core errors on stderr).
-
-    Raises:
-        _BadFlag: naming the flag: a CA file without a certificate, a client
-            certificate file without one, a key that is not a private key, is
-            encrypted, or is not the key of the certificate.
-    """
-    if cacert is not None:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cacert)
-        except ssl.SSLError as exc:
-            raise _BadFlag(f"--etcd-cacert {cacert} holds no certificate that OpenSSL can read"
-                           f"{_ssl_why(exc)}") from None
-    if cert is None or key is None:
-        return
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert)
-    except ssl.SSLError as exc:
-        raise _BadFlag(f"--etcd-cert {cert} holds no certificate that OpenSSL can read{_ssl_why(exc)}; "
-                       f"are --etcd-cert and --etcd-key swapped?") from None
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=_no_passphrase)
-    except _Encrypted:
-        raise _BadFlag(f"--etcd-key {key} is encrypted; give the key without a passphrase") from None
-    except ssl.SSLError as exc:
-        if exc.reason == "KEY_VALUES_MISMATCH":
-            raise _BadFlag(f"--etcd-key {key} is not the private key of the certificate in --etcd-cert {cert}"
-                           ) from None
-        raise _BadFlag(f"--etcd-key {key} holds no private key that OpenSSL can read{_ssl_why(exc)}") from None
+        raise _BadFlag(f"{said} but no --etcd-user names its user")
+    return _Settings(endpoints, tls, auth, grace, level, server_tls, health_listen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,12 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        endpoints, tls, auth, grace, level = _settings(args)
+        settings = _settings(args)
     except _BadFlag as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
-    args.grace_seconds = grace
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    endpoints = settings.endpoints
+    logging.basicConfig(level=settings.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
     embedded = None
     if endpoints is None:
         from .embedded import EmbeddedEtcd
@@ -231,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         endpoints = [embedded.endpoint]
     try:
-        return asyncio.run(_serve(endpoints, args, tls, auth))
+        return asyncio.run(_serve(endpoints, args, settings))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -266,10 +362,15 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
     return handle
 
 
-async def _serve(endpoints: list[str], args: argparse.Namespace, tls: EtcdTls | None,
-                 auth: EtcdAuth | None) -> int:
-    coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=args.grace_seconds,
-                              etcd_tls=tls, etcd_auth=auth)
+async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Settings) -> int:
+    tls, auth = settings.etcd_tls, settings.auth
+    try:
+        coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
+                                  etcd_tls=tls, etcd_auth=auth, tls=settings.tls,
+                                  health_listen=settings.health_listen)
+    except ValueError as exc:  # a TLS file changed since it was checked
+        print(f"fencepost serve: error: {exc}", file=sys.stderr)
+        return 2
     try:
         await coordinator.start()
     except RuntimeError as exc:
@@ -283,12 +384,31 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, tls: EtcdTls | 
         how.append(f"user {auth.user}")
     print(f"fencepost: etcd at {','.join(endpoints)}{' (' + ', '.join(how) + ')' if how else ''}, "
           f"prefix {args.prefix}", flush=True)
+    if settings.tls is not None:
+        ca = f", client CA {settings.tls.client_ca}" if settings.tls.client_ca is not None else ""
+        print(f"fencepost: {settings.tls.describe()}, certificate {settings.tls.cert}{ca}; SIGHUP re-reads them",
+              flush=True)
+    if coordinator.health_address is not None:
+        print(f"fencepost: health (grpc.health.v1 only, plaintext) on {coordinator.health_address}", flush=True)
+    # The last word of this line is the address (tests and bench/cycles.py read it).
     print(f"fencepost: listening on {coordinator.address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload, coordinator)
     await stop.wait()
     print("fencepost: shutting down (leases are kept)", flush=True)
     await coordinator.stop()
     return 0
+
+
+def _reload(coordinator: Coordinator) -> None:
+    """SIGHUP: re-read the TLS files (a bad one keeps the certificate in use; the warning names it)."""
+    if coordinator.tls is None:
+        print("fencepost: SIGHUP: no TLS files to reload", flush=True)
+    elif coordinator.reload_tls():
+        print("fencepost: SIGHUP: TLS files reloaded; new connections use them", flush=True)
+    else:
+        print("fencepost: SIGHUP: TLS files not reloaded, the certificate in use stays (see the warning)",
+              flush=True)

@@ -4,6 +4,12 @@
 lock modules and the servicer into one grpc.aio server. It holds no lock state
 of its own: several replicas can serve the same etcd cluster and prefix.
 
+It listens on ``HOST:PORT`` or a Unix socket (:mod:`.listen`), in plaintext
+or with TLS or mTLS whose certificate is reloaded without dropping
+established streams (:mod:`.tls`). A second, plaintext listener may serve
+only ``grpc.health.v1`` (``health_listen``), for probes that cannot present
+a client certificate, such as the kubelet's gRPC probe.
+
 Shutdown (SIGTERM/SIGINT, or ``stop()``): health turns NOT_SERVING, KeepAlive
 streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
 calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
@@ -15,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Sequence
 
 import grpc
@@ -27,15 +32,15 @@ from fencepost.client.v1.keys import Keys
 
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .lease import Leases
+from .listen import UnixSocketClaim, check_listen, same_address, unix_socket_path
 from .lock import LockManager
 from .service import LockService
+from .tls import ServerCertificates, ServerTls
 from .watch import DeleteWatcher
 
 _log = logging.getLogger("fencepost.coordinator")
 
 DEFAULT_LISTEN = "127.0.0.1:7420"
-#: ``HOST:PORT`` of ``--listen``: a host name, an IPv4 address or a bracketed IPv6 address, and a port.
-_LISTEN = re.compile(r"^(?:\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 DEFAULT_PREFIX = "/fencepost/locks/"
 SERVICE_NAME = "fencepost.v1.LockService"
 #: How often the health monitor checks etcd, in seconds.
@@ -56,26 +61,7 @@ SERVER_OPTIONS = [
 ]
 
 
-def check_listen(listen: str) -> str:
-    """Check the address to serve on: ``HOST:PORT``, the port 0 (pick a free one) to 65535.
-
-    gRPC itself takes ``127.0.0.1`` as ``127.0.0.1:443``; this refuses it.
-
-    Args:
-        listen: e.g. ``127.0.0.1:7420``, ``0.0.0.0:7420``, ``localhost:7420``, ``[::1]:7420``.
-
-    Returns:
-        ``listen`` unchanged.
-
-    Raises:
-        ValueError: not of that form (no port, a port that is not a number or
-            above 65535, an IPv6 address without brackets).
-    """
-    match = _LISTEN.match(listen) if isinstance(listen, str) else None
-    if match is None or int(match.group("port")) > 65535:
-        raise ValueError(f"listen address {listen!r} is not HOST:PORT with a port 0 to 65535 "
-                         f"(e.g. 127.0.0.1:7420, 0.0.0.0:7420, [::1]:7420; port 0 picks a free one)")
-    return listen
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "SERVICE_NAME", "Coordinator", "check_listen"]
 
 
 class Coordinator:
@@ -84,7 +70,10 @@ class Coordinator:
     Args:
         etcd_endpoints: etcd client endpoints, ``host:port`` each (a host name
             or an address; ``https://`` or ``http://`` may prefix it).
-        listen: ``HOST:PORT`` to serve on; port 0 picks a free port.
+        listen: ``HOST:PORT`` to serve on (port 0 picks a free port), or a Unix
+            socket, ``unix:/ABSOLUTE/PATH`` or ``unix:///ABSOLUTE/PATH`` (see
+            :func:`~.listen.check_listen`). A socket file left at the path by
+            a dead coordinator is removed at ``start()``.
         prefix: the etcd key prefix of all locks.
         grace_seconds: how long ``stop()`` lets in-flight calls finish.
         server_options: extra gRPC server channel options, applied over
@@ -92,18 +81,35 @@ class Coordinator:
             tuning, e.g. a stricter ``grpc.http2.min_recv_ping_interval_without_data_ms``.
         etcd_tls: TLS (mTLS with a client certificate) to etcd; None for plaintext.
         etcd_auth: etcd user and password when etcd has auth enabled.
+        tls: TLS, or mTLS with ``tls.client_ca``, on ``listen``; None for
+            plaintext. The files are read here, and again at a new handshake
+            after they change on disk or after :meth:`reload_tls`.
+        health_listen: a second address (same forms as ``listen``) served in
+            plaintext with only the ``grpc.health.v1`` service, reporting the
+            same status as ``listen``; None for none.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
-            ``etcd_tls``; ``listen`` not ``HOST:PORT``.
+            ``etcd_tls``; ``listen`` or ``health_listen`` not one of the forms
+            above, or both the same.
+        TlsFileError: (a ValueError) a file of ``tls`` cannot be used; the
+            message names it.
     """
 
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
-                 etcd_auth: EtcdAuth | None = None) -> None:
+                 etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
+                 health_listen: str | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
+        if health_listen is not None:
+            check_listen(health_listen)
+            if same_address(listen, health_listen):
+                raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
+        self._health_listen = health_listen
+        self._certificates = ServerCertificates(tls) if tls is not None else None
+        self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
         self._etcd_tls = etcd_tls
         self._etcd_auth = etcd_auth
@@ -114,16 +120,56 @@ class Coordinator:
         self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
         self._etcd: EtcdClient | None = None
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._service: LockService | None = None
         self._watcher: DeleteWatcher | None = None
+        self._claims: list[UnixSocketClaim] = []
+        #: The bound TCP port after ``start()``; 0 for a Unix socket.
         self.port = 0
+        #: The health listener's bound TCP port after ``start()``; 0 for a Unix socket or no health listener.
+        self.health_port = 0
 
     @property
     def address(self) -> str:
-        """``HOST:PORT`` the coordinator serves on (after ``start()``)."""
+        """The address the coordinator serves on: ``HOST:PORT`` (after ``start()``) or ``unix:/ABSOLUTE/PATH``."""
+        if self._socket_path is not None:
+            return f"unix:{self._socket_path}"
         return f"{self._listen.rsplit(':', 1)[0]}:{self.port}"
+
+    @property
+    def health_address(self) -> str | None:
+        """The health listener's address, as :attr:`address` (after ``start()``); None without one."""
+        if self._health_listen is None:
+            return None
+        path = unix_socket_path(self._health_listen)
+        if path is not None:
+            return f"unix:{path}"
+        return f"{self._health_listen.rsplit(':', 1)[0]}:{self.health_port}"
+
+    @property
+    def tls(self) -> ServerTls | None:
+        """The TLS files of the listener; None for plaintext."""
+        return self._certificates.tls if self._certificates is not None else None
+
+    def reload_tls(self) -> bool:
+        """Re-read the TLS files now (``fencepost serve`` does on SIGHUP), changed on disk or not.
+
+        New handshakes use them; established connections and their streams
+        keep the certificate they were made with. Changed files are also
+        taken up without this, at the next handshake.
+
+        Returns:
+            True when the files were good; False when one cannot be used: the
+            certificate in use stays, and a warning names the file.
+
+        Raises:
+            RuntimeError: the coordinator was made without ``tls``.
+        """
+        if self._certificates is None:
+            raise RuntimeError("the coordinator serves without TLS: no files to reload")
+        return self._certificates.reload()
 
     async def start(self) -> int:
         """Connect to etcd, bind and start serving.
@@ -132,10 +178,12 @@ class Coordinator:
         health NOT_SERVING until etcd answers.
 
         Returns:
-            The bound port.
+            The bound TCP port; 0 for a Unix socket.
 
         Raises:
-            RuntimeError: the address could not be bound, or etcd refused the
+            RuntimeError: the address could not be bound (for a Unix socket:
+                its directory is missing, another coordinator or process serves
+                on it, or the path is not a socket), or etcd refused the
                 coordinator's credentials.
         """
         self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth)
@@ -150,21 +198,44 @@ class Coordinator:
         server = grpc.aio.server(options=self._server_options)
         lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        try:
-            self.port = server.add_insecure_port(self._listen)
-        except RuntimeError as exc:
-            raise RuntimeError(f"cannot listen on {self._listen}: {exc}") from exc
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self._listen}")
+        credentials = self._certificates.credentials() if self._certificates is not None else None
+        self.port = self._bind(server, self._listen, credentials)
+        health_server = None
+        if self._health_listen is not None:
+            health_server = grpc.aio.server(options=self._server_options)
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
+            self.health_port = self._bind(health_server, self._health_listen)
         await self._set_health(False)
+        if health_server is not None:
+            await health_server.start()
+            self._health_server = health_server
         await server.start()
         self._server = server
         self._watcher.start()
         self._tasks.append(asyncio.create_task(self._monitor_etcd(), name="fencepost-health"))
         return self.port
 
+    def _bind(self, server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
+        """Add ``listen`` to ``server``, with TLS if ``credentials``: its TCP port, or 0 for a Unix socket.
+
+        A Unix socket's path is claimed first (see :class:`~.listen.UnixSocketClaim`).
+        """
+        path = unix_socket_path(listen)
+        if path is not None:
+            claim = UnixSocketClaim(path)
+            claim.claim()
+            self._claims.append(claim)
+        try:
+            port = (server.add_secure_port(listen, credentials) if credentials is not None
+                    else server.add_insecure_port(listen))
+        except RuntimeError as exc:
+            raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
+        if port == 0:
+            raise RuntimeError(f"cannot listen on {listen}")
+        return 0 if path is not None else port
+
     async def stop(self, grace: float | None = None) -> None:
-        """Stop serving: health NOT_SERVING, end streams, let calls finish.
+        """Stop serving: health NOT_SERVING (on the health listener too), end streams, let calls finish.
 
         Args:
             grace: seconds in-flight calls may take; default ``grace_seconds``.
@@ -176,6 +247,8 @@ class Coordinator:
             self._service.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(self._grace if grace is None else grace)
+        if self._health_server is not None:  # NOT_SERVING there too until the main server has stopped
+            await self._health_server.stop(0)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -186,6 +259,9 @@ class Coordinator:
             await self._watcher.close()
         if self._etcd is not None:
             await self._etcd.close()
+        for claim in self._claims:  # after the server stopped: gRPC has removed the socket files
+            claim.release()
+        self._claims.clear()
 
     async def wait_closed(self) -> None:
         """Wait until the server has stopped."""

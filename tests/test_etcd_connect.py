@@ -131,17 +131,25 @@ async def test_tls_when_client_certificate_is_missing(tls_etcd: EmbeddedEtcd, ca
     assert "LeaseGrant unreachable" in said and "handshake" in said.lower(), said
 
 
-async def test_serve_when_tls_flags_are_given(tls_etcd: EmbeddedEtcd, ca: trustme.CA, prefix: str,
+@pytest.mark.parametrize("ca_by", ["--etcd-ca", "--etcd-cacert", "FENCEPOST_ETCD_CA", "FENCEPOST_ETCD_CACERT"])
+async def test_serve_when_tls_flags_are_given(ca_by: str, tls_etcd: EmbeddedEtcd, ca: trustme.CA, prefix: str,
                                               tmp_path: Path) -> None:
-    """`fencepost serve --etcd-cacert --etcd-cert --etcd-key` serves locks over mTLS to etcd."""
+    """`fencepost serve --etcd-ca --etcd-cert --etcd-key` serves locks over mTLS to etcd; the CA may also come by
+    --etcd-cacert (its old name) or either's environment variable."""
     cert = ca.issue_cert("fencepost-serve")
     ca.cert_pem.write_to_path(tmp_path / "ca.pem")
     cert.cert_chain_pems[0].write_to_path(tmp_path / "client.pem")
     cert.private_key_pem.write_to_path(tmp_path / "client-key.pem")
+    env = child_env()
+    ca_flag: list[str] = []
+    if ca_by.startswith("--"):
+        ca_flag = [ca_by, str(tmp_path / "ca.pem")]
+    else:
+        env[ca_by] = str(tmp_path / "ca.pem")
     child = ChildProcess([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
-                          "--etcd-endpoints", tls_etcd.client_url, "--prefix", prefix,
-                          "--etcd-cacert", str(tmp_path / "ca.pem"), "--etcd-cert", str(tmp_path / "client.pem"),
-                          "--etcd-key", str(tmp_path / "client-key.pem")], log_path=tmp_path / "serve.log")
+                          "--etcd-endpoints", tls_etcd.client_url, "--prefix", prefix, *ca_flag,
+                          "--etcd-cert", str(tmp_path / "client.pem"),
+                          "--etcd-key", str(tmp_path / "client-key.pem")], log_path=tmp_path / "serve.log", env=env)
     try:
         match = await child.await_line(LISTENING, 30)
         assert any("(mTLS)" in line for line in child.output), child.output
@@ -158,6 +166,7 @@ async def test_serve_when_tls_flags_are_given(tls_etcd: EmbeddedEtcd, ca: trustm
     ("key given as the certificate too", "--etcd-key", "no private key"),
     ("encrypted key", "--etcd-key", "encrypted"),
     ("CA file holds a private key", "--etcd-cacert", "no certificate"),
+    ("CA file by its new flag holds a private key", "--etcd-ca", "no certificate"),
 ])
 def test_serve_when_tls_files_do_not_fit(case: str, flag: str, says: str, ca: trustme.CA, tmp_path: Path) -> None:
     """PEM files that gRPC would only fail on in the handshake (for ever, NOT_SERVING): exit 2 at start, one line."""
@@ -181,6 +190,7 @@ def test_serve_when_tls_files_do_not_fit(case: str, flag: str, says: str, ca: tr
                                              "--etcd-key", "client.pem"],
         "encrypted key": ["--etcd-cacert", "ca.pem", "--etcd-cert", "client.pem", "--etcd-key", "encrypted-key.pem"],
         "CA file holds a private key": ["--etcd-cacert", "client-key.pem"],
+        "CA file by its new flag holds a private key": ["--etcd-ca", "client-key.pem"],
     }[case]
     argv = [str(tmp_path / a) if a.endswith(".pem") else a for a in files]
     result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
@@ -351,6 +361,32 @@ async def test_serve_when_etcd_user_is_given(auth_etcd: EmbeddedEtcd, auth_prefi
     assert PASSWORD not in child.log_tail(100_000)
 
 
+@pytest.mark.parametrize("by", ["--etcd-password-file", "FENCEPOST_ETCD_PASSWORD_FILE"])
+async def test_serve_when_etcd_password_file_is_given(by: str, auth_etcd: EmbeddedEtcd, auth_prefix: str,
+                                                      tmp_path: Path) -> None:
+    """The password may come from a file instead (its trailing newline dropped), by flag or variable."""
+    (tmp_path / "password").write_text(PASSWORD + "\n")
+    env = child_env()
+    env.pop("FENCEPOST_ETCD_PASSWORD", None)
+    flag: list[str] = []
+    if by.startswith("--"):
+        flag = [by, str(tmp_path / "password")]
+    else:
+        env[by] = str(tmp_path / "password")
+    child = ChildProcess([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+                          "--etcd-endpoints", auth_etcd.endpoint, "--prefix", auth_prefix + "file/",
+                          "--etcd-user", "locks", *flag], log_path=tmp_path / "serve.log", env=env)
+    try:
+        match = await child.await_line(LISTENING, 30)
+        async with AsyncLockClient(f"127.0.0.1:{match.group(2)}") as client:
+            handle = await client.acquire("serve-password-file", ttl=5.0, timeout=10.0)
+            await handle.release()
+        assert child.terminate() == 0
+    finally:
+        child.kill()
+    assert PASSWORD not in child.log_tail(100_000)
+
+
 def test_serve_when_etcd_password_is_wrong(auth_etcd: EmbeddedEtcd, auth_prefix: str, tmp_path: Path) -> None:
     """A wrong password: `fencepost serve` exits 1 with one line naming the user."""
     env = child_env()
@@ -378,18 +414,43 @@ def test_serve_when_etcd_password_is_wrong(auth_etcd: EmbeddedEtcd, auth_prefix:
     (["--etcd-endpoints", "etcd1:2379"], {"FENCEPOST_ETCD_PASSWORD": "x"}, "--etcd-user"),
     (["--etcd-user", "locks"], {"FENCEPOST_ETCD_PASSWORD": "x"}, "need --etcd-endpoints"),
     (["--etcd-endpoints", "http://etcd1:2379", "--etcd-cacert", "{pem}"], {}, "http://"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-ca", "{junk}"], {}, "--etcd-ca: not a PEM file"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-ca", "{pem}", "--etcd-cacert", "{junk}"], {}, "different files"),
+    (["--etcd-endpoints", "etcd1:2379"], {"FENCEPOST_ETCD_CA": "{pem}", "FENCEPOST_ETCD_CACERT": "{junk}"},
+     "different files"),
+    (["--etcd-ca", "{pem}"], {}, "--etcd-ca, --etcd-cert, --etcd-key, --etcd-user and --etcd-password-file need"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-user", "locks", "--etcd-password-file", "{password}"],
+     {"FENCEPOST_ETCD_PASSWORD": "x"}, "--etcd-password-file and FENCEPOST_ETCD_PASSWORD are both given"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-user", "locks", "--etcd-password-file", "/nonexistent/pw"], {},
+     "--etcd-password-file /nonexistent/pw cannot be read"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-user", "locks"], {"FENCEPOST_ETCD_PASSWORD_FILE": "{dir}"},
+     "--etcd-password-file {dir} cannot be read"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-user", "locks", "--etcd-password-file", "{empty}"], {}, "is empty"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-user", "locks", "--etcd-password-file", "{pem}"], {},
+     "more than one line"),
+    (["--etcd-endpoints", "etcd1:2379", "--etcd-password-file", "{password}"], {},
+     "--etcd-password-file is given but no --etcd-user"),
+    (["--etcd-password-file", "{password}"], {}, "need --etcd-endpoints"),
     (["--log-level", "chatty"], {}, "--log-level"),
     ([], {"FENCEPOST_GRACE_SECONDS": "soon"}, "--grace-seconds"),
 ])
 def test_serve_when_a_flag_is_bad(argv: list[str], env: dict[str, str], says: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Bad etcd flags or environment values: one line on stderr naming the problem, exit 2, nothing started."""
-    (tmp_path / "c.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "c.pem").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
     (tmp_path / "junk.txt").write_text("not a certificate")
+    (tmp_path / "password").write_text("pw\n")
+    (tmp_path / "empty").write_text("\n")
     monkeypatch.delenv("FENCEPOST_ETCD_PASSWORD", raising=False)
+
+    def fill(text: str) -> str:
+        return text.format(pem=tmp_path / "c.pem", junk=tmp_path / "junk.txt", password=tmp_path / "password",
+                           empty=tmp_path / "empty", dir=tmp_path)
+
     for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    argv = [a.replace("{pem}", str(tmp_path / "c.pem")).replace("{junk}", str(tmp_path / "junk.txt")) for a in argv]
+        monkeypatch.setenv(key, fill(value))
+    argv = [fill(a) for a in argv]
+    says = fill(says)
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 2, err

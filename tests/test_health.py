@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from pathlib import Path
 
 import grpc
 import pytest
+import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
 
-from .conftest import error_info, wait_for
+from .conftest import describe_waiters_is, error_info, wait_for
+from .tls_helpers import call_fails, install_server_cert
 
 
 async def _health(address: str, service: str = "") -> int:
@@ -128,3 +131,90 @@ async def test_log_when_etcd_stays_unreachable(tmp_path: Path, prefix: str, capl
     finally:
         await asyncio.wait_for(coord.stop(grace=0), 20)
         await asyncio.to_thread(own_etcd.stop)
+
+
+# ---------------------------------------------------------------- the plaintext health listener
+
+
+async def test_health_listener_when_the_main_port_requires_client_certificates(
+        etcd: EmbeddedEtcd, prefix: str, tmp_path: Path) -> None:
+    """With mTLS on the main port, the health listener answers grpc.health.v1 in plaintext without a certificate
+    (the kubelet's probe), and nothing else: LockService there is UNIMPLEMENTED."""
+    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.tls import ServerTls
+
+    ca = trustme.CA()
+    install_server_cert(ca, tmp_path)
+    ca.cert_pem.write_to_path(tmp_path / "client-ca.pem")
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, health_listen="127.0.0.1:0",
+                        tls=ServerTls(tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "client-ca.pem"))
+    try:
+        await asyncio.wait_for(coord.start(), 20)
+        health_address = coord.health_address
+        assert health_address is not None and coord.health_port not in (0, coord.port)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        await wait_for(lambda: _status_is(health_address, serving), 10, 0.1, "SERVING on the health listener")
+        assert await _health(health_address, "fencepost.v1.LockService") == serving
+        async with grpc.aio.insecure_channel(health_address) as chan:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await lock_pb2_grpc.LockServiceStub(chan).Describe(lock_pb2.DescribeRequest(name="x"), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # The main port itself refuses a client without a certificate.
+        assert await call_fails(coord.address, grpc.ssl_channel_credentials(ca.cert_pem.bytes())) == \
+            grpc.StatusCode.UNAVAILABLE
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+async def _status_is(address: str, want: int, service: str = "") -> bool:
+    return await _health(address, service) == want
+
+
+async def test_health_listener_when_shutting_down(etcd: EmbeddedEtcd, prefix: str) -> None:
+    """While stop() waits for an in-flight call, the health listener reports NOT_SERVING; after, it is closed."""
+    from fencepost.coordinator.server import Coordinator
+
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, health_listen="127.0.0.1:0")
+    stopping: asyncio.Task[None] | None = None
+    try:
+        await asyncio.wait_for(coord.start(), 20)
+        health_address = coord.health_address
+        assert health_address is not None
+        await wait_for(lambda: _status_is(health_address, health_pb2.HealthCheckResponse.SERVING), 10, 0.1,
+                       "SERVING on the health listener")
+        async with grpc.aio.insecure_channel(coord.address) as chan:
+            stub = lock_pb2_grpc.LockServiceStub(chan)
+            holder = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+            waiter = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+            assert (await stub.Acquire(lock_pb2.AcquireRequest(name="busy", lease_id=holder.lease_id),
+                                       timeout=5)).acquired
+            blocked = stub.Acquire(lock_pb2.AcquireRequest(name="busy", lease_id=waiter.lease_id, wait_forever=True))
+            await wait_for(lambda: describe_waiters_is(stub, "busy", 1), 10, 0.05, "the waiter to queue")
+            stopping = asyncio.create_task(coord.stop(grace=30))
+            await wait_for(lambda: _status_is(health_address, health_pb2.HealthCheckResponse.NOT_SERVING), 10, 0.05,
+                           "NOT_SERVING on the health listener while stopping")
+            assert await _health(health_address, "fencepost.v1.LockService") == \
+                health_pb2.HealthCheckResponse.NOT_SERVING
+            assert not stopping.done()
+            blocked.cancel()  # the in-flight call ends: stop() can finish
+            await asyncio.wait_for(stopping, 20)
+        async with grpc.aio.insecure_channel(health_address) as chan:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        if stopping is None:
+            await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+@pytest.mark.parametrize(("health_listen", "says"), [
+    ("127.0.0.1", "HOST:PORT"),
+    ("unix:relative.sock", "must be absolute"),
+    ("127.0.0.1:7499", "must differ from the listen address"),
+])
+def test_health_listener_when_the_address_is_bad(health_listen: str, says: str, etcd: EmbeddedEtcd) -> None:
+    """A malformed health listener address, or the listen address itself: ValueError at construction."""
+    from fencepost.coordinator.server import Coordinator
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        Coordinator([etcd.endpoint], listen="127.0.0.1:7499", health_listen=health_listen)

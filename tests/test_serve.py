@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from fencepost.client import AsyncLockClient
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator, check_listen
 
@@ -201,3 +208,142 @@ def test_embedded_etcd_when_data_dir_already_exists(tmp_path: Path) -> None:
         assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) & 0o077 == 0
     finally:
         fresh.stop()
+
+
+# ---------------------------------------------------------------- Unix socket
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory for socket files (a socket path has at most 107 bytes; pytest's tmp_path can be longer)."""
+    with tempfile.TemporaryDirectory(prefix="fp-") as name:
+        yield Path(name)
+
+
+async def _acquire_release_raw(address: str, name: str) -> int:
+    """LeaseGrant, Acquire, Release through the generated stub on a plain channel; returns the token."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = lock_pb2_grpc.LockServiceStub(channel)
+        lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5), timeout=10)
+        got = await stub.Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease.lease_id, wait_ms=5000),
+                                 timeout=10)
+        assert got.acquired
+        await stub.Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease.lease_id, token=got.token), timeout=10)
+        await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease.lease_id), timeout=10)
+        return int(got.token)
+
+
+@pytest.mark.parametrize("form", ["unix:{path}", "unix://{path}"])
+async def test_listen_when_unix_socket(form: str, etcd: EmbeddedEtcd, prefix: str, sock_dir: Path) -> None:
+    """Both unix: forms serve locks on the socket; address is unix:PATH; the socket file goes at stop."""
+    path = sock_dir / "fencepost.sock"
+    coordinator = Coordinator([etcd.endpoint], listen=form.format(path=path), prefix=prefix)
+    try:
+        assert await coordinator.start() == 0
+        assert coordinator.address == f"unix:{path}"
+        assert stat.S_ISSOCK(path.stat().st_mode)
+        first = await _acquire_release_raw(coordinator.address, "over-a-socket")
+        assert await _acquire_release_raw(f"unix://{path}", "over-a-socket") > first
+    finally:
+        await coordinator.stop(0)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(("listen", "says"), [
+    ("unix:relative/fencepost.sock", "must be absolute"),
+    ("unix:", "must be absolute"),
+    ("unix://host/run/fencepost.sock", "unix://HOST/... is not supported"),
+    ("unix:/run/fencepost/", "names a directory"),
+    ("unix:/run/fence post.sock", "white space"),
+    ("unix:/" + "x" * 107, "longer than 107 bytes"),
+])
+def test_listen_when_unix_socket_path_is_bad(listen: str, says: str) -> None:
+    """A relative, empty, authority-form, directory-like, spaced or too long socket path: a ValueError saying so."""
+    with pytest.raises(ValueError, match=re.escape(says)) as info:
+        check_listen(listen)
+    assert "unix:/ABSOLUTE/PATH" in str(info.value)
+
+
+def test_serve_when_listen_is_a_relative_socket_path(tmp_path: Path) -> None:
+    """`fencepost serve --listen unix:rel.sock` exits 2 naming --listen, before etcd starts."""
+    line = _serve_fails_at_once(["--data-dir", str(tmp_path / "data"), "--listen", "unix:rel.sock"])
+    assert line.startswith("fencepost serve: error: --listen: ") and "must be absolute" in line, line
+    assert not (tmp_path / "data").exists()
+
+
+async def test_listen_when_a_killed_coordinator_left_its_socket(etcd: EmbeddedEtcd, prefix: str, sock_dir: Path,
+                                                               tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                               ) -> None:
+    """A SIGKILLed `fencepost serve` leaves its socket file; the next coordinator removes it, says so, and serves."""
+    path = sock_dir / "fencepost.sock"
+    child = ChildProcess([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", f"unix:{path}",
+                          "--etcd-endpoints", etcd.endpoint, "--prefix", prefix], log_path=tmp_path / "serve.log")
+    try:
+        await child.await_line(re.escape(f"fencepost: listening on unix:{path}") + "$", 30)
+        await _acquire_release_raw(f"unix:{path}", "before-the-kill")
+    finally:
+        child.kill()
+    assert stat.S_ISSOCK(path.stat().st_mode)  # left behind
+    caplog.set_level(logging.INFO, logger="fencepost.coordinator")
+    coordinator = Coordinator([etcd.endpoint], listen=f"unix:{path}", prefix=prefix)
+    try:
+        await coordinator.start()
+        await _acquire_release_raw(coordinator.address, "after-the-kill")
+    finally:
+        await coordinator.stop(0)
+    assert any("removed the stale socket file" in r.getMessage() and str(path) in r.getMessage()
+               for r in caplog.records), caplog.text
+
+
+async def test_listen_when_another_coordinator_serves_on_the_socket(etcd: EmbeddedEtcd, prefix: str,
+                                                                     sock_dir: Path) -> None:
+    """A second coordinator on a live coordinator's socket fails to start, and leaves the first one's socket alone
+    (gRPC alone would unlink it and bind its own)."""
+    path = sock_dir / "fencepost.sock"
+    first = Coordinator([etcd.endpoint], listen=f"unix:{path}", prefix=prefix)
+    await first.start()
+    try:
+        inode = path.stat().st_ino
+        second = Coordinator([etcd.endpoint], listen=f"unix:{path}", prefix=prefix)
+        with pytest.raises(RuntimeError, match="another fencepost coordinator serves on it"):
+            await second.start()
+        await second.stop(0)
+        assert path.stat().st_ino == inode
+        await _acquire_release_raw(first.address, "still-the-first")
+    finally:
+        await first.stop(0)
+
+
+async def test_listen_when_another_process_accepts_on_the_socket(etcd: EmbeddedEtcd, prefix: str,
+                                                                  sock_dir: Path) -> None:
+    """A socket some other process listens on is not stale: the coordinator refuses it and does not remove it."""
+    path = sock_dir / "other.sock"
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(path))
+    other.listen()
+    try:
+        coordinator = Coordinator([etcd.endpoint], listen=f"unix:{path}", prefix=prefix)
+        with pytest.raises(RuntimeError, match="another process accepts connections on it"):
+            await coordinator.start()
+        await coordinator.stop(0)
+        assert stat.S_ISSOCK(path.stat().st_mode)
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("what", ["a regular file", "no directory"])
+async def test_listen_when_the_socket_path_is_unusable(what: str, etcd: EmbeddedEtcd, prefix: str,
+                                                       sock_dir: Path) -> None:
+    """A regular file at the socket path is never removed; a missing directory is named."""
+    path = sock_dir / ("data.txt" if what == "a regular file" else "missing/fencepost.sock")
+    if what == "a regular file":
+        path.write_text("keep me")
+    coordinator = Coordinator([etcd.endpoint], listen=f"unix:{path}", prefix=prefix)
+    with pytest.raises(RuntimeError) as info:
+        await coordinator.start()
+    await coordinator.stop(0)
+    if what == "a regular file":
+        assert "exists and is not a socket" in str(info.value)
+        assert path.read_text() == "keep me"
+    else:
+        assert f"the directory {path.parent} does not exist" in str(info.value)

@@ -122,7 +122,7 @@ class EtcdTls:
     @classmethod
     def from_files(cls, ca: str | Path | None = None, cert: str | Path | None = None,
                    key: str | Path | None = None) -> EtcdTls:
-        """Read the PEM files (``--etcd-cacert``, ``--etcd-cert``, ``--etcd-key``).
+        """Read the PEM files (``--etcd-ca``, ``--etcd-cert``, ``--etcd-key``).
 
         Raises:
             ValueError: a file cannot be read, or a certificate comes without its key.
