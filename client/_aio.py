@@ -126,7 +126,8 @@ class AsyncLockClient:
         address: ``"host:port"`` of a coordinator, or several (a sequence or
             a comma-separated string), tried in turn. Each is ``HOST:PORT``
             (host name, IPv4 or ``[IPv6]``; port 1 to 65535),
-            ``dns:///HOST:PORT`` or ``unix:PATH``.
+            ``dns:///HOST:PORT``, or a unix socket ``unix:/ABSOLUTE/PATH``
+            (``unix:///ABSOLUTE/PATH``; a relative path is refused).
         keepalive_fraction: Keepalive period as a fraction of the granted
             TTL, in (0, 0.5]; 1/3 by default.
         connect_timeout: Seconds to keep trying to reach a coordinator, for

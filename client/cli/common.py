@@ -256,7 +256,7 @@ def parse_addresses(values: Sequence[str] | None, env: str | None = None) -> lis
 
     Raises:
         CliError: an address is not ``HOST:PORT``, ``dns:///HOST:PORT`` or
-            ``unix:PATH``, or an entry is empty (exit 2).
+            ``unix:/ABSOLUTE/PATH``, or an entry is empty (exit 2).
     """
     if values is None and not env:
         return [DEFAULT_ADDRESS]
@@ -295,7 +295,7 @@ def address_flag(parser: argparse.ArgumentParser) -> None:
     """Add --address to ``parser``."""
     parser.add_argument(
         "--address", action="append", metavar="HOST:PORT",
-        help=f"coordinator address (HOST:PORT, [IPv6]:PORT, dns:///HOST:PORT or unix:PATH); "
+        help=f"coordinator address (HOST:PORT, [IPv6]:PORT, dns:///HOST:PORT or unix:/ABSOLUTE/PATH); "
              f"repeat or comma-separate for several (env {ADDRESS_ENV}, default {DEFAULT_ADDRESS})")
 
 
