@@ -13,8 +13,12 @@ survive.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
 import grpc
 import grpc.aio
+import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fencepost.client.v1 import lock_pb2_grpc
@@ -89,3 +93,25 @@ class LockServer:
             await self._watcher.close()
         if self._etcd is not None:
             await self._etcd.close()
+
+
+#: ``await start(credentials=None, bind="127.0.0.1:0")``: a started LockServer.
+Start = Callable[..., Awaitable[LockServer]]
+
+
+@pytest.fixture
+async def serve(etcd: Any, prefix: str) -> AsyncIterator[Start]:
+    """Start LockServers on the test etcd and prefix: ``await serve(credentials, bind)``; all closed after the test."""
+    servers: list[LockServer] = []
+
+    async def start(credentials: grpc.ServerCredentials | None = None, bind: str = "127.0.0.1:0") -> LockServer:
+        server = LockServer(etcd.endpoint, prefix)
+        servers.append(server)
+        await server.start(bind, credentials)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            await server.close()

@@ -16,7 +16,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,37 +27,17 @@ from cryptography.hazmat.primitives import serialization
 import fencepost.client as fc
 from fencepost.client import TlsConfig, _tls
 
-from . import tls_pki
-from .lock_servers import LockServer
+from . import lock_servers, tls_pki
+from .lock_servers import LockServer, Start
 from .tls_pki import OTHER_NAME, Pki
 
-pki = tls_pki.pki  # the fixture
+pki = tls_pki.pki  # the fixtures
+serve = lock_servers.serve
 
 #: A connect_timeout far above what any TLS failure may take to be reported.
 PATIENT = 30.0
 #: How long a certain TLS failure may take to be raised.
 PROMPT = 5.0
-
-Start = Callable[..., Awaitable[LockServer]]
-
-
-@pytest.fixture
-async def serve(etcd: Any, prefix: str) -> AsyncIterator[Start]:
-    """Start LockServers: ``await serve(credentials=None, bind="127.0.0.1:0")``; all closed after the test."""
-    servers: list[LockServer] = []
-
-    async def start(credentials: grpc.ServerCredentials | None = None, bind: str = "127.0.0.1:0") -> LockServer:
-        server = LockServer(etcd.endpoint, prefix)
-        servers.append(server)
-        await server.start(bind, credentials)
-        return server
-
-    try:
-        yield start
-    finally:
-        for server in servers:
-            await server.close()
-
 
 def _name() -> str:
     return f"tls:{uuid.uuid4().hex[:8]}"
