@@ -1,4 +1,4 @@
-"""TLS for the client: the settings, the channels they open, and what a failed handshake means.
+"""TLS for the client: the settings, and the channels they open.
 
 :class:`TlsConfig` names the PEM files of a client's TLS: the CAs to trust,
 the client certificate and its key, and the name to check in the
@@ -6,47 +6,11 @@ coordinator's certificate. :func:`security` reads and checks them once,
 when a client is made, into a :class:`Security` that opens every channel of
 that client (``grpc.aio.secure_channel``, or ``insecure_channel`` without
 TLS), with the options of :data:`fencepost.client._wire.CHANNEL_OPTIONS`.
-
-Why a connection failed: gRPC tells the handshake error only in the details
-of the UNAVAILABLE status of a call made while the channel is in
-TRANSIENT_FAILURE (``channel_ready()`` says nothing).
-:meth:`Security.cause` reads those details; what gRPC 1.85 writes after
-``failed to connect to all addresses; last error:``, seen against real
-servers with trustme certificates:
-
-=========================================  ===============================================================
-case                                       gRPC's last error
-=========================================  ===============================================================
-coordinator certificate from another CA    ``UNKNOWN: ipv4:127.0.0.1:P: Tls handshake failed
-                                           (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL
-                                           routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: unable to
-                                           get local issuer certificate: OK``
-its certificate expired                    ``... CERTIFICATE_VERIFY_FAILED: certificate has expired: OK``
-its certificate without the name checked   ``UNKNOWN: ipv4:...: Custom verification check failed with
-                                           error: UNAUTHENTICATED: Hostname Verification Check failed.``
-TLS client, plaintext coordinator          ``... Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL:
-                                           ...:WRONG_VERSION_NUMBER: Invalid certificate verification
-                                           context: OK``
-client certificate required, none given    ``UNAVAILABLE: ipv4:...: Socket closed``
-client certificate from another CA         ``UNAVAILABLE: ipv4:...: Socket closed``
-plaintext client, TLS coordinator          ``UNAVAILABLE: ipv4:...: Socket closed``
-=========================================  ===============================================================
-
-The first four are certain from the text. In the last three the gRPC
-server closes the connection without a TLS alert, and "Socket closed" alone
-could be anything; :meth:`Security.diagnose` then makes one handshake of its
-own with Python's :mod:`ssl` (ALPN ``h2``, the client's certificate) and
-concludes only from what it sees: a TLS handshake that completes means the
-coordinator speaks TLS (a plaintext client cannot talk to it); a connection
-closed right after a completed TLS 1.3 handshake, before the server's first
-HTTP/2 frame, means the coordinator refused the client's certificate (or
-its lack of one). Anything else is left to the caller's retries.
+Why a handshake failed is read in :mod:`fencepost.client._handshake`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import os
 import re
@@ -56,7 +20,7 @@ import grpc
 import grpc.aio
 
 from . import _wire
-from .errors import InvalidArgument, TlsError
+from .errors import InvalidArgument
 
 __all__ = ["PLAINTEXT", "Security", "TlsConfig", "UNIX_SERVER_NAME", "security"]
 
@@ -79,12 +43,7 @@ PathArg = str | os.PathLike[str]
 
 _CERT_PEM = b"-----BEGIN CERTIFICATE-----"
 _KEY_PEM = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )?PRIVATE KEY-----")
-_OPENSSL = re.compile(r"OPENSSL_internal:(?P<code>[A-Z0-9_]+)(?::\s*(?P<text>[^:]*))?")
-_HANDSHAKE = re.compile(r"(?:tls|ssl) handshake failed", re.IGNORECASE)
-_CLOSED = re.compile(r"socket closed|connection reset", re.IGNORECASE)
-_CLOSE_SECONDS = 0.5  # the longest wait for a probe's connection to close
-_UNTRUSTED = ("unable to get local issuer certificate", "unable to get issuer certificate",
-              "self signed certificate", "self-signed certificate", "unable to verify the first certificate")
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,141 +135,6 @@ class Security:
             return grpc.insecure_channel(address, options=self.options(address))
         return grpc.secure_channel(address, self.credentials, options=self.options(address))
 
-    # ------------------------------------------------------------------ failures
-
-    def cause(self, details: str, address: str) -> str | None:
-        """Why a connection failed, when gRPC's status details say it was TLS; None otherwise.
-
-        Args:
-            details: The details of an UNAVAILABLE status of a call that did not
-                reach a server (see the table in this module's docstring).
-            address: The coordinator address dialled.
-
-        Returns:
-            The cause in words (``"the coordinator's certificate has expired
-            (CERTIFICATE_VERIFY_FAILED: certificate has expired)"``), or None
-            when the text does not show a TLS failure.
-        """
-        if not self.tls:
-            return None
-        if "hostname verification check failed" in details.lower():
-            name = self.name_checked(address)
-            fix = "tls.server_name" if self.server_name else "set tls.server_name to a name it carries"
-            return f"the coordinator's certificate does not name {name!r} ({fix})"
-        match = _OPENSSL.search(details)
-        if match is None or not _HANDSHAKE.search(details):
-            return None
-        code, text = match["code"], (match["text"] or "").strip()
-        said = f"{code}: {text}" if text else code
-        if code == "CERTIFICATE_VERIFY_FAILED":
-            if "expired" in text:
-                return f"the coordinator's certificate has expired ({said})"
-            if "not yet valid" in text:
-                return f"the coordinator's certificate is not valid yet; check the clocks ({said})"
-            if any(phrase in text for phrase in _UNTRUSTED):
-                return f"the coordinator's certificate is not signed by a CA in {self.trusted} ({said})"
-            return f"the coordinator's certificate failed verification ({said})"
-        if code == "WRONG_VERSION_NUMBER":
-            return f"the coordinator does not speak TLS ({code}): connect without tls, or serve TLS there"
-        if "ALERT" in code:
-            return self._refused(code)
-        return f"the TLS handshake failed ({said})"
-
-    def _refused(self, why: str) -> str:
-        """The cause when the coordinator refused this client's certificate, or its lack of one."""
-        if self.opaque:
-            return (f"the coordinator refused this client ({why}): it requires a client certificate, "
-                    f"or does not trust the one in the given credentials")
-        if self.cert is None:
-            return f"the coordinator requires a client certificate, and none was given: set tls.cert and tls.key ({why})"
-        return (f"the coordinator refused the client certificate in tls.cert ({self.cert}): it is not signed "
-                f"by a CA the coordinator trusts, or has expired ({why})")
-
-    async def diagnose(self, details: str, address: str, timeout: float) -> str | None:
-        """Find out, with one TLS handshake of its own, why gRPC saw the connection closed.
-
-        Only when ``details`` says the peer closed the connection ("Socket
-        closed", "Connection reset"); see the module docstring.
-
-        Args:
-            details: gRPC's status details of the failed connection.
-            address: The coordinator address.
-            timeout: Seconds the probe may take.
-
-        Returns:
-            The cause in words, or None when the probe does not show a TLS failure.
-        """
-        if not _CLOSED.search(details):
-            return None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.check_hostname = False  # gRPC checked the coordinator already: a failure would have said so
-        context.verify_mode = ssl.CERT_NONE
-        context.set_alpn_protocols(["h2"])
-        if self.tls and self.cert is not None and self.key is not None:
-            try:
-                context.load_cert_chain(self.cert, self.key, password=_no_password)
-            except (OSError, ValueError, ssl.SSLError):
-                return None  # the files changed since the client was made
-        name = self.name_checked(address)
-        try:
-            async with asyncio.timeout(timeout):
-                return await self._probe(context, address, name)
-        except (TimeoutError, OSError, ssl.SSLError):
-            return None
-
-    async def _probe(self, context: ssl.SSLContext, address: str, name: str) -> str | None:
-        path = _wire.unix_path(address)
-        try:
-            if path is not None:
-                reader, writer = await asyncio.open_unix_connection(path, ssl=context, server_hostname=name)
-            else:
-                host, port = _wire.host_port(address) or ("", 0)
-                reader, writer = await asyncio.open_connection(host, port, ssl=context, server_hostname=name)
-        except ssl.SSLError as err:
-            reason = err.reason or ""
-            return self._refused(reason) if self.tls and "ALERT" in reason else None
-        try:
-            if not self.tls:
-                return "the coordinator speaks TLS, and this client connects without it"
-            try:
-                first = await reader.read(1)
-            except ssl.SSLError as err:
-                reason = err.reason or ""
-                return self._refused(reason) if "ALERT" in reason else None
-            except ConnectionResetError:
-                first = b""
-            ssl_object = writer.get_extra_info("ssl_object")
-            version = ssl_object.version() if ssl_object is not None else None
-            if first or version != "TLSv1.3":
-                return None  # the coordinator answered: something else closed gRPC's connection
-            return self._refused("it closed the connection after the TLS handshake")
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), _CLOSE_SECONDS)
-
-    async def failure(self, details: str, address: str, timeout: float) -> TlsError | None:
-        """The TlsError for a connection that failed with ``details``, or None when TLS is not why.
-
-        Reads the details (:meth:`cause`), and when they only say the
-        connection was closed, probes the coordinator (:meth:`diagnose`).
-
-        Args:
-            details: gRPC's status details of the failed connection.
-            address: The coordinator address.
-            timeout: Seconds a probe may take.
-        """
-        cause = self.cause(details, address)
-        if cause is None:
-            cause = await self.diagnose(details, address, timeout)
-            if cause is None:
-                return None
-        if self.tls:
-            message = f"TLS handshake with {address} failed: {cause}"
-        else:
-            message = f"plaintext connection to {address} failed: {cause} (give tls)"
-        return TlsError(message, address=address, cause=cause)
-
 
 #: Plaintext channels.
 PLAINTEXT = Security()
@@ -401,7 +225,8 @@ def _read_pem(path: str, field: str, what: str) -> bytes:
     return data
 
 
-def _no_password() -> bytes:
+def no_password() -> bytes:
+    """The ``password`` of ``ssl.SSLContext.load_cert_chain``: an encrypted key is refused."""
     raise _Encrypted
 
 
@@ -412,7 +237,7 @@ class _Encrypted(Exception):
 def _check_pair(cert: str, key: str) -> None:
     """Check with :mod:`ssl` that ``key`` is the unencrypted key of the certificate in ``cert``."""
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=_no_password)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=no_password)
     except _Encrypted:
         raise InvalidArgument(f"tls.key: {key!r} is encrypted; gRPC needs an unencrypted key",
                               field="tls.key") from None

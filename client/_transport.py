@@ -35,6 +35,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
+from . import _handshake
 from ._tls import PLAINTEXT, Security
 from .errors import FencepostError, TlsError, Unavailable, from_rpc_error
 from .v1 import lock_pb2_grpc as pb_grpc
@@ -243,7 +244,7 @@ class Transport:
             details = await _connect_error(channel, timeout)
             if details is None:
                 return None
-        return await self.security.failure(details, address, timeout)
+        return await _handshake.failure(self.security, details, address, timeout)
 
     async def call(
         self,

@@ -25,7 +25,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 import fencepost.client as fc
-from fencepost.client import TlsConfig, _tls
+from fencepost.client import TlsConfig, _handshake, _tls
 
 from . import lock_servers, tls_pki
 from .lock_servers import LockServer, Start
@@ -144,12 +144,12 @@ def test_cause_when_reading_grpc_details(case: str) -> None:
     """Each recorded gRPC text maps to its cause; texts that do not show a TLS failure map to None."""
     details, words = RECORDED[case]
     security = _tls.Security(credentials=grpc.ssl_channel_credentials(), trusted="tls.ca (/ca.pem)")
-    cause = security.cause(details, "127.0.0.1:7420")
+    cause = _handshake.cause(security, details, "127.0.0.1:7420")
     if words is None:
         assert cause is None, cause
     else:
         assert cause is not None and words in cause, cause
-    assert _tls.PLAINTEXT.cause(details, "127.0.0.1:7420") is None
+    assert _handshake.cause(_tls.PLAINTEXT, details, "127.0.0.1:7420") is None
 
 
 # ---------------------------------------------------------------- working TLS

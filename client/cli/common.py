@@ -1,4 +1,4 @@
-"""What the ``fencepost`` commands share: exit codes, flag parsing, error lines, one call to a coordinator.
+"""What the ``fencepost`` commands share: exit codes, flag parsing (addresses, TLS), error lines, one call.
 
 Every expected failure is a :class:`CliError`: one line on stderr and an
 exit code from :data:`EXIT_CODES`. Failed calls are read once, by
