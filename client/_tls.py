@@ -45,7 +45,6 @@ _CERT_PEM = b"-----BEGIN CERTIFICATE-----"
 _KEY_PEM = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )?PRIVATE KEY-----")
 
 
-
 @dataclasses.dataclass(frozen=True)
 class TlsConfig:
     """The TLS settings of a client: PEM files, read when the client is made.
@@ -181,8 +180,10 @@ def security(tls: TlsConfig | grpc.ChannelCredentials | None) -> Security:
         trusted = f"tls.ca ({ca})"
     else:
         roots, trusted = _system_roots()
-    cert = key = None
-    cert_pem = key_pem = None
+    cert: str | None = None
+    key: str | None = None
+    cert_pem: bytes | None = None
+    key_pem: bytes | None = None
     if tls.cert is not None and tls.key is not None:
         cert, key = _path(tls.cert, "tls.cert"), _path(tls.key, "tls.key")
         cert_pem = _read_pem(cert, "tls.cert", "certificate")
@@ -241,8 +242,8 @@ def _check_pair(cert: str, key: str) -> None:
     except _Encrypted:
         raise InvalidArgument(f"tls.key: {key!r} is encrypted; gRPC needs an unencrypted key",
                               field="tls.key") from None
-    except ssl.SSLError as err:
-        if err.reason == "KEY_VALUES_MISMATCH":
+    except OSError as err:  # ssl.SSLError, or a file gone since it was read
+        if getattr(err, "reason", None) == "KEY_VALUES_MISMATCH":
             raise InvalidArgument(f"tls.key: {key!r} is not the key of the certificate in tls.cert ({cert})",
                                   field="tls.key") from None
         raise InvalidArgument(f"tls.cert: {cert!r} and tls.key {key!r} cannot be loaded as a certificate "
