@@ -7,6 +7,7 @@ lower than one it has accepted. See :class:`AsyncLockClient`.
 
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, LockInfo
 from ._sync import LockClient, LockHandle
+from ._tls import TlsConfig
 from .errors import (
     FencepostError,
     InvalidArgument,
@@ -17,6 +18,7 @@ from .errors import (
     NotHolder,
     ResourceExhausted,
     StaleTokenError,
+    TlsError,
     Unavailable,
 )
 from .handle import AsyncLockHandle
@@ -37,5 +39,7 @@ __all__ = [
     "NotHolder",
     "ResourceExhausted",
     "StaleTokenError",
+    "TlsConfig",
+    "TlsError",
     "Unavailable",
 ]

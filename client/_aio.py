@@ -22,12 +22,14 @@ from collections.abc import AsyncIterator, Awaitable, Sequence
 from types import TracebackType
 from typing import Any
 
+import grpc
 import grpc.aio
 
-from . import _wire
+from . import _tls, _wire
 from ._lease import Lease, LeasePool
 from ._lock import Locker
 from ._stream import DeadlineWatcher, KeepAliveStream
+from ._tls import TlsConfig
 from ._transport import Transport
 from ._wire import DEFAULT_ADDRESS
 from .errors import FencepostError, LeaseLost
@@ -116,6 +118,14 @@ class AsyncLockClient:
     answer raises :class:`Unavailable`. Either way a call stops trying
     ``connect_timeout`` seconds after its first failure (or at its own timeout).
 
+    TLS: with ``tls`` set, every channel is TLS. A connection whose TLS
+    handshake fails is not retried until ``connect_timeout``: once every
+    address has failed its handshake, the call (or :meth:`connect`) raises
+    :class:`~fencepost.client.TlsError` naming the cause. The KeepAlive
+    stream keeps reconnecting through such failures (certificates may be
+    rotated) and logs the cause once, at WARNING, on the
+    ``fencepost.client`` logger.
+
     Example::
 
         async with AsyncLockClient("127.0.0.1:7420") as client:
@@ -126,31 +136,40 @@ class AsyncLockClient:
         address: ``"host:port"`` of a coordinator, or several (a sequence or
             a comma-separated string), tried in turn. Each is ``HOST:PORT``
             (host name, IPv4 or ``[IPv6]``; port 1 to 65535),
-            ``dns:///HOST:PORT`` or ``unix:PATH``.
+            ``dns:///HOST:PORT``, or a unix socket ``unix:/ABSOLUTE/PATH``
+            (``unix:///ABSOLUTE/PATH``; a relative path is refused).
+        tls: TLS settings: a :class:`~fencepost.client.TlsConfig` (PEM files,
+            read here), or ready ``grpc.ChannelCredentials`` (e.g. from
+            ``grpc.ssl_channel_credentials``), used as they are; None (the
+            default) for plaintext.
         keepalive_fraction: Keepalive period as a fraction of the granted
             TTL, in (0, 0.5]; 1/3 by default.
         connect_timeout: Seconds to keep trying to reach a coordinator, for
             :meth:`connect` and for each call; finite, > 0.
 
     Raises:
-        InvalidArgument: an argument is out of range, or an address is none
-            of the forms above (field "address"; nothing is contacted).
+        InvalidArgument: an argument is out of range, an address is none of
+            the forms above (field "address"), or a TLS file is missing,
+            unreadable or holds no PEM, or ``cert`` comes without ``key``
+            (field "tls.ca", "tls.cert", "tls.key", ...). Nothing is contacted.
     """
 
     def __init__(
         self,
         address: str | Sequence[str] = DEFAULT_ADDRESS,
         *,
+        tls: TlsConfig | grpc.ChannelCredentials | None = None,
         keepalive_fraction: float = 1 / 3,
         connect_timeout: float = 10.0,
     ) -> None:
         addresses = _wire.check_addresses(address)
         fraction = _wire.check_fraction(keepalive_fraction)
         self._connect_timeout = _wire.check_connect_timeout(connect_timeout)
+        security = _tls.security(tls)
         self._state = "new"  # new -> open -> closing -> closed
         self._closed_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._transport = Transport(addresses, connect_timeout=self._connect_timeout)
+        self._transport = Transport(addresses, connect_timeout=self._connect_timeout, security=security)
         self._leases = LeasePool()
         self._stream = KeepAliveStream(
             self._transport, self._leases, fraction=fraction, spawn=self._spawn,
@@ -180,6 +199,7 @@ class AsyncLockClient:
         again is a no-op.
 
         Raises:
+            TlsError: every address failed its TLS handshake (raised at once).
             Unavailable: no coordinator answered within ``connect_timeout``.
             FencepostError: the client is closed.
         """

@@ -18,6 +18,11 @@ the hold's Release is in flight is left to the release to interpret.
 :class:`DeadlineWatcher` declares a lease lost (reason ``DEADLINE``) when its
 local deadline passes, even if no message arrives (a partition, a half-open
 TCP stream).
+
+A stream that cannot be opened because the TLS handshake fails is retried
+like any other (the coordinator's certificate may be replaced, or the
+client's files on disk may not matter: the server's may), but the cause is
+logged once, at WARNING, until a stream answers again.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ class KeepAliveStream:
         self._send_keepalive = send_keepalive or self.send_keepalive
         self._request_ids = itertools.count(1)
         self._closing = False
+        self._tls_told: set[str] = set()  # TLS failures logged since a stream last answered
 
     # ------------------------------------------------------------------ sending
 
@@ -214,12 +220,13 @@ class KeepAliveStream:
         """
         ceilings = CLIENT_BACKOFF.ceilings()
         while True:
-            channel, stub = self.transport.channel, self.transport.stub
+            channel, stub, address = self.transport.channel, self.transport.stub, self.transport.address
             assert channel is not None and stub is not None
             outbox: Outbox = asyncio.Queue()
             call = None
             force = False
             answered = False
+            unreachable: str | None = None  # gRPC's details when the stream found no connection
             try:
                 call = stub.KeepAlive(_drain(outbox))
                 self.outbox = outbox
@@ -229,12 +236,15 @@ class KeepAliveStream:
                     if not answered:
                         answered = True
                         ceilings = CLIENT_BACKOFF.ceilings()
+                        self._tls_told.clear()
                     self._on_response(response)
                 force = True  # the server ended the stream: try another one
                 log.debug("fencepost: keepalive stream to %s ended", self.transport.address)
             except grpc.aio.AioRpcError as err:
                 mapped = from_rpc_error(err)
                 force = mapped.reason == SHUTTING_DOWN
+                if err.code() == grpc.StatusCode.UNAVAILABLE and not answered:
+                    unreachable = err.details() or ""
                 # Log the first failure of a working stream, not every retry.
                 log.log(logging.INFO if answered else logging.DEBUG,
                         "fencepost: keepalive stream to %s broke: %s", self.transport.address, mapped)
@@ -251,10 +261,19 @@ class KeepAliveStream:
                     call.cancel()
             if self._closing:
                 return
+            if unreachable is not None:
+                await self._tell_tls(channel, address, unreachable)
             if force:  # the server went away from every client at once: spread out at once
                 ceilings = itertools.repeat(CLIENT_BACKOFF.cap)
             self.transport.rotate(channel, force=force)
             await asyncio.sleep(random.uniform(0.0, min(next(ceilings), self.reconnect_ceiling())))
+
+    async def _tell_tls(self, channel: grpc.aio.Channel, address: str, details: str) -> None:
+        """Log, once until a stream answers again, that TLS is why the stream cannot be opened."""
+        failure = await self.transport.tls_failure(channel, address, CLIENT_BACKOFF.cap, details=details)
+        if failure is not None and failure.message not in self._tls_told:
+            self._tls_told.add(failure.message)
+            log.warning("fencepost: keepalive stream cannot be opened: %s; retrying until it can", failure.message)
 
 
 class DeadlineWatcher:

@@ -14,8 +14,11 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import grpc
+
 from . import _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, LockInfo
+from ._tls import TlsConfig
 from .errors import FencepostError
 from .handle import AsyncLockHandle
 
@@ -168,21 +171,28 @@ class LockClient:
     Args:
         address: ``"host:port"`` of a coordinator, or several, tried in turn
             (the forms of :class:`AsyncLockClient`).
+        tls: A :class:`~fencepost.client.TlsConfig`, ready
+            ``grpc.ChannelCredentials``, or None for plaintext (as for
+            :class:`AsyncLockClient`; a failed handshake raises
+            :class:`~fencepost.client.TlsError` at once).
         keepalive_fraction: Keepalive period as a fraction of the TTL, (0, 0.5].
         connect_timeout: Seconds to keep trying to reach a coordinator.
 
     Raises:
-        InvalidArgument: an argument is out of range.
+        InvalidArgument: an argument is out of range, or a TLS file is bad
+            (field "tls.ca", "tls.cert", "tls.key", ...).
     """
 
     def __init__(
         self,
         address: str | Sequence[str] = DEFAULT_ADDRESS,
         *,
+        tls: TlsConfig | grpc.ChannelCredentials | None = None,
         keepalive_fraction: float = 1 / 3,
         connect_timeout: float = 10.0,
     ) -> None:
-        self._aio = AsyncLockClient(address, keepalive_fraction=keepalive_fraction, connect_timeout=connect_timeout)
+        self._aio = AsyncLockClient(address, tls=tls, keepalive_fraction=keepalive_fraction,
+                                    connect_timeout=connect_timeout)
         self._mutex = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -199,6 +209,7 @@ class LockClient:
         Called by ``with`` and by the first call; calling it again is a no-op.
 
         Raises:
+            TlsError: every address failed its TLS handshake (raised at once).
             Unavailable: no coordinator answered within ``connect_timeout``.
             FencepostError: the client is closed.
         """

@@ -14,6 +14,14 @@ idempotent (LeaseGrant, Release) is retried only while no connection could
 be made, so that the request cannot have reached a server; once sent, an
 UNAVAILABLE answer is raised. Either way a call stops trying
 ``connect_timeout`` seconds after its first failure, or at its own deadline.
+
+TLS: the channels are opened by the client's
+:class:`~fencepost.client._tls.Security`. Each time a channel fails to
+connect, :meth:`Transport.tls_failure` asks whether the TLS handshake is
+why; an address that failed its handshake is not waited for again in that
+call, and once every address has, the call raises
+:class:`~fencepost.client.errors.TlsError` at once: a certificate that does
+not verify will not verify on the next try.
 """
 
 from __future__ import annotations
@@ -27,8 +35,9 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from . import _wire
-from .errors import FencepostError, Unavailable, from_rpc_error
+from . import _handshake
+from ._tls import PLAINTEXT, Security
+from .errors import FencepostError, TlsError, Unavailable, from_rpc_error
 from .v1 import lock_pb2_grpc as pb_grpc
 from .v1.details import ErrorReason, reason_name
 from .v1.retry import CLIENT_BACKOFF
@@ -39,6 +48,18 @@ log = logging.getLogger("fencepost.client")
 
 #: Grace given to calls still running on a channel being replaced, in seconds.
 ROTATE_GRACE_SECONDS = 0.5
+
+#: Longest time spent finding out why a connection failed (a call that
+#: fails at once, and maybe one TLS handshake of our own), in seconds.
+DIAGNOSE_SECONDS = 2.0
+
+# What Transport._wait_ready saw.
+READY, FAILED, STALE = "ready", "failed", "stale"
+
+#: The method of the call that reads a failed channel's last error. It fails
+#: without reaching a server when the channel cannot connect; if the channel
+#: connects meanwhile, a coordinator answers it (grpc.health.v1), harmlessly.
+_PROBE_METHOD = "/grpc.health.v1.Health/Check"
 
 SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
 
@@ -66,12 +87,15 @@ class Transport:
             command line tool's policy). By default (a long-lived client) a
             call waits up to ``per_try`` seconds for each address to come up,
             and goes round the addresses with backoff until ``connect_timeout``.
+        security: How channels are opened: plaintext (the default) or TLS.
     """
 
-    def __init__(self, addresses: Sequence[str], *, connect_timeout: float, fail_fast: bool = False) -> None:
+    def __init__(self, addresses: Sequence[str], *, connect_timeout: float, fail_fast: bool = False,
+                 security: Security = PLAINTEXT) -> None:
         self.addresses: tuple[str, ...] = tuple(addresses)
         self.connect_timeout = connect_timeout
         self.fail_fast = fail_fast
+        self.security = security
         self.channel: grpc.aio.Channel | None = None
         self.stub: pb_grpc.LockServiceStub | None = None
         self.closed = False
@@ -90,7 +114,7 @@ class Transport:
 
     def open(self) -> None:
         """Open a channel to the current address (no connection is made yet)."""
-        self.channel = grpc.aio.insecure_channel(self.address, options=_wire.CHANNEL_OPTIONS)
+        self.channel = self.security.channel(self.address)
         self.stub = pb_grpc.LockServiceStub(self.channel)
 
     def rotate(self, failed: grpc.aio.Channel | None, *, force: bool = False) -> None:
@@ -128,24 +152,99 @@ class Transport:
             until: Loop time (``loop.time()``) after which to give up.
 
         Raises:
+            TlsError: every address failed its TLS handshake (at once, not at ``until``).
             Unavailable: no coordinator connected before ``until``.
         """
         loop = asyncio.get_running_loop()
         delays = CLIENT_BACKOFF.delays()
+        tls_failed: dict[str, TlsError] = {}
         while True:
-            channel = self.channel
+            channel, address = self.channel, self.address
             assert channel is not None
             if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
                 return
             left = until - loop.time()
             if left <= 0:
-                raise Unavailable(f"no coordinator reachable at {', '.join(self.addresses)}")
+                raise Unavailable(_and_tls(f"no coordinator reachable at {', '.join(self.addresses)}", tls_failed))
             try:
-                await asyncio.wait_for(channel.channel_ready(), min(left, self.per_try))
-                return
+                if await self._wait_ready(channel, address, min(left, self.per_try), once=False) == READY:
+                    return
+                self.rotate(channel, force=True)  # STALE: try a fresh connection
+            except TlsError as err:
+                tls_failed.setdefault(address, err)
+                if len(tls_failed) >= len(self.addresses):
+                    raise _every_handshake_failed(tls_failed) from None
+                self.rotate(channel, force=True)
             except TimeoutError:
                 self.rotate(channel, force=True)
                 await asyncio.sleep(min(next(delays), max(0.0, until - loop.time())))
+
+    async def _wait_ready(self, channel: grpc.aio.Channel, address: str, timeout: float, *, once: bool) -> str:
+        """Wait until ``channel`` (to ``address``) is READY, asking at each failed connection whether TLS is why.
+
+        A TLS failure seen on a channel that had already failed before this
+        wait began may be stale (gRPC reports the last attempt until its
+        reconnect backoff ends, and the certificates may have been fixed
+        since): it is not raised, STALE is returned so that the caller tries
+        a fresh channel.
+
+        Args:
+            channel: The channel to wait for.
+            address: Its address.
+            timeout: Seconds to wait.
+            once: Return FAILED at the first failed connection (that is not a TLS failure).
+
+        Returns:
+            READY; FAILED after a failed connection when ``once``; STALE.
+
+        Raises:
+            TlsError: a connection attempt made during this wait failed its TLS handshake.
+            TimeoutError: not READY within ``timeout`` seconds.
+            grpc.aio.UsageError: the channel was closed (replaced by a rotation).
+        """
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout
+        state = channel.get_state(try_to_connect=True)
+        stale = state == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        while state != grpc.ChannelConnectivity.READY:
+            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                failure = await self.tls_failure(channel, address, until - loop.time())
+                if failure is not None:
+                    if stale:
+                        return STALE
+                    raise failure
+                if once:
+                    return FAILED
+            left = until - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            await asyncio.wait_for(channel.wait_for_state_change(state), left)
+            state = channel.get_state(try_to_connect=True)
+            stale = False
+        return READY
+
+    async def tls_failure(self, channel: grpc.aio.Channel, address: str, timeout: float,
+                          details: str | None = None) -> TlsError | None:
+        """Whether the TLS handshake is why ``channel`` cannot connect to ``address``.
+
+        Args:
+            channel: A channel that failed to connect (TRANSIENT_FAILURE).
+            address: Its address.
+            timeout: Seconds this may take (at most :data:`DIAGNOSE_SECONDS`).
+            details: gRPC's details of a call that failed for want of a
+                connection, when the caller has them; else a call that fails
+                at once reads them.
+
+        Returns:
+            The TlsError naming the cause, or None when the failure is not
+            (known to be) TLS: nothing listens, a reset, a timeout.
+        """
+        timeout = max(0.05, min(timeout, DIAGNOSE_SECONDS))
+        if details is None:
+            details = await _connect_error(channel, timeout)
+            if details is None:
+                return None
+        return await _handshake.failure(self.security, details, address, timeout)
 
     async def call(
         self,
@@ -177,6 +276,7 @@ class Transport:
                 :func:`~fencepost.client.errors.from_rpc_error`), no coordinator
                 was reachable in time (:class:`Unavailable`), or the transport
                 is closed.
+            TlsError: every address failed its TLS handshake (raised at once).
         """
         loop = asyncio.get_running_loop()
         delays = CLIENT_BACKOFF.delays()
@@ -192,24 +292,25 @@ class Transport:
             return give_up_at - now
 
         unreachable = 0  # addresses that could not be connected to (fail_fast)
+        tls_failed: dict[str, TlsError] = {}  # address -> its failed handshake
         while True:
             if self.closed:
                 raise FencepostError("client is closed", name=name, lease_id=lease_id)
-            channel, stub = self.channel, self.stub
+            channel, stub, address = self.channel, self.stub, self.address
             assert channel is not None and stub is not None
             if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
                 left = budget()
                 if left <= 0:
-                    raise Unavailable("no coordinator reachable", name=name, lease_id=lease_id)
-                if self.fail_fast:
-                    if not await _connects(channel, left):
-                        unreachable += 1
-                        self.rotate(channel, force=True)
-                        if unreachable >= len(self.addresses):
-                            raise Unavailable("every connection attempt failed", name=name, lease_id=lease_id)
-                        continue
+                    raise Unavailable(_and_tls("no coordinator reachable", tls_failed), name=name, lease_id=lease_id)
                 try:
-                    await asyncio.wait_for(channel.channel_ready(), min(left, self.per_try))
+                    wait = left if self.fail_fast else min(left, self.per_try)
+                    outcome = await self._wait_ready(channel, address, wait, once=self.fail_fast)
+                except TlsError as err:
+                    tls_failed.setdefault(address, err)
+                    if len(tls_failed) >= len(self.addresses):
+                        raise _every_handshake_failed(tls_failed, name=name, lease_id=lease_id) from None
+                    self.rotate(channel, force=True)
+                    continue
                 except TimeoutError:
                     self.rotate(channel, force=True)
                     await asyncio.sleep(min(next(delays), max(0.0, budget())))
@@ -218,6 +319,16 @@ class Transport:
                     if budget() <= 0:
                         raise Unavailable("channel closed", name=name, lease_id=lease_id) from err
                     await asyncio.sleep(min(next(delays), max(0.0, budget())))
+                    continue
+                if outcome == STALE:
+                    self.rotate(channel, force=True)  # try a fresh connection
+                    continue
+                if outcome == FAILED:  # fail_fast: this address's connection attempt failed, not for TLS
+                    unreachable += 1
+                    self.rotate(channel, force=True)
+                    if unreachable + len(tls_failed) >= len(self.addresses):
+                        raise Unavailable(_and_tls("every connection attempt failed", tls_failed),
+                                          name=name, lease_id=lease_id)
                     continue
             request, timeout = make(None if until is None else until - loop.time())
             try:
@@ -250,18 +361,34 @@ class Transport:
             await self.channel.close()
 
 
+async def _connect_error(channel: grpc.aio.Channel, timeout: float) -> str | None:
+    """gRPC's details of why ``channel`` cannot connect: those of a call that fails without reaching a server.
 
-async def _connects(channel: grpc.aio.Channel, timeout: float) -> bool:
-    """Whether ``channel`` becomes READY before one connection attempt fails or ``timeout`` seconds pass."""
-
-    async def settle() -> bool:
-        state = channel.get_state(try_to_connect=True)
-        while state not in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
-            await channel.wait_for_state_change(state)
-            state = channel.get_state(try_to_connect=True)
-        return state == grpc.ChannelConnectivity.READY
-
+    Returns:
+        The details of the call's UNAVAILABLE status (``"failed to connect to
+        all addresses; last error: ..."``), or None when it ended otherwise
+        (the channel connected meanwhile).
+    """
     try:
-        return await asyncio.wait_for(settle(), timeout)
-    except TimeoutError:
-        return False
+        await channel.unary_unary(_PROBE_METHOD)(b"", timeout=timeout)
+    except grpc.aio.AioRpcError as err:
+        return (err.details() or "") if err.code() == grpc.StatusCode.UNAVAILABLE else None
+    return None
+
+
+def _and_tls(message: str, failures: dict[str, TlsError]) -> str:
+    """``message``, followed by the TLS failures seen on the way, if any."""
+    if not failures:
+        return message
+    return f"{message} ({'; '.join(err.message for err in failures.values())})"
+
+
+def _every_handshake_failed(failures: dict[str, TlsError], *, name: str | None = None,
+                            lease_id: int | None = None) -> TlsError:
+    """The TlsError to raise once every address has failed its handshake."""
+    first = next(iter(failures.values()))
+    message = first.message
+    if len(failures) > 1:
+        message = "TLS handshake failed with every coordinator: " + "; ".join(
+            f"{address}: {err.cause}" for address, err in failures.items())
+    return TlsError(message, address=first.address, cause=first.cause, name=name, lease_id=lease_id)

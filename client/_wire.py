@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import sys
 from collections.abc import Sequence
 
 from .errors import InvalidArgument
@@ -21,6 +22,7 @@ __all__ = [
     "CHANNEL_OPTIONS",
     "DEFAULT_ADDRESS",
     "MAX_TTL_SECONDS",
+    "MAX_UNIX_PATH_BYTES",
     "MAX_WAIT_SECONDS",
     "MIN_TTL_SECONDS",
     "address_problem",
@@ -29,8 +31,10 @@ __all__ = [
     "check_fraction",
     "check_name",
     "check_timeout",
+    "host_port",
     "name_problem",
     "ttl_to_wire",
+    "unix_path",
     "wait_to_wire",
 ]
 
@@ -174,10 +178,63 @@ def check_name(name: str) -> str:
 
 
 #: What an address may be, for error messages.
-ADDRESS_FORMS = "HOST:PORT (a host name, an IPv4 address or [IPv6]; port 1 to 65535), dns:///HOST:PORT or unix:PATH"
+ADDRESS_FORMS = ("HOST:PORT (a host name, an IPv4 address or [IPv6]; port 1 to 65535), dns:///HOST:PORT, "
+                 "unix:/ABSOLUTE/PATH or unix:///ABSOLUTE/PATH")
+
+#: Longest unix socket path, in bytes (``sun_path`` holds 108 bytes on Linux, 104 elsewhere, with the NUL).
+MAX_UNIX_PATH_BYTES = 107 if sys.platform.startswith("linux") else 103
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _PORT = re.compile(r"[0-9]{1,5}")
+
+
+def unix_path(address: str) -> str | None:
+    """The socket path of a ``unix:`` address as :func:`check_addresses` returns it, None for the other forms.
+
+    Args:
+        address: A checked address (``unix:/run/f.sock`` or ``unix:///run/f.sock``).
+
+    Returns:
+        ``"/run/f.sock"`` for either form; None for ``HOST:PORT`` and ``dns:///HOST:PORT``.
+    """
+    if not address.startswith("unix:"):
+        return None
+    rest = address[len("unix:"):]
+    return rest[2:] if rest.startswith("//") else rest
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """The host and port of a checked TCP address, None for a ``unix:`` address.
+
+    Args:
+        address: ``HOST:PORT``, ``[IPv6]:PORT`` or ``dns:///HOST:PORT``, as :func:`check_addresses` returns it.
+
+    Returns:
+        ``(host, port)``; an IPv6 host without its brackets.
+    """
+    if address.startswith("unix:"):
+        return None
+    if address.startswith("dns:///"):
+        address = address[len("dns:///"):]
+    host, _, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _unix_problem(rest: str) -> str | None:
+    """What is wrong with the part of a ``unix:`` address after ``unix:``, if anything."""
+    if not rest:
+        return "has no socket path"
+    if rest.startswith("//") and not rest.startswith("///"):
+        return "names a host after unix:// (a unix socket has three slashes: unix:///ABSOLUTE/PATH)"
+    path = rest[2:] if rest.startswith("//") else rest
+    if not path.startswith("/"):
+        return f"has the relative socket path {path!r}; a unix socket needs an absolute path"
+    size = len(path.encode("utf-8"))
+    if size > MAX_UNIX_PATH_BYTES:
+        return f"has a socket path of {size} bytes; a unix socket path is at most {MAX_UNIX_PATH_BYTES} bytes"
+    return None
 
 
 def _host_port_problem(text: str) -> str | None:
@@ -223,9 +280,13 @@ def address_problem(address: object) -> str | None:
 
     An address is ``HOST:PORT`` (a host name, an IPv4 address, or an IPv6
     address in brackets; port 1 to 65535), or one of two gRPC targets:
-    ``dns:///HOST:PORT`` and ``unix:PATH`` (``unix:///abs/path`` too).
-    Nothing else is accepted, so that a typo (no port, a URL scheme) fails at
-    once instead of after the connect timeout.
+    ``dns:///HOST:PORT`` and a unix socket, ``unix:/ABSOLUTE/PATH`` or
+    ``unix:///ABSOLUTE/PATH`` (a relative path is refused: it would depend on
+    the working directory of each process that uses the address, such as a
+    ``fencepost run`` child; a path longer than
+    :data:`MAX_UNIX_PATH_BYTES` is refused too). Nothing else is accepted,
+    so that a typo (no port, a URL scheme) fails at once instead of after
+    the connect timeout.
 
     Returns:
         None when the address is valid, else the problem, worded to follow
@@ -242,10 +303,7 @@ def address_problem(address: object) -> str | None:
     except UnicodeEncodeError:
         return "is not valid UTF-8"
     if address.startswith("unix:"):
-        path = address[len("unix:"):]
-        if not path or (path.startswith("//") and not path.startswith("///")):
-            return "is not unix:PATH (or unix:///ABSOLUTE/PATH)"
-        return None
+        return _unix_problem(address[len("unix:"):])
     if address.startswith("dns:"):
         if not address.startswith("dns:///"):
             return "is not dns:///HOST:PORT (a DNS server authority is not supported)"
@@ -263,7 +321,8 @@ def check_addresses(address: str | Sequence[str]) -> list[str]:
         address: An address, a comma-separated string of them, or a
             sequence of such strings. Each address is ``HOST:PORT`` (a host
             name, an IPv4 address or ``[IPv6]``; port 1 to 65535),
-            ``dns:///HOST:PORT`` or ``unix:PATH`` (see :func:`address_problem`).
+            ``dns:///HOST:PORT``, ``unix:/ABSOLUTE/PATH`` or
+            ``unix:///ABSOLUTE/PATH`` (see :func:`address_problem`).
             Spaces around commas are ignored; an empty entry is an error.
 
     Returns:

@@ -23,7 +23,9 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      ├── MissingRecordError        a guard's update found no such record
      │                             (.record); also a LookupError
      ├── Unavailable               no coordinator, or etcd without quorum
-     │                             (.retry_delay)
+     │   │                         (.retry_delay)
+     │   └── TlsError              the TLS handshake with a coordinator failed
+     │                             (.address, .cause)
      └── ResourceExhausted         too many waiters, streams or calls
 
 The coordinator raises these same classes and turns them into gRPC statuses
@@ -51,6 +53,7 @@ __all__ = [
     "StaleTokenError",
     "MissingRecordError",
     "Unavailable",
+    "TlsError",
     "ResourceExhausted",
     "from_rpc_error",
     "REASON_CLOSED",
@@ -232,6 +235,35 @@ class Unavailable(FencepostError):
     def __init__(self, message: str = "", *, retry_delay: float | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.retry_delay = retry_delay
+
+
+class TlsError(Unavailable):
+    """The TLS handshake with a coordinator failed: retrying will not help until certificates change.
+
+    Raised by a client's calls (and ``connect()``) as soon as every
+    coordinator address has failed its handshake, well before
+    ``connect_timeout``: a certificate that does not verify stays so. The
+    message names the address and the cause, e.g. ``TLS handshake with
+    127.0.0.1:7420 failed: the coordinator's certificate is not signed by a
+    CA in tls.ca (/etc/fencepost/ca.pem) (CERTIFICATE_VERIFY_FAILED: unable
+    to get local issuer certificate)``. The client's KeepAlive stream does not
+    raise it: it keeps reconnecting (certificates may be rotated) and logs
+    the cause once.
+
+    Attributes:
+        address: The coordinator address whose handshake failed (the first
+            one, when several did).
+        cause: Why, in words: the coordinator's certificate is not signed by
+            a trusted CA, has expired, does not carry the name checked; the
+            coordinator requires a client certificate or refused the one
+            given; one side does not speak TLS.
+    """
+
+    def __init__(self, message: str = "", *, address: str | None = None, cause: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.address = address
+        self.cause = cause
 
 
 class ResourceExhausted(FencepostError):

@@ -195,10 +195,16 @@ class CliResult:
     err: str
 
 
+#: The variables the client commands read their coordinator and TLS settings from.
+CLIENT_ENV = ("FENCEPOST_ADDRESS", "FENCEPOST_TLS", "FENCEPOST_CA", "FENCEPOST_CERT", "FENCEPOST_KEY",
+              "FENCEPOST_TLS_SERVER_NAME")
+
+
 def cli_env() -> dict[str, str]:
-    """The environment for ``fencepost`` commands in tests: no FENCEPOST_ADDRESS, unbuffered."""
+    """The environment for ``fencepost`` commands in tests: none of :data:`CLIENT_ENV`, unbuffered."""
     env = dict(os.environ)
-    env.pop("FENCEPOST_ADDRESS", None)
+    for name in CLIENT_ENV:
+        env.pop(name, None)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -411,5 +417,6 @@ def no_connect(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         raise AssertionError(f"the client opened a channel to {target}")
 
     monkeypatch.setattr(grpc.aio, "insecure_channel", refuse)
+    monkeypatch.setattr(grpc.aio, "secure_channel", refuse)
     yield opened
     assert opened == []

@@ -1,11 +1,13 @@
 """Every address form the client and the CLI accept, against a real coordinator.
 
 The parser (``fencepost.client._wire.check_addresses``) accepts ``HOST:PORT``
-(host name, IPv4, ``[IPv6]``), ``dns:///HOST:PORT`` and ``unix:PATH``; each
-form is used here for real: by the asyncio and sync clients, and by
-``fencepost status`` and ``fencepost run``. The in-process coordinator
-listens on 127.0.0.1; the IPv6 and unix-socket forms reach it through a
-byte-for-byte forwarder on ``[::1]`` or a unix socket.
+(host name, IPv4, ``[IPv6]``), ``dns:///HOST:PORT`` and ``unix:/ABSOLUTE/PATH``
+(or ``unix:///ABSOLUTE/PATH``); each form is used here for real: by the
+asyncio and sync clients, and by ``fencepost status`` and ``fencepost run``.
+The in-process coordinator listens on 127.0.0.1; the IPv6 and unix-socket
+forms reach it through a byte-for-byte forwarder on ``[::1]`` or a unix
+socket, and a LockService served on a unix socket only (tests/lock_servers.py)
+is dialled directly.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from fencepost.client import AsyncLockClient, LockClient
+from fencepost.client import AsyncLockClient, InvalidArgument, LockClient
 
+from .lock_servers import LockServer
 from .test_cli import run_cli
 
 
@@ -165,19 +168,56 @@ async def test_cli_through_each_address_form(target: str) -> None:
     assert address == target and int(token) > 0
 
 
-async def test_client_through_a_relative_unix_path(
-    coordinator: Any, sockdir: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """unix:PATH with a relative PATH is resolved from the working directory."""
-    forwarder = Forwarder(coordinator.port)
+async def test_client_when_unix_path_is_relative_refuses_it(sockdir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """unix:PATH with a relative PATH is InvalidArgument naming the address, also where the socket exists.
+
+    It used to be resolved from the working directory: the same FENCEPOST_ADDRESS
+    then named another socket (or none) in a ``fencepost run`` child that changed
+    directory.
+    """
+    forwarder = Forwarder(0)
     await forwarder.start_unix(os.path.join(sockdir, "c.sock"))
     monkeypatch.chdir(sockdir)
     try:
-        async with AsyncLockClient("unix:c.sock", connect_timeout=5.0) as client:
-            assert (await client.describe(_name())).held is False
+        for cls in (AsyncLockClient, LockClient):
+            with pytest.raises(InvalidArgument, match="relative socket path 'c.sock'") as info:
+                cls("unix:c.sock")
+            assert info.value.field == "address"
+        result = await run_cli("status", "x", "--address", "unix:c.sock")
+        assert result.rc == 2 and "relative socket path" in result.err, result
     finally:
         await forwarder.close()
-    assert forwarder.accepted > 0
+    assert forwarder.accepted == 0
+
+
+@pytest.fixture
+async def unix_server(etcd: Any, prefix: str, sockdir: str) -> AsyncIterator[LockServer]:
+    """The real LockService served by a grpc.aio server bound to a unix socket only."""
+    server = LockServer(etcd.endpoint, prefix)
+    await server.start(f"unix:{sockdir}/coordinator.sock")
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("form", ["unix:{path}", "unix://{path}"], ids=["unix:/path", "unix:///path"])
+async def test_clients_dial_a_unix_socket_server(unix_server: LockServer, form: str) -> None:
+    """A coordinator listening on a unix socket only is reached by both forms: asyncio and sync clients, and the CLI."""
+    target = form.format(path=unix_server.address[len("unix:"):])
+    name = _name()
+    async with AsyncLockClient(target, connect_timeout=5.0) as client:
+        handle = await client.acquire(name, ttl=5.0, timeout=5.0)
+        assert (await client.describe(name)).holder_token == handle.token
+        st = await run_cli("status", name, "--json", "--address", target)
+        assert st.rc == 0 and json.loads(st.out)["token"] == handle.token, st
+        await handle.release()
+
+    def sync() -> bool:
+        with LockClient(target, connect_timeout=5.0) as sync_client:
+            return sync_client.describe(name).held
+
+    assert await asyncio.to_thread(sync) is False
 
 
 async def test_client_when_address_is_well_formed_but_unreachable_fails_with_unavailable(sockdir: str) -> None:

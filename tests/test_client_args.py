@@ -150,13 +150,15 @@ BAD_ADDRESSES = {
     "not-ipv6": "[nohost]:1", "not-ipv4": "999.1.1.1:1", "short-ipv4": "1.2.3:1", "bad-host": "-x:1",
     "space-in-host": "a b:1", "dns-authority": "dns://8.8.8.8/coord:7420", "dns-no-port": "dns:///coord",
     "unix-empty": "unix:", "unix-authority": "unix://host/tmp/s", "ipv4-scheme": "ipv4:127.0.0.1:1",
+    "unix-relative": "unix:fencepost.sock", "unix-relative-dir": "unix:run/fencepost.sock",
+    "unix-too-long": "unix:/" + "s" * _wire.MAX_UNIX_PATH_BYTES,
     "list-with-None": ["a:1", None], "empty-list": [], "list-with-empty": ["a:1", ""],
 }
 
 
 @pytest.mark.parametrize("address", list(BAD_ADDRESSES.values()), ids=list(BAD_ADDRESSES))
 def test_client_init_when_address_is_not_an_address(address: object, no_connect: list[str]) -> None:
-    """Anything but HOST:PORT, dns:///HOST:PORT or unix:PATH is InvalidArgument(field="address") at construction.
+    """Anything but HOST:PORT, dns:///HOST:PORT or unix:/ABSOLUTE/PATH is InvalidArgument(field="address") at once.
 
     "127.0.0.1", "127.0.0.1:99999" and "http://127.0.0.1:1" used to be
     accepted and fail with Unavailable after the 10 s connect timeout; None
@@ -173,7 +175,7 @@ GOOD_ADDRESSES = {
     "fqdn-dot": "coord.example.com.:7420", "underscore": "my_coord:7420", "ipv6": "[::1]:7420",
     "ipv6-mapped": "[::ffff:127.0.0.1]:7420", "dns": "dns:///coord.example.com:7420",
     "dns-ipv6": "dns:///[::1]:7420", "unix": "unix:/run/fencepost.sock", "unix-abs": "unix:///run/fencepost.sock",
-    "unix-relative": "unix:fencepost.sock",
+    "unix-longest": "unix:/" + "s" * (_wire.MAX_UNIX_PATH_BYTES - 1),
 }
 
 

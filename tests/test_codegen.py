@@ -26,6 +26,8 @@ EXPECTED_PUBLIC = {
     "MissingRecordError",
     "Unavailable",
     "ResourceExhausted",
+    "TlsConfig",
+    "TlsError",
     "DEFAULT_ADDRESS",
 }
 

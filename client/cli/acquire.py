@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from fencepost.client import AsyncLockClient, AsyncLockHandle, FencepostError
+from fencepost.client import AsyncLockClient, AsyncLockHandle, FencepostError, TlsConfig
 
 from .common import (
     EXIT_INTERRUPTED,
@@ -33,6 +33,8 @@ from .common import (
     lock_name,
     parse_timeout,
     parse_ttl,
+    tls_flags,
+    tls_of,
 )
 
 __all__ = ["acquire_unless", "add_parser", "execute"]
@@ -47,6 +49,7 @@ def add_parser(sub: Any) -> None:
                     "stdout, then hold it (streaming keepalives) until SIGINT or SIGTERM, "
                     "and release it.")
     address_flag(p)
+    tls_flags(p)
     p.add_argument("name", metavar="NAME", help="lock name")
     p.add_argument("--ttl", type=parse_ttl, default=10.0, metavar="S",
                    help="lease TTL in seconds, 1 to 86400 (default 10)")
@@ -66,9 +69,10 @@ def execute(args: argparse.Namespace) -> int:
         CliError: with the exit code of :data:`~fencepost.client.cli.common.EXIT_CODES`.
     """
     addresses = addresses_of(args)
+    tls = tls_of(args)
     lock_name(args.name)
     try:
-        return asyncio.run(_acquire_and_hold(args, addresses))
+        return asyncio.run(_acquire_and_hold(args, addresses, tls))
     except (FencepostError, grpc.RpcError) as err:
         raise acquire_error(err, args.name, args.timeout, addresses) from None
 
@@ -112,7 +116,7 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
     return None
 
 
-async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str]) -> int:
+async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls: TlsConfig | None) -> int:
     """Acquire, print the token, hold until a signal or the loss, release.
 
     SIGINT and SIGTERM only set an event: nothing is interrupted half-way, the
@@ -125,7 +129,7 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str]) -> i
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with AsyncLockClient(addresses) as client:
+        async with AsyncLockClient(addresses, tls=tls) as client:
             handle = await acquire_unless(client, args.name, ttl=args.ttl, timeout=args.timeout,
                                           try_once=args.try_once, interrupt=stop.wait())
             if handle is None:

@@ -1,4 +1,4 @@
-"""What the ``fencepost`` commands share: exit codes, flag parsing, error lines, one call to a coordinator.
+"""What the ``fencepost`` commands share: exit codes, flag parsing (addresses, TLS), error lines, one call.
 
 Every expected failure is a :class:`CliError`: one line on stderr and an
 exit code from :data:`EXIT_CODES`. Failed calls are read once, by
@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import grpc
 
-from fencepost.client import DEFAULT_ADDRESS
+from fencepost.client import DEFAULT_ADDRESS, TlsConfig
+from fencepost.client._tls import security
 from fencepost.client._transport import Transport
 from fencepost.client._wire import check_addresses, check_name
 from fencepost.client.errors import (
@@ -28,6 +30,7 @@ from fencepost.client.errors import (
     LockTimeout,
     NotHolder,
     StaleTokenError,
+    TlsError,
     Unavailable,
     from_rpc_error,
 )
@@ -35,6 +38,12 @@ from fencepost.client.v1.keys import MAX_LEASE_ID, MAX_TOKEN, MAX_TTL_SECONDS, M
 
 __all__ = [
     "ADDRESS_ENV",
+    "CA_ENV",
+    "CERT_ENV",
+    "KEY_ENV",
+    "TLS_ENV",
+    "TLS_FLAGS",
+    "TLS_SERVER_NAME_ENV",
     "DEFAULT_ADDRESS",
     "EXIT_CODES",
     "EXIT_HELD",
@@ -63,12 +72,35 @@ __all__ = [
     "parse_addresses",
     "parse_lease_id",
     "parse_timeout",
+    "parse_tls",
     "parse_token",
     "parse_ttl",
+    "tls_env",
+    "tls_flags",
+    "tls_of",
+    "tls_words",
 ]
 
 ADDRESS_ENV = "FENCEPOST_ADDRESS"
 """Environment variable holding the default coordinator address(es), comma-separated."""
+TLS_ENV = "FENCEPOST_TLS"
+"""Environment variable of ``--tls``: ``1`` (``true``, ``yes``, ``on``) for TLS with the system's CAs."""
+CA_ENV = "FENCEPOST_CA"
+"""Environment variable of ``--ca``."""
+CERT_ENV = "FENCEPOST_CERT"
+"""Environment variable of ``--cert``."""
+KEY_ENV = "FENCEPOST_KEY"
+"""Environment variable of ``--key``."""
+TLS_SERVER_NAME_ENV = "FENCEPOST_TLS_SERVER_NAME"
+"""Environment variable of ``--tls-server-name``."""
+
+TLS_FLAGS: dict[str, tuple[str, str]] = {
+    "--ca": ("ca", CA_ENV),
+    "--cert": ("cert", CERT_ENV),
+    "--key": ("key", KEY_ENV),
+    "--tls-server-name": ("server_name", TLS_SERVER_NAME_ENV),
+}
+"""Each TLS flag that takes a value: (its :class:`~fencepost.client.TlsConfig` field, its environment variable)."""
 
 RPC_TIMEOUT_SECONDS = 5.0
 """Seconds ``status`` and ``release`` keep trying to reach a coordinator, and the deadline of each call."""
@@ -84,8 +116,8 @@ EXIT_INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success (acquire: released after SIGINT/SIGTERM)",
-    EXIT_UNAVAILABLE: "coordinator unreachable or not serving, or another server error",
-    EXIT_USAGE: "bad input: a flag, a lock name, a TTL, a lease id or a token",
+    EXIT_UNAVAILABLE: "coordinator unreachable (a failed TLS handshake too) or not serving, or another server error",
+    EXIT_USAGE: "bad input: a flag, a lock name, a TTL, a lease id, a token or a TLS file",
     EXIT_LOST: "acquire, run: the lease or the lock was lost while holding it",
     EXIT_TIMEOUT: "acquire, run: --timeout passed before the lock was granted",
     EXIT_HELD: "acquire --try, run --try: the lock is held by someone else",
@@ -256,7 +288,7 @@ def parse_addresses(values: Sequence[str] | None, env: str | None = None) -> lis
 
     Raises:
         CliError: an address is not ``HOST:PORT``, ``dns:///HOST:PORT`` or
-            ``unix:PATH``, or an entry is empty (exit 2).
+            ``unix:/ABSOLUTE/PATH``, or an entry is empty (exit 2).
     """
     if values is None and not env:
         return [DEFAULT_ADDRESS]
@@ -295,8 +327,114 @@ def address_flag(parser: argparse.ArgumentParser) -> None:
     """Add --address to ``parser``."""
     parser.add_argument(
         "--address", action="append", metavar="HOST:PORT",
-        help=f"coordinator address (HOST:PORT, [IPv6]:PORT, dns:///HOST:PORT or unix:PATH); "
+        help=f"coordinator address (HOST:PORT, [IPv6]:PORT, dns:///HOST:PORT or unix:/ABSOLUTE/PATH); "
              f"repeat or comma-separate for several (env {ADDRESS_ENV}, default {DEFAULT_ADDRESS})")
+
+
+def tls_flags(parser: argparse.ArgumentParser) -> None:
+    """Add --tls, --ca, --cert, --key and --tls-server-name to ``parser``."""
+    group = parser.add_argument_group(
+        "TLS", "Any of these flags (or their variables) means TLS; none means plaintext. A flag wins over "
+               "its variable.")
+    group.add_argument("--tls", action="store_true",
+                       help=f"connect with TLS, trusting the system's CAs (env {TLS_ENV}=1)")
+    group.add_argument("--ca", metavar="PATH",
+                       help=f"PEM file of the CAs to trust instead of the system's (env {CA_ENV})")
+    group.add_argument("--cert", metavar="PATH",
+                       help=f"client certificate (PEM) for a coordinator that requires one; with --key "
+                            f"(env {CERT_ENV})")
+    group.add_argument("--key", metavar="PATH",
+                       help=f"the client certificate's private key (PEM, unencrypted) (env {KEY_ENV})")
+    group.add_argument("--tls-server-name", metavar="NAME",
+                       help=f"the name to check in the coordinator's certificate instead of the address's "
+                            f"host (env {TLS_SERVER_NAME_ENV})")
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+_TLS_WORDS = re.compile(r"\btls\.(ca|cert|key|server_name)\b|\(give tls\)")
+_FLAG_OF_FIELD = {field: flag for flag, (field, _env) in TLS_FLAGS.items()}
+
+
+def tls_words(text: str) -> str:
+    """``text`` (a TLS error of the library) with its setting names as flags: ``tls.ca`` becomes ``--ca``."""
+
+    def flag(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return "(give --tls, or --ca with the coordinator's CA)"
+        return _FLAG_OF_FIELD[match.group(1)]
+
+    return _TLS_WORDS.sub(flag, text)
+
+
+def parse_tls(flags: Mapping[str, str | None], tls: bool, env: Mapping[str, str]) -> TlsConfig | None:
+    """Collect the TLS settings from the flags, else their variables, and check the files they name.
+
+    Args:
+        flags: Each flag of :data:`TLS_FLAGS` to its value (None: not given).
+        tls: Whether --tls was given.
+        env: The environment (:data:`TLS_ENV` and the variables of :data:`TLS_FLAGS`).
+
+    Returns:
+        The settings (``TlsConfig()`` for --tls alone: the system's CAs), or
+        None for plaintext (no flag and no variable set).
+
+    Raises:
+        CliError: a file is missing, unreadable or holds no PEM, --cert comes
+            without --key (or the other way round), or $FENCEPOST_TLS is
+            not a yes or no (exit 2, naming the flag or the variable).
+    """
+    settings: dict[str, str] = {}
+    source: dict[str, str] = {}
+    for flag, (field, var) in TLS_FLAGS.items():
+        value = flags.get(flag)
+        if value is not None:
+            settings[field], source[field] = value, flag
+        elif env.get(var):
+            settings[field], source[field] = env[var], f"{flag} (from ${var})"
+    switch = env.get(TLS_ENV, "").strip().lower()
+    if switch not in _TRUE + _FALSE:
+        raise CliError(f"invalid ${TLS_ENV}: {env[TLS_ENV]!r} is neither 1 nor 0 (true/false, yes/no)", EXIT_USAGE)
+    if not settings and not tls and switch not in _TRUE:
+        return None
+    config = TlsConfig(**settings)
+    try:
+        security(config)
+    except InvalidArgument as err:
+        field = (err.field or "").removeprefix("tls.")
+        where = source.get(field, _FLAG_OF_FIELD.get(field, err.field or "TLS"))
+        problem = err.message.removeprefix(f"{err.field}: ")
+        raise CliError(f"invalid {where}: {tls_words(problem)}", EXIT_USAGE) from None
+    return config
+
+
+def tls_of(args: argparse.Namespace) -> TlsConfig | None:
+    """The TLS settings of a parsed command line (flags, else FENCEPOST_TLS, FENCEPOST_CA, ...), checked.
+
+    Raises:
+        CliError: a bad TLS file or setting (exit 2).
+    """
+    flags = {flag: getattr(args, flag.lstrip("-").replace("-", "_")) for flag in TLS_FLAGS}
+    return parse_tls(flags, args.tls, os.environ)
+
+
+def tls_env(tls: TlsConfig | None) -> dict[str, str]:
+    """The variables that give a ``fencepost`` command these TLS settings (paths made absolute).
+
+    Args:
+        tls: What :func:`tls_of` returned.
+
+    Returns:
+        ``{}`` for plaintext; else :data:`TLS_ENV` set to ``1`` and one variable per setting.
+    """
+    if tls is None:
+        return {}
+    env = {TLS_ENV: "1"}
+    for field, var in TLS_FLAGS.values():
+        value = getattr(tls, field)
+        if value is not None:
+            env[var] = value if field == "server_name" else os.path.abspath(os.fspath(value))
+    return env
 
 
 def epilog(codes: dict[Any, str] | None = None, *notes: str) -> str:
@@ -319,9 +457,10 @@ def lease_hex(lease_id: int) -> str:
 
 
 def err_text(err: BaseException) -> str:
-    """The first line of an error's message (its class name when it has none)."""
+    """The first line of an error's message (its class name when it has none); a TlsError's in flags' words."""
     text = (getattr(err, "message", None) or str(err)).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    line = text.splitlines()[0] if text else type(err).__name__
+    return tls_words(line) if isinstance(err, TlsError) else line
 
 
 def _never_reached(err: FencepostError) -> bool:
@@ -404,7 +543,8 @@ class CallFailed(Exception):
 
 
 async def call(addresses: Sequence[str], method: str, request: Any, *, idempotent: bool,
-               name: str | None = None, lease_id: int | None = None, token: int | None = None) -> tuple[str, Any]:
+               name: str | None = None, lease_id: int | None = None, token: int | None = None,
+               tls: TlsConfig | None = None) -> tuple[str, Any]:
     """Make one unary call through the client's transport (addresses in turn, its retry rule).
 
     Fails fast: an address whose connection attempt fails is skipped at once,
@@ -419,14 +559,16 @@ async def call(addresses: Sequence[str], method: str, request: Any, *, idempoten
         name: The lock name, for the error.
         lease_id: The lease id, for the error.
         token: The fencing token, for the error.
+        tls: The TLS settings (from :func:`tls_of`); None for plaintext.
 
     Returns:
         The address that answered and the response.
 
     Raises:
-        CallFailed: the call failed (``.error`` is a FencepostError).
+        CallFailed: the call failed (``.error`` is a FencepostError; a
+            TlsError when every address failed its TLS handshake).
     """
-    transport = Transport(addresses, connect_timeout=RPC_TIMEOUT_SECONDS, fail_fast=True)
+    transport = Transport(addresses, connect_timeout=RPC_TIMEOUT_SECONDS, fail_fast=True, security=security(tls))
     transport.open()
     try:
         response = await transport.call(method, lambda _left: (request, RPC_TIMEOUT_SECONDS), until=None,

@@ -32,6 +32,8 @@ from .common import (
     lock_name,
     parse_lease_id,
     parse_token,
+    tls_flags,
+    tls_of,
 )
 
 __all__ = ["add_parser", "execute"]
@@ -44,6 +46,7 @@ def add_parser(sub: Any) -> None:
         help="release a grant by lease id and fencing token",
         description="Release the lock NAME held by lease ID under fencing token T.")
     address_flag(p)
+    tls_flags(p)
     p.add_argument("name", metavar="NAME", help="lock name")
     p.add_argument("--lease-id", required=True, type=parse_lease_id, metavar="ID",
                    help="holder's lease id, decimal or 0x-hex")
@@ -60,11 +63,12 @@ def execute(args: argparse.Namespace) -> int:
         CliError: not released (exit 6), bad input (exit 2), or no coordinator (exit 1).
     """
     addresses = addresses_of(args)
+    tls = tls_of(args)
     lock_name(args.name)
     request = pb.ReleaseRequest(name=args.name, lease_id=args.lease_id, token=args.token)
     try:
         asyncio.run(call(addresses, "Release", request, idempotent=False, name=args.name,
-                         lease_id=args.lease_id, token=args.token))
+                         lease_id=args.lease_id, token=args.token, tls=tls))
     except CallFailed as failed:
         err = failed.error
         if err.code == grpc.StatusCode.FAILED_PRECONDITION:

@@ -46,7 +46,15 @@ from typing import Any
 
 import grpc
 
-from fencepost.client import AsyncLockClient, AsyncLockHandle, FencepostError, LeaseLost, NotHolder, StaleTokenError
+from fencepost.client import (
+    AsyncLockClient,
+    AsyncLockHandle,
+    FencepostError,
+    LeaseLost,
+    NotHolder,
+    StaleTokenError,
+    TlsConfig,
+)
 
 from .acquire import acquire_unless
 from .common import (
@@ -66,6 +74,9 @@ from .common import (
     lock_name,
     parse_timeout,
     parse_ttl,
+    tls_env,
+    tls_flags,
+    tls_of,
 )
 
 __all__ = [
@@ -155,17 +166,21 @@ def add_parser(sub: Any) -> None:
             RUN_EXIT_CODES,
             "The command's environment gets FENCEPOST_LOCK (the lock name), FENCEPOST_TOKEN (the",
             "fencing token), FENCEPOST_LEASE_ID (decimal), FENCEPOST_TTL (granted TTL, seconds)",
-            "and FENCEPOST_ADDRESS (the coordinator addresses, comma-separated).",
+            "and FENCEPOST_ADDRESS (the coordinator addresses, comma-separated); with TLS, also",
+            "FENCEPOST_TLS=1 and FENCEPOST_CA, FENCEPOST_CERT, FENCEPOST_KEY, FENCEPOST_TLS_SERVER_NAME",
+            "as given (absolute paths), so that a fencepost command in CMD connects alike.",
             "SIGINT, SIGTERM and SIGHUP sent to fencepost run are forwarded to the command.",
         ),
         usage="fencepost run NAME --ttl S [--timeout S | --try] [--grace S] "
-              "[--lost-exit-code N] [--address HOST:PORT] -- CMD [ARGS...]",
+              "[--lost-exit-code N] [--address HOST:PORT] [--tls] [--ca PATH] [--cert PATH --key PATH] "
+              "[--tls-server-name NAME] -- CMD [ARGS...]",
         help="run a command while holding a lock; the command gets the fencing token",
         description="Take the lock NAME, run CMD with the fencing token in its environment "
                     "while the client streams keepalives, and release the lock when CMD "
                     "exits. If the hold is lost first, CMD gets SIGTERM, then SIGKILL after "
                     "--grace seconds. Exits with CMD's status.")
     address_flag(p)
+    tls_flags(p)
     p.add_argument("name", metavar="NAME", help="lock name")
     p.add_argument("--ttl", type=parse_ttl, required=True, metavar="S", help="lease TTL in seconds, 1 to 86400")
     wait = p.add_mutually_exclusive_group()
@@ -188,13 +203,14 @@ def execute(args: argparse.Namespace) -> int:
         CliError: the command did not run, or the lock could not be taken.
     """
     addresses = addresses_of(args)
+    tls = tls_of(args)
     lock_name(args.name)
     if not args.argv:
         raise CliError("no command: give it after --, as in fencepost run NAME --ttl S -- CMD [ARGS...]", EXIT_USAGE)
     try:
         result = asyncio.run(run_locked(
             addresses, args.name, args.argv, ttl=args.ttl, timeout=args.timeout, try_once=args.try_once,
-            grace=args.grace, lost_exit_code=args.lost_exit_code, interrupted_exit_code=EXIT_INTERRUPTED))
+            grace=args.grace, lost_exit_code=args.lost_exit_code, interrupted_exit_code=EXIT_INTERRUPTED, tls=tls))
     except CommandError as err:
         raise CliError(str(err), err.exit_code) from None
     except (FencepostError, grpc.RpcError) as err:
@@ -251,7 +267,7 @@ def exit_status(returncode: int) -> int:
 
 
 def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: int,
-                      ttl: float, addresses: Sequence[str]) -> dict[str, str]:
+                      ttl: float, addresses: Sequence[str], tls: TlsConfig | None = None) -> dict[str, str]:
     """The child's environment: ``base`` plus the FENCEPOST_* variables of the grant.
 
     Args:
@@ -261,11 +277,16 @@ def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: 
         lease_id: Lease id.
         ttl: Granted TTL in seconds.
         addresses: Coordinator addresses.
+        tls: The TLS settings ``fencepost run`` connected with: set as
+            FENCEPOST_TLS=1, FENCEPOST_CA, ... (absolute paths), so that a
+            ``fencepost`` command in the child connects the same way; None
+            adds nothing.
 
     Returns:
         A new dict.
     """
     env = dict(base)
+    env.update(tls_env(tls))
     env[ENV_LOCK] = name
     env[ENV_TOKEN] = str(token)
     env[ENV_LEASE_ID] = str(lease_id)
@@ -307,6 +328,7 @@ async def run_locked(
     grace: float = 5.0,
     lost_exit_code: int = EXIT_LOST,
     interrupted_exit_code: int = EXIT_INTERRUPTED,
+    tls: TlsConfig | None = None,
 ) -> RunResult:
     """Acquire ``name``, run ``command`` while holding it, release it.
 
@@ -320,6 +342,7 @@ async def run_locked(
         grace: Seconds between SIGTERM and SIGKILL after the hold is lost.
         lost_exit_code: Exit code when the hold is lost while the child runs.
         interrupted_exit_code: Exit code when a signal arrives before the grant.
+        tls: TLS settings for the coordinator (and the child's environment); None for plaintext.
 
     Returns:
         A :class:`RunResult`; the child has exited and been reaped.
@@ -327,14 +350,14 @@ async def run_locked(
     Raises:
         CommandError: the command could not be started (the lock is released first).
         fencepost.client.FencepostError: the lock could not be acquired
-            (LockTimeout, LockHeld, Unavailable, InvalidArgument, ...).
+            (LockTimeout, LockHeld, Unavailable, TlsError, InvalidArgument, ...).
     """
     loop = asyncio.get_running_loop()
     received: asyncio.Queue[int] = asyncio.Queue()
     for sig in FORWARDED_SIGNALS:
         loop.add_signal_handler(sig, received.put_nowait, sig)
     try:
-        async with AsyncLockClient(list(addresses)) as client:
+        async with AsyncLockClient(list(addresses), tls=tls) as client:
             handle = await acquire_unless(client, name, ttl=ttl, timeout=timeout, try_once=try_once,
                                           interrupt=received.get())
             if handle is None:
@@ -342,7 +365,7 @@ async def run_locked(
                                  message=f"interrupted while waiting for {name}; command not run")
 
             env = child_environment(dict(os.environ), name=handle.name, token=handle.token,
-                                    lease_id=handle.lease_id, ttl=handle.ttl, addresses=addresses)
+                                    lease_id=handle.lease_id, ttl=handle.ttl, addresses=addresses, tls=tls)
             try:
                 proc = await _start(command, env)
             except CommandError:

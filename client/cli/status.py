@@ -17,6 +17,9 @@ from typing import Any
 
 import grpc
 
+from fencepost.client import TlsConfig, _handshake
+from fencepost.client._tls import Security, security
+from fencepost.client._transport import DIAGNOSE_SECONDS
 from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1 import lock_pb2_grpc as pb_grpc
@@ -34,6 +37,9 @@ from .common import (
     epilog,
     lease_hex,
     lock_name,
+    tls_flags,
+    tls_of,
+    tls_words,
 )
 
 __all__ = ["HEALTH_SERVICE", "PROBE_NAME", "add_parser", "execute"]
@@ -52,6 +58,7 @@ def add_parser(sub: Any) -> None:
         description="With NAME: the holder's lease id, fencing token, TTL left and waiters "
                     "of that lock. Without NAME: whether each coordinator serves.")
     address_flag(p)
+    tls_flags(p)
     p.add_argument("name", nargs="?", metavar="NAME", help="lock name")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -66,9 +73,10 @@ def execute(args: argparse.Namespace) -> int:
         CliError: bad input (exit 2) or no coordinator answered (exit 1).
     """
     addresses = addresses_of(args)
+    tls = tls_of(args)
     if args.name is None:
-        return _health(addresses, args.json)
-    return _describe(addresses, lock_name(args.name), args.json)
+        return _health(addresses, args.json, tls)
+    return _describe(addresses, lock_name(args.name), args.json, tls)
 
 
 # ---------------------------------------------------------------------------
@@ -76,10 +84,10 @@ def execute(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------
 
 
-def _describe(addresses: list[str], name: str, as_json: bool) -> int:
+def _describe(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | None) -> int:
     try:
         address, resp = asyncio.run(call(addresses, "Describe", pb.DescribeRequest(name=name), idempotent=True,
-                                         name=name))
+                                         name=name, tls=tls))
     except CallFailed as failed:
         raise call_error(failed.error, addresses, failed.address, "Describe") from None
     waiters = [{"lease_id": w.lease_id, "lease_id_hex": lease_hex(w.lease_id), "revision": w.token}
@@ -134,23 +142,28 @@ def _unreachable(status: details.StatusDetails) -> bool:
     return status.code == grpc.StatusCode.UNAVAILABLE and status.reason is None
 
 
-def _failure(status: details.StatusDetails) -> tuple[str, str]:
+def _failure(status: details.StatusDetails, address: str, channels: Security) -> tuple[str, str]:
     if _unreachable(status):
+        if status.code == grpc.StatusCode.UNAVAILABLE:
+            # A failed TLS handshake, named (the details alone, or one handshake of our own).
+            failure = asyncio.run(_handshake.failure(channels, status.message, address, DIAGNOSE_SECONDS))
+            if failure is not None:
+                return "UNREACHABLE", tls_words(failure.message)
         return "UNREACHABLE", _first_line(status)
     return (status.code or grpc.StatusCode.UNKNOWN).name, _first_line(status)
 
 
-def _probe(address: str) -> tuple[str, str]:
+def _probe(address: str, channels: Security) -> tuple[str, str]:
     """Ask one coordinator whether it serves.
 
     Returns:
         ``(status, detail)``; status is SERVING, NOT_SERVING, UNREACHABLE or a status code name.
     """
-    with grpc.insecure_channel(address) as channel:
+    with channels.sync_channel(address) as channel:
         try:
             from grpc_health.v1 import health_pb2, health_pb2_grpc
         except ImportError:
-            return _probe_by_describe(channel)
+            return _probe_by_describe(channel, address, channels)
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=RPC_TIMEOUT_SECONDS)
@@ -159,12 +172,12 @@ def _probe(address: str) -> tuple[str, str]:
             # No health service, or one that does not know LockService (another gRPC
             # server, an etcd say): only a LockService call can tell whether it serves.
             if status.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
-                return _probe_by_describe(channel)
-            return _failure(status)
+                return _probe_by_describe(channel, address, channels)
+            return _failure(status, address, channels)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status), ""
 
 
-def _probe_by_describe(channel: grpc.Channel) -> tuple[str, str]:
+def _probe_by_describe(channel: grpc.Channel, address: str, channels: Security) -> tuple[str, str]:
     """A Describe that succeeds means the coordinator serves."""
     stub = pb_grpc.LockServiceStub(channel)
     try:
@@ -173,12 +186,13 @@ def _probe_by_describe(channel: grpc.Channel) -> tuple[str, str]:
         status = details.parse(err)
         if not _unreachable(status) and status.code == grpc.StatusCode.UNAVAILABLE:
             return "NOT_SERVING", status.reason or _first_line(status)
-        return _failure(status)
+        return _failure(status, address, channels)
     return "SERVING", ""
 
 
-def _health(addresses: list[str], as_json: bool) -> int:
-    results = [(a, *_probe(a)) for a in addresses]
+def _health(addresses: list[str], as_json: bool, tls: TlsConfig | None) -> int:
+    channels = security(tls)
+    results = [(a, *_probe(a, channels)) for a in addresses]
     serving = all(status == "SERVING" for _, status, _ in results)
     if as_json:
         print(json.dumps({
