@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from fencepost.client import AsyncLockClient, AsyncLockHandle, StaleTokenError
+from fencepost.client import AsyncLockClient, AsyncLockHandle, StaleTokenError, TlsConfig, TlsError
 from fencepost.client.fencing import SqlGuard
 from tests.conftest import REPO, ChildProcess, cli_env, wait_for
 from tests.harness import checker
@@ -62,12 +62,7 @@ TTL = 6.0
 HOLDERS = 4
 WAITERS = 3
 
-# TODO(merge tls-server, tls-client): drop the skipif; the mTLS run then goes through the same test.
-COORDINATOR_TLS = pytest.param(True, marks=pytest.mark.skipif(
-    not (launch.has_server_tls() and launch.has_client_tls()), reason="coordinator mTLS is not merged yet"))
-
-
-@pytest.fixture(scope="module", params=[False, COORDINATOR_TLS], ids=["etcd-tls", "etcd-tls+mtls"])
+@pytest.fixture(scope="module", params=[False, True], ids=["etcd-tls", "etcd-tls+mtls"])
 def deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A started LocalDeployment (3 etcd members with TLS, 2 coordinators); every process ends after the module."""
     dep = launch.LocalDeployment(tmp_path_factory.mktemp("deploy-local"), etcd_tls=True,
@@ -253,6 +248,37 @@ async def test_failover_keeps_holds_tokens_and_queue_order(deployment: Any, tmp_
     assert max(resume_seen) < min(2.0, TTL / 6) + 1.0, f"a stream took {max(resume_seen):.2f} s to resume"
 
 
+@pytest.mark.parametrize("deployment", [True], ids=["etcd-tls+mtls"], indirect=True)
+async def test_mtls_refuses_clients_without_the_deployments_certificate(deployment: Any, tmp_path: Path) -> None:
+    """With mTLS on, no certificate or one from another CA is refused at once with a TlsError naming the cause."""
+    assert deployment.coordinator_tls
+    files = deployment.client_tls
+    other = tmp_path / "other-ca"
+    subprocess.run([sys.executable, str(REPO / "deploy/certs.py"), str(other), "--client", "intruder"],
+                   check=True, capture_output=True, timeout=60)
+    cases = {
+        "no certificate": TlsConfig(ca=files.ca),
+        "another CA's certificate": TlsConfig(ca=files.ca, cert=other / "intruder.pem", key=other / "intruder.key"),
+    }
+    for case, tls in cases.items():
+        started = time.monotonic()
+        with pytest.raises(TlsError) as caught:  # at connect (or, if it got that far, at the acquire)
+            async with AsyncLockClient(deployment.addresses, tls=tls, connect_timeout=30.0) as client:
+                await client.acquire(f"mtls-{case}", ttl=TTL, timeout=5.0)
+        took = time.monotonic() - started
+        assert took < 10.0, (case, took)  # well before connect_timeout: a refused handshake is not retried
+        message = str(caught.value)
+        assert "client certificate" in message, (case, message)
+        if case == "no certificate":
+            assert "none was given" in message, message
+        else:
+            assert "intruder.pem" in message, message
+    # ... and nothing was granted to them.
+    async with AsyncLockClient(deployment.addresses, **deployment.client_kwargs()) as client:
+        for case in cases:
+            assert not (await client.describe(f"mtls-{case}")).held
+
+
 async def _waiters(client: AsyncLockClient, name: str, n: int) -> bool:
     return (await client.describe(name)).waiter_count == n
 
@@ -310,7 +336,9 @@ def test_run_script_serves_then_leaves_no_process_behind(tmp_path: Path) -> None
     base = tmp_path / "dep"
     child, exported, pids = _start_script(base, tmp_path / "run1.log")
     try:
-        env = {**cli_env(), "FENCEPOST_ADDRESS": exported["FENCEPOST_ADDRESS"]}
+        client_vars = ("FENCEPOST_ADDRESS", "FENCEPOST_CA", "FENCEPOST_CERT", "FENCEPOST_KEY")
+        assert set(client_vars) <= set(exported), exported  # mTLS to the coordinators by default
+        env = {**cli_env(), **{key: exported[key] for key in client_vars}}
         status = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "status"], env=env,
                                 capture_output=True, text=True, timeout=30)
         assert status.returncode == 0, status.stderr

@@ -66,7 +66,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, NamedTuple
 
-__all__ = ["ClientTls", "LocalDeployment", "has_client_tls", "has_server_tls"]
+__all__ = ["ClientTls", "LocalDeployment"]
 
 DEPLOY = Path(__file__).resolve().parent.parent
 CERTS_SCRIPT = DEPLOY / "certs.py"
@@ -84,32 +84,6 @@ try:  # resolved here, not in the forked child (no dlopen between fork and exec)
     _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux
     _prctl = None
-
-
-# ---------------------------------------------------------------- coordinator TLS (capability checks)
-#
-# TODO(merge tls-server, tls-client): remove these two checks and their
-# callers' branches once fencepost serve has --tls-cert/--tls-key/--client-ca
-# and the client has TlsConfig; coordinator_tls=True then just works.
-
-_server_tls: bool | None = None
-
-
-def has_server_tls() -> bool:
-    """Whether the installed ``fencepost serve`` takes ``--tls-cert`` (mTLS between clients and coordinators)."""
-    global _server_tls
-    if _server_tls is None:
-        out = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", "--help"],
-                             capture_output=True, text=True, timeout=60, env=_child_env())
-        _server_tls = "--tls-cert" in out.stdout
-    return _server_tls
-
-
-def has_client_tls() -> bool:
-    """Whether the installed client has ``fencepost.client.TlsConfig``."""
-    import fencepost.client
-
-    return hasattr(fencepost.client, "TlsConfig")
 
 
 # ---------------------------------------------------------------- helpers
@@ -370,10 +344,7 @@ class LocalDeployment:
         files = self.client_tls
         if files is None:
             return None
-        # TODO(merge tls-client): drop the check; confirm whether TlsConfig takes paths or PEM bytes.
-        if not has_client_tls():
-            raise RuntimeError("this fencepost client has no TlsConfig yet (coordinator TLS is not merged)")
-        from fencepost.client import TlsConfig  # type: ignore[attr-defined]
+        from fencepost.client import TlsConfig
 
         return TlsConfig(ca=str(files.ca), cert=str(files.cert), key=str(files.key))
 
@@ -384,7 +355,9 @@ class LocalDeployment:
     def client_env(self) -> dict[str, str]:
         """The environment of the ``fencepost`` command line (``fencepost status``) for this deployment."""
         env = {"FENCEPOST_ADDRESS": ",".join(self.addresses)}
-        # TODO(merge tls-client): the command line's variables for the client certificate, once they exist.
+        files = self.client_tls
+        if files is not None:
+            env.update(FENCEPOST_CA=str(files.ca), FENCEPOST_CERT=str(files.cert), FENCEPOST_KEY=str(files.key))
         return env
 
     def etcdctl_env(self) -> dict[str, str]:
@@ -421,15 +394,11 @@ class LocalDeployment:
 
         Raises:
             RuntimeError: a process exited or was not ready in time (with the
-                end of its output), the certificates could not be made, or
-                ``coordinator_tls`` without a fencepost that has it.
+                end of its output), or the certificates could not be made.
         """
         until = time.monotonic() + timeout
         if self.pids():
             raise RuntimeError(f"the deployment in {self.base_dir} is running already")
-        if self.coordinator_tls and not has_server_tls():
-            # TODO(merge tls-server): remove this check.
-            raise RuntimeError("this fencepost serve has no --tls-cert yet (coordinator TLS is not merged)")
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         self._load_or_pick_ports()
@@ -528,12 +497,10 @@ class LocalDeployment:
             "--log-level", self.log_level,
         ]
         if self.etcd_tls:
-            # TODO(merge): --etcd-cacert is being renamed --etcd-ca; switch to the new name at merge.
-            argv += ["--etcd-cacert", str(self.tls_dir / "ca.pem"),
+            argv += ["--etcd-ca", str(self.tls_dir / "ca.pem"),
                      "--etcd-cert", str(self.tls_dir / f"{name}.pem"),
                      "--etcd-key", str(self.tls_dir / f"{name}.key")]
         if self.coordinator_tls:
-            # TODO(merge tls-server): these flags need fencepost serve's coordinator TLS (checked in start()).
             argv += ["--tls-cert", str(self.tls_dir / f"{name}.pem"),
                      "--tls-key", str(self.tls_dir / f"{name}.key"),
                      "--client-ca", str(self.tls_dir / "ca.pem")]

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python deploy/local/run.py [--dir DIR] [--tls | --no-tls] [--coordinator-tls]
+    python deploy/local/run.py [--dir DIR] [--tls | --no-tls] [--coordinator-tls | --no-coordinator-tls]
 
 Starts on 127.0.0.1 what the compose file describes: a 3-member etcd cluster
 (TLS on client and peer URLs unless ``--no-tls``) and 2 ``fencepost serve``
@@ -33,7 +33,7 @@ from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launch import LocalDeployment, has_server_tls, print_summary  # noqa: E402
+from launch import LocalDeployment, print_summary  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the deployment's directory, kept (default: a temporary one, removed at the end)")
     parser.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
                         help="TLS with client certificates on etcd's client and peer URLs (default: on)")
-    parser.add_argument("--coordinator-tls", action="store_true",
-                        help="mTLS between clients and coordinators (needs a fencepost serve with --tls-cert)")
+    parser.add_argument("--coordinator-tls", action=argparse.BooleanOptionalAction, default=True,
+                        help="mTLS between clients and coordinators (default: on)")
     parser.add_argument("--log-level", default="INFO", help="the coordinators' --log-level (default INFO)")
     return parser
 
@@ -52,11 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the deployment until interrupted; returns the exit status."""
     args = build_parser().parse_args(argv)
-    # TODO(merge tls-server): drop this check with the one in launch.py.
-    if args.coordinator_tls and not has_server_tls():
-        print("run.py: error: --coordinator-tls needs a fencepost serve with --tls-cert (not merged yet)",
-              file=sys.stderr)
-        return 2
     if args.dir is not None and Path(args.dir).exists() and not Path(args.dir).is_dir():
         print(f"run.py: error: --dir {args.dir} is not a directory", file=sys.stderr)
         return 2
