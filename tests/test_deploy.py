@@ -533,6 +533,8 @@ def test_images_are_pinned_and_etcd_is_one_current_release() -> None:
     assert etcd.split(":")[0] in ("gcr.io/etcd-development/etcd", "quay.io/coreos/etcd")
     version = _version_tuple(etcd.rpartition(":")[2])
     assert len(version) == 3 and version >= MIN_ETCD, etcd
+    docs = (REPO / "docs" / "deploy.md").read_text()
+    assert f"`{etcd}`" in docs and "3.5.13" in docs, "docs/deploy.md names another etcd release"
 
 
 # ---------------------------------------------------------------------------
