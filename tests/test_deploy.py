@@ -600,7 +600,7 @@ def _fencepost_commands() -> Iterator[tuple[str, list[str]]]:
         for c in stage:
             if c.cmd == "CMD":
                 yield f"Dockerfile {_stage_name(stage)} CMD", list(c.value)
-            if c.cmd == "HEALTHCHECK":
+            if c.cmd == "HEALTHCHECK" and list(c.value[:2]) == ["CMD", "fencepost"]:
                 yield f"Dockerfile {_stage_name(stage)} HEALTHCHECK", list(c.value[2:])
     for tls in (False, True):
         for name, svc in _compose(tls)["services"].items():
