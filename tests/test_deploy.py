@@ -560,15 +560,18 @@ def _env_read(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """The FENCEPOST_* variables that fencepost serve and the client commands read.
 
     A flag's variable counts when setting it changes the flag's default (so
-    the parser really reads it), plus the serve password and the address
-    variable that the commands read at run time, and the grant variables that
-    ``fencepost run`` gives its command.
+    the parser really reads it); so do the serve password, the variables the
+    client commands read at run time (the ``*_ENV`` constants of
+    ``fencepost.client.cli.common``, such as ``ADDRESS_ENV``), and the grant
+    variables that ``fencepost run`` gives its command.
     """
     from fencepost.client.cli import common, run
     from fencepost.coordinator import serve
 
     makers = {"serve": serve.build_parser, **{n: (lambda n=n: _cli_parsers()[n]) for n in _cli_parsers()}}
-    read = {serve.PASSWORD_ENV, common.ADDRESS_ENV, run.ENV_LOCK, run.ENV_TOKEN, run.ENV_LEASE_ID, run.ENV_TTL}
+    read = {serve.PASSWORD_ENV, run.ENV_LOCK, run.ENV_TOKEN, run.ENV_LEASE_ID, run.ENV_TTL}
+    read |= {v for k, v in vars(common).items() if k.endswith("_ENV") and str(v).startswith("FENCEPOST_")}
+    assert common.ADDRESS_ENV in read
     for make in makers.values():
         for dest in set(_options(make()).values()) - {"help"}:
             name = "FENCEPOST_" + dest.upper()
