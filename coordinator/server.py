@@ -43,6 +43,12 @@ _log = logging.getLogger("fencepost.coordinator")
 DEFAULT_LISTEN = "127.0.0.1:7420"
 DEFAULT_PREFIX = "/fencepost/locks/"
 SERVICE_NAME = "fencepost.v1.LockService"
+#: The health service name of the process itself: SERVING from start to
+#: shutdown, whatever etcd does. Kubernetes' liveness probe asks for this one
+#: (``grpc: {port: 7421, service: liveness}``), so an etcd outage makes the
+#: coordinators not ready (no new traffic) without restarting them; ""
+#: and SERVICE_NAME follow etcd (readiness).
+LIVENESS_SERVICE = "liveness"
 #: How often the health monitor checks etcd, in seconds.
 HEALTH_INTERVAL = 1.0
 
@@ -61,7 +67,8 @@ SERVER_OPTIONS = [
 ]
 
 
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "SERVICE_NAME", "Coordinator", "check_listen"]
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "LIVENESS_SERVICE", "SERVER_OPTIONS", "SERVICE_NAME", "Coordinator",
+           "check_listen"]
 
 
 class Coordinator:
@@ -206,6 +213,7 @@ class Coordinator:
             health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
             self.health_port = self._bind(health_server, self._health_listen)
         await self._set_health(False)
+        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         if health_server is not None:
             await health_server.start()
             self._health_server = health_server

@@ -445,6 +445,11 @@ def test_every_probe_targets_a_health_port() -> None:
             if _is_fencepost(c["image"]) and "serve" in c.get("args", []):
                 assert len(probes) == 3, f"{where}/{c['name']}: startup, readiness and liveness probes"
                 assert all(p["grpc"]["port"] == HEALTH_PORT for p in probes), where
+                # Startup and liveness ask for the process's own health (an etcd outage must not
+                # restart coordinators); readiness follows etcd.
+                assert c["startupProbe"]["grpc"].get("service") == "liveness", where
+                assert c["livenessProbe"]["grpc"].get("service") == "liveness", where
+                assert c["readinessProbe"]["grpc"].get("service", "") in ("", "fencepost.v1.LockService"), where
                 assert _env(c)["FENCEPOST_HEALTH_LISTEN"].endswith(f":{HEALTH_PORT}")
             elif "etcd" in c["image"]:
                 metrics = _env(c)["ETCD_LISTEN_METRICS_URLS"]

@@ -48,10 +48,12 @@ async def test_health_follows_etcd(tmp_path: Path, prefix: str) -> None:
 
         await wait_for(lambda: status_is(serving), 10, 0.1, "SERVING at start")
         assert await _health(address, "fencepost.v1.LockService") == serving
+        assert await _health(address, "liveness") == serving
 
         await asyncio.to_thread(own_etcd.stop)
         await wait_for(lambda: status_is(not_serving), 15, 0.1, "NOT_SERVING with etcd stopped")
         assert await _health(address, "fencepost.v1.LockService") == not_serving
+        assert await _health(address, "liveness") == serving  # the process is alive: no restart by a probe
 
         await asyncio.to_thread(own_etcd.start)
         await wait_for(lambda: status_is(serving), 20, 0.1, "SERVING with etcd back")
