@@ -73,11 +73,29 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds in-flight calls may take at shutdown (env FENCEPOST_GRACE_SECONDS; default 5)")
     parser.add_argument("--log-level", default=_env("log-level", "INFO"),
                         help="logging level (env FENCEPOST_LOG_LEVEL; default INFO)")
+    parser.add_argument("--metrics-listen", default=_env("metrics-listen", None),
+                        help="HOST:PORT to serve Prometheus metrics on, over HTTP at /metrics; port 0 picks one "
+                             "(env FENCEPOST_METRICS_LISTEN; default: no metrics)")
     return parser
 
 
 class _BadFlag(Exception):
     """A flag or environment value that ``fencepost serve`` refuses (exit 2)."""
+
+
+def _check_metrics_listen(metrics_listen: str | None) -> None:
+    """Check ``--metrics-listen`` (None: no metrics).
+
+    Raises:
+        _BadFlag: not HOST:PORT with a port 0 to 65535.
+    """
+    if metrics_listen is None:
+        return
+    try:
+        check_listen(metrics_listen)
+    except ValueError:
+        raise _BadFlag(f"--metrics-listen is {metrics_listen!r}; must be HOST:PORT with a port 0 to 65535 (e.g. "
+                       f"127.0.0.1:7421, 0.0.0.0:7421, [::1]:7421; port 0 picks a free one)") from None
 
 
 def _settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None, float, str]:
@@ -198,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         endpoints, tls, auth, grace, level = _settings(args)
+        _check_metrics_listen(args.metrics_listen)
     except _BadFlag as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -269,7 +288,7 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
 async def _serve(endpoints: list[str], args: argparse.Namespace, tls: EtcdTls | None,
                  auth: EtcdAuth | None) -> int:
     coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=args.grace_seconds,
-                              etcd_tls=tls, etcd_auth=auth)
+                              etcd_tls=tls, etcd_auth=auth, metrics_listen=args.metrics_listen)
     try:
         await coordinator.start()
     except RuntimeError as exc:
@@ -284,6 +303,8 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, tls: EtcdTls | 
     print(f"fencepost: etcd at {','.join(endpoints)}{' (' + ', '.join(how) + ')' if how else ''}, "
           f"prefix {args.prefix}", flush=True)
     print(f"fencepost: listening on {coordinator.address}", flush=True)
+    if coordinator.metrics_address is not None:
+        print(f"fencepost: metrics on http://{coordinator.metrics_address}/metrics", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -22,12 +22,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fencepost.client.errors import FencepostError
-from fencepost.client.v1 import lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.keys import Keys
 
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .lease import Leases
 from .lock import LockManager
+from .lock_metrics import NO_METRICS
+from .metrics_server import MetricsEndpoint
 from .service import LockService
 from .watch import DeleteWatcher
 
@@ -92,18 +94,24 @@ class Coordinator:
             tuning, e.g. a stricter ``grpc.http2.min_recv_ping_interval_without_data_ms``.
         etcd_tls: TLS (mTLS with a client certificate) to etcd; None for plaintext.
         etcd_auth: etcd user and password when etcd has auth enabled.
+        metrics_listen: ``HOST:PORT`` to serve Prometheus metrics on, over
+            HTTP at ``/metrics`` (see :mod:`.metrics_server`); None for no
+            metrics (no interceptor, nothing counted).
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
-            ``etcd_tls``; ``listen`` not ``HOST:PORT``.
+            ``etcd_tls``; ``listen`` or ``metrics_listen`` not ``HOST:PORT``.
     """
 
     def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
-                 etcd_auth: EtcdAuth | None = None) -> None:
+                 etcd_auth: EtcdAuth | None = None,
+                 metrics_listen: str | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
+        # Metrics (--metrics-listen), off by default: see .metrics_server.
+        self._metrics = MetricsEndpoint(check_listen(metrics_listen)) if metrics_listen is not None else None
         self._endpoints = list(etcd_endpoints)
         self._etcd_tls = etcd_tls
         self._etcd_auth = etcd_auth
@@ -125,6 +133,11 @@ class Coordinator:
         """``HOST:PORT`` the coordinator serves on (after ``start()``)."""
         return f"{self._listen.rsplit(':', 1)[0]}:{self.port}"
 
+    @property
+    def metrics_address(self) -> str | None:
+        """``HOST:PORT`` of the ``/metrics`` endpoint (after ``start()``); None without ``metrics_listen``."""
+        return self._metrics.address if self._metrics is not None else None
+
     async def start(self) -> int:
         """Connect to etcd, bind and start serving.
 
@@ -135,21 +148,28 @@ class Coordinator:
             The bound port.
 
         Raises:
-            RuntimeError: the address could not be bound, or etcd refused the
-                coordinator's credentials.
+            RuntimeError: the address (or the metrics address, bound first)
+                could not be bound, or etcd refused the coordinator's credentials.
         """
-        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth)
+        if self._metrics is not None:
+            self._metrics.start()
+        counted = self._metrics.locks if self._metrics is not None else NO_METRICS
+        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth, metrics=counted)
         try:
             await self._etcd.connect()
         except FencepostError as exc:
             raise RuntimeError(exc.message) from exc
-        self._watcher = DeleteWatcher(self._etcd, self._keys)
+        self._watcher = DeleteWatcher(self._etcd, self._keys, metrics=counted)
         leases = Leases(self._etcd)
-        locks = LockManager(self._etcd, self._keys, self._watcher)
-        self._service = LockService(leases, locks, self._watcher, self._keys)
-        server = grpc.aio.server(options=self._server_options)
+        locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted)
+        self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted)
+        server = grpc.aio.server(options=self._server_options,
+                                 interceptors=[self._metrics.grpc] if self._metrics is not None else None)
         lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        if self._metrics is not None:
+            self._metrics.grpc.initialize([lock_pb2.DESCRIPTOR.services_by_name["LockService"],
+                                           health_pb2.DESCRIPTOR.services_by_name["Health"]])
         try:
             self.port = server.add_insecure_port(self._listen)
         except RuntimeError as exc:
@@ -186,6 +206,8 @@ class Coordinator:
             await self._watcher.close()
         if self._etcd is not None:
             await self._etcd.close()
+        if self._metrics is not None:
+            await self._metrics.stop()
 
     async def wait_closed(self) -> None:
         """Wait until the server has stopped."""
