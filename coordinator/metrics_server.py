@@ -82,7 +82,7 @@ class MetricsEndpoint:
         self._listen = listen
         self._host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         self._wanted_port = int(port)
-        self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry(auto_describe=True)  # so that ?name[]= finds the standard collectors too
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)

@@ -72,16 +72,16 @@ class Scrape:
                        grpc_method=method)
 
 
-def _get(address: str) -> str:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
+def _get(address: str, query: str = "") -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics{query}", timeout=5) as resp:
         assert resp.status == 200
         return str(resp.read().decode())
 
 
-async def scrape(address: str | None) -> Scrape:
+async def scrape(address: str | None, query: str = "") -> Scrape:
     """Scrape ``http://ADDRESS/metrics`` (off the event loop: the coordinator runs on it)."""
     assert address is not None
-    return Scrape(await asyncio.to_thread(_get, address))
+    return Scrape(await asyncio.to_thread(_get, address, query))
 
 
 @pytest.fixture
@@ -283,6 +283,9 @@ async def test_metrics_endpoint_format_and_stop(etcd: EmbeddedEtcd, prefix: str)
         assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info"} <= set(s.families)
         assert not [name for name, _ in s.samples if name.endswith("_created")]
         assert "grpc_server_started_created" not in s.text
+        # Prometheus's ?name[]= selection, of our metrics and of a standard collector's.
+        some = await scrape(coord.metrics_address, "?name[]=fencepost_grants_total&name[]=process_cpu_seconds_total")
+        assert {name for name, _ in some.samples} == {"fencepost_grants_total", "process_cpu_seconds_total"}
     finally:
         await coord.stop(grace=0)
     with pytest.raises(ConnectionRefusedError):
