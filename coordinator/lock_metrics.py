@@ -83,11 +83,13 @@ class LockMetrics:
                            ["reason"], registry=registry)
         self._refusals = {reason: refusals.labels(reason) for reason in REFUSAL_REASONS}
         self._refusals_by_name = refusals
-        self._waiting = Gauge("fencepost_waiting_acquires",
-                              "Acquire calls with a wait (wait_ms > 0 or wait_forever) in progress on this coordinator.",
-                              registry=registry)
+        self._waiting = Gauge(
+            "fencepost_waiting_acquires",
+            "Acquire calls with a wait (wait_ms > 0 or wait_forever) in progress on this coordinator.",
+            registry=registry)
         self._watched = Gauge("fencepost_watched_holds",
-                              "Holds that KeepAlive streams on this coordinator watch for their end.", registry=registry)
+                              "Holds that KeepAlive streams on this coordinator watch for their end.",
+                              registry=registry)
         self._keepalives = Counter("fencepost_keepalives_total",
                                    "Keepalives received on KeepAlive streams and forwarded to etcd.", registry=registry)
         seconds = Histogram("fencepost_etcd_request_seconds",
@@ -110,11 +112,11 @@ class LockMetrics:
         """A Release released a hold."""
         self._releases.inc()
 
-    def refused(self, reason: str | None) -> None:
+    def refused(self, reason: str) -> None:
         """A call was refused with ``reason``, an ErrorReason name or :data:`LOCK_HELD`."""
-        child = self._refusals.get(reason or "")
-        if child is None:  # not in the proto this was built with: still counted
-            child = self._refusals[str(reason)] = self._refusals_by_name.labels(str(reason))
+        child = self._refusals.get(reason)
+        if child is None:  # not one of REFUSAL_REASONS (none is today): still counted, never an error
+            child = self._refusals[reason] = self._refusals_by_name.labels(reason)
         child.inc()
 
     def waiting_acquires(self, delta: int) -> None:
@@ -163,7 +165,7 @@ class _NoMetrics(LockMetrics):
     def released(self) -> None:
         pass
 
-    def refused(self, reason: str | None) -> None:
+    def refused(self, reason: str) -> None:
         pass
 
     def waiting_acquires(self, delta: int) -> None:

@@ -20,7 +20,7 @@ from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Keys
 
-from .errors import shutting_down, to_status
+from .errors import reason_of, shutting_down, to_status
 from .lease import Leases
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
@@ -78,8 +78,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
 
     async def _refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError) -> None:
         """End the call with ``exc``'s status (this raises), counted in ``fencepost_refusals_total``."""
-        self._metrics.refused(exc.reason)
-        await context.abort_with_status(to_status(exc))
+        status = to_status(exc)
+        self._metrics.refused(reason_name(reason_of(exc)))
+        await context.abort_with_status(status)
 
     @_statuses
     async def LeaseGrant(self, request: lock_pb2.LeaseGrantRequest, context: grpc.aio.ServicerContext

@@ -398,6 +398,10 @@ async def test_health_watch_and_lock_watch_through_an_etcd_outage(tmp_path: Path
             await next_status(serving)
             await asyncio.to_thread(own_etcd.stop)
             await next_status(not_serving)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await lock_pb2_grpc.LockServiceStub(channel).LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5),
+                                                                        timeout=15)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             await asyncio.to_thread(own_etcd.start)
             await next_status(serving)
             await wait_for(lambda: any("lock watch running again" in r.getMessage() for r in caplog.records), 30,
@@ -415,6 +419,10 @@ async def test_health_watch_and_lock_watch_through_an_etcd_outage(tmp_path: Path
                         and ("failed" in r.getMessage() or "failing" in r.getMessage())]
             assert restarts and s.value("fencepost_watch_restarts_total") == len(restarts)
             assert s.value("fencepost_etcd_errors_total", operation="health", code="Unavailable")
+            assert s.handled("LeaseGrant") == {"Unavailable": 1}
+            assert s.by("fencepost_refusals_total", "reason") == {"ETCD_UNAVAILABLE": 1}
+            # A LeaseGrant is never re-sent: one etcd error.
+            assert s.value("fencepost_etcd_errors_total", operation="lease_grant", code="Unavailable") == 1
             watch.cancel()
 
             async def cancelled() -> bool:
