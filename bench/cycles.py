@@ -16,12 +16,20 @@ Runs in one process against one etcd (embedded, or --etcd-endpoints):
   serve`` in a child process, as deployed), over the generated grpc.aio stub,
   one session lease per client.
 - ``coordinator-client``: the same through fencepost.client.AsyncLockClient.
+- ``coordinator-stub-metrics``: ``coordinator-stub`` on a second coordinator
+  started with ``--metrics-listen`` (the gRPC metrics interceptor and the
+  ``fencepost_*`` metrics on): the cost of metrics is its ratio to
+  ``coordinator-stub``. Only run when asked for with ``--kind``.
 
 Each of N concurrent clients loops on its own lock name for --seconds. The
-figure of merit is the ratio to ``etcd-direct`` measured in the same run.
+figure of merit is the ratio to ``etcd-direct`` measured in the same run. For
+the coordinator kinds, the coordinator process's CPU time per cycle (user +
+system, from /proc) is printed too: steadier than cycles per second when the
+machine is saturated.
 
 Usage:
     python bench/cycles.py --clients 1 --clients 64 --seconds 5
+    python bench/cycles.py --kind coordinator-stub --kind coordinator-stub-metrics
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -68,21 +77,38 @@ async def run_clients(n: int, seconds: float, make: Callable[[int], Awaitable[tu
     return sum(counts) / elapsed
 
 
-async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, dict[str, float]]:
-    prefix = f"/bench/{uuid.uuid4().hex}/"
+def start_coordinator(endpoint: str, prefix: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """``fencepost serve`` in a child process on a free port: (the process, its address)."""
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
-         "--etcd-endpoints", endpoint, "--prefix", prefix, "--log-level", "WARNING"],
+         "--etcd-endpoints", endpoint, "--prefix", prefix, "--log-level", "WARNING", *extra],
         stdout=subprocess.PIPE, text=True,
     )
-    address = ""
     assert coordinator.stdout is not None
     for line in coordinator.stdout:
         if line.startswith("fencepost: listening on "):
-            address = line.split()[-1]
-            break
-    if not address:
-        raise RuntimeError("the coordinator did not start")
+            return coordinator, line.split()[-1]
+    raise RuntimeError("the coordinator did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: The kinds run when ``--kind`` is not given.
+DEFAULT_KINDS = ["etcd-direct", "etcd3aio-direct", "etcd3aio-lock", "coordinator-stub", "coordinator-client"]
+
+
+async def bench(endpoint: str, clients: list[int], seconds: float, only: list[str] | None = None
+                ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Cycles per second by client count and kind, and the coordinator's CPU microseconds per cycle."""
+    prefix = f"/bench/{uuid.uuid4().hex}/"
+    coordinator, address = start_coordinator(endpoint, prefix)
+    metered, metered_address = None, ""
+    if only and "coordinator-stub-metrics" in only:
+        metered, metered_address = start_coordinator(endpoint, prefix, "--metrics-listen", "127.0.0.1:0")
     etcd = Etcd3Client([endpoint])
     await etcd.connect()
     channel = grpc.aio.insecure_channel(f"dns:///{endpoint}")
@@ -142,11 +168,11 @@ async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, 
 
         return cycle, close
 
-    async def stub(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
-        channel = grpc.aio.insecure_channel(address)
+    async def stub(i: int, target: str = address, kind: str = "stub") -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        channel = grpc.aio.insecure_channel(target)
         s = lock_pb2_grpc.LockServiceStub(channel)
         lease = (await s.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
-        name = f"stub/{i}"
+        name = f"{kind}/{i}"
 
         async def cycle(_: int) -> None:
             r = await s.Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease, wait_forever=True))
@@ -172,18 +198,35 @@ async def bench(endpoint: str, clients: list[int], seconds: float) -> dict[str, 
 
         return cycle, close
 
+    async def stub_metrics(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        return await stub(i, metered_address, "stub-metrics")
+
     kinds = {"etcd-direct": direct, "etcd3aio-direct": direct_etcd3aio, "etcd3aio-lock": recipe,
-             "coordinator-stub": stub, "coordinator-client": client}
+             "coordinator-stub": stub, "coordinator-client": client, "coordinator-stub-metrics": stub_metrics}
+    # etcd-direct first: the baseline of every ratio.
+    chosen = ["etcd-direct", *(k for k in (only or DEFAULT_KINDS) if k != "etcd-direct")]
+    serving = {"coordinator-stub": coordinator, "coordinator-client": coordinator,
+               "coordinator-stub-metrics": metered}
+    cpu: dict[str, dict[str, float]] = {}
     for n in clients:
         row: dict[str, float] = {}
-        for kind, make in kinds.items():
-            row[kind] = await run_clients(n, seconds, make)
+        cpu[str(n)] = {}
+        for kind in chosen:
+            process = serving.get(kind)
+            before = cpu_seconds(process.pid) if process is not None else 0.0
+            started = time.perf_counter()
+            row[kind] = await run_clients(n, seconds, kinds[kind])
+            if process is not None:
+                cycles = row[kind] * (time.perf_counter() - started)
+                cpu[str(n)][kind] = (cpu_seconds(process.pid) - before) / cycles * 1e6
         results[str(n)] = row
     await etcd.close()
     await channel.close()
-    coordinator.terminate()
-    coordinator.wait(timeout=30)
-    return results
+    for process in (coordinator, metered):
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=30)
+    return results, cpu
 
 
 def main() -> None:
@@ -191,19 +234,26 @@ def main() -> None:
     parser.add_argument("--clients", type=int, action="append", help="concurrent clients (repeatable; default 1 and 64)")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default 5)")
     parser.add_argument("--etcd-endpoints", help="use this etcd instead of an embedded one")
+    parser.add_argument("--kind", action="append", choices=[*DEFAULT_KINDS, "coordinator-stub-metrics"],
+                        help="run only this kind (repeatable; etcd-direct, the baseline, always runs; default: "
+                             "all but coordinator-stub-metrics)")
     args = parser.parse_args()
     clients = args.clients or [1, 64]
     if args.etcd_endpoints:
-        results = asyncio.run(bench(args.etcd_endpoints, clients, args.seconds))
+        results, cpu = asyncio.run(bench(args.etcd_endpoints, clients, args.seconds, args.kind))
     else:
         with tempfile.TemporaryDirectory() as tmp, EmbeddedEtcd(tmp) as etcd:
-            results = asyncio.run(bench(etcd.endpoint, clients, args.seconds))
-    print(f"{'clients':>7} {'kind':<20} {'cycles/s':>10} {'vs etcd-direct':>15} {'vs etcd3aio-direct':>18}")
+            results, cpu = asyncio.run(bench(etcd.endpoint, clients, args.seconds, args.kind))
+    print(f"{'clients':>7} {'kind':<24} {'cycles/s':>10} {'vs etcd-direct':>15} {'vs etcd3aio-direct':>18} "
+          f"{'coordinator CPU us/cycle':>24}")
     for n, row in results.items():
-        base, old_base = row["etcd-direct"], row["etcd3aio-direct"]
+        base, old_base = row["etcd-direct"], row.get("etcd3aio-direct")
         for kind, rate in row.items():
-            print(f"{n:>7} {kind:<20} {rate:>10.1f} {rate / base:>15.2f} {rate / old_base:>18.2f}")
+            old = f"{rate / old_base:>18.2f}" if old_base else f"{'':>18}"
+            used = f"{cpu[n][kind]:>24.0f}" if kind in cpu[n] else ""
+            print(f"{n:>7} {kind:<24} {rate:>10.1f} {rate / base:>15.2f} {old} {used}".rstrip())
     print(json.dumps(results))
+    print(json.dumps({"coordinator_cpu_us_per_cycle": cpu}))
 
 
 if __name__ == "__main__":

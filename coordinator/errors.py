@@ -27,7 +27,7 @@ from fencepost.client.errors import FencepostError, InvalidArgument, NotHolder, 
 from fencepost.client.v1 import details
 from fencepost.client.v1.details import ErrorReason, reason_name
 
-__all__ = ["EtcdRefused", "etcd_refused", "etcd_unavailable", "shutting_down", "to_status"]
+__all__ = ["EtcdRefused", "etcd_refused", "etcd_unavailable", "reason_of", "shutting_down", "to_status"]
 
 
 class EtcdRefused(Unavailable):
@@ -39,6 +39,19 @@ class EtcdRefused(Unavailable):
     """
 
 
+def reason_of(exc: FencepostError) -> int:
+    """The ErrorReason that reports ``exc``: its ``.reason``, or ETCD_UNAVAILABLE for an Unavailable without one.
+
+    Raises:
+        ValueError: ``exc`` has no ErrorReason name and is not an Unavailable.
+    """
+    if exc.reason in ErrorReason.keys():
+        return ErrorReason.Value(exc.reason)  # type: ignore[arg-type]
+    if isinstance(exc, Unavailable):
+        return ErrorReason.ETCD_UNAVAILABLE
+    raise ValueError(f"{type(exc).__name__} has no ErrorReason to send: {exc.reason!r}")
+
+
 def to_status(exc: FencepostError) -> grpc.Status:
     """The gRPC status (code, message, ErrorInfo, RetryInfo) that reports ``exc`` to the caller.
 
@@ -48,13 +61,11 @@ def to_status(exc: FencepostError) -> grpc.Status:
 
     Returns:
         The status for ``context.abort_with_status``.
+
+    Raises:
+        ValueError: see :func:`reason_of`.
     """
-    if exc.reason in ErrorReason.keys():
-        reason = ErrorReason.Value(exc.reason)  # type: ignore[arg-type]
-    elif isinstance(exc, Unavailable):
-        reason = ErrorReason.ETCD_UNAVAILABLE
-    else:
-        raise ValueError(f"{type(exc).__name__} has no ErrorReason to send: {exc.reason!r}")
+    reason = reason_of(exc)
     metadata: dict[str, str] = {}
     if exc.name is not None:
         metadata[details.NAME] = exc.name

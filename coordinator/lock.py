@@ -39,6 +39,7 @@ from fencepost.client.v1.keys import Hold, Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .etcd import NOT_APPLIED, EtcdClient, TxnPlan
+from .lock_metrics import NO_METRICS, LockMetrics
 from .validate import validate_lease_id, validate_name, validate_token
 from .watch import DeleteWatcher
 
@@ -116,10 +117,13 @@ class LockManager:
         keys: the key layout.
         watcher: the running deletion watcher for the same prefix.
         max_waiters: most Acquire calls that may wait at once on this coordinator.
+        metrics: follows the number of those (``fencepost_waiting_acquires``).
     """
 
-    def __init__(self, etcd: EtcdClient, keys: Keys, watcher: DeleteWatcher, *, max_waiters: int = 10_000) -> None:
+    def __init__(self, etcd: EtcdClient, keys: Keys, watcher: DeleteWatcher, *, max_waiters: int = 10_000,
+                 metrics: LockMetrics = NO_METRICS) -> None:
         self._etcd = etcd
+        self._metrics = metrics
         self._keys = keys
         self._watcher = watcher
         self._max_waiters = max_waiters
@@ -155,10 +159,12 @@ class LockManager:
             raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
                                     reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
         self._waiting += 1
+        self._metrics.waiting_acquires(+1)
         try:
             return await self._acquire_waiting(name, lease_id, wait)
         finally:
             self._waiting -= 1
+            self._metrics.waiting_acquires(-1)
 
     async def _try_once(self, name: str, lease_id: int) -> AcquireResult:
         key = self._keys.contender(name, lease_id)

@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds in-flight calls may take at shutdown (env FENCEPOST_GRACE_SECONDS; default 5)")
     parser.add_argument("--log-level", default=_env("log-level", "INFO"),
                         help="logging level (env FENCEPOST_LOG_LEVEL; default INFO)")
+    parser.add_argument("--metrics-listen", default=_env("metrics-listen", None),
+                        help="HOST:PORT to serve Prometheus metrics on, over HTTP at /metrics; port 0 picks one "
+                             "(env FENCEPOST_METRICS_LISTEN; default: no metrics)")
     return parser
 
 
@@ -209,6 +212,23 @@ def _read_password(path: str) -> str:
     return text
 
 
+def _check_metrics_listen(metrics_listen: str | None) -> None:
+    """Check ``--metrics-listen`` (None: no metrics).
+
+    Raises:
+        _BadFlag: not HOST:PORT with a port 0 to 65535.
+    """
+    if metrics_listen is None:
+        return
+    try:
+        if metrics_listen.startswith("unix:"):
+            raise ValueError("metrics are served over HTTP on TCP only")
+        check_listen(metrics_listen)
+    except ValueError:
+        raise _BadFlag(f"--metrics-listen is {metrics_listen!r}; must be HOST:PORT with a port 0 to 65535 (e.g. "
+                       f"127.0.0.1:7422, 0.0.0.0:7422, [::1]:7422; port 0 picks a free one)") from None
+
+
 def _settings(args: argparse.Namespace) -> _Settings:
     """Check the flags.
 
@@ -293,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = _settings(args)
+        _check_metrics_listen(args.metrics_listen)
     except _BadFlag as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -367,7 +388,8 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
     try:
         coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
                                   etcd_tls=tls, etcd_auth=auth, tls=settings.tls,
-                                  health_listen=settings.health_listen)
+                                  health_listen=settings.health_listen,
+                                  metrics_listen=args.metrics_listen)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -392,6 +414,8 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
         print(f"fencepost: health (grpc.health.v1 only, plaintext) on {coordinator.health_address}", flush=True)
     # The last word of this line is the address (tests and bench/cycles.py read it).
     print(f"fencepost: listening on {coordinator.address}", flush=True)
+    if coordinator.metrics_address is not None:
+        print(f"fencepost: metrics on http://{coordinator.metrics_address}/metrics", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

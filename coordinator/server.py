@@ -27,13 +27,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fencepost.client.errors import FencepostError
-from fencepost.client.v1 import lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.keys import Keys
 
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .lease import Leases
 from .listen import UnixSocketClaim, check_listen, same_address, unix_socket_path
 from .lock import LockManager
+from .lock_metrics import NO_METRICS
+from .metrics_server import MetricsEndpoint
 from .service import LockService
 from .tls import ServerCertificates, ServerTls
 from .watch import DeleteWatcher
@@ -94,11 +96,14 @@ class Coordinator:
         health_listen: a second address (same forms as ``listen``) served in
             plaintext with only the ``grpc.health.v1`` service, reporting the
             same status as ``listen``; None for none.
+        metrics_listen: ``HOST:PORT`` to serve Prometheus metrics on, over
+            HTTP at ``/metrics`` (see :mod:`.metrics_server`); None for no
+            metrics (no interceptor, nothing counted).
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
             ``etcd_tls``; ``listen`` or ``health_listen`` not one of the forms
-            above, or both the same.
+            above, or both the same; ``metrics_listen`` not ``HOST:PORT``.
         TlsFileError: (a ValueError) a file of ``tls`` cannot be used; the
             message names it.
     """
@@ -107,7 +112,7 @@ class Coordinator:
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
                  etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
-                 health_listen: str | None = None) -> None:
+                 health_listen: str | None = None, metrics_listen: str | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -115,6 +120,8 @@ class Coordinator:
             if same_address(listen, health_listen):
                 raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
         self._health_listen = health_listen
+        # Metrics (--metrics-listen), off by default: see .metrics_server.
+        self._metrics = MetricsEndpoint(check_listen(metrics_listen)) if metrics_listen is not None else None
         self._certificates = ServerCertificates(tls) if tls is not None else None
         self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
@@ -178,6 +185,11 @@ class Coordinator:
             raise RuntimeError("the coordinator serves without TLS: no files to reload")
         return self._certificates.reload()
 
+    @property
+    def metrics_address(self) -> str | None:
+        """``HOST:PORT`` of the ``/metrics`` endpoint (after ``start()``); None without ``metrics_listen``."""
+        return self._metrics.address if self._metrics is not None else None
+
     async def start(self) -> int:
         """Connect to etcd, bind and start serving.
 
@@ -188,28 +200,36 @@ class Coordinator:
             The bound TCP port; 0 for a Unix socket.
 
         Raises:
-            RuntimeError: the address could not be bound (for a Unix socket:
-                its directory is missing, another coordinator or process serves
-                on it, or the path is not a socket), or etcd refused the
-                coordinator's credentials.
+            RuntimeError: the address (or the metrics address, bound first)
+                could not be bound (for a Unix socket: its directory is missing,
+                another coordinator or process serves on it, or the path is not
+                a socket), or etcd refused the coordinator's credentials.
         """
-        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth)
+        if self._metrics is not None:
+            self._metrics.start()
+        counted = self._metrics.locks if self._metrics is not None else NO_METRICS
+        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth, metrics=counted)
         try:
             await self._etcd.connect()
         except FencepostError as exc:
             raise RuntimeError(exc.message) from exc
-        self._watcher = DeleteWatcher(self._etcd, self._keys)
+        self._watcher = DeleteWatcher(self._etcd, self._keys, metrics=counted)
         leases = Leases(self._etcd)
-        locks = LockManager(self._etcd, self._keys, self._watcher)
-        self._service = LockService(leases, locks, self._watcher, self._keys)
-        server = grpc.aio.server(options=self._server_options)
+        locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted)
+        self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted)
+        server = grpc.aio.server(options=self._server_options,
+                                 interceptors=[self._metrics.grpc] if self._metrics is not None else None)
         lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        if self._metrics is not None:
+            self._metrics.grpc.initialize([lock_pb2.DESCRIPTOR.services_by_name["LockService"],
+                                           health_pb2.DESCRIPTOR.services_by_name["Health"]])
         credentials = self._certificates.credentials() if self._certificates is not None else None
         self.port = self._bind(server, self._listen, credentials)
         health_server = None
         if self._health_listen is not None:
-            health_server = grpc.aio.server(options=self._server_options)
+            health_server = grpc.aio.server(options=self._server_options,
+                                            interceptors=[self._metrics.grpc] if self._metrics is not None else None)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
             self.health_port = self._bind(health_server, self._health_listen)
         await self._set_health(False)
@@ -270,6 +290,8 @@ class Coordinator:
         for claim in self._claims:  # after the server stopped: gRPC has removed the socket files
             claim.release()
         self._claims.clear()
+        if self._metrics is not None:
+            await self._metrics.stop()
 
     async def wait_closed(self) -> None:
         """Wait until the server has stopped."""

@@ -21,6 +21,7 @@ from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .lease import Leases
 from .lock import LockManager
+from .lock_metrics import NO_METRICS, LockMetrics
 from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
@@ -34,11 +35,13 @@ class KeepAliveStream:
         locks: re-reads a hold when the deletion watcher cannot tell.
         watcher: the shared deletion watcher.
         keys_for: maps (name, lease id) to the contender key.
+        metrics: counts keepalives and follows the holds watched (``fencepost_watched_holds``).
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
-                 keys_for: Callable[[str, int], bytes]) -> None:
+                 keys_for: Callable[[str, int], bytes], *, metrics: LockMetrics = NO_METRICS) -> None:
         self._leases = leases
+        self._metrics = metrics
         self._locks = locks
         self._watcher = watcher
         self._keys_for = keys_for
@@ -77,6 +80,7 @@ class KeepAliveStream:
         """Drop every hold watch and cancel pending forwards."""
         for unsubscribe in self._holds.values():
             unsubscribe()
+        self._metrics.watched_holds(-len(self._holds))
         self._holds.clear()
         for task in self._tasks:
             task.cancel()
@@ -85,6 +89,7 @@ class KeepAliveStream:
         async for request in requests:
             kind = request.WhichOneof("request")
             if kind == "keepalive":
+                self._metrics.keepalive()
                 self._spawn(self._forward(request.keepalive.lease_id, request.keepalive.request_id))
             elif kind == "watch":
                 w = request.watch
@@ -93,6 +98,7 @@ class KeepAliveStream:
                 w = request.unwatch
                 unsubscribe = self._holds.pop(Hold(w.name, w.lease_id, w.token), None)
                 if unsubscribe is not None:
+                    self._metrics.watched_holds(-1)
                     unsubscribe()
 
     def _spawn(self, step: object) -> None:
@@ -125,6 +131,7 @@ class KeepAliveStream:
                 self._ended(hold, ErrorReason.NOT_HOLDER)
 
         self._holds[hold] = self._watcher.subscribe(key, on_delete)
+        self._metrics.watched_holds(+1)
         known = self._watcher.deleted_after(key, token)
         if known:
             self._ended(hold, ErrorReason.NOT_HOLDER)
@@ -146,6 +153,7 @@ class KeepAliveStream:
         unsubscribe = self._holds.pop(hold, None)
         if unsubscribe is None:
             return  # already reported once
+        self._metrics.watched_holds(-1)
         unsubscribe()
         self._out.put_nowait(lock_pb2.KeepAliveResponse(
             hold_ended=lock_pb2.HoldEnded(name=hold.name, lease_id=hold.lease_id, token=hold.token, reason=reason)))

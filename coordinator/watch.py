@@ -30,6 +30,7 @@ from fencepost.client.v1.keys import Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .errors import EtcdRefused
+from .lock_metrics import NO_METRICS, LockMetrics
 
 _log = logging.getLogger(__name__)
 
@@ -67,10 +68,13 @@ class DeleteWatcher:
         etcd: the etcd layer (its ``range`` and ``watch_deletes``).
         keys: the key layout (its prefix is watched).
         window: how many recent deletions to remember for ``deleted_after``.
+        metrics: counts the watch's restarts (``fencepost_watch_restarts_total``).
     """
 
-    def __init__(self, etcd: DeleteSource, keys: Keys, *, window: int = 100_000) -> None:
+    def __init__(self, etcd: DeleteSource, keys: Keys, *, window: int = 100_000,
+                 metrics: LockMetrics = NO_METRICS) -> None:
         self._etcd = etcd
+        self._metrics = metrics
         self._keys = keys
         self._window = window
         self._subs: dict[bytes, set[DeleteCallback]] = collections.defaultdict(set)
@@ -177,10 +181,12 @@ class DeleteWatcher:
                         for key, revision in deletions:
                             self._on_delete(key, revision)
                 self._mark_unknown()  # the watch ended (compaction): deletions may be missed until it restarts
+                self._metrics.watch_restarted()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # etcd down: retry; subscribers re-read
                 delay = next(delays)
+                self._metrics.watch_restarted()
                 self._outage.failed(exc, delay)
                 self._mark_unknown()
                 await asyncio.sleep(delay)

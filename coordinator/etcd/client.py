@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -26,6 +27,7 @@ from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
 from fencepost.client.v1.retry import ETCD_BACKOFF, Backoff
 
 from ..errors import etcd_unavailable
+from ..lock_metrics import NO_METRICS, LockMetrics
 from .keepalive import KeepAlives
 from .members import EtcdAuth, EtcdTls, Members
 from .policy import RULES, UNKNOWN_OUTCOME, Failure, Op, Rule, classify, error_for
@@ -103,6 +105,8 @@ class EtcdClient:
         stubs: Makes the stubs of one channel (fakes in unit tests).
         rules: The retry rule of each operation.
         backoff: The delays between attempts.
+        metrics: Records each request's time and failures
+            (``fencepost_etcd_request_seconds``, ``fencepost_etcd_errors_total``).
 
     Raises:
         ValueError: bad endpoints or TLS settings.
@@ -110,7 +114,7 @@ class EtcdClient:
 
     def __init__(self, endpoints: Sequence[str], *, tls: EtcdTls | None = None, auth: EtcdAuth | None = None,
                  stubs: Callable[[grpc.aio.Channel], Stubs] = Stubs.on, rules: dict[Op, Rule] | None = None,
-                 backoff: Backoff = ETCD_BACKOFF) -> None:
+                 backoff: Backoff = ETCD_BACKOFF, metrics: LockMetrics = NO_METRICS) -> None:
         self.members = Members(endpoints, tls=tls)
         self._stubs = [stubs(self.members.channel(i)) for i in range(len(self.members))]
         self._auth = auth
@@ -121,7 +125,8 @@ class EtcdClient:
         #: Why etcd last refused the coordinator (credentials, permissions), None once it accepts them.
         self.refusal: str | None = None
         self._auth_lock = asyncio.Lock()
-        self._keepalives = KeepAlives(self._open_keepalive, self._stream_broken)
+        self._metrics = metrics
+        self._keepalives = KeepAlives(self._open_keepalive, self._stream_broken, metrics)
 
     @property
     def user(self) -> str | None:
@@ -310,6 +315,7 @@ class EtcdClient:
                 if deletes or resp.created:
                     yield deletes
         except grpc.aio.AioRpcError as exc:
+            self._metrics.etcd_failed("watch", exc.code())
             failure = classify(exc)
             self._failed(index, failure, self._token)
             raise error_for(failure, exc, Op.WATCH, user=self.user) from exc
@@ -362,12 +368,15 @@ class EtcdClient:
                 await self._ensure_token()
             token = None if anonymous else self._token
             index, stubs = self._current()
+            sent = time.perf_counter()
             try:
                 resp = await method(stubs)(request, timeout=rule.timeout, metadata=self._metadata(token))
+                self._metrics.etcd_request(op.name.lower(), time.perf_counter() - sent)
                 if self.refusal is not None and not anonymous:
                     self.refusal = None  # etcd accepts the coordinator again
                 return resp
             except grpc.aio.AioRpcError as exc:
+                self._metrics.etcd_request(op.name.lower(), time.perf_counter() - sent, exc.code())
                 failure, last = classify(exc), exc
                 self._failed(index, failure, token)
             if failure in rule.read_back and read_back is not None:

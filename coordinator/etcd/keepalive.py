@@ -20,6 +20,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -27,6 +28,7 @@ import grpc
 from fencepost.client.errors import FencepostError
 from fencepost.client.v1.etcd import rpc_pb2
 
+from ..lock_metrics import NO_METRICS, LockMetrics
 from .policy import RULES, Failure, Op, classify, error_for
 
 __all__ = ["BrokenHandler", "KeepAlives", "StreamOpener"]
@@ -60,11 +62,15 @@ class KeepAlives:
         on_broken: Called with a member's index and the failure when its
             stream went silent or broke, so that the next stream goes to
             another member (or carries a new auth token).
+        metrics: Records each keepalive's time to its answer, and those
+            unanswered (operation ``keepalive``).
     """
 
-    def __init__(self, open_stream: StreamOpener, on_broken: BrokenHandler) -> None:
+    def __init__(self, open_stream: StreamOpener, on_broken: BrokenHandler,
+                 metrics: LockMetrics = NO_METRICS) -> None:
         self._open = open_stream
         self._on_broken = on_broken
+        self._metrics = metrics
         self._rule = RULES[Op.KEEPALIVE]
         self._outbox: asyncio.Queue[rpc_pb2.LeaseKeepAliveRequest] | None = None
         # Answers awaited on the current stream, by lease id, oldest first.
@@ -87,13 +93,18 @@ class KeepAlives:
             answer.add_done_callback(_retrieve)
             pending[lease_id].append(answer)
             outbox.put_nowait(rpc_pb2.LeaseKeepAliveRequest(ID=lease_id))
+            sent = time.perf_counter()
             try:
-                return await asyncio.wait_for(asyncio.shield(answer), self._rule.timeout)
+                ttl = await asyncio.wait_for(asyncio.shield(answer), self._rule.timeout)
+                self._metrics.etcd_request("keepalive", time.perf_counter() - sent)
+                return ttl
             except TimeoutError:
                 # The stream's member is stuck: replace the stream, retry on the next member.
+                self._metrics.etcd_request("keepalive", time.perf_counter() - sent, grpc.StatusCode.DEADLINE_EXCEEDED)
                 last = _StreamBroke(Failure.TIMEOUT, None)
                 self._restart(task)
             except _StreamBroke as exc:  # the stream broke under the answer: retry on a new one
+                self._metrics.etcd_request("keepalive", time.perf_counter() - sent, _code(exc))
                 last = exc
                 if exc.failure not in self._rule.resend:
                     break
@@ -157,6 +168,15 @@ class KeepAlives:
                     if not answer.done():
                         answer.set_exception(broke)
             pending.clear()
+
+
+def _code(broke: _StreamBroke) -> grpc.StatusCode:
+    """The gRPC code a broken stream ended with; DEADLINE_EXCEEDED when it was replaced for going silent."""
+    if isinstance(broke.exc, grpc.aio.AioRpcError):
+        return broke.exc.code()
+    if broke.failure is Failure.AUTH_FAILED:
+        return grpc.StatusCode.UNAUTHENTICATED
+    return grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 def _retrieve(answer: asyncio.Future[int]) -> None:

@@ -1,0 +1,435 @@
+"""The coordinator's /metrics: a real etcd, a real coordinator, a real HTTP scrape.
+
+Each scrape goes through ``urllib`` and ``prometheus_client.parser``; the
+workloads are small enough that every count is known exactly. A call's end
+is recorded once grpc.aio has sent its status (an abort sends it, then
+raises), so the tests wait for the recorded total before comparing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.coordinator import serve
+from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.lock_metrics import REFUSAL_REASONS
+from fencepost.coordinator.metrics import GO_CODE_NAMES, GO_DEFAULT_BUCKETS
+from fencepost.coordinator.server import Coordinator
+
+from .conftest import LISTENING, ChildProcess, child_env, wait_for
+
+LOCKS = "fencepost.v1.LockService"
+HEALTH = "grpc.health.v1.Health"
+METRICS_LINE = r"fencepost: metrics on http://(\S+)/metrics"
+
+
+class Scrape:
+    """One scrape of ``/metrics``: its families, and each sample by (name, labels)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.families = {f.name: f for f in text_string_to_metric_families(text)}
+        self.samples = {(s.name, frozenset(s.labels.items())): s.value
+                        for f in self.families.values() for s in f.samples}
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """The value of the sample ``name`` with exactly ``labels``; None when there is none."""
+        return self.samples.get((name, frozenset(labels.items())))
+
+    def by(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        """The non-zero samples ``name`` that have ``labels``, by the value of ``label``."""
+        out = {}
+        for (sample, sample_labels), value in self.samples.items():
+            found = dict(sample_labels)
+            if sample == name and value and all(found.get(k) == v for k, v in labels.items()):
+                out[found[label]] = value
+        return out
+
+    def call(self, metric: str, method: str, kind: str = "unary", service: str = LOCKS) -> float | None:
+        """A gRPC server counter of one method (started, msg_received, msg_sent, or the handling count)."""
+        return self.value(metric, grpc_type=kind, grpc_service=service, grpc_method=method)
+
+    def handled(self, method: str, kind: str = "unary", service: str = LOCKS) -> dict[str, float]:
+        """The non-zero ``grpc_server_handled_total`` of one method, by ``grpc_code``."""
+        return self.by("grpc_server_handled_total", "grpc_code", grpc_type=kind, grpc_service=service,
+                       grpc_method=method)
+
+
+def _get(address: str, query: str = "") -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics{query}", timeout=5) as resp:
+        assert resp.status == 200
+        return str(resp.read().decode())
+
+
+async def scrape(address: str | None, query: str = "") -> Scrape:
+    """Scrape ``http://ADDRESS/metrics`` (off the event loop: the coordinator runs on it)."""
+    assert address is not None
+    return Scrape(await asyncio.to_thread(_get, address, query))
+
+
+@pytest.fixture
+async def metered(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[Coordinator]:
+    """A coordinator with ``metrics_listen="127.0.0.1:0"`` over the test's prefix."""
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0")
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        yield coord
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+class Workload:
+    """Calls through the generated stub, tallying what each should be counted as."""
+
+    def __init__(self, coordinator: Coordinator, channel: grpc.aio.Channel) -> None:
+        self.coordinator = coordinator
+        self.stub = lock_pb2_grpc.LockServiceStub(channel)
+        self.channel = channel
+        self.handled: collections.Counter[tuple[str, str]] = collections.Counter()  # (method, grpc_code)
+
+    async def call(self, method: str, request: Any, code: grpc.StatusCode = grpc.StatusCode.OK,
+                   **kwargs: Any) -> Any:
+        """Make a unary call that must end with ``code``; return its response (None when it failed)."""
+        self.handled[method, GO_CODE_NAMES[code]] += 1
+        try:
+            response = await getattr(self.stub, method)(request, **kwargs)
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == code, (method, exc.code(), exc.details())
+            return None
+        assert code == grpc.StatusCode.OK, (method, "succeeded, expected", code)
+        return response
+
+    async def counted(self, method: str, code: str, n: int) -> None:
+        """Wait until the coordinator has counted ``n`` calls of ``method`` ended with ``code``."""
+        async def done() -> bool:
+            return (await scrape(self.coordinator.metrics_address)).handled(method).get(code, 0) == n
+
+        await wait_for(done, 10, 0.02, f"{n} {method} calls counted {code}")
+
+    async def waiting_acquires(self, n: int) -> None:
+        """Wait until the coordinator counts ``n`` Acquire calls waiting."""
+        async def done() -> bool:
+            return (await scrape(self.coordinator.metrics_address)).value("fencepost_waiting_acquires") == n
+
+        await wait_for(done, 10, 0.02, f"{n} waiting acquires")
+
+
+async def test_metrics_of_a_known_workload(metered: Coordinator) -> None:
+    """Grants, releases, every refusal, a waited grant, a client deadline, a cancelled call, an aborted
+    KeepAlive stream and an etcd error, each counted exactly, gRPC and fencepost metrics alike."""
+    async with grpc.aio.insecure_channel(metered.address) as channel:
+        w = Workload(metered, channel)
+        a = (await w.call("LeaseGrant", lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
+        b = (await w.call("LeaseGrant", lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
+        txns = 0  # etcd Txns the workload makes (a read of several keys is a Txn too, but counted as "range")
+
+        for _ in range(3):  # immediate grants
+            got = await w.call("Acquire", lock_pb2.AcquireRequest(name="n", lease_id=a, wait_ms=0))
+            assert got.acquired
+            await w.call("Release", lock_pb2.ReleaseRequest(name="n", lease_id=a, token=got.token))
+            txns += 2
+
+        held = await w.call("Acquire", lock_pb2.AcquireRequest(name="h", lease_id=b, wait_ms=0))
+        refused = await w.call("Acquire", lock_pb2.AcquireRequest(name="h", lease_id=a, wait_ms=0))
+        assert held.acquired and not refused.acquired  # LOCK_HELD
+        await w.call("Acquire", lock_pb2.AcquireRequest(name="h", lease_id=a, wait_ms=100),
+                     grpc.StatusCode.DEADLINE_EXCEEDED)  # ACQUIRE_TIMEOUT: queued, then withdrawn
+        txns += 2 + 2
+
+        waited = asyncio.ensure_future(w.call("Acquire", lock_pb2.AcquireRequest(name="h", lease_id=a,
+                                                                                 wait_forever=True)))
+        await w.waiting_acquires(1)
+        await w.call("Release", lock_pb2.ReleaseRequest(name="h", lease_id=b, token=held.token))
+        assert (await waited).acquired
+        txns += 1 + 1
+
+        # The client's own deadline: the coordinator's handler is cancelled and withdraws the waiter.
+        await w.call("Acquire", lock_pb2.AcquireRequest(name="h", lease_id=b, wait_forever=True),
+                     grpc.StatusCode.DEADLINE_EXCEEDED, timeout=0.5)
+        await w.counted("Acquire", "DeadlineExceeded", 2)
+        await w.waiting_acquires(0)
+        # A call the client cancels while it waits.
+        w.handled["Acquire", "Canceled"] += 1
+        cancelled = w.stub.Acquire(lock_pb2.AcquireRequest(name="h", lease_id=b, wait_forever=True))
+        await w.waiting_acquires(1)
+        cancelled.cancel()
+        await w.counted("Acquire", "Canceled", 1)
+        await w.call("Release", lock_pb2.ReleaseRequest(name="h", lease_id=a, token=(await waited).token))
+        txns += 2 + 2 + 1
+
+        first = await w.call("Acquire", lock_pb2.AcquireRequest(name="s", lease_id=a, wait_ms=0))
+        await w.call("Release", lock_pb2.ReleaseRequest(name="s", lease_id=a, token=first.token))
+        second = await w.call("Acquire", lock_pb2.AcquireRequest(name="s", lease_id=a, wait_ms=0))
+        await w.call("Release", lock_pb2.ReleaseRequest(name="s", lease_id=a, token=first.token),
+                     grpc.StatusCode.FAILED_PRECONDITION)  # STALE_TOKEN
+        await w.call("Release", lock_pb2.ReleaseRequest(name="s", lease_id=a, token=second.token))
+        await w.call("Release", lock_pb2.ReleaseRequest(name="never", lease_id=a, token=second.token),
+                     grpc.StatusCode.FAILED_PRECONDITION)  # NOT_HOLDER
+        await w.call("Acquire", lock_pb2.AcquireRequest(name="", lease_id=a, wait_ms=0),
+                     grpc.StatusCode.INVALID_ARGUMENT)  # INVALID_FIELD, before etcd
+        txns += 6
+
+        # A KeepAlive stream: a keepalive and a watch, then a message that is not a KeepAliveRequest.
+        kept = await w.call("Acquire", lock_pb2.AcquireRequest(name="k", lease_id=a, wait_ms=0))
+        stream = channel.stream_stream(f"/{LOCKS}/KeepAlive",
+                                       response_deserializer=lock_pb2.KeepAliveResponse.FromString)()
+        await stream.write(lock_pb2.KeepAliveRequest(
+            keepalive=lock_pb2.LeaseKeepAlive(lease_id=a, request_id=7)).SerializeToString())
+        await stream.write(lock_pb2.KeepAliveRequest(
+            watch=lock_pb2.WatchHold(name="k", lease_id=a, token=kept.token)).SerializeToString())
+        ack = await stream.read()
+        assert ack.keepalive.request_id == 7 and ack.keepalive.ttl_seconds > 0
+
+        async def watched(n: int) -> bool:
+            return (await scrape(metered.metrics_address)).value("fencepost_watched_holds") == n
+
+        await wait_for(lambda: watched(1), 10, 0.02, "one watched hold")
+        await stream.write(b"\xff\xff")  # wire type 7: protobuf cannot parse it
+        assert await stream.code() == grpc.StatusCode.UNKNOWN
+        await wait_for(lambda: watched(0), 10, 0.02, "no watched hold once the stream ended")
+        await w.call("Release", lock_pb2.ReleaseRequest(name="k", lease_id=a, token=kept.token))
+        txns += 2
+
+        unknown = await w.call("LeaseRevoke", lock_pb2.LeaseRevokeRequest(lease_id=0x7E57_0000_0000_0001))
+        assert not unknown.found  # etcd answered NOT_FOUND: an etcd error, not a refusal
+        await w.call("LeaseRevoke", lock_pb2.LeaseRevokeRequest(lease_id=a))
+        await w.call("LeaseRevoke", lock_pb2.LeaseRevokeRequest(lease_id=b))
+
+    async def all_counted() -> bool:
+        s = await scrape(metered.metrics_address)
+        return sum(value for (name, labels), value in s.samples.items() if name == "grpc_server_handled_total"
+                   and ("grpc_service", LOCKS) in labels) == sum(w.handled.values()) + 1  # + the KeepAlive stream
+
+    await wait_for(all_counted, 10, 0.02, "every call counted")
+    s = await scrape(metered.metrics_address)
+
+    # gRPC server metrics, method by method.
+    for method in ("LeaseGrant", "LeaseRevoke", "Acquire", "Release", "Describe"):
+        want = {code: float(n) for (m, code), n in w.handled.items() if m == method}
+        calls = sum(want.values())
+        assert s.handled(method) == want, method
+        assert s.call("grpc_server_started_total", method) == calls, method
+        assert s.call("grpc_server_msg_received_total", method) == calls, method
+        assert s.call("grpc_server_msg_sent_total", method) == want.get("OK", 0), method
+        assert s.call("grpc_server_handling_seconds_count", method) == calls, method
+    assert s.handled("Acquire") == {"OK": 9, "DeadlineExceeded": 2, "Canceled": 1, "InvalidArgument": 1}
+    assert s.handled("KeepAlive", "bidi_stream") == {"Unknown": 1}
+    assert [s.call(f"grpc_server_{m}", "KeepAlive", "bidi_stream")
+            for m in ("started_total", "msg_received_total", "msg_sent_total")] == [1, 2, 1]
+    assert s.value("grpc_server_handled_total", grpc_type="unary", grpc_service=HEALTH, grpc_method="Check",
+                   grpc_code="DataLoss") == 0  # every series of every method exists from the start
+
+    # fencepost metrics.
+    assert s.value("fencepost_grants_total") == 8
+    assert s.value("fencepost_acquire_wait_seconds_count") == 8
+    assert s.value("fencepost_acquire_wait_seconds_bucket", le="+Inf") == 8
+    assert s.value("fencepost_releases_total") == 8
+    assert s.by("fencepost_refusals_total", "reason") == {
+        "LOCK_HELD": 1, "ACQUIRE_TIMEOUT": 1, "STALE_TOKEN": 1, "NOT_HOLDER": 1, "INVALID_FIELD": 1}
+    assert {r for (name, labels) in s.samples if name == "fencepost_refusals_total"
+            for k, r in labels} == set(REFUSAL_REASONS)
+    assert s.value("fencepost_waiting_acquires") == 0
+    assert s.value("fencepost_watched_holds") == 0
+    assert s.value("fencepost_keepalives_total") == 1
+    assert s.value("fencepost_etcd_request_seconds_count", operation="txn") == txns
+    assert s.value("fencepost_etcd_request_seconds_count", operation="lease_grant") == 2
+    assert s.value("fencepost_etcd_request_seconds_count", operation="lease_revoke") == 3
+    assert s.value("fencepost_etcd_request_seconds_count", operation="keepalive") == 1
+    assert s.by("fencepost_etcd_errors_total", "code") == {"NotFound": 1}
+    assert s.value("fencepost_etcd_errors_total", operation="lease_revoke", code="NotFound") == 1
+    assert s.value("fencepost_watch_restarts_total") == 0
+
+
+async def test_metrics_endpoint_format_and_stop(etcd: EmbeddedEtcd, prefix: str) -> None:
+    """go-grpc-prometheus's help texts and buckets, the process and platform collectors, no ``_created``
+    series; ``stop()`` closes the port."""
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0")
+    await coord.start()
+    try:
+        assert coord.metrics_address is not None
+        port = int(coord.metrics_address.rsplit(":", 1)[1])
+        s = await scrape(coord.metrics_address)
+        helps = {name: s.families[name].documentation for name in (
+            "grpc_server_started", "grpc_server_handled", "grpc_server_msg_received", "grpc_server_msg_sent",
+            "grpc_server_handling_seconds")}
+        assert helps == {
+            "grpc_server_started": "Total number of RPCs started on the server.",
+            "grpc_server_handled": "Total number of RPCs completed on the server, regardless of success or failure.",
+            "grpc_server_msg_received": "Total number of RPC stream messages received on the server.",
+            "grpc_server_msg_sent": "Total number of gRPC stream messages sent by the server.",
+            "grpc_server_handling_seconds": "Histogram of response latency (seconds) of gRPC that had been "
+                                            "application-level handled by the server.",
+        }
+        bounds = [le for (name, labels) in s.samples if name == "grpc_server_handling_seconds_bucket"
+                  and ("grpc_method", "Acquire") in labels for k, le in labels if k == "le"]
+        assert sorted(bounds, key=float) == [*(str(float(b)) for b in GO_DEFAULT_BUCKETS), "+Inf"]
+        assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info"} <= set(s.families)
+        assert not [name for name, _ in s.samples if name.endswith("_created")]
+        assert "grpc_server_started_created" not in s.text
+        # Prometheus's ?name[]= selection, of our metrics and of a standard collector's.
+        some = await scrape(coord.metrics_address, "?name[]=fencepost_grants_total&name[]=process_cpu_seconds_total")
+        assert {name for name, _ in some.samples} == {"fencepost_grants_total", "process_cpu_seconds_total"}
+    finally:
+        await coord.stop(grace=0)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with socket.socket() as again:  # what a new coordinator would do: bind and listen on that port
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+        again.listen()
+
+
+async def test_start_when_metrics_port_is_taken(etcd: EmbeddedEtcd, prefix: str) -> None:
+    """A taken metrics port stops the start with a clear error before anything else is bound."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen=f"127.0.0.1:{port}")
+        with pytest.raises(RuntimeError, match=f"cannot serve metrics on 127.0.0.1:{port}: Address already in use"):
+            await coord.start()
+        assert coord.port == 0  # the gRPC port was never bound
+        await coord.stop(0)
+
+
+def test_coordinator_refuses_a_bad_metrics_address(etcd: EmbeddedEtcd) -> None:
+    """``metrics_listen`` must be HOST:PORT, checked when the Coordinator is made."""
+    with pytest.raises(ValueError, match="not HOST:PORT"):
+        Coordinator([etcd.endpoint], listen="127.0.0.1:0", metrics_listen="127.0.0.1")
+
+
+@pytest.mark.parametrize("value", ["9464", "localhost", "127.0.0.1:99999", ""])
+def test_serve_when_metrics_listen_is_bad(value: str, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad --metrics-listen, as a flag or as FENCEPOST_METRICS_LISTEN, exits 2 naming the flag."""
+    monkeypatch.delenv("FENCEPOST_METRICS_LISTEN", raising=False)
+    assert serve.main(["--etcd-endpoints", "127.0.0.1:2379", "--metrics-listen", value]) == 2
+    assert f"--metrics-listen is {value!r}; must be HOST:PORT" in capsys.readouterr().err
+    monkeypatch.setenv("FENCEPOST_METRICS_LISTEN", value)
+    assert serve.main(["--etcd-endpoints", "127.0.0.1:2379"]) == 2
+    assert f"--metrics-listen is {value!r}; must be HOST:PORT" in capsys.readouterr().err
+
+
+def _etcds_on(data_dir: Path) -> list[int]:
+    """The pids of live etcd processes whose data is in ``data_dir``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and state != "Z" and Path(os.fsdecode(args[0])).name == "etcd" \
+                and os.fsencode(data_dir / "data") in args:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_serve_when_metrics_port_is_in_use(tmp_path: Path) -> None:
+    """``fencepost serve`` whose metrics port is taken exits 1 with one clear line, its embedded etcd stopped."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+             "--data-dir", str(tmp_path), "--metrics-listen", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60, env=child_env())
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"fencepost: cannot serve metrics on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "listening on" not in done.stdout
+    assert _etcds_on(tmp_path) == []
+
+
+async def test_serve_with_metrics_listen(etcd: EmbeddedEtcd, prefix: str, tmp_path: Path) -> None:
+    """``fencepost serve --metrics-listen`` says where, serves /metrics, and exits 0 on SIGTERM."""
+    child = ChildProcess([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+                          "--etcd-endpoints", etcd.endpoint, "--prefix", prefix, "--metrics-listen", "127.0.0.1:0"],
+                         log_path=tmp_path / "serve.log")
+    try:
+        await child.await_line(LISTENING, 30)
+        address = (await child.await_line(METRICS_LINE, 10)).group(1)
+        s = await scrape(address)
+        assert s.call("grpc_server_started_total", "Acquire") == 0
+        assert s.value("fencepost_grants_total") == 0
+        assert s.value("process_open_fds") is not None
+        child.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(child.proc.wait, 30) == 0
+    finally:
+        child.kill()
+
+
+async def test_health_watch_and_lock_watch_through_an_etcd_outage(tmp_path: Path, prefix: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """With the interceptor installed, a health Watch streams SERVING, then NOT_SERVING while etcd is down, then
+    SERVING; each message counted as sent; the lock watch's restarts counted once per restart."""
+    caplog.set_level(logging.DEBUG, logger="fencepost.coordinator")
+    own_etcd = EmbeddedEtcd(tmp_path / "etcd")
+    await asyncio.to_thread(own_etcd.start)
+    coord = Coordinator([own_etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0")
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    try:
+        await asyncio.wait_for(coord.start(), 20)
+        async with grpc.aio.insecure_channel(coord.address) as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+            seen = []
+
+            async def next_status(want: int) -> None:
+                while not seen or seen[-1] != want:
+                    seen.append((await asyncio.wait_for(watch.read(), 30)).status)
+
+            await next_status(serving)
+            await asyncio.to_thread(own_etcd.stop)
+            await next_status(not_serving)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await lock_pb2_grpc.LockServiceStub(channel).LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5),
+                                                                        timeout=15)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            await asyncio.to_thread(own_etcd.start)
+            await next_status(serving)
+            await wait_for(lambda: any("lock watch running again" in r.getMessage() for r in caplog.records), 30,
+                           0.05, "the lock watch to run again")
+
+            async def sent_all() -> bool:
+                s = await scrape(coord.metrics_address)
+                return s.call("grpc_server_msg_sent_total", "Watch", "server_stream", HEALTH) == len(seen)
+
+            await wait_for(sent_all, 10, 0.02, f"{len(seen)} Watch messages counted")
+            s = await scrape(coord.metrics_address)
+            assert s.call("grpc_server_started_total", "Watch", "server_stream", HEALTH) == 1
+            assert s.handled("Watch", "server_stream", HEALTH) == {}  # still open
+            restarts = [r for r in caplog.records if r.name == "fencepost.coordinator.watch"
+                        and ("failed" in r.getMessage() or "failing" in r.getMessage())]
+            assert restarts and s.value("fencepost_watch_restarts_total") == len(restarts)
+            assert s.value("fencepost_etcd_errors_total", operation="health", code="Unavailable")
+            assert s.handled("LeaseGrant") == {"Unavailable": 1}
+            assert s.by("fencepost_refusals_total", "reason") == {"ETCD_UNAVAILABLE": 1}
+            # A LeaseGrant is never re-sent: one etcd error.
+            assert s.value("fencepost_etcd_errors_total", operation="lease_grant", code="Unavailable") == 1
+            watch.cancel()
+
+            async def cancelled() -> bool:
+                s = await scrape(coord.metrics_address)
+                return s.handled("Watch", "server_stream", HEALTH) == {"Canceled": 1}
+
+            await wait_for(cancelled, 10, 0.02, "the Watch counted Canceled")
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+        await asyncio.to_thread(own_etcd.stop)
