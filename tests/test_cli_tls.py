@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -220,6 +221,15 @@ async def test_commands_when_tls_fails_exit_1_naming_the_cause_in_flags(pki: Pki
         result = await fencepost(*argv)
         assert result.rc == common.EXIT_UNAVAILABLE, (argv, result)
         assert_one_line_error(result, words)
+
+    # One address down, the other refusing the handshake: the TLS cause is in the message, in flags' words too.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{probe.getsockname()[1]}"  # nothing listens there once closed
+    for command in (["status", "x"], ["acquire", "x", "--ttl", "2", "--timeout", "1"]):
+        result = await fencepost(*command, "--address", f"{down},{mtls.address}", "--ca", pki.ca_file)
+        assert result.rc == common.EXIT_UNAVAILABLE, (command, result)
+        assert "set --cert and --key" in result.err and "tls." not in result.err, (command, result.err)
 
     health = await fencepost("status", "--json", "--address", tls.address, "--ca", pki.other_ca_file)
     assert health.rc == common.EXIT_UNAVAILABLE, health

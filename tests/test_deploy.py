@@ -205,10 +205,14 @@ def test_dockerfile_final_stage_runs_fencepost_as_non_root() -> None:
         assert cmd in by_cmd, f"no {cmd} in the final stage"
         assert by_cmd[cmd].json, f"{cmd} is in shell form: {by_cmd[cmd].original}"
     assert list(by_cmd["ENTRYPOINT"].value) == ["fencepost"]
-    cmd = list(by_cmd["CMD"].value)
-    assert cmd[0] == "serve"
-    assert cmd[cmd.index("--listen") + 1] == f"0.0.0.0:{COORDINATOR_PORT}"
-    assert cmd[cmd.index("--health-listen") + 1] == f"0.0.0.0:{HEALTH_PORT}"
+    # The addresses are variables, not flags: a flag in CMD would beat FENCEPOST_LISTEN set by compose/Kubernetes.
+    assert list(by_cmd["CMD"].value) == ["serve"]
+    env: dict[str, str] = {}
+    for c in final:
+        if c.cmd == "ENV":
+            env.update(zip(c.value[::2], c.value[1::2]))
+    assert env["FENCEPOST_LISTEN"] == f"0.0.0.0:{COORDINATOR_PORT}"
+    assert env["FENCEPOST_HEALTH_LISTEN"] == f"0.0.0.0:{HEALTH_PORT}"
     health = list(by_cmd["HEALTHCHECK"].value)
     assert health == ["CMD", "fencepost", "status", "--address", f"127.0.0.1:{HEALTH_PORT}"]
 
@@ -626,7 +630,7 @@ def test_every_fencepost_flag_in_deploy_exists() -> None:
         for flag in (a.split("=")[0] for a in own if a.startswith("--")):
             assert flag in known[argv[0]], f"{where}: fencepost {argv[0]} has no flag {flag}"
             seen.add(argv[0])
-    assert {"serve", "run", "status"} <= seen
+    assert {"run", "status"} <= seen
 
 
 # ---------------------------------------------------------------------------

@@ -344,6 +344,12 @@ def test_run_script_serves_then_leaves_no_process_behind(tmp_path: Path) -> None
         assert status.returncode == 0, status.stderr
         assert status.stdout.count(": SERVING") == 2, status.stdout
         assert exported["ETCDCTL_ENDPOINTS"].count("https://localhost:") == 3
+        # A second run.py on the same directory is refused at once, and the first is untouched.
+        second = subprocess.run([sys.executable, str(REPO / "deploy/local/run.py"), "--dir", str(base)],
+                                capture_output=True, text=True, timeout=30)
+        assert second.returncode == 2, (second.stdout, second.stderr)
+        assert "already running in" in second.stderr, second.stderr
+        assert sorted(_running(pids)) == sorted(pids)
         child.signal(signal.SIGINT)
         assert child.proc.wait(timeout=30) == 0, child.log_tail()
         assert "stopped" in child.output, child.output

@@ -30,7 +30,6 @@ from fencepost.client.errors import (
     LockTimeout,
     NotHolder,
     StaleTokenError,
-    TlsError,
     Unavailable,
     from_rpc_error,
 )
@@ -457,10 +456,14 @@ def lease_hex(lease_id: int) -> str:
 
 
 def err_text(err: BaseException) -> str:
-    """The first line of an error's message (its class name when it has none); a TlsError's in flags' words."""
+    """The first line of an error's message (its class name when it has none), TLS settings in flags' words.
+
+    Not only a TlsError names them: an Unavailable whose addresses failed
+    for TLS and for other reasons carries the TLS cause too.
+    """
     text = (getattr(err, "message", None) or str(err)).strip()
     line = text.splitlines()[0] if text else type(err).__name__
-    return tls_words(line) if isinstance(err, TlsError) else line
+    return tls_words(line)
 
 
 def _never_reached(err: FencepostError) -> bool:

@@ -23,6 +23,7 @@ a process exited on its own, 2 for bad flags.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import shutil
 import signal
 import sys
@@ -56,6 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run.py: error: --dir {args.dir} is not a directory", file=sys.stderr)
         return 2
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fencepost-local-"))
+    base.mkdir(parents=True, exist_ok=True)
+    # One run.py per directory: held until this process ends (the kernel drops it if it is killed).
+    owner = open(base / "run.lock", "a")  # noqa: SIM115
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"run.py: error: a deployment is already running in {base} (another run.py holds "
+              f"{base / 'run.lock'}); use its addresses, or another --dir", file=sys.stderr)
+        return 2
     dep = LocalDeployment(base, etcd_tls=args.tls, coordinator_tls=args.coordinator_tls, log_level=args.log_level)
     stop = threading.Event()
 
@@ -83,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                 if name not in reported:
                     reported.add(name)
                     status = 1
-                    print(f"run.py: {name} exited with status {code}; see {dep.log_path(name)}",
+                    how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+                           else f"exited with status {code}")
+                    print(f"run.py: {name} {how}; the others keep running (Ctrl-C stops them, then run.py "
+                          f"exits 1; run.py --dir DIR again restarts it); see {dep.log_path(name)}",
                           file=sys.stderr, flush=True)
         print("stopping the coordinators, then etcd ...", flush=True)
         dep.stop()
