@@ -286,7 +286,11 @@ class LockClient:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._loop is None and not self._closed:
-            self.connect()
+            try:
+                self.connect()
+            except BaseException:
+                coro.close()  # never run: no "coroutine was never awaited" warning
+                raise
         return self._submit(coro)
 
     def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> LockHandle:
