@@ -49,6 +49,10 @@ log = logging.getLogger("fencepost.client")
 #: Grace given to calls still running on a channel being replaced, in seconds.
 ROTATE_GRACE_SECONDS = 0.5
 
+#: Longest wait, in :meth:`Transport.close`, for gRPC to report the end of
+#: the connectivity watches of the closed channels, in seconds.
+DRAIN_SECONDS = 2.0
+
 #: Longest time spent finding out why a connection failed (a call that
 #: fails at once, and maybe one TLS handshake of our own), in seconds.
 DIAGNOSE_SECONDS = 2.0
@@ -101,6 +105,8 @@ class Transport:
         self.closed = False
         self._index = 0
         self._closing: set[asyncio.Task[None]] = set()
+        # Connectivity watches still registered with gRPC (see _watch).
+        self._watches: set[asyncio.Task[None]] = set()
 
     @property
     def address(self) -> str:
@@ -218,10 +224,38 @@ class Transport:
             left = until - loop.time()
             if left <= 0:
                 raise TimeoutError
-            await asyncio.wait_for(channel.wait_for_state_change(state), left)
+            await self._watch(channel, state, left)
             state = channel.get_state(try_to_connect=True)
             stale = False
         return READY
+
+    async def _watch(self, channel: grpc.aio.Channel, state: grpc.ChannelConnectivity, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for ``channel`` to leave ``state``.
+
+        The watch is a task of its own, kept until gRPC answers it, and never
+        cancelled: cancelling the wait does not withdraw a watch from gRPC,
+        which answers it on this loop at the channel's next change of state
+        (at the latest when it is closed). :meth:`close` waits for the
+        answers, so that none reaches this loop after it is closed (grpc.aio
+        would then print "RuntimeError: Event loop is closed" from another loop).
+
+        Raises:
+            TimeoutError: the state did not change within ``timeout``.
+            grpc.aio.UsageError: the channel was closed (replaced by a rotation).
+        """
+        watch = asyncio.ensure_future(channel.wait_for_state_change(state))
+        watch.set_name("fencepost-watch-channel")
+        self._watches.add(watch)
+        watch.add_done_callback(self._watched)
+        await asyncio.wait((watch,), timeout=timeout)
+        if not watch.done():
+            raise TimeoutError
+        watch.result()
+
+    def _watched(self, task: asyncio.Task[None]) -> None:
+        self._watches.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a watch outliving its wait may end with the channel's close
 
     async def tls_failure(self, channel: grpc.aio.Channel, address: str, timeout: float,
                           details: str | None = None) -> TlsError | None:
@@ -350,15 +384,27 @@ class Transport:
             await asyncio.sleep(min(next(delays), max(0.0, budget())))
 
     async def close(self) -> None:
-        """Stop every call: close the channel and the ones being replaced. Idempotent."""
+        """Stop every call: close the channel and the ones being replaced. Idempotent.
+
+        Returns once every channel this transport opened is closed (those
+        replaced by a rotation within :data:`ROTATE_GRACE_SECONDS`) and gRPC
+        has answered their connectivity watches (within :data:`DRAIN_SECONDS`):
+        then gRPC has nothing left to deliver to this event loop, which may be
+        closed (the sync client closes its private loop next).
+        """
         self.closed = True
-        closing = list(self._closing)
-        for task in closing:
-            task.cancel()
-        if closing:
-            await asyncio.gather(*closing, return_exceptions=True)
         if self.channel is not None:
             await self.channel.close()
+        # Not cancelled: a close task cancelled before it has run, or during
+        # its grace, would leave its channel open, connecting and watched.
+        closing = list(self._closing)
+        if closing:
+            await asyncio.gather(*closing, return_exceptions=True)
+        watches = list(self._watches)
+        if watches:
+            _done, left = await asyncio.wait(watches, timeout=DRAIN_SECONDS)
+            if left:
+                log.debug("fencepost: %d channel watches still unanswered after close", len(left))
 
 
 async def _connect_error(channel: grpc.aio.Channel, timeout: float) -> str | None:
