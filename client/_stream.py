@@ -241,7 +241,7 @@ class KeepAliveStream:
                 force = True  # the server ended the stream: try another one
                 log.debug("fencepost: keepalive stream to %s ended", self.transport.address)
             except grpc.aio.AioRpcError as err:
-                mapped = from_rpc_error(err)
+                mapped = from_rpc_error(err, address=address)
                 force = mapped.reason == SHUTTING_DOWN
                 if err.code() == grpc.StatusCode.UNAVAILABLE and not answered:
                     unreachable = err.details() or ""

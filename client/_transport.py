@@ -368,7 +368,7 @@ class Transport:
             try:
                 return await getattr(stub, method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as err:
-                mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token)
+                mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
                 if err.code() != grpc.StatusCode.UNAVAILABLE or not idempotent or budget() <= 0:
                     raise mapped from err
                 self.rotate(channel, force=mapped.reason == SHUTTING_DOWN)

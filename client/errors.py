@@ -283,12 +283,23 @@ _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
 }
 
 
+#: The service every call mapped by :func:`from_rpc_error` belongs to.
+LOCK_SERVICE = "fencepost.v1.LockService"
+
+
+def not_served(address: str | None) -> str:
+    """The message of an UNIMPLEMENTED answer to a LockService call from the server at ``address``."""
+    server = f"the server at {address}" if address else "the server"
+    return f"{server} does not serve {LOCK_SERVICE} (is it a health-only port, --health-listen?)"
+
+
 def from_rpc_error(
     err: grpc.RpcError,
     *,
     name: str | None = None,
     lease_id: int | None = None,
     token: int | None = None,
+    address: str | None = None,
 ) -> FencepostError:
     """Translate a failed gRPC call into a :class:`FencepostError` subclass.
 
@@ -303,12 +314,19 @@ def from_rpc_error(
         name: The lock name of the call, used when the server did not send one.
         lease_id: The lease id of the call, used when the server did not send one.
         token: The fencing token the call carried, used when the server did not send one.
+        address: The address of the server that answered, for the message
+            of an UNIMPLEMENTED answer: a server that is not a coordinator,
+            such as a coordinator's health-only port (``--health-listen``),
+            answers every LockService call so (gRPC's words: "Method not found!").
 
     Returns:
         The exception to raise (not raised here). Its ``__cause__`` is not set.
     """
     status = details.parse(err)
     code, reason = status.code, status.reason
+    message = status.message
+    if code == grpc.StatusCode.UNIMPLEMENTED and reason is None:
+        message = not_served(address)
     server_lease = status.int_value(details.LEASE_ID)
     common: dict[str, Any] = {
         "name": status.metadata.get(details.NAME) or name,
@@ -324,14 +342,14 @@ def from_rpc_error(
               "current_token": status.int_value(details.CURRENT_TOKEN)}
     exc: FencepostError
     if cls is InvalidArgument:
-        exc = InvalidArgument(status.message, field=status.metadata.get(details.FIELD), **common)
+        exc = InvalidArgument(message, field=status.metadata.get(details.FIELD), **common)
     elif cls is StaleTokenError:
-        exc = StaleTokenError(status.message, **tokens, **common)
+        exc = StaleTokenError(message, **tokens, **common)
     elif cls is NotHolder:
-        exc = NotHolder(status.message, **tokens, **common)
+        exc = NotHolder(message, **tokens, **common)
     elif cls is Unavailable:
-        exc = Unavailable(status.message, retry_delay=status.retry_delay, **common)
+        exc = Unavailable(message, retry_delay=status.retry_delay, **common)
     else:
-        exc = cls(status.message, **common)
+        exc = cls(message, **common)
     exc.reason = reason  # exactly what the server said: None when the call never reached a coordinator
     return exc

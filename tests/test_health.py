@@ -168,6 +168,38 @@ async def test_health_listener_when_the_main_port_requires_client_certificates(
         await asyncio.wait_for(coord.stop(grace=0), 20)
 
 
+async def test_health_listener_when_a_client_calls_lock_service_there(etcd: EmbeddedEtcd, prefix: str) -> None:
+    """A LockService call to the plaintext health-only port fails saying that port does not serve LockService:
+    from the Python clients (FencepostError with code UNIMPLEMENTED) and from ``fencepost status NAME`` (exit 1,
+    one line), not with gRPC's "Method not found!"."""
+    import fencepost.client as fc
+    from fencepost.coordinator.server import Coordinator
+
+    from .test_cli import assert_one_line_error, run_cli
+
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, health_listen="127.0.0.1:0")
+    try:
+        await asyncio.wait_for(coord.start(), 20)
+        health_address = coord.health_address
+        assert health_address is not None
+        says = (f"the server at {health_address} does not serve fencepost.v1.LockService "
+                "(is it a health-only port, --health-listen?)")
+        async with AsyncLockClient(health_address, connect_timeout=5) as client:
+            with pytest.raises(fc.FencepostError) as info:
+                await client.describe("x")
+        assert info.value.code == grpc.StatusCode.UNIMPLEMENTED and info.value.message == says, info.value
+        with fc.LockClient(health_address, connect_timeout=5) as sync_client:
+            with pytest.raises(fc.FencepostError) as sync_info:
+                await asyncio.to_thread(sync_client.try_acquire, "x")
+        assert sync_info.value.message == says, sync_info.value
+        result = await run_cli("status", "x", "--address", health_address)
+        assert result.rc == 1, result
+        assert_one_line_error(result, says)
+        assert "Method not found" not in result.err, result
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
 async def _status_is(address: str, want: int, service: str = "") -> bool:
     return await _health(address, service) == want
 

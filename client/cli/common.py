@@ -489,6 +489,8 @@ def call_error(err: FencepostError, addresses: Sequence[str], address: str, what
         return CliError(f"cannot reach the coordinator at {', '.join(addresses)}: {err_text(err)}", EXIT_UNAVAILABLE)
     if isinstance(err, InvalidArgument):
         return CliError(f"invalid {err.field or 'request'}: {err_text(err)}", EXIT_USAGE)
+    if err.code == grpc.StatusCode.UNIMPLEMENTED and err.reason is None:
+        return CliError(err_text(err), EXIT_UNAVAILABLE)  # names the address already: not a coordinator's port
     label = err.code.name if err.code is not None else "error"
     if err.reason:
         label += f"/{err.reason}"
