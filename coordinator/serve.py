@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import IO
 
 from .etcd import EtcdAuth, EtcdTls, check_endpoints
+from .events import LOG_FORMATS
+from .events import configure as configure_logging
 from .listen import same_address
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
@@ -109,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace-seconds", default=_env("grace-seconds", "5"),
                         help="seconds in-flight calls may take at shutdown (env FENCEPOST_GRACE_SECONDS; default 5)")
     parser.add_argument("--log-level", default=_env("log-level", "INFO"),
-                        help="logging level (env FENCEPOST_LOG_LEVEL; default INFO)")
+                        help="logging level (env FENCEPOST_LOG_LEVEL; default INFO; DEBUG adds each grant, "
+                             "release and lease)")
+    parser.add_argument("--log-format", default=_env("log-format", "auto"), metavar="text|json|auto",
+                        help="stderr log lines: text, json (one JSON object per line), or auto: text when "
+                             "stderr is a terminal, json otherwise (env FENCEPOST_LOG_FORMAT; default auto)")
     parser.add_argument("--metrics-listen", default=_env("metrics-listen", None),
                         help="HOST:PORT to serve Prometheus metrics on, over HTTP at /metrics; port 0 picks one "
                              "(env FENCEPOST_METRICS_LISTEN; default: no metrics)")
@@ -129,6 +135,7 @@ class _Settings:
     auth: EtcdAuth | None
     grace: float
     level: str
+    log_format: str
     tls: ServerTls | None
     health_listen: str | None
 
@@ -256,6 +263,8 @@ def _settings(args: argparse.Namespace) -> _Settings:
     level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(level), int):
         raise _BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    if args.log_format not in LOG_FORMATS:
+        raise _BadFlag(f"--log-format is {args.log_format!r}; must be text, json or auto")
     server_tls = _server_tls(args)
     ca_flag, ca = _etcd_ca(args)
     endpoints = None
@@ -296,7 +305,7 @@ def _settings(args: argparse.Namespace) -> _Settings:
         auth = EtcdAuth(args.etcd_user, password)
     elif password is not None and endpoints is not None:
         raise _BadFlag(f"{said} but no --etcd-user names its user")
-    return _Settings(endpoints, tls, auth, grace, level, server_tls, health_listen)
+    return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
     endpoints = settings.endpoints
-    logging.basicConfig(level=settings.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    configure_logging(settings.level, settings.log_format, sys.stderr)
     embedded = None
     if endpoints is None:
         from .embedded import EmbeddedEtcd

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -31,6 +32,7 @@ from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.keys import Keys
 
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
+from .events import log_event
 from .lease import Leases
 from .listen import UnixSocketClaim, check_listen, same_address, unix_socket_path
 from .lock import LockManager
@@ -270,11 +272,16 @@ class Coordinator:
 
         Leases and locks in etcd are left alone.
         """
+        grace = self._grace if grace is None else grace
+        if self._server is not None:
+            streams = self._service.open_streams if self._service is not None else 0
+            log_event(_log, logging.INFO, "shutdown", f"shutting down: {streams} KeepAlive streams to end, "
+                      f"{grace:g} s for calls in flight (leases are kept)", grace_s=grace, streams=streams)
         await self._health.enter_graceful_shutdown()
         if self._service is not None:
             self._service.enter_graceful_shutdown()
         if self._server is not None:
-            await self._server.stop(self._grace if grace is None else grace)
+            await self._server.stop(grace)
         if self._health_server is not None:  # NOT_SERVING there too until the main server has stopped
             await self._health_server.stop(0)
         for task in self._tasks:
@@ -308,6 +315,8 @@ class Coordinator:
         assert self._etcd is not None
         serving: bool | None = None
         said: tuple[bool, str | None] | None = None
+        ever_ok = False
+        lost_at = 0.0  # when etcd stopped answering, after it had answered
         while True:
             # Two tries of 1 s (the HEALTH rule): the second goes to the next
             # member, so one frozen member of a healthy cluster is not an outage.
@@ -319,13 +328,21 @@ class Coordinator:
             # refusing the coordinator (health stays NOT_SERVING meanwhile).
             state = (ok, None if ok else self._etcd.refusal)
             if state != said:
+                answered_before = said is not None and said[0]
                 said = state
-                if ok:
-                    _log.info("etcd reachable: SERVING")
-                elif state[1] is not None:
-                    who = f"user {self._etcd.user!r}" if self._etcd.user else "no --etcd-user"
-                    _log.warning("etcd refuses the coordinator (%s, %s): NOT_SERVING until it accepts it",
-                                 state[1], who)
+                if ok and not ever_ok:
+                    ever_ok = True
+                    log_event(_log, logging.INFO, "etcd_connected", "etcd reachable: SERVING")
+                elif ok:
+                    log_event(_log, logging.INFO, "etcd_reconnected", "etcd reachable: SERVING",
+                              down_s=round(time.monotonic() - lost_at, 3))
                 else:
-                    _log.warning("etcd unreachable: NOT_SERVING")
+                    if answered_before:
+                        lost_at = time.monotonic()
+                    if state[1] is not None:
+                        who = f"user {self._etcd.user!r}" if self._etcd.user else "no --etcd-user"
+                        log_event(_log, logging.WARNING, "etcd_refused", f"etcd refuses the coordinator ({state[1]}, "
+                                  f"{who}): NOT_SERVING until it accepts it", reason=state[1], user=self._etcd.user)
+                    else:
+                        log_event(_log, logging.WARNING, "etcd_unreachable", "etcd unreachable: NOT_SERVING")
             await asyncio.sleep(HEALTH_INTERVAL)

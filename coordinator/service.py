@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,17 +19,19 @@ import grpc
 from fencepost.client.errors import FencepostError, ResourceExhausted
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
-from fencepost.client.v1.keys import Keys
+from fencepost.client.v1.keys import Hold, Keys
 
 from .errors import reason_of, shutting_down, to_status
+from .events import caller, log_event
 from .lease import Leases
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
-from .stream import KeepAliveStream
+from .stream import KeepAliveStream, RecentReleases
 from .validate import wait_seconds
 from .watch import DeleteWatcher
 
 R = TypeVar("R")
+_log = logging.getLogger(__name__)
 
 
 def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -39,7 +42,7 @@ def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]
         try:
             return await method(self, request, context)
         except FencepostError as exc:
-            await self._refuse(context, exc)
+            await self._refuse(context, exc, method.__name__)
             raise  # unreachable: abort raises
 
     return wrapper
@@ -70,28 +73,51 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._keys = keys
         self._max_streams = max_streams
         self._streams = 0
+        self._released = RecentReleases()
         self.closing = asyncio.Event()
+
+    @property
+    def open_streams(self) -> int:
+        """The KeepAlive streams being served."""
+        return self._streams
 
     def enter_graceful_shutdown(self) -> None:
         """Refuse new KeepAlive streams and end the open ones with UNAVAILABLE / SHUTTING_DOWN."""
         self.closing.set()
 
-    async def _refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError) -> None:
-        """End the call with ``exc``'s status (this raises), counted in ``fencepost_refusals_total``."""
+    async def _refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError, call: str, *,
+                      log: bool = True) -> None:
+        """End the call with ``exc``'s status (this raises), counted in ``fencepost_refusals_total``.
+
+        Args:
+            call: the RPC's name, for the ``refusal`` event.
+            log: False for a stream the coordinator itself ends at shutdown (``stream_close`` says so).
+        """
         status = to_status(exc)
-        self._metrics.refused(reason_name(reason_of(exc)))
+        reason = reason_name(reason_of(exc))
+        self._metrics.refused(reason)
+        if log:
+            log_event(_log, logging.INFO, "refusal", f"{call} refused: {reason}: {exc.message}", call=call,
+                      reason=reason, name=exc.name, lease_id=exc.lease_id, token=getattr(exc, "token", None),
+                      current_token=getattr(exc, "current_token", None), **caller(context))
         await context.abort_with_status(status)
 
     @_statuses
     async def LeaseGrant(self, request: lock_pb2.LeaseGrantRequest, context: grpc.aio.ServicerContext
                          ) -> lock_pb2.LeaseGrantResponse:
         lease_id, ttl = await self._leases.grant(request.ttl_seconds)
+        log_event(_log, logging.DEBUG, "lease_granted", f"lease {lease_id:#x} granted, TTL {ttl} s",
+                  lease_id=lease_id, ttl_s=ttl, **caller(context))
         return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl)
 
     @_statuses
     async def LeaseRevoke(self, request: lock_pb2.LeaseRevokeRequest, context: grpc.aio.ServicerContext
                           ) -> lock_pb2.LeaseRevokeResponse:
-        return lock_pb2.LeaseRevokeResponse(found=await self._leases.revoke(request.lease_id))
+        found = await self._leases.revoke(request.lease_id)
+        log_event(_log, logging.DEBUG, "lease_revoked",
+                  f"lease {request.lease_id:#x} {'revoked' if found else 'was already gone'}",
+                  lease_id=request.lease_id, found=found, **caller(context))
+        return lock_pb2.LeaseRevokeResponse(found=found)
 
     @_statuses
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
@@ -99,17 +125,34 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
         result = await self._locks.acquire(request.name, request.lease_id, wait)
+        waited = time.perf_counter() - started
         if result.acquired:
-            self._metrics.granted(time.perf_counter() - started)
+            self._metrics.granted(waited)
+            log_event(_log, logging.DEBUG, "grant", f"{request.name!r} granted to lease {request.lease_id:#x}, "
+                      f"token {result.token}", name=request.name, lease_id=request.lease_id, token=result.token,
+                      waited_s=round(waited, 6), **caller(context))
         else:
             self._metrics.refused(LOCK_HELD)
+            current = result.holder.token if result.holder is not None else None
+            log_event(_log, logging.DEBUG, "refusal", f"Acquire refused: LOCK_HELD: {request.name!r} is held",
+                      call="Acquire", reason=LOCK_HELD, name=request.name, lease_id=request.lease_id,
+                      current_token=current, **caller(context))
         return lock_pb2.AcquireResponse(acquired=result.acquired, token=result.token, holder=_holder(result.holder))
 
     @_statuses
     async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.ReleaseResponse:
-        revision = await self._locks.release(request.name, request.lease_id, request.token)
+        hold = Hold(request.name, request.lease_id, request.token)
+        self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
+        try:
+            revision = await self._locks.release(request.name, request.lease_id, request.token)
+        except BaseException:
+            self._released.discard(hold)
+            raise
         self._metrics.released()
+        log_event(_log, logging.DEBUG, "release", f"{request.name!r} released by lease {request.lease_id:#x}, "
+                  f"token {request.token}", name=request.name, lease_id=request.lease_id, token=request.token,
+                  revision=revision, **caller(context))
         return lock_pb2.ReleaseResponse(revision=revision)
 
     @_statuses
@@ -125,17 +168,29 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
         if self.closing.is_set():
-            await self._refuse(context, shutting_down())
+            await self._refuse(context, shutting_down(), "KeepAlive")
         if self._streams >= self._max_streams:
             await self._refuse(context, ResourceExhausted(
-                f"more than {self._max_streams} streams", reason=reason_name(ErrorReason.TOO_MANY_STREAMS)))
+                f"more than {self._max_streams} streams", reason=reason_name(ErrorReason.TOO_MANY_STREAMS)),
+                "KeepAlive")
         self._streams += 1
+        who = caller(context)
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
-                                 metrics=self._metrics)
+                                 metrics=self._metrics, released=self._released, **who)
+        log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
+        started = time.monotonic()
+        ended = "error"  # a message that cannot be parsed, or a failure of the stream
         try:
             async for response in stream.serve(request_iterator, self.closing):
                 yield response
+            ended = "shutdown" if self.closing.is_set() else "half_closed"
+        except (asyncio.CancelledError, GeneratorExit):
+            ended = "cancelled"
+            raise
         finally:
             self._streams -= 1
+            log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
+                      ended=ended, leases=stream.lease_count, holds=stream.hold_count,
+                      duration_s=round(time.monotonic() - started, 3), **who)
         if self.closing.is_set():
-            await self._refuse(context, shutting_down())
+            await self._refuse(context, shutting_down(), "KeepAlive", log=False)

@@ -5,26 +5,66 @@ each hold it was granted. The coordinator answers each keepalive with the
 TTL etcd reset the lease to, and pushes ``hold_ended`` when a watched hold's
 key is deleted (release, lease expiry or revoke, or an operator) or when a
 keepalive finds its lease gone. Nothing here renews a lease on a timer.
+
+Each hold that ends other than by a Release through this coordinator is
+logged (``hold_ended``, INFO), and so is a lease a keepalive finds gone
+(``lease_expired``, INFO, once per lease and stream): see :mod:`.events`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from fencepost.client.errors import FencepostError
 from fencepost.client.v1 import lock_pb2
-from fencepost.client.v1.details import ErrorReason
+from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
+from .events import log_event
 from .lease import Leases
 from .lock import LockManager
 from .lock_metrics import NO_METRICS, LockMetrics
 from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
+
+
+class RecentReleases:
+    """The holds released through this coordinator whose deletion no stream has reported yet.
+
+    A stream that sees such a hold's key deleted ends it quietly: the
+    ``release`` event already said why it ended. Bounded: the oldest entries
+    go first (raw API users release holds that no stream watches), so under a
+    very high rate a release can be logged as a ``hold_ended`` too.
+
+    Args:
+        size: most holds remembered.
+    """
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._size = size
+        self._holds: OrderedDict[Hold, None] = OrderedDict()
+
+    def add(self, hold: Hold) -> None:
+        """Remember ``hold`` as being released."""
+        self._holds[hold] = None
+        if len(self._holds) > self._size:
+            self._holds.popitem(last=False)
+
+    def discard(self, hold: Hold) -> None:
+        """Forget ``hold`` (its release failed, or its watch was dropped)."""
+        self._holds.pop(hold, None)
+
+    def take(self, hold: Hold) -> bool:
+        """Forget ``hold``; True when it was being released."""
+        if hold not in self._holds:
+            return False
+        del self._holds[hold]
+        return True
 
 
 class KeepAliveStream:
@@ -36,10 +76,21 @@ class KeepAliveStream:
         watcher: the shared deletion watcher.
         keys_for: maps (name, lease id) to the contender key.
         metrics: counts keepalives and follows the holds watched (``fencepost_watched_holds``).
+        released: the holds released through this coordinator (their end is not logged again).
+        peer: the client's address (``context.peer()``), for the log.
+        trace_id: the stream call's trace id, for the log; None for none.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
-                 keys_for: Callable[[str, int], bytes], *, metrics: LockMetrics = NO_METRICS) -> None:
+                 keys_for: Callable[[str, int], bytes], *, metrics: LockMetrics = NO_METRICS,
+                 released: RecentReleases | None = None, peer: str | None = None,
+                 trace_id: str | None = None) -> None:
+        self._released = released if released is not None else RecentReleases()
+        self._caller = {"peer": peer, "trace_id": trace_id}
+        self._leases_seen: set[int] = set()
+        self._expired: set[int] = set()
+        #: Holds watched over the stream's life.
+        self.hold_count = 0
         self._leases = leases
         self._metrics = metrics
         self._locks = locks
@@ -76,6 +127,11 @@ class KeepAliveStream:
                     task.cancel()
             self.close()
 
+    @property
+    def lease_count(self) -> int:
+        """The different leases kept alive on this stream so far."""
+        return len(self._leases_seen)
+
     def close(self) -> None:
         """Drop every hold watch and cancel pending forwards."""
         for unsubscribe in self._holds.values():
@@ -90,13 +146,16 @@ class KeepAliveStream:
             kind = request.WhichOneof("request")
             if kind == "keepalive":
                 self._metrics.keepalive()
+                self._leases_seen.add(request.keepalive.lease_id)
                 self._spawn(self._forward(request.keepalive.lease_id, request.keepalive.request_id))
             elif kind == "watch":
                 w = request.watch
                 self._watch(Hold(w.name, w.lease_id, w.token))
             elif kind == "unwatch":
                 w = request.unwatch
-                unsubscribe = self._holds.pop(Hold(w.name, w.lease_id, w.token), None)
+                hold = Hold(w.name, w.lease_id, w.token)
+                self._released.discard(hold)
+                unsubscribe = self._holds.pop(hold, None)
                 if unsubscribe is not None:
                     self._metrics.watched_holds(-1)
                     unsubscribe()
@@ -115,6 +174,10 @@ class KeepAliveStream:
         self._out.put_nowait(lock_pb2.KeepAliveResponse(
             keepalive=lock_pb2.LeaseKeepAliveAck(lease_id=lease_id, request_id=request_id, ttl_seconds=ttl)))
         if ttl <= 0:
+            if lease_id not in self._expired:
+                self._expired.add(lease_id)
+                log_event(_log, logging.INFO, "lease_expired", f"lease {lease_id:#x} expired or was revoked "
+                          f"(a keepalive found it gone)", lease_id=lease_id, **self._caller)
             for hold in [h for h in self._holds if h.lease_id == lease_id]:
                 self._ended(hold, ErrorReason.LEASE_EXPIRED)
 
@@ -131,6 +194,7 @@ class KeepAliveStream:
                 self._ended(hold, ErrorReason.NOT_HOLDER)
 
         self._holds[hold] = self._watcher.subscribe(key, on_delete)
+        self.hold_count += 1
         self._metrics.watched_holds(+1)
         known = self._watcher.deleted_after(key, token)
         if known:
@@ -155,5 +219,9 @@ class KeepAliveStream:
             return  # already reported once
         self._metrics.watched_holds(-1)
         unsubscribe()
+        if not (reason == ErrorReason.NOT_HOLDER and self._released.take(hold)):
+            log_event(_log, logging.INFO, "hold_ended", f"hold of {hold.name!r} by lease {hold.lease_id:#x} "
+                      f"ended: {reason_name(reason)}", name=hold.name, lease_id=hold.lease_id, token=hold.token,
+                      reason=reason_name(reason), **self._caller)
         self._out.put_nowait(lock_pb2.KeepAliveResponse(
             hold_ended=lock_pb2.HoldEnded(name=hold.name, lease_id=hold.lease_id, token=hold.token, reason=reason)))
