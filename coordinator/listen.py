@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-__all__ = ["UnixSocketClaim", "check_listen", "same_address", "unix_socket_path"]
+__all__ = ["UnixSocketClaim", "bind_problem", "check_listen", "same_address", "unix_socket_path"]
 
 _log = logging.getLogger("fencepost.coordinator")
 
@@ -194,3 +194,62 @@ class UnixSocketClaim:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def bind_problem(listen: str) -> str | None:
+    """Why ``listen`` cannot be bound right now, in words, or None when it looks free.
+
+    A check before anything starts (``fencepost serve`` runs it before the
+    embedded etcd), so that a busy port is one clear line, not gRPC's
+    "Failed to bind" after etcd came up. gRPC's own bind stays the real one:
+    the address can be taken between the two.
+
+    TCP: a plain socket with ``SO_REUSEADDR`` (as gRPC sets it) is bound to
+    every address the host resolves to, then closed; port 0 is always free.
+    Unix socket: the claim of :class:`UnixSocketClaim` is taken and given
+    back (a stale socket file is removed on the way).
+
+    Args:
+        listen: an address :func:`check_listen` accepted.
+
+    Returns:
+        e.g. ``"address already in use"``, ``"permission denied"``, or the
+        Unix claim's reason; None when the bind should work (or the host does
+        not resolve: gRPC's bind will say so).
+    """
+    path = unix_socket_path(listen)
+    if path is not None:
+        claim = UnixSocketClaim(path)
+        try:
+            claim.claim()
+        except RuntimeError as exc:
+            return str(exc).split(": ", 1)[-1]
+        claim.release()
+        return None
+    host, _, port_text = listen.rpartition(":")
+    port = int(port_text)
+    if port == 0:
+        return None
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return None
+    for family, kind, proto, _name, address in infos:
+        probe = socket.socket(family, kind, proto)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "address already in use"
+            if exc.errno == errno.EACCES:
+                return "permission denied (ports below 1024 need privileges)"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return "the address is not one of this machine's"
+            return exc.strerror or str(exc)
+        finally:
+            probe.close()
+    return None

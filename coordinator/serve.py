@@ -29,7 +29,7 @@ from typing import IO
 from .etcd import EtcdAuth, EtcdTls, check_endpoints
 from .events import LOG_FORMATS
 from .events import configure as configure_logging
-from .listen import same_address
+from .listen import bind_problem, same_address
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
 
@@ -326,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     except _BadFlag as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
+    # The addresses before anything starts (the embedded etcd takes seconds, and would be started for nothing).
+    for flag, address in (("--listen", args.listen), ("--health-listen", settings.health_listen),
+                          ("--metrics-listen", args.metrics_listen)):
+        problem = bind_problem(address) if address is not None else None
+        if problem is not None:
+            print(f"fencepost serve: cannot listen on {address} ({flag}): {problem}", file=sys.stderr)
+            return 1
     endpoints = settings.endpoints
     configure_logging(settings.level, settings.log_format, sys.stderr)
     embedded = None

@@ -34,7 +34,7 @@ from fencepost.client.v1.keys import Keys
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .events import log_event
 from .lease import Leases
-from .listen import UnixSocketClaim, check_listen, same_address, unix_socket_path
+from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, unix_socket_path
 from .lock import LockManager
 from .lock_metrics import NO_METRICS
 from .metrics_server import MetricsEndpoint
@@ -259,9 +259,11 @@ class Coordinator:
             port = (server.add_secure_port(listen, credentials) if credentials is not None
                     else server.add_insecure_port(listen))
         except RuntimeError as exc:
-            raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
+            why = bind_problem(listen) if path is None else None
+            raise RuntimeError(f"cannot listen on {listen}: {why or exc}") from exc
         if port == 0:
-            raise RuntimeError(f"cannot listen on {listen}")
+            why = bind_problem(listen) if path is None else None
+            raise RuntimeError(f"cannot listen on {listen}{': ' + why if why else ''}")
         return 0 if path is not None else port
 
     async def stop(self, grace: float | None = None) -> None:

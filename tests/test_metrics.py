@@ -353,7 +353,7 @@ def test_serve_when_metrics_port_is_in_use(tmp_path: Path) -> None:
              "--data-dir", str(tmp_path), "--metrics-listen", f"127.0.0.1:{port}"],
             capture_output=True, text=True, timeout=60, env=child_env())
     assert done.returncode == 1, (done.stdout, done.stderr)
-    assert f"fencepost: cannot serve metrics on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert f"cannot listen on 127.0.0.1:{port} (--metrics-listen): address already in use" in done.stderr
     assert "listening on" not in done.stdout
     assert _etcds_on(tmp_path) == []
 

@@ -39,6 +39,23 @@ async def test_start_when_port_is_taken_by_another_coordinator(etcd: EmbeddedEtc
         await first.stop(0)
 
 
+@pytest.mark.parametrize("flag", ["--listen", "--health-listen", "--metrics-listen"])
+def test_serve_when_an_address_is_in_use(flag: str, tmp_path: Path) -> None:
+    """A taken port: exit 1 at once, one line naming the flag, the address and why; no embedded etcd started."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        argv = [sys.executable, "-m", "fencepost.client.cli", "serve", "--data-dir", str(tmp_path / "data"),
+                "--listen", "127.0.0.1:0", flag, address]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=child_env())
+    assert result.returncode == 1, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"fencepost serve: cannot listen on {address} ({flag}): address already in use"], result.stderr
+    assert "embedded etcd" not in result.stdout, result.stdout
+    assert not (tmp_path / "data").exists() and not _etcds_on(tmp_path / "data")
+
+
 def test_serve_when_data_dir_is_in_use(tmp_path: Path) -> None:
     """A second `fencepost serve` on the same data directory exits 1 at once, naming the directory."""
     argv = [sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
