@@ -205,7 +205,8 @@ def bind_problem(listen: str) -> str | None:
     the address can be taken between the two.
 
     TCP: a plain socket with ``SO_REUSEADDR`` (as gRPC sets it) is bound to
-    every address the host resolves to, then closed; port 0 is always free.
+    every address the host resolves to, then closed; as for gRPC, one that
+    binds is enough. Port 0 is always free.
     Unix socket: the claim of :class:`UnixSocketClaim` is taken and given
     back (a stale socket file is removed on the way).
 
@@ -235,6 +236,7 @@ def bind_problem(listen: str) -> str | None:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError:
         return None
+    problems = []
     for family, kind, proto, _name, address in infos:
         probe = socket.socket(family, kind, proto)
         try:
@@ -244,12 +246,15 @@ def bind_problem(listen: str) -> str | None:
             probe.bind(address)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                return "address already in use"
-            if exc.errno == errno.EACCES:
-                return "permission denied (ports below 1024 need privileges)"
-            if exc.errno == errno.EADDRNOTAVAIL:
-                return "the address is not one of this machine's"
-            return exc.strerror or str(exc)
+                problems.append("address already in use")
+            elif exc.errno == errno.EACCES:
+                problems.append("permission denied (ports below 1024 need privileges)")
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                problems.append("the address is not one of this machine's")
+            else:
+                problems.append(exc.strerror or str(exc))
         finally:
             probe.close()
-    return None
+    # gRPC serves a host name on every address it resolves to that it can bind (localhost:
+    # 127.0.0.1 and ::1, the latter absent in some containers): it fails only if none binds.
+    return problems[0] if problems and len(problems) == len(infos) else None
