@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Iterable
-from datetime import datetime, timezone
 from typing import IO, Any
 
 import grpc
@@ -97,7 +97,10 @@ def caller(context: grpc.aio.ServicerContext) -> dict[str, str | None]:
 
 def _rfc3339(created: float) -> str:
     """``created`` (seconds since the epoch) as RFC 3339 in UTC with milliseconds: ``2025-01-31T12:00:00.123Z``."""
-    return datetime.fromtimestamp(created, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    # Formats the record's own timestamp (logging took it); reads no clock, so no timer can depend on it.
+    seconds = int(created)
+    millis = min(999, int((created - seconds) * 1000))
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
 class TextFormatter(logging.Formatter):
