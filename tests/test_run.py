@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -239,6 +240,86 @@ async def test_run_when_lease_revoked_and_child_ignores_sigterm_sigkills_after_g
     assert "SIGKILL" in err and "status 137" in err, err
     assert 1.4 <= took < 10, took
     assert not await held(address, name)
+
+
+# ---------------------------------------------------------------- the process tree
+
+# The command: starts two grandchildren that ignore SIGTERM and keep running
+# (a shell's `worker & worker &`), prints their pids, then its token and lease,
+# then either waits (mode "wait") or exits 0 at once, leaving them behind ("leave").
+TREE = r"""
+import os, signal, subprocess, sys, time
+worker = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)"
+kids = [subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True) for _ in range(2)]  # run's pipes are not held open
+for kid in kids:
+    assert kid.stdout.readline() == "up\n"  # SIGTERM is ignored from here on
+print(" ".join(str(kid.pid) for kid in kids), flush=True)
+print(os.environ["FENCEPOST_TOKEN"], os.environ["FENCEPOST_LEASE_ID"], flush=True)
+if sys.argv[1] == "wait":
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(600)
+"""
+
+
+def _running_pid(pid: int) -> bool:
+    """Whether ``pid`` is a process that runs (a zombie waiting for its reaper has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _tree(r: Running) -> tuple[list[int], int, int]:
+    """The TREE command's grandchild pids, then its (token, lease id)."""
+    assert r.proc.stdout is not None
+    line = await asyncio.wait_for(r.proc.stdout.readline(), 30)
+    pids = [int(p) for p in line.split()]
+    assert len(pids) == 2 and all(_running_pid(p) for p in pids), line
+    token, lease = await r.grant()
+    return pids, token, lease
+
+
+async def test_run_when_lease_revoked_kills_the_whole_process_tree(address: str) -> None:
+    """On a loss, grandchildren that ignore SIGTERM are killed too (SIGKILL to the group after --grace)."""
+    name = lock_name()
+    async with running(name, "--ttl", "5", "--grace", "1", "--address", address,
+                       "--", sys.executable, "-c", TREE, "wait") as r:
+        pids, _, lease = await _tree(r)
+        try:
+            channel = grpc.aio.insecure_channel(address)
+            try:
+                stub = lock_pb2_grpc.LockServiceStub(channel)
+                assert (await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)).found
+            finally:
+                await channel.close()
+            rc, out, err = await r.finish()
+            assert rc == 3, (rc, out, err)
+            assert "process group" in err and "SIGKILL" in err, err
+            assert [p for p in pids if _running_pid(p)] == [], "grandchildren outlived the loss"
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+async def test_run_when_child_exits_leaving_processes_ends_them_before_releasing(address: str) -> None:
+    """A command that exits with workers still running: they are stopped while the lock is held, then released."""
+    name = lock_name()
+    async with running(name, "--ttl", "5", "--grace", "0.5", "--address", address,
+                       "--", sys.executable, "-c", TREE, "leave") as r:
+        pids, _, _ = await _tree(r)
+        try:
+            rc, out, err = await r.finish()
+            assert rc == 0, (rc, out, err)
+            assert "left processes running" in err, err
+            assert [p for p in pids if _running_pid(p)] == [], "grandchildren outlived fencepost run"
+            assert not await held(address, name)
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- signals

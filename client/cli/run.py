@@ -12,23 +12,30 @@ Sequence:
    from then on.
 2. Start the command with :data:`ENV_LOCK`, :data:`ENV_TOKEN`,
    :data:`ENV_LEASE_ID`, :data:`ENV_TTL` and :data:`ENV_ADDRESS` added to
-   the environment. It shares our stdin, stdout, stderr and process group.
+   the environment. It shares our stdin, stdout and stderr, and leads a
+   session and process group of its own: ``run`` owns the whole process
+   tree the command starts (``sh -c 'worker & worker & wait'`` included),
+   and every signal below goes to that group, not only to the child.
 3. SIGINT, SIGTERM and SIGHUP sent to ``fencepost run`` are forwarded to the
-   child (the ``run`` process itself keeps going until the child exits).
-4. When the child exits, release the lock and exit with the child's status
+   child's process group (``run`` itself keeps going until the child exits).
+4. When the child exits, what it left running in its group gets SIGTERM,
+   then SIGKILL after ``grace`` seconds, while the lock is still held; then
+   the lock is released and ``run`` exits with the child's status
    (``128 + N`` when signal N killed it).
 5. When the hold is lost first (lease expired, revoked, the lock released or
-   deleted by someone else), send SIGTERM to the child, SIGKILL after
-   ``grace`` seconds, and exit with ``lost_exit_code`` (3 by default).
+   deleted by someone else), send SIGTERM to the process group, SIGKILL to
+   whatever is left of it after ``grace`` seconds, and exit with
+   ``lost_exit_code`` (3 by default).
 
 Not guaranteed: the child may still run for up to ``grace`` seconds after
 the lock has passed to someone else, and a frozen ``fencepost run`` cannot
 stop its child at all. Only a storage that checks the token keeps such a
 late child's writes out; that is why the child gets the token.
 
-A terminal's Ctrl-C reaches the child directly (same process group) and is
-forwarded once more by ``fencepost run``; a child that treats a second SIGINT
-as "force quit" sees two.
+The command has no controlling terminal (its own session): a terminal's
+Ctrl-C reaches ``fencepost run``, which forwards it to the group once. A
+process that leaves the group (``setsid``, a double fork into a new session)
+is out of ``run``'s reach.
 """
 
 from __future__ import annotations
@@ -297,7 +304,7 @@ def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: 
 
 async def _start(command: Sequence[str], env: dict[str, str]) -> asyncio.subprocess.Process:
     try:
-        return await asyncio.create_subprocess_exec(*command, env=env)
+        return await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True)
     except FileNotFoundError:
         raise CommandError(f"command not found: {command[0]}", EXIT_NOT_FOUND) from None
     except PermissionError:
@@ -308,9 +315,62 @@ async def _start(command: Sequence[str], env: dict[str, str]) -> asyncio.subproc
 
 
 def _send(proc: asyncio.subprocess.Process, sig: int) -> None:
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
+    """Send ``sig`` to the child's process group (it leads its own: the group id is its pid).
+
+    The group outlives the child while a process of the tree it started
+    runs, and its id cannot be reused meanwhile; once it is empty, nothing
+    happens.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _group_alive(proc: asyncio.subprocess.Process) -> bool:
+    """Whether a process of the child's group still exists (a zombie not yet reaped counts)."""
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+#: After SIGKILL, how long to wait for the group to be gone before going on (a
+#: zombie whose parent does not reap it would keep the group "alive" for ever).
+KILLED_WAIT_SECONDS = 2.0
+#: How often to look whether the group is empty while waiting for it.
+GROUP_POLL_SECONDS = 0.02
+
+
+async def _end_group(proc: asyncio.subprocess.Process, exited: asyncio.Future[int], grace: float,
+                     why: str) -> None:
+    """SIGTERM the child's process group, SIGKILL what is left after ``grace`` s; return when it is gone.
+
+    Args:
+        proc: The child (leader of the group).
+        exited: The child's ``wait()``; done once it is reaped.
+        grace: Seconds between SIGTERM and SIGKILL.
+        why: What the note on stderr says led to this.
+    """
+    loop = asyncio.get_running_loop()
+    _note(f"{why}; sending SIGTERM to process group {proc.pid}, SIGKILL in {grace:g} s")
+    _send(proc, signal.SIGTERM)
+
+    async def gone(until: float) -> bool:
+        while not exited.done() or _group_alive(proc):
+            left = until - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.wait({exited}, timeout=min(GROUP_POLL_SECONDS, left))
+        return True
+
+    if await gone(loop.time() + grace):
+        return
+    _note(f"process group {proc.pid} still running after {grace:g} s; sending SIGKILL")
+    _send(proc, signal.SIGKILL)
+    await exited
+    await gone(loop.time() + KILLED_WAIT_SECONDS)
 
 
 def _note(text: str) -> None:
@@ -392,20 +452,15 @@ async def _supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, 
         await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
         if not exited.done():
             reason = handle.lost_reason or "lost"
-            _note(f"lost {handle.name} (token {handle.token}): {reason}; sending SIGTERM to pid "
-                  f"{proc.pid}, SIGKILL in {grace:g} s")
-            _send(proc, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.shield(exited), grace)
-            except TimeoutError:
-                _note(f"pid {proc.pid} still running after {grace:g} s; sending SIGKILL")
-                _send(proc, signal.SIGKILL)
-                await exited
+            await _end_group(proc, exited, grace, f"lost {handle.name} (token {handle.token}): {reason}")
             status = exit_status(exited.result())
             return RunResult(lost_exit_code, status, reason,
                              f"lost: {reason}: {handle.name} token {handle.token}; "
                              f"command stopped (status {status})")
         status = exit_status(exited.result())
+        if _group_alive(proc):  # it left processes running: they go before the lock does
+            await _end_group(proc, exited, grace, f"pid {proc.pid} exited (status {status}) and left "
+                                                  f"processes running in its group")
         if handle.lost.is_set():
             reason = handle.lost_reason or "lost"
             return RunResult(lost_exit_code, status, reason,
@@ -428,7 +483,7 @@ async def _supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, 
     finally:
         forwarding.cancel()
         lost.cancel()
-        if not exited.done():  # only when cancelled from outside
+        if not exited.done() or _group_alive(proc):  # only when cancelled from outside
             _send(proc, signal.SIGKILL)
             with contextlib.suppress(BaseException):
                 await exited
