@@ -30,11 +30,17 @@ def _argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "fencepost.client.cli", *args]
 
 
-async def run_cli(*args: str, timeout: float = 30.0) -> CliResult:
-    """Run ``fencepost ARGS...`` to completion without blocking the event loop."""
+async def run_cli(*args: str, timeout: float = 30.0, env: dict[str, str] | None = None,
+                  cwd: str | None = None) -> CliResult:
+    """Run ``fencepost ARGS...`` to completion without blocking the event loop.
+
+    Args:
+        env: Variables added to the test environment (:func:`cli_env`).
+        cwd: The working directory of the command; the test's by default.
+    """
     proc = await asyncio.create_subprocess_exec(
         *_argv(*args), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=cli_env())
+        stderr=asyncio.subprocess.PIPE, env={**cli_env(), **(env or {})}, cwd=cwd)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:

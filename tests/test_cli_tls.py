@@ -26,7 +26,7 @@ from fencepost.client.cli.run import child_environment
 from . import lock_servers, tls_pki
 from .conftest import CLIENT_ENV, CliResult, cli_env
 from .lock_servers import Start
-from .test_cli import assert_one_line_error, free_port
+from .test_cli import assert_one_line_error, free_port, run_cli
 from .tls_pki import Pki
 
 pki = tls_pki.pki  # the fixtures
@@ -35,24 +35,13 @@ serve = lock_servers.serve
 
 async def fencepost(*args: str, env: dict[str, str] | None = None, cwd: str | None = None,
                     timeout: float = 30.0) -> CliResult:
-    """Run ``fencepost ARGS...`` with ``env`` added to the test environment.
+    """Run ``fencepost ARGS...`` (:func:`tests.test_cli.run_cli`) with ``env`` added and gRPC's own logging off.
 
     gRPC core logs each failed handshake to stderr itself (``I... ssl_transport_security.cc ...
     Handshake failed``), above the command's one line; it reads GRPC_VERBOSITY only when
     grpc is imported, before the command could set it, so the tests set it to NONE.
     """
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fencepost.client.cli", *args, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**cli_env(), "GRPC_VERBOSITY": "NONE", **(env or {})}, cwd=cwd)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        out, err = await proc.communicate()
-        pytest.fail(f"fencepost {' '.join(args)} did not exit in {timeout} s\n{out.decode()}\n{err.decode()}")
-    assert proc.returncode is not None
-    return CliResult(proc.returncode, out.decode(), err.decode())
+    return await run_cli(*args, timeout=timeout, env={"GRPC_VERBOSITY": "NONE", **(env or {})}, cwd=cwd)
 
 
 def _name() -> str:
