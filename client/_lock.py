@@ -11,17 +11,37 @@ LeaseRevoke, Acquire, Release) through the
   never asked for a lock its caller already holds;
 - a grant that arrives after its lease was declared lost is given back, and
   the acquire retries once on a new lease;
-- a release keeps the hold until the server confirms (cancellation-safe), and
-  classifies a refusal: NOT_HOLDER and STALE_TOKEN lose the hold,
-  LEASE_EXPIRED loses the lease; a HoldEnded that arrived while the Release
-  was in flight settles a release whose answer was lost.
+- a release keeps the hold until the server confirms, and classifies a
+  refusal: NOT_HOLDER and STALE_TOKEN lose the hold, LEASE_EXPIRED loses the
+  lease; a HoldEnded that arrived while the Release was in flight settles a
+  release whose answer was lost.
+
+No state outlives the call that made it unless the caller holds it:
+
+- a LeaseGrant whose caller is cancelled goes on, and the lease it grants is
+  revoked (nobody would know of it, yet its keys would live for its TTL);
+- an Acquire that ends without a definite answer (cancelled, the client's
+  own deadline, the transport failed) is withdrawn: a Withdraw call deletes
+  the key it may have left, a queued wait or a grant that never reached the
+  caller. The caller's slot stays taken until the withdrawal is done, so a
+  later local acquire of the same (lease, name) cannot be the one withdrawn;
+- a Release whose caller is cancelled goes on in the background: the hold
+  stays valid until the coordinator answers, then it is released (never
+  reported lost because its caller gave up).
+
+A cancelled call waits up to :data:`CLEANUP_WAIT_SECONDS` for its clean-up
+before its cancellation completes (so that, normally, nothing is left once
+it has); a clean-up that takes longer goes on in the background, retried
+while its lease lives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -29,10 +49,22 @@ from . import _wire
 from ._lease import Lease, LeasePool, Slot
 from ._stream import KeepAliveStream, Spawn
 from ._transport import Transport
-from .errors import REASON_DEADLINE, FencepostError, LeaseLost, LockHeld, LockTimeout, NotHolder, StaleTokenError
+from .errors import (
+    REASON_DEADLINE,
+    FencepostError,
+    InvalidArgument,
+    LeaseLost,
+    LockHeld,
+    LockTimeout,
+    NotHolder,
+    StaleTokenError,
+    TlsError,
+    Unavailable,
+)
 from .handle import AsyncLockHandle
 from .v1 import lock_pb2 as pb
 from .v1.details import ErrorReason, reason_name
+from .v1.retry import CLIENT_BACKOFF
 
 __all__ = ["Locker"]
 
@@ -44,6 +76,16 @@ NOT_HOLDER = reason_name(ErrorReason.NOT_HOLDER)
 #: Slack added to the gRPC deadline of a bounded Acquire, in seconds, so that
 #: the coordinator's own ACQUIRE_TIMEOUT answer normally arrives first.
 ACQUIRE_SLACK_SECONDS = 1.0
+
+#: Longest a cancelled call waits for its clean-up (a Withdraw, a LeaseRevoke)
+#: before its cancellation completes, in seconds; the clean-up goes on after that.
+CLEANUP_WAIT_SECONDS = 1.0
+
+#: Reasons of a refused Acquire after which the coordinator has left nothing of
+#: that call in etcd (bad input, its wait timed out and was withdrawn, the lease
+#: is gone, the queue was full): no withdrawal is needed.
+SETTLED_REASONS = frozenset(reason_name(r) for r in (
+    ErrorReason.INVALID_FIELD, ErrorReason.ACQUIRE_TIMEOUT, ErrorReason.LEASE_EXPIRED, ErrorReason.TOO_MANY_WAITERS))
 
 
 class Locker:
@@ -105,18 +147,46 @@ class Locker:
             if lease is not None:
                 return lease
             sent = self.pool.clock()
-            resp = await self.transport.call(
+            # The call is not cancelled with its caller: a lease granted for a
+            # caller that gave up must be revoked, so its id must arrive.
+            grant = asyncio.ensure_future(self.transport.call(
                 "LeaseGrant",
-                lambda _left: (pb.LeaseGrantRequest(ttl_seconds=ttl), self._call_timeout),
+                lambda left: (pb.LeaseGrantRequest(ttl_seconds=ttl), _bounded(self._call_timeout, left)),
                 until=until,
                 idempotent=False,
-            )
+            ))
+            try:
+                resp = await asyncio.shield(grant)
+            except asyncio.CancelledError:
+                await self._clean_up(self._revoke_granted(grant), "fencepost-revoke-cancelled-grant")
+                raise
             lease = Lease(resp.lease_id, max(int(resp.ttl_seconds), ttl), sent, clock=self.pool.clock)
             if self._state() != "open":
+                self._spawn(self._revoke_quietly(lease.lease_id), "fencepost-revoke-after-close")
                 raise FencepostError("client is closed", lease_id=lease.lease_id)
             self.pool.add(ttl, lease)
             self._on_new_lease(lease)
             return lease
+
+    async def _revoke_granted(self, grant: asyncio.Future[Any]) -> None:
+        """Revoke the lease of a LeaseGrant whose caller was cancelled, once its id is known."""
+        try:
+            resp = await grant
+        except BaseException:  # noqa: BLE001 - no lease was granted to us, or we cannot know its id
+            return
+        await self._revoke_quietly(int(resp.lease_id))
+
+    async def _revoke_quietly(self, lease_id: int) -> None:
+        try:
+            await self.revoke(lease_id, until=None)
+        except FencepostError as err:
+            log.debug("fencepost: revoke of unused lease %d failed (it expires by its TTL): %r", lease_id, err)
+
+    async def _clean_up(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a clean-up in the background, waiting for it up to :data:`CLEANUP_WAIT_SECONDS`."""
+        task = self._spawn(coro, name)
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), CLEANUP_WAIT_SECONDS)
 
     async def revoke(self, lease_id: int, *, until: float | None) -> bool:
         """Revoke a lease (idempotent).
@@ -186,14 +256,48 @@ class Locker:
                         raise
                     retries_on_lost_lease -= 1
                     continue
-                except BaseException:
-                    slot.lock.release()
+                except BaseException as err:
+                    if _settled(err) or lease.lost or self._state() != "open":
+                        slot.lock.release()
+                        raise
+                    # The Acquire may have queued a key, or been granted, for a
+                    # caller who will never know: withdraw it, keeping the slot
+                    # until that is done.
+                    await self._clean_up(self._withdraw(lease, name, slot), f"fencepost-withdraw-{name}")
                     raise
                 slot.holder = handle
                 return handle
             finally:
                 slot.users -= 1
                 self.pool.drop_slot_if_idle(*key)
+
+    async def _withdraw(self, lease: Lease, name: str, slot: Slot) -> None:
+        """Delete this lease's key in lock ``name`` (Withdraw), retried while the lease lives; then free ``slot``."""
+        delays = CLIENT_BACKOFF.delays()
+        try:
+            while not lease.lost and self._state() == "open":
+                try:
+                    resp = await self.transport.call(
+                        "Withdraw", lambda _left: (pb.WithdrawRequest(name=name, lease_id=lease.lease_id),
+                                                   self._call_timeout),
+                        until=None, idempotent=True, name=name, lease_id=lease.lease_id)
+                except LeaseLost:
+                    return  # the lease is gone, and its keys with it
+                except (Unavailable, TlsError) as err:
+                    log.debug("fencepost: withdraw of %r failed, retrying: %r", name, err)
+                    await asyncio.sleep(next(delays))
+                    continue
+                except FencepostError as err:
+                    log.warning("fencepost: could not withdraw %r of lease %d (its key ends with the lease): %s",
+                                name, lease.lease_id, err)
+                    return
+                if resp.found:
+                    log.debug("fencepost: withdrew the %s of %r (lease %d) left by an abandoned acquire",
+                              "grant" if resp.held else "wait", name, lease.lease_id)
+                return
+        finally:
+            slot.lock.release()
+            self.pool.drop_slot_if_idle(lease.lease_id, name)
 
     async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool) -> AsyncLockHandle:
         def make(left: float | None) -> tuple[Message, float | None]:
@@ -259,28 +363,38 @@ class Locker:
             self.pool.finish_release(handle)
             raise LeaseLost("lock hold was lost before release", name=handle.name, lease_id=handle.lease_id,
                             reason=reason)
-        handle._releasing = True
-        try:
-            await self._release_rpc(handle, until)
-        except (NotHolder, StaleTokenError, LeaseLost) as err:
-            handle._releasing = False
+        if handle._release_task is None:
+            handle._releasing = True
+            # Not cancelled with its caller: a Release that reached the server
+            # may have committed, and only its answer tells (see _settle_release).
+            task = handle._release_task = asyncio.ensure_future(self._release_rpc(handle, until))
+            task.add_done_callback(lambda done: self._settle_release(handle, done))
+        await asyncio.shield(handle._release_task)
+
+    def _settle_release(self, handle: AsyncLockHandle, done: asyncio.Future[None]) -> None:
+        """Apply the outcome of a Release call to the hold (also when its caller was cancelled)."""
+        handle._release_task = None
+        handle._releasing = False
+        if done.cancelled():
+            return
+        err = done.exception()
+        if err is None:
+            self.pool.finish_release(handle)
+            self.stream.unwatch(handle)
+            return
+        if isinstance(err, (NotHolder, StaleTokenError, LeaseLost)):
             if isinstance(err, LeaseLost):
                 self.pool.lose(handle._lease, LEASE_EXPIRED)
             self.pool.lose_hold(handle, err.reason or NOT_HOLDER)
             self.pool.finish_release(handle)
-            raise
-        except BaseException:
-            handle._releasing = False
-            ended = handle._ended_during_release
-            if ended == LEASE_EXPIRED:
-                self.pool.lose(handle._lease, ended)
-            elif ended is not None:
-                # The server ended the hold while our Release was in flight:
-                # most likely that very Release. The lock is not held either way.
-                self.pool.finish_release(handle)
-            raise
-        self.pool.finish_release(handle)
-        self.stream.unwatch(handle)
+            return
+        ended = handle._ended_during_release
+        if ended == LEASE_EXPIRED:
+            self.pool.lose(handle._lease, ended)
+        elif ended is not None:
+            # The server ended the hold while our Release was in flight:
+            # most likely that very Release. The lock is not held either way.
+            self.pool.finish_release(handle)
 
     async def release_quietly(self, handle: AsyncLockHandle) -> None:
         """Release ``handle``, logging (not raising) a FencepostError."""
@@ -291,8 +405,9 @@ class Locker:
 
     async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
         request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token)
-        await self.transport.call("Release", lambda _left: (request, self._call_timeout), until=until,
-                                  idempotent=False, name=handle.name, lease_id=handle.lease_id, token=handle.token)
+        await self.transport.call("Release", lambda left: (request, _bounded(self._call_timeout, left)),
+                                  until=until, idempotent=False, name=handle.name, lease_id=handle.lease_id,
+                                  token=handle.token)
 
     async def _release_lost(self, handle: AsyncLockHandle, until: float) -> None:
         """Best-effort Release of a hold already reported lost."""
@@ -300,6 +415,22 @@ class Locker:
             await self._release_rpc(handle, until)
         except FencepostError as err:
             log.debug("fencepost: release of lost hold %r: %r", handle.name, err)
+
+
+def _bounded(call_timeout: float, left: float | None) -> float:
+    """The gRPC deadline of one attempt: ``call_timeout``, or less when the caller has less time ``left``."""
+    return call_timeout if left is None else max(0.001, min(call_timeout, left))
+
+
+def _settled(err: BaseException) -> bool:
+    """Whether an Acquire that failed with ``err`` is known to have left nothing in etcd."""
+    if not isinstance(err, FencepostError):
+        return False  # cancelled: the call may have queued or been granted
+    if isinstance(err, (LockHeld, InvalidArgument)):
+        return True
+    if err.code is None:  # made here: a one-try acquire answered "held" (settled), or no answer at all
+        return isinstance(err, LockTimeout)
+    return err.reason in SETTLED_REASONS
 
 
 async def _wait_slot(slot: Slot, until: float | None, name: str) -> None:

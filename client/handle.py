@@ -66,6 +66,7 @@ class AsyncLockHandle:
         self.lost_reason: str | None = None
         self._released = False
         self._releasing = False
+        self._release_task: asyncio.Future[None] | None = None  # the Release call in flight
         self._ended_during_release: str | None = None
         self._callbacks: list[Callable[[AsyncLockHandle], object]] = []
         self._hooks: list[Callable[[AsyncLockHandle], None]] = []
@@ -150,8 +151,10 @@ class AsyncLockHandle:
     async def release(self) -> None:
         """Release the lock (one Release RPC).
 
-        Cancellation-safe: the handle keeps its ownership until the server
-        confirms; a cancelled release can be retried. On a handle already
+        Cancellation-safe: the Release call goes on when its caller is
+        cancelled, and the handle keeps its ownership until the server
+        answers (then it is released, or lost if the server refused); a
+        release called again meanwhile waits for the same call. On a handle already
         lost, the release is still attempted when the server may not know
         yet, and LeaseLost is raised.
 

@@ -10,8 +10,15 @@ keepalive loop is the client's here, not the coordinator's).
 
 from __future__ import annotations
 
-from .etcd import EtcdClient
+import asyncio
+import logging
+
+from fencepost.client.errors import FencepostError
+
+from .etcd import EtcdClient, unbounded
 from .validate import validate_lease_id, validate_ttl
+
+_log = logging.getLogger(__name__)
 
 
 class Leases:
@@ -23,6 +30,7 @@ class Leases:
 
     def __init__(self, etcd: EtcdClient) -> None:
         self._etcd = etcd
+        self._orphans: set[asyncio.Task[None]] = set()
 
     async def grant(self, ttl_seconds: int) -> tuple[int, int]:
         """Grant a lease.
@@ -39,6 +47,45 @@ class Leases:
         """
         validate_ttl(ttl_seconds)
         return await self._etcd.lease_grant(ttl_seconds)
+
+    async def grant_or_revoke(self, ttl_seconds: int) -> tuple[int, int]:
+        """Grant a lease for a call that may be cancelled: a lease granted after the cancellation is revoked.
+
+        The etcd LeaseGrant goes on when the caller is cancelled (its
+        connection closed, its deadline passed); the lease it creates, which
+        nobody would keep alive or know of, is revoked at once.
+
+        Returns:
+            (lease id, granted TTL in seconds).
+
+        Raises:
+            InvalidArgument: ttl_seconds out of range.
+            Unavailable: etcd unreachable.
+        """
+        step = asyncio.ensure_future(self.grant(ttl_seconds))
+        try:
+            return await asyncio.shield(step)
+        except asyncio.CancelledError:
+            step.add_done_callback(self._revoke_orphan)
+            raise
+
+    def _revoke_orphan(self, step: asyncio.Future[tuple[int, int]]) -> None:
+        if step.cancelled() or step.exception() is not None:
+            return
+        lease_id, _ = step.result()
+
+        async def revoke() -> None:
+            try:
+                await self.revoke(lease_id)
+                _log.info("revoked lease %#x: granted after its LeaseGrant call was cancelled", lease_id)
+            except FencepostError as exc:
+                _log.warning("could not revoke lease %#x of a cancelled LeaseGrant (it expires by its TTL): %s",
+                             lease_id, exc)
+
+        with unbounded():
+            task = asyncio.ensure_future(revoke())
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
 
     async def revoke(self, lease_id: int) -> bool:
         """Revoke a lease and so delete every key attached to it.

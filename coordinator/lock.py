@@ -38,7 +38,7 @@ from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
-from .etcd import NOT_APPLIED, EtcdClient, TxnPlan
+from .etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
 from .lock_metrics import NO_METRICS, LockMetrics
 from .validate import validate_lease_id, validate_name, validate_token
 from .watch import DeleteWatcher
@@ -48,6 +48,15 @@ T = TypeVar("T")
 
 #: Most queued contenders listed by describe().
 DESCRIBE_WAITERS = 100
+
+#: Seconds the key of a waiting Acquire that ended without an answer (the call
+#: was cancelled: the caller gave up, or its connection broke) is kept before
+#: it is deleted. A caller whose connection broke Acquires again within this
+#: time, here or on another replica, and keeps its key, its revision and so its
+#: place in the queue; a caller that gave up withdraws its key itself at once
+#: (the Withdraw call). A grant cannot wait for this: the key of a call that
+#: ended after its grant is the caller's to release.
+REATTACH_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -118,16 +127,20 @@ class LockManager:
         watcher: the running deletion watcher for the same prefix.
         max_waiters: most Acquire calls that may wait at once on this coordinator.
         metrics: follows the number of those (``fencepost_waiting_acquires``).
+        reattach_seconds: how long the key of a waiting Acquire that ended without
+            an answer (cancelled) is kept for the caller to Acquire again in its place.
     """
 
     def __init__(self, etcd: EtcdClient, keys: Keys, watcher: DeleteWatcher, *, max_waiters: int = 10_000,
-                 metrics: LockMetrics = NO_METRICS) -> None:
+                 metrics: LockMetrics = NO_METRICS, reattach_seconds: float = REATTACH_SECONDS) -> None:
         self._etcd = etcd
         self._metrics = metrics
         self._keys = keys
         self._watcher = watcher
         self._max_waiters = max_waiters
         self._waiting = 0
+        self._reattach_seconds = reattach_seconds
+        self._later: set[asyncio.Task[None]] = set()
 
     async def acquire(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
         """Take lock ``name`` for lease ``lease_id``.
@@ -193,54 +206,125 @@ class LockManager:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
-        # (our key's create revision, the holder's, whether this call created our key)
-        def queued(mine: Any, owners: Any, created: bool) -> tuple[int, int | None, bool]:
+        # (our key's create revision, its mod revision, the holder's create revision)
+        def queued(mine: Any, owners: Any) -> tuple[int, int, int | None]:
             if not mine.kvs:
                 return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back
             owner = int(owners.kvs[0].create_revision) if owners.kvs else None
-            return int(mine.kvs[0].create_revision), owner, created
+            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), owner
 
-        def decide(resp: Any) -> tuple[int, int | None, bool]:
+        def decide(resp: Any) -> tuple[int, int, int | None]:
             if resp.succeeded:
                 owners = resp.responses[1].response_range
-                return int(resp.header.revision), (int(owners.kvs[0].create_revision) if owners.kvs else None), True
-            mine, owners = (r.response_range for r in resp.responses)
+                revision = int(resp.header.revision)
+                return revision, revision, (int(owners.kvs[0].create_revision) if owners.kvs else None)
+            _, mine, owners = (r.response_range if r.WhichOneof("response") == "response_range" else None
+                               for r in resp.responses)
             if not mine.kvs:  # deleted between the compare and the read: cannot be, Txn is atomic
                 raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
-            return queued(mine, owners, False)
+            return queued(mine, owners)
 
-        def resolve(resp: Any) -> tuple[int, int | None, bool]:
-            # Read back after a lost answer: our key is there, created by this call or
-            # before it; count it as ours to take back if cancelled (never leave a ghost waiter).
-            return queued(*(r.response_range for r in resp.responses), True)
+        def resolve(resp: Any) -> tuple[int, int, int | None]:
+            # Read back after a lost answer: our key is there, created or touched by this call or before it.
+            return queued(*(r.response_range for r in resp.responses))
 
+        # A key already there (this lease queued before, and its call ended: a broken connection, a
+        # coordinator that stopped) is kept with its create revision, its place in the queue, and
+        # written again: the new mod revision tells a pending deferred withdrawal that it was reattached.
         reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]
         step = asyncio.ensure_future(self._etcd.txn(TxnPlan(
             etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, lease_id=lease_id), etcdops.holder_of(lock)],
-                        reads),
+                        [etcdops.put(key, lease_id=lease_id), *reads]),
             decide, reads, resolve, name=name, lease_id=lease_id)))
         try:
-            my_rev, owner_rev, _ = await asyncio.shield(step)
+            my_rev, mod_rev, owner_rev = await asyncio.shield(step)
         except asyncio.CancelledError:
-            # Cancelled while queueing: finish the write, then take back a key we created.
+            # Cancelled while queueing: finish the write, then withdraw the key unless it is reattached.
             with contextlib.suppress(Exception):
-                my_rev, _, created = await step
-                if created:
-                    await self._withdraw(key, my_rev)
+                my_rev, mod_rev, _ = await step
+                self._withdraw_later(key, my_rev, mod_rev)
             raise
         if owner_rev == my_rev:
             return AcquireResult(True, token=my_rev)
-        granted = False
         try:
             async with asyncio.timeout(wait):
                 await self._wait_turn(name, lease_id, key, lock, my_rev)
-            granted = True
             return AcquireResult(True, token=my_rev)
         except TimeoutError as exc:
+            await self._withdraw(key, my_rev)
             raise LockTimeout(f"lock {name!r} not granted within {wait:.3f} s", name=name, lease_id=lease_id) from exc
-        finally:
-            if not granted:
-                await self._withdraw(key, my_rev)
+        except asyncio.CancelledError:
+            # The call ended without an answer: the caller gave up (its client then withdraws), or its
+            # connection broke (it will Acquire again, here or on another replica, and keep its place).
+            self._withdraw_later(key, my_rev, mod_rev)
+            raise
+        except BaseException:
+            await self._withdraw(key, my_rev)
+            raise
+
+    def _withdraw_later(self, key: bytes, my_rev: int, mod_rev: int) -> None:
+        """Delete a waiter key after :data:`REATTACH_SECONDS` unless an Acquire wrote it again meanwhile."""
+        async def later() -> None:
+            await asyncio.sleep(self._reattach_seconds)
+            plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev), etcdops.is_unchanged(key, mod_rev)],
+                                       [etcdops.delete(key)]),
+                           lambda resp: bool(resp.succeeded), [], lambda resp: True)
+            try:
+                if await self._etcd.txn(plan):
+                    _log.debug("withdrew waiter key %r of an Acquire that ended without an answer", key)
+            except FencepostError as exc:
+                _log.warning("could not withdraw waiter key %r: %s", key, exc)
+
+        with unbounded():
+            task = asyncio.ensure_future(later())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def withdraw(self, name: str, lease_id: int) -> tuple[bool, bool, int]:
+        """Delete the key of ``lease_id`` in lock ``name``, a hold or a queued wait, whatever its token.
+
+        For a caller that gave up an Acquire whose outcome it does not know.
+        Idempotent.
+
+        Args:
+            name: the lock name (validated here).
+            lease_id: the contender's lease.
+
+        Returns:
+            (found: the lease had a key there, held: that key held the lock,
+            revision: of the deletion, or of the read that found none).
+
+        Raises:
+            InvalidArgument: bad name or lease id.
+            Unavailable: etcd unreachable.
+        """
+        validate_name(name)
+        validate_lease_id(lease_id)
+        key = self._keys.contender(name, lease_id)
+        lock = self._keys.lock_prefix(name)
+
+        def decide(resp: Any) -> tuple[bool, bool, int]:
+            mine, owners = resp.responses[0].response_range, resp.responses[1].response_range
+            found = bool(mine.kvs)
+            held = found and bool(owners.kvs) and bytes(owners.kvs[0].key) == key
+            return found, held, int(resp.header.revision)
+
+        def resolve(resp: Any) -> tuple[bool, bool, int]:
+            if resp.responses[0].response_range.kvs:
+                return NOT_APPLIED  # type: ignore[no-any-return]  # still there: send again
+            return False, False, int(resp.header.revision)
+
+        return await self._etcd.txn(TxnPlan(
+            etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), etcdops.delete(key)]),
+            decide, [etcdops.get(key, keys_only=True)], resolve, name=name, lease_id=lease_id))
+
+    async def close(self) -> None:
+        """Stop the deferred withdrawals still waiting (their keys end with their leases)."""
+        for task in list(self._later):
+            task.cancel()
+        for task in list(self._later):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int) -> None:
         """Wait until ``key`` (created at ``my_rev``) is the lowest in its range."""
@@ -271,7 +355,8 @@ class LockManager:
         plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev)], [etcdops.delete(key)]),
                        lambda resp: True, [etcdops.get(key, keys_only=True)], gone)
         try:
-            await _finish_even_if_cancelled(self._etcd.txn(plan))
+            with unbounded():  # not bounded by the deadline of the call that ends
+                await _finish_even_if_cancelled(self._etcd.txn(plan))
         except FencepostError as exc:
             # The key stays until its lease ends; log it so an operator can see it.
             _log.warning("could not withdraw waiter key %r: %s", key, exc)

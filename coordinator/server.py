@@ -141,6 +141,7 @@ class Coordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._service: LockService | None = None
         self._watcher: DeleteWatcher | None = None
+        self._locks: LockManager | None = None
         self._claims: list[UnixSocketClaim] = []
         #: The bound TCP port after ``start()``; 0 for a Unix socket.
         self.port = 0
@@ -217,7 +218,7 @@ class Coordinator:
             raise RuntimeError(exc.message) from exc
         self._watcher = DeleteWatcher(self._etcd, self._keys, metrics=counted)
         leases = Leases(self._etcd)
-        locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted)
+        locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted)
         server = grpc.aio.server(options=self._server_options,
                                  interceptors=[self._metrics.grpc] if self._metrics is not None else None)
@@ -292,6 +293,8 @@ class Coordinator:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._locks is not None:
+            await self._locks.close()
         if self._watcher is not None:
             await self._watcher.close()
         if self._etcd is not None:

@@ -22,6 +22,7 @@ from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
 
 from .errors import reason_of, shutting_down, to_status
+from .etcd import bounded
 from .events import caller, log_event
 from .lease import Leases
 from .lock import Holder, LockManager
@@ -33,6 +34,9 @@ from .watch import DeleteWatcher
 R = TypeVar("R")
 _log = logging.getLogger(__name__)
 
+#: How long before the caller's gRPC deadline the etcd calls made for it end, in seconds (at most).
+DEADLINE_MARGIN_SECONDS = 0.1
+
 
 def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     """Turn a FencepostError raised by ``method`` into its gRPC status (and count the refusal)."""
@@ -40,7 +44,11 @@ def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]
     @functools.wraps(method)
     async def wrapper(self: LockService, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
-            return await method(self, request, context)
+            left = context.time_remaining()
+            # etcd calls end a little before the caller's deadline, so that the caller
+            # hears why (UNAVAILABLE / ETCD_UNAVAILABLE) rather than its own DEADLINE_EXCEEDED.
+            with bounded(None if left is None else left - min(DEADLINE_MARGIN_SECONDS, left / 10)):
+                return await method(self, request, context)
         except FencepostError as exc:
             await self._refuse(context, exc, method.__name__)
             raise  # unreachable: abort raises
@@ -105,7 +113,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def LeaseGrant(self, request: lock_pb2.LeaseGrantRequest, context: grpc.aio.ServicerContext
                          ) -> lock_pb2.LeaseGrantResponse:
-        lease_id, ttl = await self._leases.grant(request.ttl_seconds)
+        lease_id, ttl = await self._leases.grant_or_revoke(request.ttl_seconds)
         log_event(_log, logging.DEBUG, "lease_granted", f"lease {lease_id:#x} granted, TTL {ttl} s",
                   lease_id=lease_id, ttl_s=ttl, **caller(context))
         return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl)
@@ -154,6 +162,17 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                   f"token {request.token}", name=request.name, lease_id=request.lease_id, token=request.token,
                   revision=revision, **caller(context))
         return lock_pb2.ReleaseResponse(revision=revision)
+
+    @_statuses
+    async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
+                       ) -> lock_pb2.WithdrawResponse:
+        found, held, revision = await self._locks.withdraw(request.name, request.lease_id)
+        log_event(_log, logging.DEBUG, "withdraw",
+                  f"{request.name!r}: lease {request.lease_id:#x} withdrew its "
+                  f"{'hold' if held else 'wait' if found else 'key (there was none)'}",
+                  name=request.name, lease_id=request.lease_id, found=found, held=held, revision=revision,
+                  **caller(context))
+        return lock_pb2.WithdrawResponse(found=found, held=held, revision=revision)
 
     @_statuses
     async def Describe(self, request: lock_pb2.DescribeRequest, context: grpc.aio.ServicerContext

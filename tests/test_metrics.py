@@ -160,7 +160,8 @@ async def test_metrics_of_a_known_workload(metered: Coordinator) -> None:
         assert (await waited).acquired
         txns += 1 + 1
 
-        # The client's own deadline: the coordinator's handler is cancelled and withdraws the waiter.
+        # The client's own deadline: the coordinator's handler is cancelled; the waiter key is withdrawn
+        # REATTACH_SECONDS later unless an Acquire of the same lease writes it again (as the next one does).
         await w.call("Acquire", lock_pb2.AcquireRequest(name="h", lease_id=b, wait_forever=True),
                      grpc.StatusCode.DEADLINE_EXCEEDED, timeout=0.5)
         await w.counted("Acquire", "DeadlineExceeded", 2)
@@ -173,6 +174,13 @@ async def test_metrics_of_a_known_workload(metered: Coordinator) -> None:
         await w.counted("Acquire", "Canceled", 1)
         await w.call("Release", lock_pb2.ReleaseRequest(name="h", lease_id=a, token=(await waited).token))
         txns += 2 + 2 + 1
+
+        async def txns_counted(n: int) -> bool:
+            return (await scrape(metered.metrics_address)).value("fencepost_etcd_request_seconds_count",
+                                                                 operation="txn") == n
+
+        # Both deferred withdrawals ran: the first found the key written again and left it, the second deleted it.
+        await wait_for(lambda: txns_counted(txns), 10, 0.05, "the deferred withdrawals")
 
         first = await w.call("Acquire", lock_pb2.AcquireRequest(name="s", lease_id=a, wait_ms=0))
         await w.call("Release", lock_pb2.ReleaseRequest(name="s", lease_id=a, token=first.token))

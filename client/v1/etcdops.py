@@ -34,6 +34,7 @@ __all__ = [
     "holder_of",
     "is_absent",
     "is_owner",
+    "is_unchanged",
     "is_free",
     "last_before",
     "put",
@@ -58,6 +59,19 @@ def is_owner(key: bytes, create_revision: int) -> rpc_pb2.Compare:
         ``CREATE(key) == create_revision``.
     """
     return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=create_revision)
+
+
+def is_unchanged(key: bytes, mod_revision: int) -> rpc_pb2.Compare:
+    """The compare "``key`` exists and was last written at ``mod_revision``".
+
+    Args:
+        key: A contender key.
+        mod_revision: The revision of its last put (> 0).
+
+    Returns:
+        ``MOD(key) == mod_revision``.
+    """
+    return Compare(result=Compare.EQUAL, target=Compare.MOD, key=key, mod_revision=mod_revision)
 
 
 def is_absent(key: bytes) -> rpc_pb2.Compare:

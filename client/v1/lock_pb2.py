@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65ncepost/v1/lock.proto\x12\x0c\x66\x65ncepost.v1\"(\n\x11LeaseGrantRequest\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x03\";\n\x12LeaseGrantResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\"&\n\x12LeaseRevokeRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\"$\n\x13LeaseRevokeResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"W\n\x0e\x41\x63quireRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x03\x12\x14\n\x0cwait_forever\x18\x04 \x01(\x08\"X\n\x0f\x41\x63quireResponse\x12\x10\n\x08\x61\x63quired\x18\x01 \x01(\x08\x12\r\n\x05token\x18\x02 \x01(\x03\x12$\n\x06holder\x18\x03 \x01(\x0b\x32\x14.fencepost.v1.Holder\"?\n\x0eReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\x03\"#\n\x0fReleaseResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\")\n\x06Holder\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\r\n\x05token\x18\x02 \x01(\x03\"\xa6\x01\n\x10KeepAliveRequest\x12\x31\n\tkeepalive\x18\x01 \x01(\x0b\x32\x1c.fencepost.v1.LeaseKeepAliveH\x00\x12(\n\x05watch\x18\x02 \x01(\x0b\x32\x17.fencepost.v1.WatchHoldH\x00\x12*\n\x07unwatch\x18\x03 \x01(\x0b\x32\x17.fencepost.v1.WatchHoldH\x00\x42\t\n\x07request\"6\n\x0eLeaseKeepAlive\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\":\n\tWatchHold\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\x03\"\x84\x01\n\x11KeepAliveResponse\x12\x34\n\tkeepalive\x18\x01 \x01(\x0b\x32\x1f.fencepost.v1.LeaseKeepAliveAckH\x00\x12-\n\nhold_ended\x18\x02 \x01(\x0b\x32\x17.fencepost.v1.HoldEndedH\x00\x42\n\n\x08response\"N\n\x11LeaseKeepAliveAck\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\"k\n\tHoldEnded\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\x03\x12)\n\x06reason\x18\x05 \x01(\x0e\x32\x19.fencepost.v1.ErrorReasonJ\x04\x08\x04\x10\x05\"\x1f\n\x0f\x44\x65scribeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xc9\x01\n\x10\x44\x65scribeResponse\x12\x0c\n\x04held\x18\x01 \x01(\x08\x12$\n\x06holder\x18\x02 \x01(\x0b\x32\x14.fencepost.v1.Holder\x12\x1d\n\x15ttl_remaining_seconds\x18\x03 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x03\x12\x14\n\x0cwaiter_count\x18\x05 \x01(\x03\x12%\n\x07waiters\x18\x06 \x03(\x0b\x32\x14.fencepost.v1.Holder\x12\x10\n\x08revision\x18\x07 \x01(\x03*\xdc\x01\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n\rINVALID_FIELD\x10\x01\x12\x0e\n\nNOT_HOLDER\x10\x02\x12\x0f\n\x0bSTALE_TOKEN\x10\x03\x12\x11\n\rLEASE_EXPIRED\x10\x04\x12\x13\n\x0f\x41\x43QUIRE_TIMEOUT\x10\x05\x12\x14\n\x10\x45TCD_UNAVAILABLE\x10\x06\x12\x14\n\x10TOO_MANY_WAITERS\x10\x07\x12\x11\n\rSHUTTING_DOWN\x10\x08\x12\x14\n\x10TOO_MANY_STREAMS\x10\t2\xdf\x03\n\x0bLockService\x12O\n\nLeaseGrant\x12\x1f.fencepost.v1.LeaseGrantRequest\x1a .fencepost.v1.LeaseGrantResponse\x12R\n\x0bLeaseRevoke\x12 .fencepost.v1.LeaseRevokeRequest\x1a!.fencepost.v1.LeaseRevokeResponse\x12\x46\n\x07\x41\x63quire\x12\x1c.fencepost.v1.AcquireRequest\x1a\x1d.fencepost.v1.AcquireResponse\x12\x46\n\x07Release\x12\x1c.fencepost.v1.ReleaseRequest\x1a\x1d.fencepost.v1.ReleaseResponse\x12P\n\tKeepAlive\x12\x1e.fencepost.v1.KeepAliveRequest\x1a\x1f.fencepost.v1.KeepAliveResponse(\x01\x30\x01\x12I\n\x08\x44\x65scribe\x12\x1d.fencepost.v1.DescribeRequest\x1a\x1e.fencepost.v1.DescribeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65ncepost/v1/lock.proto\x12\x0c\x66\x65ncepost.v1\"(\n\x11LeaseGrantRequest\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x03\";\n\x12LeaseGrantResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\"&\n\x12LeaseRevokeRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\"$\n\x13LeaseRevokeResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"W\n\x0e\x41\x63quireRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x03\x12\x14\n\x0cwait_forever\x18\x04 \x01(\x08\"X\n\x0f\x41\x63quireResponse\x12\x10\n\x08\x61\x63quired\x18\x01 \x01(\x08\x12\r\n\x05token\x18\x02 \x01(\x03\x12$\n\x06holder\x18\x03 \x01(\x0b\x32\x14.fencepost.v1.Holder\"?\n\x0eReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\x03\"#\n\x0fReleaseResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\"1\n\x0fWithdrawRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\"A\n\x10WithdrawResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x10\n\x08revision\x18\x03 \x01(\x03\")\n\x06Holder\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\r\n\x05token\x18\x02 \x01(\x03\"\xa6\x01\n\x10KeepAliveRequest\x12\x31\n\tkeepalive\x18\x01 \x01(\x0b\x32\x1c.fencepost.v1.LeaseKeepAliveH\x00\x12(\n\x05watch\x18\x02 \x01(\x0b\x32\x17.fencepost.v1.WatchHoldH\x00\x12*\n\x07unwatch\x18\x03 \x01(\x0b\x32\x17.fencepost.v1.WatchHoldH\x00\x42\t\n\x07request\"6\n\x0eLeaseKeepAlive\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\":\n\tWatchHold\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\x03\"\x84\x01\n\x11KeepAliveResponse\x12\x34\n\tkeepalive\x18\x01 \x01(\x0b\x32\x1f.fencepost.v1.LeaseKeepAliveAckH\x00\x12-\n\nhold_ended\x18\x02 \x01(\x0b\x32\x17.fencepost.v1.HoldEndedH\x00\x42\n\n\x08response\"N\n\x11LeaseKeepAliveAck\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\"k\n\tHoldEnded\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\x03\x12)\n\x06reason\x18\x05 \x01(\x0e\x32\x19.fencepost.v1.ErrorReasonJ\x04\x08\x04\x10\x05\"\x1f\n\x0f\x44\x65scribeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xc9\x01\n\x10\x44\x65scribeResponse\x12\x0c\n\x04held\x18\x01 \x01(\x08\x12$\n\x06holder\x18\x02 \x01(\x0b\x32\x14.fencepost.v1.Holder\x12\x1d\n\x15ttl_remaining_seconds\x18\x03 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x03\x12\x14\n\x0cwaiter_count\x18\x05 \x01(\x03\x12%\n\x07waiters\x18\x06 \x03(\x0b\x32\x14.fencepost.v1.Holder\x12\x10\n\x08revision\x18\x07 \x01(\x03*\xdc\x01\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n\rINVALID_FIELD\x10\x01\x12\x0e\n\nNOT_HOLDER\x10\x02\x12\x0f\n\x0bSTALE_TOKEN\x10\x03\x12\x11\n\rLEASE_EXPIRED\x10\x04\x12\x13\n\x0f\x41\x43QUIRE_TIMEOUT\x10\x05\x12\x14\n\x10\x45TCD_UNAVAILABLE\x10\x06\x12\x14\n\x10TOO_MANY_WAITERS\x10\x07\x12\x11\n\rSHUTTING_DOWN\x10\x08\x12\x14\n\x10TOO_MANY_STREAMS\x10\t2\xaa\x04\n\x0bLockService\x12O\n\nLeaseGrant\x12\x1f.fencepost.v1.LeaseGrantRequest\x1a .fencepost.v1.LeaseGrantResponse\x12R\n\x0bLeaseRevoke\x12 .fencepost.v1.LeaseRevokeRequest\x1a!.fencepost.v1.LeaseRevokeResponse\x12\x46\n\x07\x41\x63quire\x12\x1c.fencepost.v1.AcquireRequest\x1a\x1d.fencepost.v1.AcquireResponse\x12\x46\n\x07Release\x12\x1c.fencepost.v1.ReleaseRequest\x1a\x1d.fencepost.v1.ReleaseResponse\x12I\n\x08Withdraw\x12\x1d.fencepost.v1.WithdrawRequest\x1a\x1e.fencepost.v1.WithdrawResponse\x12P\n\tKeepAlive\x12\x1e.fencepost.v1.KeepAliveRequest\x1a\x1f.fencepost.v1.KeepAliveResponse(\x01\x30\x01\x12I\n\x08\x44\x65scribe\x12\x1d.fencepost.v1.DescribeRequest\x1a\x1e.fencepost.v1.DescribeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fencepost.client.v1.lock_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORREASON']._serialized_start=1393
-  _globals['_ERRORREASON']._serialized_end=1613
+  _globals['_ERRORREASON']._serialized_start=1511
+  _globals['_ERRORREASON']._serialized_end=1731
   _globals['_LEASEGRANTREQUEST']._serialized_start=41
   _globals['_LEASEGRANTREQUEST']._serialized_end=81
   _globals['_LEASEGRANTRESPONSE']._serialized_start=83
@@ -50,24 +50,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASEREQUEST']._serialized_end=464
   _globals['_RELEASERESPONSE']._serialized_start=466
   _globals['_RELEASERESPONSE']._serialized_end=501
-  _globals['_HOLDER']._serialized_start=503
-  _globals['_HOLDER']._serialized_end=544
-  _globals['_KEEPALIVEREQUEST']._serialized_start=547
-  _globals['_KEEPALIVEREQUEST']._serialized_end=713
-  _globals['_LEASEKEEPALIVE']._serialized_start=715
-  _globals['_LEASEKEEPALIVE']._serialized_end=769
-  _globals['_WATCHHOLD']._serialized_start=771
-  _globals['_WATCHHOLD']._serialized_end=829
-  _globals['_KEEPALIVERESPONSE']._serialized_start=832
-  _globals['_KEEPALIVERESPONSE']._serialized_end=964
-  _globals['_LEASEKEEPALIVEACK']._serialized_start=966
-  _globals['_LEASEKEEPALIVEACK']._serialized_end=1044
-  _globals['_HOLDENDED']._serialized_start=1046
-  _globals['_HOLDENDED']._serialized_end=1153
-  _globals['_DESCRIBEREQUEST']._serialized_start=1155
-  _globals['_DESCRIBEREQUEST']._serialized_end=1186
-  _globals['_DESCRIBERESPONSE']._serialized_start=1189
-  _globals['_DESCRIBERESPONSE']._serialized_end=1390
-  _globals['_LOCKSERVICE']._serialized_start=1616
-  _globals['_LOCKSERVICE']._serialized_end=2095
+  _globals['_WITHDRAWREQUEST']._serialized_start=503
+  _globals['_WITHDRAWREQUEST']._serialized_end=552
+  _globals['_WITHDRAWRESPONSE']._serialized_start=554
+  _globals['_WITHDRAWRESPONSE']._serialized_end=619
+  _globals['_HOLDER']._serialized_start=621
+  _globals['_HOLDER']._serialized_end=662
+  _globals['_KEEPALIVEREQUEST']._serialized_start=665
+  _globals['_KEEPALIVEREQUEST']._serialized_end=831
+  _globals['_LEASEKEEPALIVE']._serialized_start=833
+  _globals['_LEASEKEEPALIVE']._serialized_end=887
+  _globals['_WATCHHOLD']._serialized_start=889
+  _globals['_WATCHHOLD']._serialized_end=947
+  _globals['_KEEPALIVERESPONSE']._serialized_start=950
+  _globals['_KEEPALIVERESPONSE']._serialized_end=1082
+  _globals['_LEASEKEEPALIVEACK']._serialized_start=1084
+  _globals['_LEASEKEEPALIVEACK']._serialized_end=1162
+  _globals['_HOLDENDED']._serialized_start=1164
+  _globals['_HOLDENDED']._serialized_end=1271
+  _globals['_DESCRIBEREQUEST']._serialized_start=1273
+  _globals['_DESCRIBEREQUEST']._serialized_end=1304
+  _globals['_DESCRIBERESPONSE']._serialized_start=1307
+  _globals['_DESCRIBERESPONSE']._serialized_end=1508
+  _globals['_LOCKSERVICE']._serialized_start=1734
+  _globals['_LOCKSERVICE']._serialized_end=2288
 # @@protoc_insertion_point(module_scope)

@@ -95,6 +95,24 @@ class ReleaseResponse(_message.Message):
     revision: int
     def __init__(self, revision: _Optional[int] = ...) -> None: ...
 
+class WithdrawRequest(_message.Message):
+    __slots__ = ("name", "lease_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    lease_id: int
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class WithdrawResponse(_message.Message):
+    __slots__ = ("found", "held", "revision")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    held: bool
+    revision: int
+    def __init__(self, found: _Optional[bool] = ..., held: _Optional[bool] = ..., revision: _Optional[int] = ...) -> None: ...
+
 class Holder(_message.Message):
     __slots__ = ("lease_id", "token")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]

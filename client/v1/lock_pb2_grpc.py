@@ -57,6 +57,11 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Withdraw = channel.unary_unary(
+                '/fencepost.v1.LockService/Withdraw',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.WithdrawRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.WithdrawResponse.FromString,
+                _registered_method=True)
         self.KeepAlive = channel.stream_stream(
                 '/fencepost.v1.LockService/KeepAlive',
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.KeepAliveRequest.SerializeToString,
@@ -102,8 +107,13 @@ class LockServiceServicer:
         the current holder, and nothing is left queued in etcd. Otherwise the
         caller queues behind earlier contenders (first come, first served) and
         is granted when every earlier one has left, or gets DEADLINE_EXCEEDED
-        when wait_ms passes. A cancelled or timed-out Acquire removes its place
-        in the queue.
+        when wait_ms passes (its place in the queue is removed). An Acquire
+        that ends without an answer (cancelled, its connection broken, the
+        caller's deadline) keeps its place for 2 s: the same lease calling
+        Acquire again for the same name, on any replica, keeps its key, its
+        revision and its place; after that the place is removed. A caller that
+        gives up calls Withdraw, which removes it at once (and a grant it may
+        have missed).
         Idempotent per (lease_id, name): if that lease already holds the lock,
         the same fencing token is returned again. Locks are not counted
         re-entrantly: one Release ends the hold. Do not run two Acquire calls
@@ -127,6 +137,20 @@ class LockServiceServicer:
         FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
         token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
         UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Withdraw(self, request, context):
+        """Withdraw deletes the key of lease `lease_id` in lock `name`, whatever
+        its token: a hold or a place in the queue. It is for a caller that gave
+        up an Acquire whose outcome it does not know (cancelled, timed out, its
+        answer lost): the grant or the queued wait it may have left is removed,
+        and the next waiter is granted. Idempotent: found = false when the lease
+        has no key there. Do not withdraw while another Acquire for the same
+        (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
+        Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -177,6 +201,11 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.ReleaseRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Withdraw': grpc.unary_unary_rpc_method_handler(
+                    servicer.Withdraw,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.WithdrawRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.WithdrawResponse.SerializeToString,
             ),
             'KeepAlive': grpc.stream_stream_rpc_method_handler(
                     servicer.KeepAlive,
@@ -299,6 +328,33 @@ class LockService:
             '/fencepost.v1.LockService/Release',
             fencepost_dot_v1_dot_lock__pb2.ReleaseRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Withdraw(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/Withdraw',
+            fencepost_dot_v1_dot_lock__pb2.WithdrawRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.WithdrawResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -91,8 +91,13 @@ class LockServiceStub:
     the current holder, and nothing is left queued in etcd. Otherwise the
     caller queues behind earlier contenders (first come, first served) and
     is granted when every earlier one has left, or gets DEADLINE_EXCEEDED
-    when wait_ms passes. A cancelled or timed-out Acquire removes its place
-    in the queue.
+    when wait_ms passes (its place in the queue is removed). An Acquire
+    that ends without an answer (cancelled, its connection broken, the
+    caller's deadline) keeps its place for 2 s: the same lease calling
+    Acquire again for the same name, on any replica, keeps its key, its
+    revision and its place; after that the place is removed. A caller that
+    gives up calls Withdraw, which removes it at once (and a grant it may
+    have missed).
     Idempotent per (lease_id, name): if that lease already holds the lock,
     the same fencing token is returned again. Locks are not counted
     re-entrantly: one Release ends the hold. Do not run two Acquire calls
@@ -112,6 +117,16 @@ class LockServiceStub:
     FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
     token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
     UNAVAILABLE.
+    """
+    Withdraw: _grpc.UnaryUnaryMultiCallable[_lock_pb2.WithdrawRequest, _lock_pb2.WithdrawResponse]
+    """Withdraw deletes the key of lease `lease_id` in lock `name`, whatever
+    its token: a hold or a place in the queue. It is for a caller that gave
+    up an Acquire whose outcome it does not know (cancelled, timed out, its
+    answer lost): the grant or the queued wait it may have left is removed,
+    and the next waiter is granted. Idempotent: found = false when the lease
+    has no key there. Do not withdraw while another Acquire for the same
+    (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
+    Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
     """
     KeepAlive: _grpc.StreamStreamMultiCallable[_lock_pb2.KeepAliveRequest, _lock_pb2.KeepAliveResponse]
     """KeepAlive is one bidirectional stream per client carrying keepalives
@@ -156,8 +171,13 @@ class LockServiceAsyncStub(LockServiceStub):
     the current holder, and nothing is left queued in etcd. Otherwise the
     caller queues behind earlier contenders (first come, first served) and
     is granted when every earlier one has left, or gets DEADLINE_EXCEEDED
-    when wait_ms passes. A cancelled or timed-out Acquire removes its place
-    in the queue.
+    when wait_ms passes (its place in the queue is removed). An Acquire
+    that ends without an answer (cancelled, its connection broken, the
+    caller's deadline) keeps its place for 2 s: the same lease calling
+    Acquire again for the same name, on any replica, keeps its key, its
+    revision and its place; after that the place is removed. A caller that
+    gives up calls Withdraw, which removes it at once (and a grant it may
+    have missed).
     Idempotent per (lease_id, name): if that lease already holds the lock,
     the same fencing token is returned again. Locks are not counted
     re-entrantly: one Release ends the hold. Do not run two Acquire calls
@@ -177,6 +197,16 @@ class LockServiceAsyncStub(LockServiceStub):
     FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
     token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
     UNAVAILABLE.
+    """
+    Withdraw: _aio.UnaryUnaryMultiCallable[_lock_pb2.WithdrawRequest, _lock_pb2.WithdrawResponse]  # type: ignore[assignment]
+    """Withdraw deletes the key of lease `lease_id` in lock `name`, whatever
+    its token: a hold or a place in the queue. It is for a caller that gave
+    up an Acquire whose outcome it does not know (cancelled, timed out, its
+    answer lost): the grant or the queued wait it may have left is removed,
+    and the next waiter is granted. Idempotent: found = false when the lease
+    has no key there. Do not withdraw while another Acquire for the same
+    (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
+    Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
     """
     KeepAlive: _aio.StreamStreamMultiCallable[_lock_pb2.KeepAliveRequest, _lock_pb2.KeepAliveResponse]  # type: ignore[assignment]
     """KeepAlive is one bidirectional stream per client carrying keepalives
@@ -236,8 +266,13 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         the current holder, and nothing is left queued in etcd. Otherwise the
         caller queues behind earlier contenders (first come, first served) and
         is granted when every earlier one has left, or gets DEADLINE_EXCEEDED
-        when wait_ms passes. A cancelled or timed-out Acquire removes its place
-        in the queue.
+        when wait_ms passes (its place in the queue is removed). An Acquire
+        that ends without an answer (cancelled, its connection broken, the
+        caller's deadline) keeps its place for 2 s: the same lease calling
+        Acquire again for the same name, on any replica, keeps its key, its
+        revision and its place; after that the place is removed. A caller that
+        gives up calls Withdraw, which removes it at once (and a grant it may
+        have missed).
         Idempotent per (lease_id, name): if that lease already holds the lock,
         the same fencing token is returned again. Locks are not counted
         re-entrantly: one Release ends the hold. Do not run two Acquire calls
@@ -263,6 +298,22 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
         token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
         UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def Withdraw(
+        self,
+        request: _lock_pb2.WithdrawRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.WithdrawResponse, _abc.Awaitable[_lock_pb2.WithdrawResponse]]:
+        """Withdraw deletes the key of lease `lease_id` in lock `name`, whatever
+        its token: a hold or a place in the queue. It is for a caller that gave
+        up an Acquire whose outcome it does not know (cancelled, timed out, its
+        answer lost): the grant or the queued wait it may have left is removed,
+        and the next waiter is granted. Idempotent: found = false when the lease
+        has no key there. Do not withdraw while another Acquire for the same
+        (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
+        Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod

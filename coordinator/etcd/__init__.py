@@ -8,12 +8,14 @@
 - :mod:`.client`: :class:`EtcdClient`, every etcd call (Range, Txn with
   read-back resolution, leases, the deletion watch, auth).
 - :mod:`.keepalive`: the shared multi-lease LeaseKeepAlive stream.
+- :mod:`.deadline`: the caller's deadline, carried to each etcd call.
 
 The compares and ops of the lock algorithm are built by
 :mod:`fencepost.client.v1.etcdops`, shared with the client's etcd fencing guard.
 """
 
 from .client import NOT_APPLIED, EtcdClient, Stubs, TxnPlan
+from .deadline import bounded, unbounded
 from .members import EtcdAuth, EtcdTls, check_endpoints, parse_endpoint
 from .policy import FAILURES, RULES, Failure, Op, Rule, classify, error_for
 
@@ -29,8 +31,10 @@ __all__ = [
     "Rule",
     "Stubs",
     "TxnPlan",
+    "bounded",
     "check_endpoints",
     "classify",
     "error_for",
     "parse_endpoint",
+    "unbounded",
 ]

@@ -28,6 +28,7 @@ from fencepost.client.v1.retry import ETCD_BACKOFF, Backoff
 
 from ..errors import etcd_unavailable
 from ..lock_metrics import NO_METRICS, LockMetrics
+from . import deadline
 from .keepalive import KeepAlives
 from .members import EtcdAuth, EtcdTls, Members
 from .policy import RULES, UNKNOWN_OUTCOME, Failure, Op, Rule, classify, error_for
@@ -362,15 +363,23 @@ class EtcdClient:
         delays = self._backoff.delays()
         failure, last = Failure.TIMEOUT, None
         for attempt in range(rule.attempts):
+            limit = deadline.left()  # the caller's deadline (see .deadline)
             if attempt:
-                await asyncio.sleep(next(delays))
+                pause = next(delays)
+                if limit is not None and limit <= pause:
+                    break
+                await asyncio.sleep(pause)
+                limit = deadline.left()
+            if limit is not None and limit <= 0:
+                break
             if not anonymous:
                 await self._ensure_token()
             token = None if anonymous else self._token
             index, stubs = self._current()
             sent = time.perf_counter()
             try:
-                resp = await method(stubs)(request, timeout=rule.timeout, metadata=self._metadata(token))
+                timeout = rule.timeout if limit is None else min(rule.timeout, limit)
+                resp = await method(stubs)(request, timeout=timeout, metadata=self._metadata(token))
                 self._metrics.etcd_request(op.name.lower(), time.perf_counter() - sent)
                 if self.refusal is not None and not anonymous:
                     self.refusal = None  # etcd accepts the coordinator again

@@ -184,4 +184,8 @@ def error_for(failure: Failure, exc: BaseException | None, op: Op, *, name: str 
     if failure is Failure.PERMISSION_DENIED:
         return etcd_refused(f"etcd: permission denied for the coordinator's user {user!r} on {op.value}: its "
                             f"role must grant readwrite on the lock prefix", name=name, lease_id=lease_id)
-    return etcd_unavailable(f"etcd: {op.value} {failure.value}: {said}", name=name, lease_id=lease_id)
+    if said:
+        said = f": {said}"
+    elif failure is Failure.TIMEOUT:
+        said = " (no answer before the call's deadline)"
+    return etcd_unavailable(f"etcd: {op.value} {failure.value}{said}", name=name, lease_id=lease_id)
