@@ -62,6 +62,7 @@ Example (a worked timeline, SQLite)::
 from ._dynamodb import CONDITION as DYNAMODB_CONDITION
 from ._dynamodb import DynamoDBGuard, condition_kwargs
 from ._etcd import EtcdGuard, HoldLike
+from ._mysql import MySqlGuard, mysql_update_statement, mysql_upsert_statement
 from ..v1.keys import Hold
 from ._guard import FencingGuard, RejectHook, check_identifier, check_token
 from ._redis import SCRIPT as REDIS_SCRIPT
@@ -78,6 +79,7 @@ __all__ = [
     "Hold",
     "HoldLike",
     "MissingRecordError",
+    "MySqlGuard",
     "RejectHook",
     "RedisGuard",
     "SqlGuard",
@@ -85,6 +87,8 @@ __all__ = [
     "check_identifier",
     "check_token",
     "condition_kwargs",
+    "mysql_update_statement",
+    "mysql_upsert_statement",
     "update_statement",
     "upsert_statement",
 ]
