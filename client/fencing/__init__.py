@@ -67,6 +67,8 @@ from ..v1.keys import Hold
 from ._guard import FencingGuard, RejectHook, check_identifier, check_token
 from ._redis import SCRIPT as REDIS_SCRIPT
 from ._redis import RedisGuard
+from ._s3 import TOKEN_METADATA as S3_TOKEN_METADATA
+from ._s3 import S3Guard
 from ._sql import SqlGuard, add_token_column, update_statement, upsert_statement
 from ..errors import MissingRecordError
 
@@ -82,6 +84,8 @@ __all__ = [
     "MySqlGuard",
     "RejectHook",
     "RedisGuard",
+    "S3Guard",
+    "S3_TOKEN_METADATA",
     "SqlGuard",
     "add_token_column",
     "check_identifier",

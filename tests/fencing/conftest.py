@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from fencepost.client import StaleTokenError
-from fencepost.client.fencing import DynamoDBGuard, EtcdGuard, Hold, MySqlGuard, RedisGuard, SqlGuard
+from fencepost.client.fencing import DynamoDBGuard, EtcdGuard, Hold, MySqlGuard, RedisGuard, S3Guard, SqlGuard
 
-from .servers import DynaliteServer, MariaDbServer, PostgresServer, RedisServer
+from .servers import DynaliteServer, MariaDbServer, PostgresServer, RedisServer, S3Server
 
-ADAPTERS = ["sqlite", "postgres", "redis", "etcd", "dynamodb", "mariadb"]
+ADAPTERS = ["sqlite", "postgres", "redis", "etcd", "dynamodb", "mariadb", "s3"]
 #: Conformance tokens run from 1 to MAX_TOKEN (the etcd driver maps each to a real revision).
 MAX_TOKEN = 100
 
@@ -78,6 +78,16 @@ def dynalite() -> Iterator[DynaliteServer]:
 @pytest.fixture(scope="session")
 def mariadb() -> Iterator[MariaDbServer]:
     server = MariaDbServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    server = S3Server()
     try:
         server.start()
         yield server
@@ -293,6 +303,28 @@ class DynamoDriver(_Blocking):
         return item["value"]["S"], int(item["fencing_token"]["N"])
 
 
+class S3Driver(_Blocking):
+    name = "s3"
+
+    def __init__(self, executor: ThreadPoolExecutor, server: S3Server) -> None:
+        super().__init__(executor)
+        self.client = server.client()
+        self.cleanup.append(self.client.close)
+        self.bucket = f"records-{uuid.uuid4().hex[:12]}"
+        self.client.create_bucket(Bucket=self.bucket)
+
+    async def writer(self, on_reject: Hook | None = None) -> Write:
+        guard = S3Guard(self.client, self.bucket, on_reject=on_reject)
+
+        async def write(key: str, value: str, token: int) -> None:
+            await self.run(guard.put, key, token, value)
+        return write
+
+    async def read(self, key: str) -> tuple[str | None, int | None]:
+        body, token = await self.run(S3Guard(self.client, self.bucket).get, key)
+        return (None if body is None else body.decode()), token
+
+
 def records_prefix(prefix: str) -> str:
     """Where a test keeps its etcd guard records: beside the lock prefix, never inside it."""
     return prefix.rstrip("/") + ".records/"
@@ -368,6 +400,8 @@ async def driver(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, t
         drv = DynamoDriver(executor, request.getfixturevalue("dynalite"))
     elif name == "mariadb":
         drv = MariaDbDriver(executor, request.getfixturevalue("mariadb"))
+    elif name == "s3":
+        drv = S3Driver(executor, request.getfixturevalue("s3_server"))
     else:
         import grpc
         from etcd3aio import Etcd3Client

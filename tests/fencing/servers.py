@@ -329,3 +329,61 @@ class MariaDbServer:
         """Shut down (SIGTERM), then remove the data."""
         _stop(self.proc)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+#: moto's S3 server, one request at a time: moto's threaded server checks
+#: If-Match and then stores the object without a lock, so two conditional
+#: PUTs on one ETag can both pass; S3 applies them atomically, and so does a
+#: server that serves requests one after the other.
+_MOTO = """
+import sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app),
+           threaded=False, request_handler=MotoRequestHandler)
+"""
+
+
+class S3Server:
+    """moto's S3 (the ``moto[server]`` wheel) as a process on 127.0.0.1:PORT, serving one request at a time."""
+
+    def __init__(self) -> None:
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+            raise RuntimeError("moto[server] is not installed (pip install -e '.[test]')")
+        self.root = Path(tempfile.mkdtemp(prefix="fencepost-s3-"))
+        self.port = free_port()
+        self.log = self.root / "moto.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start moto's server and wait until it answers ListBuckets."""
+        import sys
+
+        env = {**os.environ, "MOTO_PORT": str(self.port)}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", _MOTO, "127.0.0.1", str(self.port)],
+                                         stdout=log, stderr=log, cwd=self.root, env=env, start_new_session=True)
+        client = self.client()
+        _wait(lambda: client.list_buckets() is not None, self.proc, self.log, "moto S3 server")
+
+    def client(self) -> Any:
+        """A boto3 S3 client for this server (dummy credentials, path-style addressing)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
+            aws_access_key_id="fencepost", aws_secret_access_key="fencepost",
+            config=Config(retries={"max_attempts": 2}, max_pool_connections=16, connect_timeout=2,
+                          read_timeout=10, s3={"addressing_style": "path"}),
+        )
+
+    def stop(self) -> None:
+        """Stop the server and remove its folder."""
+        _stop(self.proc)
+        shutil.rmtree(self.root, ignore_errors=True)
