@@ -26,8 +26,8 @@ token than the stored one is refused, as for every guard. Not guaranteed:
   SSE-KMS), not versions. If between the HEAD and the PUT the object is
   rewritten to exactly the bytes the HEAD saw (A -> B -> A, under a higher
   token), its ETag is the same again and a stale write can land. When the
-  same body can recur, make every body unique (carry the token or a version
-  number in it).
+  same body can recur, make every body unique (carry the fencing token in
+  it).
 - Writes that do not go through the guard (a plain ``put_object``, a copy,
   a lifecycle rule) are not checked, and a PUT without the metadata resets
   the object to "no token yet".
