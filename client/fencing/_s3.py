@@ -11,8 +11,9 @@ conditional write::
     put_object(Bucket=b, Key=k, Body=..., Metadata={"fencing-token": str(t)},
                IfMatch=E)                           # IfNoneMatch="*" when there was no object
 
-A 412 (PreconditionFailed: someone wrote in between) or 409
-(ConditionalRequestConflict: a concurrent conditional write) starts over,
+A 412 (PreconditionFailed: someone wrote in between), a 409
+(ConditionalRequestConflict: a concurrent conditional write) or a 404 (the
+object was deleted in between) starts over,
 after a jittered pause (:data:`CONFLICT_BACKOFF`), with a fresh HEAD while
 the stored token is still <= t; a write that keeps
 losing to other writers gives up after ``max_attempts`` rounds with
@@ -56,8 +57,9 @@ TOKEN_METADATA = "fencing-token"
 MAX_ATTEMPTS = 16
 #: The pause after a conditional write lost to another write (full jitter, 5 ms growing to 200 ms).
 CONFLICT_BACKOFF = Backoff(base=0.005, cap=0.2)
-#: The error codes of a conditional write that lost to another write.
-RETRY_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+#: The error codes of a conditional write that lost to another write (NoSuchKey: an
+#: If-Match PUT on an object deleted since the HEAD).
+RETRY_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404"})
 _METADATA_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 

@@ -85,6 +85,21 @@ def test_put_when_a_higher_token_lands_between_head_and_put(bucket: tuple[Any, s
     assert guard.get("k") == (b"newer", 9)
 
 
+def test_put_when_the_object_is_deleted_between_head_and_put(bucket: tuple[Any, str]) -> None:
+    """An If-Match PUT on an object deleted since the HEAD (404) reads again and creates it with IfNoneMatch."""
+    client, name = bucket
+    S3Guard(client, name).put("k", 3, b"first")
+
+    def delete(head: int) -> None:
+        if head == 1:
+            client.delete_object(Bucket=name, Key="k")
+
+    guard = S3Guard(Between(client, delete), name)
+    guard.put("k", 5, b"after the delete")
+    assert guard.client.calls == ["head_object", "put_object", "head_object", "put_object"]
+    assert guard.get("k") == (b"after the delete", 5)
+
+
 def test_put_when_it_keeps_losing(bucket: tuple[Any, str]) -> None:
     """Every round loses to another write with a token <= its own: ResourceExhausted after max_attempts PUTs."""
     client, name = bucket
