@@ -26,7 +26,8 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      │   │                         (.retry_delay)
      │   └── TlsError              the TLS handshake with a coordinator failed
      │                             (.address, .cause)
-     └── ResourceExhausted         too many waiters, streams or calls
+     └── ResourceExhausted         too many waiters, streams or calls; the S3
+                                   guard's conditional writes kept losing
 
 The coordinator raises these same classes and turns them into gRPC statuses
 (``fencepost.coordinator.errors``); the client turns a failed call back into
@@ -267,7 +268,11 @@ class TlsError(Unavailable):
 
 
 class ResourceExhausted(FencepostError):
-    """A coordinator limit was hit (too many waiters, streams or calls)."""
+    """A coordinator limit was hit (too many waiters, streams or calls).
+
+    Also raised by the S3 fencing guard when every one of its conditional
+    writes lost to another write (``max_attempts``); nothing was written.
+    """
 
 
 # (status code, ErrorReason name or None) -> class. A (code, None) row is the

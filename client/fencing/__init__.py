@@ -13,8 +13,11 @@ The contract, the same for every adapter:
   rejected when ``t < stored``.
 - The check and the write are ONE atomic statement (a conditional UPDATE or
   upsert, a Lua script, an etcd Txn, a DynamoDB ConditionExpression), never
-  a read followed by a write. A read, if any, only comes after a refusal, to
-  fill the error.
+  a read followed by a write. A read, if any, only comes after the
+  statement, to fill the error (or, in MySQL, to tell what an inconclusive
+  affected-rows count meant, under the statement's row lock). S3 is the
+  exception the storage imposes: a read of the ETag, then a PUT conditional
+  on that ETag (a compare-and-swap of the object), retried on 412.
 - Every write method takes the record's key, then the token (the etcd
   guard: the hold that carries it), then the values.
 - A rejection raises :class:`fencepost.client.StaleTokenError` with
@@ -24,8 +27,10 @@ The contract, the same for every adapter:
   too: :class:`~fencepost.client.InvalidArgument` for a bad argument (a
   token, identifier, key, hold or value; values naming the guard's own key
   or token column), raised before anything is sent;
-  :class:`MissingRecordError` for an update of a missing record; the storage
-  driver's own errors (a lost connection) pass through unchanged.
+  :class:`MissingRecordError` for an update of a missing record;
+  :class:`~fencepost.client.ResourceExhausted` when the S3 guard's
+  conditional writes kept losing to other writes; the storage driver's own
+  errors (a lost connection) pass through unchanged.
 - The guard owns the token and the record's key: a write cannot set the
   token column (attribute) or the key column through its values, and the
   etcd guard's keys lie outside the lock prefix.
@@ -49,6 +54,18 @@ Adapters (each module's docstring shows its exact statement):
   writer's lock key to still have the token as its create revision.
 - :class:`DynamoDBGuard` (boto3): ``attribute_not_exists(fencing_token) OR
   fencing_token <= :t`` as the write's ConditionExpression; :func:`condition_kwargs`.
+- :class:`MySqlGuard` (MySQL, MariaDB; PyMySQL): ``UPDATE `t` SET ...,
+  `fencing_token` = %s WHERE `id` = %s AND (`fencing_token` IS NULL OR
+  `fencing_token` <= %s)`` and ``INSERT ... ON DUPLICATE KEY UPDATE `c` =
+  IF(`fencing_token` IS NULL OR `fencing_token` <= %s, %s, `c`), ...,
+  `fencing_token` = IF(..., %s, `fencing_token`)`` (token column last:
+  MySQL assigns left to right); correct with or without
+  ``CLIENT.FOUND_ROWS``; :func:`mysql_update_statement`,
+  :func:`mysql_upsert_statement`.
+- :class:`S3Guard` (boto3 >= 1.35.69): ``head_object`` for the ETag and the
+  token (user metadata ``fencing-token``), refuse if stored > t, else
+  ``put_object(..., IfMatch=etag)`` (``IfNoneMatch="*"`` for a new object),
+  reading again after a 412; a read plus a conditional write per round.
 
 Example (a worked timeline, SQLite)::
 
@@ -62,10 +79,13 @@ Example (a worked timeline, SQLite)::
 from ._dynamodb import CONDITION as DYNAMODB_CONDITION
 from ._dynamodb import DynamoDBGuard, condition_kwargs
 from ._etcd import EtcdGuard, HoldLike
+from ._mysql import MySqlGuard, mysql_update_statement, mysql_upsert_statement
 from ..v1.keys import Hold
 from ._guard import FencingGuard, RejectHook, check_identifier, check_token
 from ._redis import SCRIPT as REDIS_SCRIPT
 from ._redis import RedisGuard
+from ._s3 import TOKEN_METADATA as S3_TOKEN_METADATA
+from ._s3 import S3Guard
 from ._sql import SqlGuard, add_token_column, update_statement, upsert_statement
 from ..errors import MissingRecordError
 
@@ -78,13 +98,18 @@ __all__ = [
     "Hold",
     "HoldLike",
     "MissingRecordError",
+    "MySqlGuard",
     "RejectHook",
     "RedisGuard",
+    "S3Guard",
+    "S3_TOKEN_METADATA",
     "SqlGuard",
     "add_token_column",
     "check_identifier",
     "check_token",
     "condition_kwargs",
+    "mysql_update_statement",
+    "mysql_upsert_statement",
     "update_statement",
     "upsert_statement",
 ]

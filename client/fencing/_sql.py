@@ -54,9 +54,17 @@ from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, che
 
 _PLACEHOLDERS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
+#: The driver modules of MySQL and MariaDB connections (their statements are MySqlGuard's).
+MYSQL_DRIVERS = frozenset({"pymysql", "MySQLdb", "mysql", "mariadb"})
 
-def _q(name: str) -> str:
-    return f'"{name}"'
+
+def _q(name: str, quote: str = '"') -> str:
+    return f"{quote}{name}{quote}"
+
+
+def is_mysql(conn: Any) -> bool:
+    """Whether ``conn`` comes from a MySQL/MariaDB driver (PyMySQL, mysqlclient, Connector/Python, mariadb)."""
+    return type(conn).__module__.split(".")[0] in MYSQL_DRIVERS
 
 
 def _paramstyle(conn: Any, paramstyle: str | None) -> str:
@@ -101,8 +109,11 @@ def _check_columns(table: str, key_column: str, token_column: str, columns: list
 
 
 def update_statement(table: str, key_column: str, columns: list[str], *,
-                     token_column: str = TOKEN_FIELD, placeholder: str = "?") -> str:
+                     token_column: str = TOKEN_FIELD, placeholder: str = "?", quote: str = '"') -> str:
     """The conditional UPDATE for ``columns`` (parameters: values..., token, key, token).
+
+    Args:
+        quote: The identifier quote: ``"`` (SQL standard), or a backtick for MySQL.
 
     Raises:
         InvalidArgument: a name is not an identifier, or ``columns`` names the
@@ -110,10 +121,10 @@ def update_statement(table: str, key_column: str, columns: list[str], *,
     """
     _check_columns(table, key_column, token_column, columns)
     p = placeholder
-    sets = "".join(f"{_q(c)} = {p}, " for c in columns)
-    tok = _q(token_column)
-    return (f"UPDATE {_q(table)} SET {sets}{tok} = {p} "
-            f"WHERE {_q(key_column)} = {p} AND ({tok} IS NULL OR {tok} <= {p})")
+    sets = "".join(f"{_q(c, quote)} = {p}, " for c in columns)
+    tok = _q(token_column, quote)
+    return (f"UPDATE {_q(table, quote)} SET {sets}{tok} = {p} "
+            f"WHERE {_q(key_column, quote)} = {p} AND ({tok} IS NULL OR {tok} <= {p})")
 
 
 def upsert_statement(table: str, key_column: str, columns: list[str], *,
@@ -140,10 +151,12 @@ def add_token_column(conn: Any, table: str, *, token_column: str = TOKEN_FIELD,
     """Add the token column to an existing table: ``ALTER TABLE t ADD COLUMN fencing_token BIGINT``.
 
     Existing rows get NULL (no token yet): their first guarded write is
-    accepted whatever its token.
+    accepted whatever its token. On a MySQL/MariaDB connection the names are
+    quoted with backticks (``ALTER TABLE `t` ADD COLUMN `fencing_token` BIGINT``;
+    MySQL commits the DDL itself).
 
     Args:
-        conn: A DB-API connection (sqlite3, psycopg).
+        conn: A DB-API connection (sqlite3, psycopg, PyMySQL).
         table: The table name (an identifier).
         token_column: The column to add.
         commit: Commit the caller's transaction afterwards.
@@ -154,9 +167,10 @@ def add_token_column(conn: Any, table: str, *, token_column: str = TOKEN_FIELD,
     """
     check_identifier(table, "table")
     check_identifier(token_column, "token_column")
+    quote = "`" if is_mysql(conn) else '"'
     cur = conn.cursor()
     try:
-        cur.execute(f"ALTER TABLE {_q(table)} ADD COLUMN {_q(token_column)} BIGINT")
+        cur.execute(f"ALTER TABLE {_q(table, quote)} ADD COLUMN {_q(token_column, quote)} BIGINT")
     finally:
         cur.close()
     if commit:
@@ -178,10 +192,14 @@ class SqlGuard(FencingGuard):
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
 
     Raises:
-        InvalidArgument: ``conn`` is not a connection, a name is not an
-            identifier, the token column is the key column, or the paramstyle
-            is unknown.
+        InvalidArgument: ``conn`` is not a connection, or is a MySQL/MariaDB
+            one (use :class:`~fencepost.client.fencing.MySqlGuard`), a name is
+            not an identifier, the token column is the key column, or the
+            paramstyle is unknown.
     """
+
+    #: Whether the guard speaks MySQL (MySqlGuard); SqlGuard refuses MySQL connections.
+    mysql = False
 
     def __init__(self, conn: Any, table: str, key_column: str, *, token_column: str = TOKEN_FIELD,
                  paramstyle: str | None = None, commit: bool = False,
@@ -189,6 +207,9 @@ class SqlGuard(FencingGuard):
         super().__init__(on_reject=on_reject)
         if not callable(getattr(conn, "cursor", None)):
             raise InvalidArgument(f"conn must be a DB-API connection (sqlite3, psycopg), got {conn!r}", field="conn")
+        if is_mysql(conn) and not self.mysql:
+            raise InvalidArgument("conn is a MySQL/MariaDB connection: use MySqlGuard (MySQL has no ON CONFLICT "
+                                  "and quotes names with backticks)", field="conn")
         _check_columns(table, key_column, token_column, [])
         self.table = table
         self.key_column = key_column

@@ -1,7 +1,7 @@
 """Fixtures for the fencing conformance suite: real servers and one driver per adapter.
 
 Session servers (started here, stopped at the end): PostgreSQL, Redis,
-dynalite; etcd is the session ``etcd`` of tests/conftest.py; SQLite is a file
+dynalite, MariaDB, moto's S3; etcd is the session ``etcd`` of tests/conftest.py; SQLite is a file
 per test. A :class:`Driver` gives the suite one shape over every adapter:
 ``await driver.writer(on_reject)`` makes a writer (own connection, own guard)
 whose ``await write(key, value, token)`` goes through the guard, and
@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from fencepost.client import StaleTokenError
-from fencepost.client.fencing import DynamoDBGuard, EtcdGuard, Hold, RedisGuard, SqlGuard
+from fencepost.client.fencing import DynamoDBGuard, EtcdGuard, Hold, MySqlGuard, RedisGuard, S3Guard, SqlGuard
 
-from .servers import DynaliteServer, PostgresServer, RedisServer
+from .servers import DynaliteServer, MariaDbServer, PostgresServer, RedisServer, S3Server
 
-ADAPTERS = ["sqlite", "postgres", "redis", "etcd", "dynamodb"]
+ADAPTERS = ["sqlite", "postgres", "redis", "etcd", "dynamodb", "mariadb", "s3"]
 #: Conformance tokens run from 1 to MAX_TOKEN (the etcd driver maps each to a real revision).
 MAX_TOKEN = 100
 
@@ -68,6 +68,26 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def dynalite() -> Iterator[DynaliteServer]:
     server = DynaliteServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDbServer]:
+    server = MariaDbServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    server = S3Server()
     try:
         server.start()
         yield server
@@ -188,6 +208,43 @@ class PostgresDriver(_Blocking):
         return (row[0], row[1]) if row else (None, None)
 
 
+class MariaDbDriver(_Blocking):
+    name = "mariadb"
+
+    def __init__(self, executor: ThreadPoolExecutor, server: MariaDbServer) -> None:
+        super().__init__(executor)
+        self.server = server
+        self.table = f"records_{uuid.uuid4().hex[:12]}"
+        conn = server.connect(autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE TABLE {self.table} (id VARCHAR(64) PRIMARY KEY, value TEXT, "
+                            f"fencing_token BIGINT) ENGINE=InnoDB")
+        finally:
+            conn.close()
+
+    async def writer(self, on_reject: Hook | None = None) -> Write:
+        conn = await self.run(self.server.connect)
+        self.cleanup.append(conn.close)
+        guard = MySqlGuard(conn, self.table, "id", commit=True, on_reject=on_reject)
+
+        async def write(key: str, value: str, token: int) -> None:
+            await self.run(guard.upsert, key, token, {"value": value})
+        return write
+
+    async def read(self, key: str) -> tuple[str | None, int | None]:
+        def get() -> Any:
+            conn = self.server.connect(autocommit=True)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"SELECT value, fencing_token FROM {self.table} WHERE id = %s", (key,))
+                    return cur.fetchone()
+            finally:
+                conn.close()
+        row = await self.run(get)
+        return (row[0], row[1]) if row else (None, None)
+
+
 class RedisDriver(_Blocking):
     name = "redis"
 
@@ -244,6 +301,28 @@ class DynamoDriver(_Blocking):
         if item is None:
             return None, None
         return item["value"]["S"], int(item["fencing_token"]["N"])
+
+
+class S3Driver(_Blocking):
+    name = "s3"
+
+    def __init__(self, executor: ThreadPoolExecutor, server: S3Server) -> None:
+        super().__init__(executor)
+        self.client = server.client()
+        self.cleanup.append(self.client.close)
+        self.bucket = f"records-{uuid.uuid4().hex[:12]}"
+        self.client.create_bucket(Bucket=self.bucket)
+
+    async def writer(self, on_reject: Hook | None = None) -> Write:
+        guard = S3Guard(self.client, self.bucket, on_reject=on_reject)
+
+        async def write(key: str, value: str, token: int) -> None:
+            await self.run(guard.put, key, token, value)
+        return write
+
+    async def read(self, key: str) -> tuple[str | None, int | None]:
+        body, token = await self.run(S3Guard(self.client, self.bucket).get, key)
+        return (None if body is None else body.decode()), token
 
 
 def records_prefix(prefix: str) -> str:
@@ -319,6 +398,10 @@ async def driver(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, t
         drv = RedisDriver(executor, request.getfixturevalue("redis_server").url)
     elif name == "dynamodb":
         drv = DynamoDriver(executor, request.getfixturevalue("dynalite"))
+    elif name == "mariadb":
+        drv = MariaDbDriver(executor, request.getfixturevalue("mariadb"))
+    elif name == "s3":
+        drv = S3Driver(executor, request.getfixturevalue("s3_server"))
     else:
         import grpc
         from etcd3aio import Etcd3Client

@@ -6,6 +6,11 @@
 - :class:`DynaliteServer`: ``dynalite`` (DynamoDB API) from the npm registry,
   installed with ``npm install --prefix DIR dynalite@4`` on first use (DIR:
   ``$FENCEPOST_DYNALITE_DIR``, else ``~/.cache/fencepost/dynalite-4``).
+- :class:`MariaDbServer`: ``mariadbd`` and ``mariadb-install-db`` from Debian's
+  ``mariadb-server-core`` (and ``my_print_defaults``, which the install script
+  needs, from ``mariadb-client-core``); as root it runs as ``nobody``.
+- :class:`S3Server`: moto's S3 (the ``moto[server]`` wheel) in a process of
+  its own, serving one request at a time (see the class).
 
 Every server binds a free port, is waited for until it answers, and is
 stopped with SIGTERM then SIGKILL. A missing binary is an error, never a skip.
@@ -252,5 +257,133 @@ class DynaliteServer:
 
     def stop(self) -> None:
         """Stop dynalite and remove its folder."""
+        _stop(self.proc)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _as_nobody() -> dict[str, Any]:
+    """subprocess keyword arguments that drop root to ``nobody`` (servers that refuse root); {} otherwise."""
+    if os.geteuid() != 0:
+        return {}
+    nobody = pwd.getpwnam("nobody")
+    return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+
+
+class MariaDbServer:
+    """A throwaway MariaDB (mariadb-install-db + mariadbd) on 127.0.0.1:PORT, user root without password."""
+
+    DATABASE = "fencing"
+
+    def __init__(self) -> None:
+        self.mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/local/sbin")
+        self.install_db = shutil.which("mariadb-install-db")
+        if self.mariadbd is None or self.install_db is None or shutil.which("my_print_defaults") is None:
+            raise RuntimeError("mariadbd, mariadb-install-db or my_print_defaults not found: "
+                               "apt-get install -y mariadb-server-core mariadb-client-core")
+        self.root = Path(tempfile.mkdtemp(prefix="fencepost-mariadb-"))
+        self.root.chmod(0o755)
+        self.port = free_port()
+        self.log = self.root / "mariadb.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.user = _as_nobody()
+
+    def connect(self, **kwargs: Any) -> Any:
+        """A PyMySQL connection to the test database (keyword arguments go to ``pymysql.connect``)."""
+        import pymysql
+
+        kwargs.setdefault("database", self.DATABASE)
+        return pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="", connect_timeout=5,
+                               **kwargs)
+
+    def start(self) -> None:
+        """mariadb-install-db, then start mariadbd, wait until it answers, create the test database."""
+        data = self.root / "data"
+        data.mkdir(mode=0o700)
+        if self.user:
+            os.chown(data, self.user["user"], self.user["group"])
+            os.chown(self.root, self.user["user"], self.user["group"])
+        with open(self.log, "ab") as log:
+            subprocess.run([self.install_db, "--no-defaults", f"--datadir={data}", "--skip-test-db",
+                            "--auth-root-authentication-method=normal", "--skip-name-resolve"],
+                           check=True, stdout=log, stderr=log, cwd=self.root, **self.user)
+            self.proc = subprocess.Popen(
+                [self.mariadbd, "--no-defaults", f"--datadir={data}", "--bind-address=127.0.0.1",
+                 f"--port={self.port}", f"--socket={self.root / 'mariadb.sock'}",
+                 f"--pid-file={self.root / 'mariadb.pid'}", "--skip-name-resolve", "--skip-log-bin",
+                 "--innodb-flush-log-at-trx-commit=0", "--innodb-buffer-pool-size=32M",
+                 "--performance-schema=OFF", "--max-connections=50"],
+                stdout=log, stderr=log, cwd=self.root, start_new_session=True, **self.user)
+
+        def ready() -> bool:
+            conn = self.connect(database=None)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"CREATE DATABASE IF NOT EXISTS {self.DATABASE}")
+            finally:
+                conn.close()
+            return True
+
+        _wait(ready, self.proc, self.log, "mariadbd")
+
+    def stop(self) -> None:
+        """Shut down (SIGTERM), then remove the data."""
+        _stop(self.proc)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+#: moto's S3 server, one request at a time: moto's threaded server checks
+#: If-Match and then stores the object without a lock, so two conditional
+#: PUTs on one ETag can both pass; S3 applies them atomically, and so does a
+#: server that serves requests one after the other.
+_MOTO = """
+import sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app),
+           threaded=False, request_handler=MotoRequestHandler)
+"""
+
+
+class S3Server:
+    """moto's S3 (the ``moto[server]`` wheel) as a process on 127.0.0.1:PORT, serving one request at a time."""
+
+    def __init__(self) -> None:
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+            raise RuntimeError("moto[server] is not installed (pip install -e '.[test]')")
+        self.root = Path(tempfile.mkdtemp(prefix="fencepost-s3-"))
+        self.port = free_port()
+        self.log = self.root / "moto.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start moto's server and wait until it answers ListBuckets."""
+        import sys
+
+        env = {**os.environ, "MOTO_PORT": str(self.port)}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", _MOTO, "127.0.0.1", str(self.port)],
+                                         stdout=log, stderr=log, cwd=self.root, env=env, start_new_session=True)
+        client = self.client()
+        _wait(lambda: client.list_buckets() is not None, self.proc, self.log, "moto S3 server")
+
+    def client(self) -> Any:
+        """A boto3 S3 client for this server (dummy credentials, path-style addressing)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
+            aws_access_key_id="fencepost", aws_secret_access_key="fencepost",
+            config=Config(retries={"max_attempts": 2}, max_pool_connections=16, connect_timeout=2,
+                          read_timeout=10, s3={"addressing_style": "path"}),
+        )
+
+    def stop(self) -> None:
+        """Stop the server and remove its folder."""
         _stop(self.proc)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -1,6 +1,7 @@
 """The fencing contract, run against every adapter on its real server.
 
-Each test runs once per adapter (sqlite, postgres, redis, etcd, dynamodb)
+Each test runs once per adapter (sqlite, postgres, redis, etcd, dynamodb,
+mariadb, s3)
 through the ``driver`` fixture of conftest.py.
 """
 
