@@ -129,6 +129,11 @@ class LockManager:
         self._max_waiters = max_waiters
         self._waiting = 0
 
+    @property
+    def etcd(self) -> EtcdClient:
+        """The etcd layer the locks live in (read-only listings use it directly)."""
+        return self._etcd
+
     async def acquire(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
         """Take lock ``name`` for lease ``lease_id``.
 
