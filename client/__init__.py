@@ -5,7 +5,7 @@ to the storage with every write, and let it reject writes that carry a token
 lower than one it has accepted. See :class:`AsyncLockClient`.
 """
 
-from ._aio import DEFAULT_ADDRESS, AsyncLockClient, LockInfo
+from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
 from ._sync import LockClient, LockHandle
 from ._tls import TlsConfig
 from .errors import (
@@ -28,6 +28,7 @@ __all__ = [
     "AsyncLockClient",
     "AsyncLockHandle",
     "FencepostError",
+    "HeldLock",
     "InvalidArgument",
     "LeaseLost",
     "LockClient",

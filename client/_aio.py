@@ -88,6 +88,47 @@ class LockInfo:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldLock:
+    """One held lock, as listed by :meth:`AsyncLockClient.list_locks`.
+
+    Attributes:
+        name: The lock name.
+        holder_lease_id: The holder's lease id.
+        token: The holder's fencing token.
+        ttl_remaining: Seconds left on the holder's lease as etcd reported it
+            (a lower bound only), None when the lease ended meanwhile.
+        ttl: The holder lease's granted TTL in seconds (0 when it ended).
+        held_for: Seconds since the grant, None when the coordinator that
+            answered did not make the grant (etcd keeps no grant times).
+        waiter_count: How many contenders are queued behind the holder.
+        revision: The etcd revision of the listing.
+    """
+
+    name: str
+    holder_lease_id: int
+    token: int
+    ttl_remaining: float | None
+    ttl: int
+    held_for: float | None
+    waiter_count: int
+    revision: int
+
+    @classmethod
+    def from_message(cls, info: pb.LockInfo, revision: int) -> HeldLock:
+        """The lock in one ListLocksResponse entry of the listing at ``revision``."""
+        return cls(
+            name=info.name,
+            holder_lease_id=int(info.holder.lease_id),
+            token=int(info.holder.token),
+            ttl_remaining=float(info.ttl_remaining_seconds) if info.ttl_remaining_seconds >= 0 else None,
+            ttl=int(info.ttl_seconds),
+            held_for=float(info.held_seconds) if info.held_seconds >= 0 else None,
+            waiter_count=int(info.waiter_count),
+            revision=int(revision),
+        )
+
+
 class AsyncLockClient:
     """asyncio client of a Fencepost coordinator: locks with fencing tokens.
 
@@ -447,3 +488,31 @@ class AsyncLockClient:
             name=name,
         )
         return LockInfo.from_response(name, resp)
+
+    async def list_locks(self, prefix: str = "", *, page_size: int = 0) -> list[HeldLock]:
+        """List every held lock whose name starts with ``prefix``, reading all pages.
+
+        Args:
+            prefix: The name prefix; "" lists every lock.
+            page_size: Locks per ListLocks call, 1 to 1000; 0 lets the
+                coordinator choose (100).
+
+        Returns:
+            The held locks in the order of their etcd keys, all read at the
+            revision of the first page (TTLs as etcd reported them per page).
+
+        Raises:
+            InvalidArgument: bad prefix or page size (``field`` names it).
+            Unavailable: no coordinator reachable.
+        """
+        await self._ensure_open()
+        locks: list[HeldLock] = []
+        token = ""
+        while True:
+            request = pb.ListLocksRequest(prefix=prefix, page_size=page_size, page_token=token)
+            resp = await self._transport.call(
+                "ListLocks", lambda _left, r=request: (r, self._connect_timeout), until=None, idempotent=True)
+            locks.extend(HeldLock.from_message(info, resp.revision) for info in resp.locks)
+            token = resp.next_page_token
+            if not token:
+                return locks

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from . import _wire
-from ._aio import DEFAULT_ADDRESS, AsyncLockClient, LockInfo
+from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
 from ._tls import TlsConfig
 from .errors import FencepostError
 from .handle import AsyncLockHandle
@@ -384,3 +384,19 @@ class LockClient:
         """
         _wire.check_name(name)
         return self._run(self._aio.describe(name))
+
+    def list_locks(self, prefix: str = "", *, page_size: int = 0) -> list[HeldLock]:
+        """List every held lock whose name starts with ``prefix``, reading all pages.
+
+        Args:
+            prefix: The name prefix; "" lists every lock.
+            page_size: Locks per ListLocks call, 1 to 1000; 0 lets the coordinator choose (100).
+
+        Returns:
+            The held locks in the order of their etcd keys, all read at one etcd revision.
+
+        Raises:
+            InvalidArgument: bad prefix or page size (``field`` names it).
+            Unavailable: no coordinator reachable.
+        """
+        return self._run(self._aio.list_locks(prefix, page_size=page_size))

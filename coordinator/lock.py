@@ -142,6 +142,11 @@ class LockManager:
         self._reattach_seconds = reattach_seconds
         self._later: set[asyncio.Task[None]] = set()
 
+    @property
+    def etcd(self) -> EtcdClient:
+        """The etcd layer the locks live in (read-only listings use it directly)."""
+        return self._etcd
+
     async def acquire(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
         """Take lock ``name`` for lease ``lease_id``.
 

@@ -25,6 +25,7 @@ from .errors import reason_of, shutting_down, to_status
 from .etcd import bounded
 from .events import caller, log_event
 from .lease import Leases
+from .listing import GrantTimes, list_locks
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .stream import KeepAliveStream, RecentReleases
@@ -82,6 +83,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._max_streams = max_streams
         self._streams = 0
         self._released = RecentReleases()
+        self._grant_times = GrantTimes()
         self.closing = asyncio.Event()
 
     @property
@@ -136,6 +138,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         waited = time.perf_counter() - started
         if result.acquired:
             self._metrics.granted(waited)
+            self._grant_times.granted(Hold(request.name, request.lease_id, result.token))
             log_event(_log, logging.DEBUG, "grant", f"{request.name!r} granted to lease {request.lease_id:#x}, "
                       f"token {result.token}", name=request.name, lease_id=request.lease_id, token=result.token,
                       waited_s=round(waited, 6), **caller(context))
@@ -158,6 +161,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             self._released.discard(hold)
             raise
         self._metrics.released()
+        self._grant_times.released(hold)
         log_event(_log, logging.DEBUG, "release", f"{request.name!r} released by lease {request.lease_id:#x}, "
                   f"token {request.token}", name=request.name, lease_id=request.lease_id, token=request.token,
                   revision=revision, **caller(context))
@@ -183,6 +187,18 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             ttl_seconds=d.ttl_seconds, waiter_count=d.waiter_count,
             waiters=[_holder(w) for w in d.waiters], revision=d.revision,
         )
+
+    @_statuses
+    async def ListLocks(self, request: lock_pb2.ListLocksRequest, context: grpc.aio.ServicerContext
+                        ) -> lock_pb2.ListLocksResponse:
+        page = await list_locks(self._locks.etcd, self._keys, request.prefix, request.page_size, request.page_token,
+                                self._grant_times)
+        return lock_pb2.ListLocksResponse(
+            locks=[lock_pb2.LockInfo(name=lock.name, holder=_holder(lock.holder),
+                                     ttl_remaining_seconds=lock.ttl_remaining_seconds, ttl_seconds=lock.ttl_seconds,
+                                     held_seconds=lock.held_seconds, waiter_count=lock.waiter_count)
+                   for lock in page.locks],
+            next_page_token=page.next_page_token, revision=page.revision)
 
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:

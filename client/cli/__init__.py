@@ -5,6 +5,9 @@
 - ``fencepost status [NAME]`` (:mod:`.status`): the holder, fencing token,
   TTL left and waiters of one lock, or, without NAME, whether each
   coordinator serves.
+- ``fencepost locks [PREFIX]`` (:mod:`.locks`): every held lock (holder
+  lease, fencing token, TTL left, held for, waiters) as a table or JSON,
+  once or every few seconds (``--watch``).
 - ``fencepost acquire NAME`` (:mod:`.acquire`): take a lock, print its
   fencing token, hold it while the client streams keepalives, release it on
   SIGINT/SIGTERM.
@@ -28,13 +31,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acquire, demo, release, run, serve, status
+from . import acquire, demo, locks, release, run, serve, status
 from .common import EXIT_INTERRUPTED, EXIT_OK, CliError, Formatter, Parser, epilog
 
 __all__ = ["build_parser", "main"]
 
 #: The commands parsed by :func:`build_parser`, in the order ``--help`` lists them.
-COMMANDS = {"status": status, "acquire": acquire, "release": release, "run": run, "demo": demo}
+COMMANDS = {"status": status, "locks": locks, "acquire": acquire, "release": release, "run": run, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

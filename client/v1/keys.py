@@ -56,6 +56,14 @@ class Keys:
         """The key range of lock ``name`` (every contender's key starts with it)."""
         return self.prefix + quote(name, safe="").encode() + b"/"
 
+    def name_prefix(self, prefix: str) -> bytes:
+        """The key range of every lock whose name starts with ``prefix`` ("" for every lock).
+
+        Names are encoded byte by byte and ``%`` itself is encoded, so a name
+        starts with ``prefix`` exactly when its key starts with this.
+        """
+        return self.prefix + quote(prefix, safe="").encode()
+
     def contender(self, name: str, lease_id: int) -> bytes:
         """The key of ``lease_id``'s hold or place in the queue for ``name``."""
         return self.lock_prefix(name) + f"{lease_id:016x}".encode()

@@ -202,3 +202,39 @@ class DescribeResponse(_message.Message):
     waiters: _containers.RepeatedCompositeFieldContainer[Holder]
     revision: int
     def __init__(self, held: _Optional[bool] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., waiter_count: _Optional[int] = ..., waiters: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class ListLocksRequest(_message.Message):
+    __slots__ = ("prefix", "page_size", "page_token")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    page_size: int
+    page_token: str
+    def __init__(self, prefix: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class LockInfo(_message.Message):
+    __slots__ = ("name", "holder", "ttl_remaining_seconds", "ttl_seconds", "held_seconds", "waiter_count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TTL_REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HELD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAITER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    holder: Holder
+    ttl_remaining_seconds: int
+    ttl_seconds: int
+    held_seconds: float
+    waiter_count: int
+    def __init__(self, name: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., held_seconds: _Optional[float] = ..., waiter_count: _Optional[int] = ...) -> None: ...
+
+class ListLocksResponse(_message.Message):
+    __slots__ = ("locks", "next_page_token", "revision")
+    LOCKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    locks: _containers.RepeatedCompositeFieldContainer[LockInfo]
+    next_page_token: str
+    revision: int
+    def __init__(self, locks: _Optional[_Iterable[_Union[LockInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...

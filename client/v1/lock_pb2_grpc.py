@@ -72,6 +72,11 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.DescribeResponse.FromString,
                 _registered_method=True)
+        self.ListLocks = channel.unary_unary(
+                '/fencepost.v1.LockService/ListLocks',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ListLocksRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ListLocksResponse.FromString,
+                _registered_method=True)
 
 
 class LockServiceServicer:
@@ -179,6 +184,23 @@ class LockServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLocks(self, request, context):
+        """ListLocks lists the held locks whose names start with `prefix`, in the
+        order of their etcd keys (percent-encoded names), one page at a time:
+        holder, fencing token, TTL left, how long held and waiters of each.
+        Read-only. Every page of one listing is read at the etcd revision of its
+        first page (carried in the page token), so the pages together are one
+        snapshot; only the TTLs and held_seconds are read when each page is
+        served. A page token stops working when etcd compacts that revision
+        (start again without one). Idempotent.
+        Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
+        is malformed, from another prefix, or for a compacted revision),
+        UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +238,11 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.DescribeRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.DescribeResponse.SerializeToString,
+            ),
+            'ListLocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLocks,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ListLocksRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ListLocksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -409,6 +436,33 @@ class LockService:
             '/fencepost.v1.LockService/Describe',
             fencepost_dot_v1_dot_lock__pb2.DescribeRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/ListLocks',
+            fencepost_dot_v1_dot_lock__pb2.ListLocksRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ListLocksResponse.FromString,
             options,
             channel_credentials,
             insecure,

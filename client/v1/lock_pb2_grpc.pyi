@@ -143,6 +143,19 @@ class LockServiceStub:
     lock name. Read-only; a snapshot at one etcd revision.
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
+    ListLocks: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ListLocksRequest, _lock_pb2.ListLocksResponse]
+    """ListLocks lists the held locks whose names start with `prefix`, in the
+    order of their etcd keys (percent-encoded names), one page at a time:
+    holder, fencing token, TTL left, how long held and waiters of each.
+    Read-only. Every page of one listing is read at the etcd revision of its
+    first page (carried in the page token), so the pages together are one
+    snapshot; only the TTLs and held_seconds are read when each page is
+    served. A page token stops working when etcd compacts that revision
+    (start again without one). Idempotent.
+    Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
+    is malformed, from another prefix, or for a compacted revision),
+    UNAVAILABLE.
+    """
 
 @_typing.type_check_only
 class LockServiceAsyncStub(LockServiceStub):
@@ -222,6 +235,19 @@ class LockServiceAsyncStub(LockServiceStub):
     """Describe reports the holder, fencing token, waiters and TTL left for one
     lock name. Read-only; a snapshot at one etcd revision.
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
+    """
+    ListLocks: _aio.UnaryUnaryMultiCallable[_lock_pb2.ListLocksRequest, _lock_pb2.ListLocksResponse]  # type: ignore[assignment]
+    """ListLocks lists the held locks whose names start with `prefix`, in the
+    order of their etcd keys (percent-encoded names), one page at a time:
+    holder, fencing token, TTL left, how long held and waiters of each.
+    Read-only. Every page of one listing is read at the etcd revision of its
+    first page (carried in the page token), so the pages together are one
+    snapshot; only the TTLs and held_seconds are read when each page is
+    served. A page token stops working when etcd compacts that revision
+    (start again without one). Idempotent.
+    Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
+    is malformed, from another prefix, or for a compacted revision),
+    UNAVAILABLE.
     """
 
 class LockServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -341,6 +367,25 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """Describe reports the holder, fencing token, waiters and TTL left for one
         lock name. Read-only; a snapshot at one etcd revision.
         Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def ListLocks(
+        self,
+        request: _lock_pb2.ListLocksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.ListLocksResponse, _abc.Awaitable[_lock_pb2.ListLocksResponse]]:
+        """ListLocks lists the held locks whose names start with `prefix`, in the
+        order of their etcd keys (percent-encoded names), one page at a time:
+        holder, fencing token, TTL left, how long held and waiters of each.
+        Read-only. Every page of one listing is read at the etcd revision of its
+        first page (carried in the page token), so the pages together are one
+        snapshot; only the TTLs and held_seconds are read when each page is
+        served. A page token stops working when etcd compacts that revision
+        (start again without one). Idempotent.
+        Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
+        is malformed, from another prefix, or for a compacted revision),
+        UNAVAILABLE.
         """
 
 def add_LockServiceServicer_to_server(servicer: LockServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
