@@ -157,7 +157,7 @@ test("the coordinator's ErrorInfo maps to typed errors: STALE_TOKEN, NOT_HOLDER,
   assert.equal(stale.reason, "STALE_TOKEN");
   const notHolder = await failure(raw.release({ name: `${name}-other`, leaseId: held.leaseId, token: held.token }));
   assert.ok(notHolder instanceof NotHolder, String(notHolder));
-  const expired = await failure(raw.acquire({ name, leaseId: 12345n, waitMs: 0n }));
+  const expired = await failure(raw.acquire({ name: `${name}-free`, leaseId: 12345n, waitMs: 0n }));
   assert.ok(expired instanceof LeaseLost, String(expired));
   const invalid = await failure(raw.leaseGrant({ ttlSeconds: 0n }));
   assert.ok(invalid instanceof InvalidArgument, String(invalid));
