@@ -81,6 +81,8 @@ def test_typescript_client_and_guard(ts_built: None, etcd: Any, prefix: str, tmp
             "FENCEPOST_ADDRESS": address,
             "FENCEPOST_COORDINATOR_PID": str(coordinator.child.pid),
             "FENCEPOST_PYTHON": sys.executable,
+            "FENCEPOST_ETCD_ENDPOINT": etcd.endpoint,
+            "FENCEPOST_PREFIX": prefix,
             "FENCEPOST_PY_PEER": str(REPO / "tests" / "ts_peer.py"),
             "PGHOST": "127.0.0.1",
             "PGPORT": str(pg_server.port),
