@@ -55,6 +55,22 @@ def pg_server() -> Iterator[PostgresServer]:
         server.stop()
 
 
+def _certificates(folder: Path) -> Path:
+    """ca.pem, server.pem and server-key.pem (for 127.0.0.1 and localhost), and an unrelated other-ca.pem."""
+    import trustme
+
+    folder.mkdir()
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    server.private_key_pem.write_to_path(str(folder / "server-key.pem"))
+    for i, pem in enumerate(server.cert_chain_pems):
+        pem.write_to_path(str(folder / "server.pem"), append=i > 0)
+    trustme.CA().cert_pem.write_to_path(str(folder / "other-ca.pem"))
+    return folder
+
+
+@pytest.mark.timeout(600)
 def test_node_is_the_wheels_and_new_enough(ts_built: None) -> None:
     """The tests run on the wheel's Node.js, version 22 or later (Debian's 18/20 is never used)."""
     version = subprocess.run([tools.node(), "--version"], capture_output=True, text=True, check=True).stdout
@@ -62,6 +78,7 @@ def test_node_is_the_wheels_and_new_enough(ts_built: None) -> None:
     assert Path(tools.node()).is_relative_to(Path(tools.node_bin_dir()))
 
 
+@pytest.mark.timeout(600)
 def test_generated_typescript_stubs_are_fresh() -> None:
     """`python proto/generate.py --typescript --check` finds client/typescript/src/gen up to date."""
     result = subprocess.run([sys.executable, "proto/generate.py", "--typescript", "--check"], cwd=REPO,
@@ -83,6 +100,7 @@ def test_typescript_client_and_guard(ts_built: None, etcd: Any, prefix: str, tmp
             "FENCEPOST_PYTHON": sys.executable,
             "FENCEPOST_ETCD_ENDPOINT": etcd.endpoint,
             "FENCEPOST_PREFIX": prefix,
+            "FENCEPOST_TLS_DIR": str(_certificates(tmp_path / "tls")),
             "FENCEPOST_PY_PEER": str(REPO / "tests" / "ts_peer.py"),
             "PGHOST": "127.0.0.1",
             "PGPORT": str(pg_server.port),

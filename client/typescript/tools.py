@@ -85,8 +85,13 @@ def deps(timeout: float = 600) -> None:
 
 
 def build() -> None:
-    """Install the dependencies if needed, then compile src/, test/ and examples/ into dist/."""
+    """Install the dependencies if needed, then compile src/, test/ and examples/ into a fresh dist/.
+
+    dist/ is made anew each time, so that the output of a deleted or renamed
+    test never runs.
+    """
     deps()
+    shutil.rmtree(HERE / "dist", ignore_errors=True)
     run([node(), str(HERE / "node_modules" / "typescript" / "bin" / "tsc"), "-p", "tsconfig.json"], timeout=300)
 
 

@@ -110,3 +110,16 @@ export function nodeWorker(name: string, table: string, ttl = 2): Child {
 export function pythonWorker(name: string, table: string, ttl = 2): Child {
   return new Child([required("FENCEPOST_PYTHON"), required("FENCEPOST_PY_PEER"), ADDRESS, name, String(ttl), table]);
 }
+
+/** A coordinator process of the test's etcd and prefix, on `port` (0: any). */
+export function coordinator(port: number, extra: string[] = []): Child {
+  const python = process.env["FENCEPOST_PYTHON"]!;
+  return new Child([
+    python, "-m", "fencepost.client.cli", "serve",
+    "--listen", `127.0.0.1:${port}`,
+    "--etcd-endpoints", process.env["FENCEPOST_ETCD_ENDPOINT"]!,
+    "--prefix", process.env["FENCEPOST_PREFIX"]!,
+    "--grace-seconds", "0.2",
+    ...extra,
+  ]);
+}

@@ -3,18 +3,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { LockClient } from "../src/index.js";
-import { Child, lockName } from "./helpers.js";
+import { coordinator, lockName } from "./helpers.js";
 
-function coordinator(port: number): Child {
-  const python = process.env["FENCEPOST_PYTHON"]!;
-  return new Child([
-    python, "-m", "fencepost.client.cli", "serve",
-    "--listen", `127.0.0.1:${port}`,
-    "--etcd-endpoints", process.env["FENCEPOST_ETCD_ENDPOINT"]!,
-    "--prefix", process.env["FENCEPOST_PREFIX"]!,
-    "--grace-seconds", "0.2",
-  ]);
-}
 
 test("a coordinator killed and restarted on its port: the hold keeps its lease and token, and stays valid past its TTL", async () => {
   let server = coordinator(0);
