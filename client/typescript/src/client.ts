@@ -1,0 +1,516 @@
+/**
+ * The Fencepost lock client for Node.js: the same shape and rules as the
+ * Python `AsyncLockClient` (`client/_aio.py`, `_lock.py`).
+ *
+ * @module
+ */
+
+import { now } from "./backoff.js";
+import {
+  FencepostError,
+  InvalidArgument,
+  LeaseLost,
+  LockHeld,
+  LockTimeout,
+  NotHolder,
+  REASON_DEADLINE,
+  StaleTokenError,
+} from "./errors.js";
+import { LockHandle } from "./handle.js";
+import { Lease, LeasePool } from "./lease.js";
+import { KeepAliveStream } from "./stream.js";
+import { readTls, type TlsOptions } from "./tls.js";
+import { Transport } from "./transport.js";
+import {
+  DEFAULT_ADDRESS,
+  checkAddresses,
+  checkFraction,
+  checkName,
+  checkPositiveSeconds,
+  checkTimeout,
+  ttlToWire,
+} from "./validate.js";
+
+/** Slack added to the deadline of a bounded Acquire, in seconds, so that the coordinator's own ACQUIRE_TIMEOUT answer arrives first. */
+const ACQUIRE_SLACK_SECONDS = 1.0;
+/** Longest time `close()` spends on the server, in seconds. */
+const CLOSE_BUDGET_SECONDS = 5.0;
+/** Longest acquire wait on the wire, in milliseconds. */
+const MAX_WAIT_MS = 86_400_000;
+
+/** Options of a {@link LockClient}. */
+export interface ClientOptions {
+  /** TLS settings (PEM file paths, read when the client is made); undefined for plaintext. */
+  tls?: TlsOptions;
+  /** Keepalive period as a fraction of the granted TTL, in (0, 0.5]; 1/3 by default. */
+  keepaliveFraction?: number;
+  /** Seconds to keep trying to reach a coordinator, for each call; finite, > 0; 10 by default. */
+  connectTimeout?: number;
+}
+
+/** Options of {@link LockClient.acquire}. */
+export interface AcquireOptions {
+  /** Lease TTL in seconds, finite, 1 to 86400, rounded up to whole seconds; 10 by default. The server may grant more (`handle.ttl`). */
+  ttl?: number;
+  /** Seconds to wait for the lock, 0 to 86400 (0 tries once, failing with LockTimeout); undefined waits until granted. */
+  timeout?: number;
+  /** Aborts the wait: the acquire rejects with the signal's reason and leaves no place in the queue. */
+  signal?: AbortSignal;
+}
+
+/** A snapshot of one lock, from {@link LockClient.describe}. */
+export interface LockInfo {
+  name: string;
+  held: boolean;
+  holderLeaseId: bigint;
+  token: bigint;
+  /** Seconds left on the holder's lease as etcd reports it (a lower bound), -1 when not held. */
+  ttlRemaining: number;
+  waiterCount: number;
+}
+
+/**
+ * A client of Fencepost coordinators: locks with fencing tokens.
+ *
+ * It keeps one lease per distinct TTL for all its locks of that TTL, and one
+ * KeepAlive stream for all its leases, renewing each about every
+ * `ttl * keepaliveFraction` seconds. A lease whose local deadline (send time
+ * of the last acknowledged keepalive + TTL - margin, margin = min(1, max(0.1,
+ * 0.1 * ttl)) s) passes, or that the server reports gone, is lost with all its
+ * holds: each handle's `lost` settles and its `signal` aborts. When the
+ * stream breaks the client reconnects with jittered backoff, trying the
+ * addresses in turn; leases and tokens are unchanged by a reconnect.
+ *
+ * A TTL alone is not mutual exclusion: send `handle.token` with every write
+ * and let the storage refuse a lower one (see `@fencepost/client/fencing`).
+ *
+ * @example
+ * ```ts
+ * const client = new LockClient(["10.0.0.5:7420", "10.0.0.6:7420"]);
+ * await client.withLock("inv:42", { ttl: 10, timeout: 5 }, async (handle) => {
+ *   await guard.updateWithFencing(42, { total: 100 }, handle.token);
+ * });
+ * await client.close();
+ * ```
+ */
+export class LockClient {
+  private readonly transport: Transport;
+  private readonly pool = new LeasePool();
+  private readonly stream: KeepAliveStream;
+  private state: "new" | "open" | "closing" | "closed" = "new";
+  private streamTask: Promise<void> | undefined;
+  private deadlineTimer: NodeJS.Timeout | undefined;
+  private closing: Promise<void> | undefined;
+  private readonly background = new Set<Promise<unknown>>();
+
+  /**
+   * Make a client; nothing is contacted until the first call.
+   *
+   * @param address - `HOST:PORT` of a coordinator, or several (an array or a
+   *   comma-separated string), tried in turn: a host name, IPv4 or `[IPv6]`
+   *   with a port, `dns:///HOST:PORT`, or `unix:/ABSOLUTE/PATH`.
+   * @throws {@link InvalidArgument} a bad address (field `address`), option
+   *   (`keepaliveFraction`, `connectTimeout`) or TLS file (`tls.ca`, `tls.cert`, `tls.key`).
+   */
+  constructor(address: string | readonly string[] = DEFAULT_ADDRESS, options: ClientOptions = {}) {
+    if (typeof options !== "object" || options === null) {
+      throw new InvalidArgument("options must be an object", { field: "options" });
+    }
+    const addresses = checkAddresses(address);
+    const fraction = checkFraction(options.keepaliveFraction ?? 1 / 3);
+    const connectTimeout = checkPositiveSeconds(options.connectTimeout ?? 10, "connectTimeout");
+    const tls = readTls(options.tls);
+    this.transport = new Transport(addresses, connectTimeout, tls);
+    this.stream = new KeepAliveStream(this.transport, this.pool, fraction);
+    this.pool.onLeaseLost = () => this.armDeadlines();
+  }
+
+  /** The coordinator addresses, in the order they are tried. */
+  get addresses(): string[] {
+    return this.transport.addresses.map((a) => a.text);
+  }
+
+  private ensureOpen(): void {
+    if (this.state === "new") {
+      this.state = "open";
+      this.streamTask = this.stream.run();
+    } else if (this.state !== "open") {
+      throw new FencepostError("client is closed");
+    }
+  }
+
+  private armDeadlines(): void {
+    if (this.deadlineTimer !== undefined) clearTimeout(this.deadlineTimer);
+    this.deadlineTimer = undefined;
+    if (this.state !== "open") return;
+    const delay = this.pool.expire();
+    if (delay !== undefined) this.deadlineTimer = setTimeout(() => this.armDeadlines(), delay * 1000 + 1);
+  }
+
+  private spawn(work: Promise<unknown>): void {
+    const task = work.catch(() => undefined);
+    this.background.add(task);
+    void task.finally(() => this.background.delete(task));
+  }
+
+  // ------------------------------------------------------------------ leases
+
+  private async leaseFor(ttl: number, until: number | undefined, signal: AbortSignal | undefined): Promise<Lease> {
+    for (;;) {
+      const live = this.pool.live(ttl);
+      if (live !== undefined) return live;
+      const inFlight = this.pool.inFlight(ttl);
+      if (inFlight === undefined) break;
+      try {
+        await inFlight;
+      } catch {
+        // the other grant failed: try our own
+      }
+    }
+    const grant = (async () => {
+      const sent = now();
+      const resp = await this.transport.call(
+        "LeaseGrant",
+        (client) => client.leaseGrant({ ttlSeconds: BigInt(ttl) }, { timeoutMs: this.transport.connectTimeout * 1000, signal }),
+        { until, idempotent: false, signal },
+      );
+      const lease = new Lease(resp.leaseId, Math.max(Number(resp.ttlSeconds), ttl), sent);
+      if (this.state !== "open") throw new FencepostError("client is closed", { leaseId: lease.leaseId });
+      this.pool.add(ttl, lease);
+      this.stream.startKeepalives(lease);
+      this.armDeadlines();
+      return lease;
+    })();
+    this.pool.setInFlight(ttl, grant);
+    try {
+      return await grant;
+    } finally {
+      this.pool.setInFlight(ttl, undefined);
+    }
+  }
+
+  // ------------------------------------------------------------------ acquire
+
+  /**
+   * Acquire the lock `name`, waiting up to `timeout` seconds.
+   *
+   * Contenders are granted first come, first served. A second local acquire
+   * of a name this client holds under the same TTL waits for the local
+   * holder to release it (within the same timeout).
+   *
+   * @param name - The lock name: 1 to 256 bytes of UTF-8, no control characters.
+   * @returns The handle of the grant, with its fencing token (a bigint).
+   * @throws {@link InvalidArgument} bad name (`name`), ttl (`ttl`), timeout
+   *   (`timeout`) or signal (`signal`), before any call.
+   * @throws {@link LockTimeout} not granted within `timeout`.
+   * @throws {@link LeaseLost} the lease was lost while waiting, twice in a row.
+   * @throws {@link ResourceExhausted} too many waiters on the coordinator.
+   * @throws {@link Unavailable} no coordinator reachable within `connectTimeout`.
+   * @throws the signal's reason when `signal` aborts.
+   */
+  acquire(name: string, options: AcquireOptions = {}): Promise<LockHandle> {
+    return this.acquireImpl(name, options, false);
+  }
+
+  /**
+   * Acquire the lock `name` if it is free, without waiting.
+   *
+   * @param options.ttl - Lease TTL in seconds, as for {@link acquire}.
+   * @returns The handle of the grant.
+   * @throws {@link LockHeld} the lock is held (by another client, or by this
+   *   one under the same TTL); carries the holder's lease id and token.
+   * @throws {@link InvalidArgument} bad name or ttl, before any call.
+   * @throws {@link Unavailable} no coordinator reachable.
+   */
+  tryAcquire(name: string, options: { ttl?: number; signal?: AbortSignal } = {}): Promise<LockHandle> {
+    return this.acquireImpl(name, options, true);
+  }
+
+  /**
+   * Run `fn` while holding the lock `name`, then release it.
+   *
+   * `fn` gets the handle; `handle.signal` (also the second argument) is
+   * aborted with a {@link LeaseLost} if the hold is lost while `fn` runs:
+   * pass it to the work. If the hold was lost, `withLock` rejects with that
+   * LeaseLost (whether `fn` noticed or not); otherwise with what `fn` threw,
+   * or it resolves with `fn`'s result once the lock is released.
+   *
+   * @throws everything {@link acquire} and {@link LockHandle.release} throw,
+   *   and {@link LeaseLost} when the hold was lost before `fn` ended.
+   */
+  async withLock<T>(
+    name: string,
+    options: AcquireOptions,
+    fn: (handle: LockHandle, signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
+    if (typeof fn !== "function") throw new InvalidArgument("fn must be a function", { field: "fn" });
+    const handle = await this.acquire(name, options);
+    let result: T;
+    try {
+      result = await fn(handle, handle.signal);
+    } catch (err) {
+      await this.releaseQuietly(handle);
+      if (handle.lostReason !== undefined) throw handle.signal.reason as LeaseLost;
+      throw err;
+    }
+    if (handle.lostReason !== undefined) {
+      await this.releaseQuietly(handle);
+      throw handle.signal.reason as LeaseLost;
+    }
+    await handle.release();
+    return result;
+  }
+
+  private async acquireImpl(
+    name: string,
+    options: AcquireOptions,
+    tryOnce: boolean,
+  ): Promise<LockHandle> {
+    checkName(name);
+    if (typeof options !== "object" || options === null) {
+      throw new InvalidArgument("options must be an object", { field: "options" });
+    }
+    const ttl = ttlToWire(options.ttl ?? 10);
+    const timeout = tryOnce ? undefined : checkTimeout(options.timeout);
+    const signal = options.signal;
+    if (signal !== undefined && !(signal instanceof AbortSignal)) {
+      throw new InvalidArgument("signal must be an AbortSignal", { field: "signal" });
+    }
+    signal?.throwIfAborted();
+    this.ensureOpen();
+    const until = timeout === undefined ? undefined : now() + timeout;
+    let retriesOnLostLease = 1;
+    for (;;) {
+      const lease = await this.leaseFor(ttl, until, signal);
+      const slot = this.pool.slot(lease.leaseId, name);
+      slot.users++;
+      try {
+        if (tryOnce) {
+          if (slot.locked || slot.users > 1) {
+            throw new LockHeld("lock is held by this client", {
+              lockName: name,
+              leaseId: lease.leaseId,
+              holderLeaseId: lease.leaseId,
+              holderToken: slot.holder?.token ?? 0n,
+            });
+          }
+          await slot.take(undefined, signal);
+        } else if (!(await slot.take(until, signal))) {
+          throw new LockTimeout("lock is held by this client", { lockName: name, leaseId: lease.leaseId });
+        }
+        let handle: LockHandle;
+        try {
+          if (lease.lost) {
+            slot.release();
+            continue;
+          }
+          handle = await this.acquireRpc(lease, name, until, tryOnce, signal);
+        } catch (err) {
+          slot.release();
+          if (err instanceof LeaseLost) {
+            this.pool.lose(lease, "LEASE_EXPIRED");
+            if (retriesOnLostLease-- > 0) continue;
+          }
+          throw err;
+        }
+        slot.holder = handle;
+        return handle;
+      } finally {
+        slot.users--;
+        this.pool.dropSlotIfIdle(lease.leaseId, name);
+      }
+    }
+  }
+
+  private async acquireRpc(
+    lease: Lease,
+    name: string,
+    until: number | undefined,
+    tryOnce: boolean,
+    signal: AbortSignal | undefined,
+  ): Promise<LockHandle> {
+    const resp = await this.transport.call(
+      "Acquire",
+      (client, left) => {
+        let waitMs = 0n;
+        let waitForever = false;
+        let timeoutMs: number | undefined;
+        if (tryOnce) timeoutMs = this.transport.connectTimeout * 1000;
+        else if (left === undefined) waitForever = true;
+        else {
+          const ms = Math.min(Math.round(Math.max(0, left) * 1000), MAX_WAIT_MS);
+          waitMs = BigInt(ms);
+          timeoutMs = ms + ACQUIRE_SLACK_SECONDS * 1000;
+        }
+        return client.acquire({ name, leaseId: lease.leaseId, waitMs, waitForever }, { timeoutMs, signal });
+      },
+      { until, idempotent: true, context: { lockName: name, leaseId: lease.leaseId }, signal },
+    );
+    if (!resp.acquired) {
+      const holderLeaseId = resp.holder?.leaseId ?? 0n;
+      const holderToken = resp.holder?.token ?? 0n;
+      if (!tryOnce) {
+        throw new LockTimeout(`lock is held (lease ${holderLeaseId}, token ${holderToken})`, {
+          lockName: name,
+          leaseId: lease.leaseId,
+        });
+      }
+      throw new LockHeld("lock is held", { lockName: name, leaseId: lease.leaseId, holderLeaseId, holderToken });
+    }
+    const handle = new LockHandle(name, lease, resp.token, (h) => this.release(h));
+    if (lease.lost) {
+      // The lease was declared lost while the Acquire was in flight: give the
+      // grant back in the background and retry on a new lease.
+      this.spawn(this.releaseRpc(handle, now() + this.transport.connectTimeout));
+      throw new LeaseLost("the lease was lost while acquiring", {
+        lockName: name,
+        leaseId: lease.leaseId,
+        reason: lease.lostReason ?? "LEASE_EXPIRED",
+      });
+    }
+    lease.holds.set(name, handle);
+    this.stream.watch(handle);
+    return handle;
+  }
+
+  // ------------------------------------------------------------------ release
+
+  private async release(handle: LockHandle): Promise<void> {
+    if (handle.released) {
+      throw new NotHolder("lock was already released", { lockName: handle.name, leaseId: handle.leaseId });
+    }
+    if (this.state === "new" || this.state === "closed") {
+      throw new FencepostError("client is closed", { lockName: handle.name, leaseId: handle.leaseId });
+    }
+    const until = now() + this.transport.connectTimeout;
+    if (handle.lostReason !== undefined) {
+      const reason = handle.lostReason;
+      // The server may not know yet: free the lock early, in the background.
+      if (reason === REASON_DEADLINE) this.spawn(this.releaseRpc(handle, until));
+      this.pool.finishRelease(handle);
+      throw new LeaseLost("lock hold was lost before release", {
+        lockName: handle.name,
+        leaseId: handle.leaseId,
+        reason,
+      });
+    }
+    handle._releasing = true;
+    try {
+      await this.releaseRpc(handle, until);
+    } catch (err) {
+      handle._releasing = false;
+      if (err instanceof NotHolder || err instanceof StaleTokenError || err instanceof LeaseLost) {
+        if (err instanceof LeaseLost) this.pool.lose(handle._lease, "LEASE_EXPIRED");
+        this.pool.loseHold(handle, err.reason ?? "NOT_HOLDER");
+        this.pool.finishRelease(handle);
+        throw err;
+      }
+      const ended = handle._endedDuringRelease;
+      if (ended === "LEASE_EXPIRED") this.pool.lose(handle._lease, ended);
+      else if (ended !== undefined) this.pool.finishRelease(handle);
+      throw err;
+    }
+    handle._releasing = false;
+    this.pool.finishRelease(handle);
+    this.stream.unwatch(handle);
+  }
+
+  private async releaseRpc(handle: LockHandle, until: number): Promise<void> {
+    await this.transport.call(
+      "Release",
+      (client) =>
+        client.release(
+          { name: handle.name, leaseId: handle.leaseId, token: handle.token },
+          { timeoutMs: this.transport.connectTimeout * 1000 },
+        ),
+      {
+        until,
+        idempotent: false,
+        context: { lockName: handle.name, leaseId: handle.leaseId, token: handle.token },
+      },
+    );
+  }
+
+  private async releaseQuietly(handle: LockHandle): Promise<void> {
+    try {
+      await handle.release();
+    } catch {
+      // released or lost either way
+    }
+  }
+
+  // ------------------------------------------------------------------ describe
+
+  /**
+   * Report the holder, fencing token, waiters and TTL left of one lock.
+   *
+   * @throws {@link InvalidArgument} bad name.
+   * @throws {@link Unavailable} no coordinator reachable.
+   */
+  async describe(name: string): Promise<LockInfo> {
+    checkName(name);
+    this.ensureOpen();
+    const resp = await this.transport.call(
+      "Describe",
+      (client) => client.describe({ name }, { timeoutMs: this.transport.connectTimeout * 1000 }),
+      { until: undefined, idempotent: true, context: { lockName: name } },
+    );
+    return {
+      name,
+      held: resp.held,
+      holderLeaseId: resp.holder?.leaseId ?? 0n,
+      token: resp.holder?.token ?? 0n,
+      ttlRemaining: Number(resp.ttlRemainingSeconds),
+      waiterCount: Number(resp.waiterCount),
+    };
+  }
+
+  // ------------------------------------------------------------------ close
+
+  /**
+   * Release every held lock, revoke the leases, stop the stream, close the
+   * connections. Spends at most about 5 s on the server (errors are
+   * ignored: leases that could not be revoked expire by their TTL). Handles
+   * still held become released. Idempotent.
+   */
+  close(): Promise<void> {
+    if (this.closing === undefined) this.closing = this.closeImpl();
+    return this.closing;
+  }
+
+  /** `await using client = new LockClient(...)` closes it. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  private async closeImpl(): Promise<void> {
+    const wasOpen = this.state === "open";
+    this.state = "closing";
+    if (wasOpen) {
+      const until = now() + Math.min(this.transport.connectTimeout, CLOSE_BUDGET_SECONDS);
+      const quietly = (work: Promise<unknown>): Promise<unknown> => {
+        const budget = new Promise((resolve) => setTimeout(resolve, Math.max(0, until - now()) * 1000).unref());
+        return Promise.race([work.catch(() => undefined), budget]);
+      };
+      await Promise.all(this.pool.holds().map((h) => quietly(this.release(h))));
+      await Promise.all(
+        this.pool.leases().map((lease) =>
+          quietly(
+            this.transport.call(
+              "LeaseRevoke",
+              (client) => client.leaseRevoke({ leaseId: lease.leaseId }, { timeoutMs: CLOSE_BUDGET_SECONDS * 1000 }),
+              { until, idempotent: true, context: { leaseId: lease.leaseId } },
+            ),
+          ),
+        ),
+      );
+    }
+    this.pool.close();
+    this.stream.close();
+    if (this.deadlineTimer !== undefined) clearTimeout(this.deadlineTimer);
+    this.transport.close();
+    await this.streamTask;
+    await Promise.all([...this.background]);
+    this.state = "closed";
+  }
+}

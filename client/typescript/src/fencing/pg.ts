@@ -1,0 +1,249 @@
+/**
+ * The PostgreSQL fencing guard: the Python `SqlGuard`'s statements and
+ * contract, over `pg` (node-postgres).
+ *
+ * The token lives in a column of the guarded row (`fencing_token BIGINT`,
+ * NULL = no token yet). Each write is ONE statement whose WHERE clause is the
+ * fencing check; nothing is read before it. For a table `invoices` keyed by
+ * `id` with a column `total`:
+ *
+ * ```sql
+ * -- updateWithFencing(): the row must exist
+ * UPDATE "invoices" SET "total" = $1, "fencing_token" = $2
+ *  WHERE "id" = $3 AND ("fencing_token" IS NULL OR "fencing_token" <= $4)
+ *
+ * -- upsertWithFencing(): insert the row, or update it under the same check
+ * INSERT INTO "invoices" ("id", "total", "fencing_token") VALUES ($1, $2, $3)
+ * ON CONFLICT ("id") DO UPDATE SET "total" = excluded."total", "fencing_token" = excluded."fencing_token"
+ *  WHERE "invoices"."fencing_token" IS NULL OR "invoices"."fencing_token" <= excluded."fencing_token"
+ * ```
+ *
+ * A write with token `t` is accepted when the row has no token yet or
+ * `t >= stored` (one holder may write many times), and refused when
+ * `t < stored`: {@link StaleTokenError} with `record`, `token` and
+ * `currentToken`, the row unchanged. The statement's row count decides; only
+ * after a refusal is the row's token read, to fill the error and tell
+ * "stale" from "missing" ({@link MissingRecordError}); that read decides
+ * nothing. Table and column names are validated identifiers (double-quoted:
+ * case-sensitive); every value is a bound parameter. The statement runs on
+ * the caller's client or pool, in the caller's transaction if any.
+ *
+ * @module
+ */
+
+import { InvalidArgument, MissingRecordError, StaleTokenError } from "../errors.js";
+import { checkIdentifier, checkToken } from "../validate.js";
+
+/** The default token column. */
+export const TOKEN_COLUMN = "fencing_token";
+
+/** What the guard needs of a `pg` Client, PoolClient or Pool. */
+export interface Queryable {
+  query(text: string, values?: unknown[]): Promise<{ rowCount: number | null; rows: Record<string, unknown>[] }>;
+}
+
+/** Options of a {@link PgGuard}. */
+export interface PgGuardOptions {
+  /** The BIGINT token column; `fencing_token` by default. */
+  tokenColumn?: string;
+  /** Called with each refusal (for metrics), before it is thrown. */
+  onReject?: (err: StaleTokenError) => void;
+}
+
+const q = (name: string): string => `"${name}"`;
+
+function checkColumns(table: string, keyColumn: string, tokenColumn: string, columns: string[]): void {
+  checkIdentifier(table, "table");
+  checkIdentifier(keyColumn, "keyColumn");
+  checkIdentifier(tokenColumn, "tokenColumn");
+  if (keyColumn.toLowerCase() === tokenColumn.toLowerCase()) {
+    throw new InvalidArgument(`tokenColumn must not be the key column, got ${JSON.stringify(tokenColumn)}`, {
+      field: "tokenColumn",
+    });
+  }
+  for (const column of columns) {
+    checkIdentifier(column, "values");
+    if (column.toLowerCase() === tokenColumn.toLowerCase()) {
+      throw new InvalidArgument(
+        `values must not set the token column ${JSON.stringify(column)}: the guard writes the fencing token itself`,
+        { field: "values" },
+      );
+    }
+    if (column.toLowerCase() === keyColumn.toLowerCase()) {
+      throw new InvalidArgument(
+        `values must not set the key column ${JSON.stringify(column)}: the key picks the row`,
+        { field: "values" },
+      );
+    }
+  }
+}
+
+/**
+ * The conditional UPDATE for `columns` (parameters: values..., token, key, token).
+ *
+ * @throws {@link InvalidArgument} a name is not an identifier, or `columns` names the key or token column.
+ */
+export function updateStatement(table: string, keyColumn: string, columns: string[], tokenColumn = TOKEN_COLUMN): string {
+  checkColumns(table, keyColumn, tokenColumn, columns);
+  let n = 0;
+  const p = (): string => `$${++n}`;
+  const sets = columns.map((c) => `${q(c)} = ${p()}, `).join("");
+  const tok = q(tokenColumn);
+  return `UPDATE ${q(table)} SET ${sets}${tok} = ${p()} WHERE ${q(keyColumn)} = ${p()} AND (${tok} IS NULL OR ${tok} <= ${p()})`;
+}
+
+/**
+ * The conditional upsert for `columns` (parameters: key, values..., token).
+ *
+ * @throws {@link InvalidArgument} a name is not an identifier, or `columns` names the key or token column.
+ */
+export function upsertStatement(table: string, keyColumn: string, columns: string[], tokenColumn = TOKEN_COLUMN): string {
+  checkColumns(table, keyColumn, tokenColumn, columns);
+  const names = [keyColumn, ...columns, tokenColumn];
+  const tok = q(tokenColumn);
+  const sets = [...columns, tokenColumn].map((c) => `${q(c)} = excluded.${q(c)}`).join(", ");
+  return (
+    `INSERT INTO ${q(table)} (${names.map(q).join(", ")}) VALUES (${names.map((_, i) => `$${i + 1}`).join(", ")}) ` +
+    `ON CONFLICT (${q(keyColumn)}) DO UPDATE SET ${sets} ` +
+    `WHERE ${q(table)}.${tok} IS NULL OR ${q(table)}.${tok} <= excluded.${tok}`
+  );
+}
+
+/**
+ * Fenced writes to the rows of one PostgreSQL table, each one conditional statement.
+ *
+ * @example
+ * ```ts
+ * const guard = new PgGuard(pool, "invoices", "id");
+ * await client.withLock("inv:42", { ttl: 10 }, async (h) => {
+ *   await guard.updateWithFencing(42, { total: 100 }, h.token); // StaleTokenError if a newer holder wrote
+ * });
+ * ```
+ */
+export class PgGuard {
+  readonly table: string;
+  readonly keyColumn: string;
+  readonly tokenColumn: string;
+  /** How many writes this guard refused. */
+  rejected = 0;
+  private readonly db: Queryable;
+  private readonly onReject: ((err: StaleTokenError) => void) | undefined;
+
+  /**
+   * @param db - A `pg` Client, PoolClient or Pool (anything with `query(text, values)`).
+   * @param table - The table name; must match `^[A-Za-z_][A-Za-z0-9_]*$`.
+   * @param keyColumn - The key column (unique or primary key), same rule.
+   * @throws {@link InvalidArgument} `db` has no `query`, a name is not an
+   *   identifier (field `table`, `keyColumn`, `tokenColumn`), or the token column is the key column.
+   */
+  constructor(db: Queryable, table: string, keyColumn: string, options: PgGuardOptions = {}) {
+    if (db === null || typeof db !== "object" || typeof (db as Queryable).query !== "function") {
+      throw new InvalidArgument("db must be a pg Client, PoolClient or Pool", { field: "db" });
+    }
+    const tokenColumn = options.tokenColumn ?? TOKEN_COLUMN;
+    checkColumns(table, keyColumn, tokenColumn, []);
+    this.db = db;
+    this.table = table;
+    this.keyColumn = keyColumn;
+    this.tokenColumn = tokenColumn;
+    this.onReject = options.onReject;
+  }
+
+  /**
+   * Update an existing row if `token` is not lower than the row's token.
+   *
+   * @param key - The row's key (bound as a parameter; not null or undefined).
+   * @param values - Column name -> new value; neither the key nor the token column. `{}` writes the token alone.
+   * @param token - The writer's fencing token (`handle.token`).
+   * @throws {@link StaleTokenError} the row holds a higher token; nothing was written.
+   * @throws {@link MissingRecordError} no row has that key; nothing was written.
+   * @throws {@link InvalidArgument} a bad key, token, values object or column name; nothing was sent.
+   * @throws the driver's own errors, unchanged.
+   */
+  async updateWithFencing(key: unknown, values: Record<string, unknown>, token: bigint): Promise<void> {
+    const columns = this.check(key, values, token);
+    const sql = updateStatement(this.table, this.keyColumn, columns, this.tokenColumn);
+    const params = [...columns.map((c) => values[c]), token.toString(), key, token.toString()];
+    const result = await this.db.query(sql, params);
+    if (result.rowCount === 1) return;
+    const { current, found } = await this.current(key);
+    if (!found || current === undefined || current <= token) {
+      throw new MissingRecordError(
+        `no row of ${JSON.stringify(this.table)} has ${this.keyColumn} = ${JSON.stringify(String(key))}`,
+        { record: key },
+      );
+    }
+    throw this.reject(key, token, current);
+  }
+
+  /**
+   * Insert the row, or update it if `token` is not lower than its token.
+   *
+   * @throws {@link StaleTokenError} the row holds a higher token; nothing was written.
+   * @throws {@link InvalidArgument} a bad key, token, values object or column name; nothing was sent.
+   */
+  async upsertWithFencing(key: unknown, values: Record<string, unknown>, token: bigint): Promise<void> {
+    const columns = this.check(key, values, token);
+    const sql = upsertStatement(this.table, this.keyColumn, columns, this.tokenColumn);
+    const params = [key, ...columns.map((c) => values[c]), token.toString()];
+    const result = await this.db.query(sql, params);
+    if (result.rowCount === 1) return;
+    const { current } = await this.current(key);
+    throw this.reject(key, token, current);
+  }
+
+  private check(key: unknown, values: Record<string, unknown>, token: bigint): string[] {
+    checkToken(token);
+    if (key === null || key === undefined) {
+      throw new InvalidArgument(`key must not be ${key}: it picks the row of ${JSON.stringify(this.table)}`, {
+        field: "key",
+      });
+    }
+    if (values === null || typeof values !== "object" || Array.isArray(values)) {
+      throw new InvalidArgument("values must be an object of column name to value", { field: "values" });
+    }
+    const columns = Object.keys(values);
+    checkColumns(this.table, this.keyColumn, this.tokenColumn, columns);
+    return columns;
+  }
+
+  private async current(key: unknown): Promise<{ current: bigint | undefined; found: boolean }> {
+    const result = await this.db.query(
+      `SELECT ${q(this.tokenColumn)}::text AS token FROM ${q(this.table)} WHERE ${q(this.keyColumn)} = $1`,
+      [key],
+    );
+    const row = result.rows[0];
+    if (row === undefined) return { current: undefined, found: false };
+    return { current: row["token"] === null ? undefined : BigInt(row["token"] as string), found: true };
+  }
+
+  private reject(key: unknown, token: bigint, current: bigint | undefined): StaleTokenError {
+    this.rejected++;
+    const err = new StaleTokenError(
+      `write to ${this.table} ${JSON.stringify(String(key))} refused: token ${token} < stored ${current ?? "?"}`,
+      { record: key, token, currentToken: current },
+    );
+    try {
+      this.onReject?.(err);
+    } catch {
+      // a metrics hook must not hide the refusal
+    }
+    return err;
+  }
+}
+
+/**
+ * Fenced UPDATE of one row: {@link PgGuard.updateWithFencing} without keeping a guard.
+ *
+ * @throws as {@link PgGuard.updateWithFencing}.
+ */
+export function updateWithFencing(
+  db: Queryable,
+  table: string,
+  keyColumn: string,
+  key: unknown,
+  values: Record<string, unknown>,
+  token: bigint,
+): Promise<void> {
+  return new PgGuard(db, table, keyColumn).updateWithFencing(key, values, token);
+}

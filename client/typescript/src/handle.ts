@@ -1,0 +1,130 @@
+/**
+ * Lock handles: one grant of one lock under a lease, with its fencing token.
+ *
+ * A handle is lost exactly once, whichever detection path fires first (the
+ * local deadline, an acknowledgement saying the lease is gone, a HoldEnded
+ * event), and never after it was released.
+ *
+ * @module
+ */
+
+import { LeaseLost } from "./errors.js";
+import type { Lease } from "./lease.js";
+
+/** One grant of a lock, held under a lease, with its fencing token. Made by {@link LockClient.acquire}. */
+export class LockHandle {
+  /** The lock name. */
+  readonly name: string;
+  /** The fencing token of this grant (an etcd revision): send it with every write the lock protects. */
+  readonly token: bigint;
+  /** The lease holding the lock. */
+  readonly leaseId: bigint;
+  /** The lease's granted TTL, in seconds. */
+  readonly ttl: number;
+  /**
+   * Settles (resolves with a {@link LeaseLost}) when the hold is lost: its
+   * lease expired or was revoked, its key was deleted, or its local deadline
+   * passed. Never settles for a hold that is released first.
+   */
+  readonly lost: Promise<LeaseLost>;
+  /** Aborted, with the {@link LeaseLost} as its reason, when the hold is lost. Pass it to the work done under the lock. */
+  readonly signal: AbortSignal;
+  /** Why the hold was lost (`LEASE_EXPIRED`, `NOT_HOLDER`, `DEADLINE`...); undefined while it is not. */
+  lostReason: string | undefined;
+  /** Whether the hold was released. */
+  released = false;
+
+  /** @internal */
+  readonly _lease: Lease;
+  /** @internal */
+  _releasing = false;
+  /** @internal the reason of a HoldEnded that arrived while the Release was in flight */
+  _endedDuringRelease: string | undefined;
+  private readonly abort = new AbortController();
+  private resolveLost!: (err: LeaseLost) => void;
+  private readonly releaseFn: (handle: LockHandle) => Promise<void>;
+
+  /** @internal */
+  constructor(name: string, lease: Lease, token: bigint, release: (handle: LockHandle) => Promise<void>) {
+    this.name = name;
+    this._lease = lease;
+    this.leaseId = lease.leaseId;
+    this.ttl = lease.ttl;
+    this.token = token;
+    this.releaseFn = release;
+    this.signal = this.abort.signal;
+    this.lost = new Promise((resolve) => {
+      this.resolveLost = resolve;
+    });
+  }
+
+  /** Whether the hold is still live: not released, not lost, and its local deadline not passed. */
+  isValid(): boolean {
+    return !this.released && this.lostReason === undefined && this._lease.remaining() > 0;
+  }
+
+  /** Seconds left before the local deadline (send time of the last acknowledged keepalive + TTL - margin); 0 once lost or released. */
+  validFor(): number {
+    return this.isValid() ? this._lease.remaining() : 0;
+  }
+
+  /** The local deadline, in seconds on `performance.now() / 1000`. */
+  get deadline(): number {
+    return this._lease.deadline;
+  }
+
+  /**
+   * Throw if the hold is no longer valid.
+   *
+   * @throws {@link LeaseLost} with the loss's reason (`DEADLINE` once the local deadline passed).
+   */
+  check(): void {
+    if (this.isValid()) return;
+    throw new LeaseLost("lock hold is not valid", {
+      lockName: this.name,
+      leaseId: this.leaseId,
+      reason: this.lostReason ?? (this.released ? "RELEASED" : "DEADLINE"),
+    });
+  }
+
+  /**
+   * Release the lock. The lease stays alive for the client's other locks.
+   *
+   * @throws {@link NotHolder} already released, or the lease no longer holds the lock.
+   * @throws {@link StaleTokenError} the lease holds the lock under a newer token.
+   * @throws {@link LeaseLost} the hold was lost before the release (it is then forgotten).
+   * @throws {@link Unavailable} no coordinator answered within `connectTimeout`.
+   */
+  release(): Promise<void> {
+    return this.releaseFn(this);
+  }
+
+  /** Release on `await using`; errors are ignored. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.released) return;
+    try {
+      await this.release();
+    } catch {
+      // released or lost either way
+    }
+  }
+
+  /** @internal */
+  _markLost(reason: string): boolean {
+    if (this.released || this.lostReason !== undefined) return false;
+    this.lostReason = reason;
+    const err = new LeaseLost(`lock hold was lost (${reason})`, {
+      lockName: this.name,
+      leaseId: this.leaseId,
+      reason,
+    });
+    this.resolveLost(err);
+    this.abort.abort(err);
+    return true;
+  }
+
+  /** @internal */
+  _markReleased(): void {
+    this.released = true;
+  }
+}

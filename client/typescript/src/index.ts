@@ -1,0 +1,27 @@
+/**
+ * `@fencepost/client`: the TypeScript client of Fencepost, a lock service
+ * whose every grant carries a fencing token.
+ *
+ * @module
+ */
+
+export { LockClient, type AcquireOptions, type ClientOptions, type LockInfo } from "./client.js";
+export { LockHandle } from "./handle.js";
+export type { TlsOptions } from "./tls.js";
+export {
+  FencepostError,
+  InvalidArgument,
+  LeaseLost,
+  LockHeld,
+  LockTimeout,
+  MissingRecordError,
+  NotHolder,
+  REASON_CLOSED,
+  REASON_DEADLINE,
+  ResourceExhausted,
+  StaleTokenError,
+  TlsError,
+  Unavailable,
+} from "./errors.js";
+export { DEFAULT_ADDRESS } from "./validate.js";
+export { marginFor } from "./lease.js";

@@ -1,0 +1,248 @@
+/**
+ * Connections to the coordinators: one HTTP/2 session per address (Connect-ES
+ * gRPC transport), tried in turn, and the retry rule of every unary call
+ * (the Python client's `_transport.py`):
+ *
+ * - idempotent calls (Acquire, LeaseRevoke, Describe) that fail with
+ *   UNAVAILABLE are retried on the next address;
+ * - LeaseGrant and Release are retried only while no connection could be
+ *   made (the request cannot have reached a server); once sent, an
+ *   UNAVAILABLE answer is thrown;
+ * - a call stops trying `connectTimeout` seconds after its first failure
+ *   (or at its own deadline), with jittered backoff between attempts;
+ * - once every address has failed its TLS handshake, {@link TlsError} is
+ *   thrown at once.
+ *
+ * @module
+ */
+
+import * as net from "node:net";
+import * as tlsModule from "node:tls";
+import type * as http2 from "node:http2";
+import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
+import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
+import { LockService } from "./gen/fencepost/v1/lock_pb.js";
+import { delays, now, sleep } from "./backoff.js";
+import { FencepostError, TlsError, Unavailable, fromConnectError, type CallContext } from "./errors.js";
+import type { TlsMaterial } from "./tls.js";
+import type { Address } from "./validate.js";
+
+/** The generated LockService client of Connect-ES. */
+export type LockServiceClient = Client<typeof LockService>;
+
+/** Longest wait for one connection attempt, in seconds. */
+const CONNECT_ATTEMPT_SECONDS = 3;
+
+interface Slot {
+  manager: Http2SessionManager;
+  client: LockServiceClient;
+}
+
+/** Whether a connection error is a failed TLS handshake. */
+export function tlsProblem(err: unknown): string | undefined {
+  for (let e: unknown = err, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && /CERT|SSL|TLS|EPROTO|SELF_SIGNED|UNABLE_TO_|HOSTNAME|ALTNAME/.test(code)) {
+      return `${e.message} (${code})`;
+    }
+  }
+  return undefined;
+}
+
+function describe(err: unknown): string {
+  const parts: string[] = [];
+  for (let e: unknown = err, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    parts.push(typeof code === "string" ? `${e.message} (${code})` : e.message);
+  }
+  return parts.join(": ") || String(err);
+}
+
+/** The client's connections to its coordinators. */
+export class Transport {
+  readonly addresses: readonly Address[];
+  readonly connectTimeout: number;
+  private readonly tls: TlsMaterial | undefined;
+  private readonly slots: (Slot | undefined)[];
+  private index = 0;
+  private closed = false;
+
+  /**
+   * @param addresses - The coordinators, tried in turn.
+   * @param connectTimeout - Seconds a call keeps trying after its first failure.
+   * @param tls - TLS material, undefined for plaintext.
+   */
+  constructor(addresses: readonly Address[], connectTimeout: number, tls: TlsMaterial | undefined) {
+    this.addresses = addresses;
+    this.connectTimeout = connectTimeout;
+    this.tls = tls;
+    this.slots = addresses.map(() => undefined);
+  }
+
+  /** The address in use. */
+  get address(): string {
+    return this.addresses[this.index]!.text;
+  }
+
+  /** The position of the address in use (to pass to {@link rotate}). */
+  get position(): number {
+    return this.index;
+  }
+
+  private slot(i: number): Slot {
+    let slot = this.slots[i];
+    if (slot === undefined) {
+      const address = this.addresses[i]!;
+      const scheme = this.tls ? "https" : "http";
+      const authority = address.kind === "tcp"
+        ? `${address.host.includes(":") ? `[${address.host}]` : address.host}:${address.port}`
+        : "localhost";
+      const options: http2.SecureClientSessionOptions = {};
+      if (this.tls) {
+        if (this.tls.ca) options.ca = this.tls.ca;
+        if (this.tls.cert) options.cert = this.tls.cert;
+        if (this.tls.key) options.key = this.tls.key;
+        if (this.tls.serverName) options.servername = this.tls.serverName;
+      }
+      if (address.kind === "unix") {
+        const path = address.path;
+        const tls = this.tls;
+        options.createConnection = () => {
+          if (!tls) return net.connect(path);
+          return tlsConnect(path, options);
+        };
+      }
+      const url = `${scheme}://${authority}`;
+      const manager = new Http2SessionManager(
+        url,
+        { connectTimeoutMs: CONNECT_ATTEMPT_SECONDS * 1000, pingIntervalMs: 10_000, pingTimeoutMs: 10_000 },
+        options,
+      );
+      const transport = createGrpcTransport({ baseUrl: url, sessionManager: manager });
+      slot = { manager, client: createClient(LockService, transport) };
+      this.slots[i] = slot;
+    }
+    return slot;
+  }
+
+  /** The generated client on the address in use. */
+  client(): LockServiceClient {
+    if (this.closed) throw new FencepostError("client is closed");
+    return this.slot(this.index).client;
+  }
+
+  /**
+   * Move on to the next address if `failed` is still the one in use; the
+   * failed address's connection is dropped, to be made again when its turn comes.
+   */
+  rotate(failed: number): void {
+    const slot = this.slots[failed];
+    if (slot !== undefined) {
+      slot.manager.abort();
+      this.slots[failed] = undefined;
+    }
+    if (this.index === failed) this.index = (this.index + 1) % this.addresses.length;
+  }
+
+  /** Connect the address in use: undefined when connected, else the connection error. */
+  async connect(): Promise<unknown> {
+    const slot = this.slot(this.index);
+    const state = await slot.manager.connect();
+    return state === "error" ? (slot.manager.error() ?? new Error("connection failed")) : undefined;
+  }
+
+  /**
+   * Run one unary RPC with connection handling, retries and error mapping.
+   *
+   * @param method - For messages, and to tell an Acquire (whose own deadline is a LockTimeout).
+   * @param run - Makes the call on a client: gets the seconds left before `until` (or undefined).
+   * @param opts.until - Clock reading (seconds) after which to stop trying.
+   * @param opts.idempotent - Whether an UNAVAILABLE answer may be retried.
+   * @param opts.context - Lock name, lease id and token of the call, for the errors.
+   * @param opts.signal - Aborts the call (then its reason is thrown).
+   * @throws {@link FencepostError} subclasses mapped from the status,
+   *   {@link Unavailable} when no coordinator was reachable in time,
+   *   {@link TlsError} when every address failed its TLS handshake.
+   */
+  async call<T>(
+    method: string,
+    run: (client: LockServiceClient, left: number | undefined) => Promise<T>,
+    opts: { until: number | undefined; idempotent: boolean; context?: CallContext; signal?: AbortSignal | undefined },
+  ): Promise<T> {
+    const backoff = delays();
+    let giveUpAt: number | undefined;
+    const budget = (): number => {
+      const t = now();
+      if (giveUpAt === undefined) {
+        giveUpAt = t + this.connectTimeout;
+        if (opts.until !== undefined) giveUpAt = Math.min(giveUpAt, opts.until);
+      }
+      return giveUpAt - t;
+    };
+    const tlsFailed = new Map<string, string>();
+    let lastProblem = "";
+    const context = opts.context ?? {};
+    for (;;) {
+      if (this.closed) throw new FencepostError("client is closed", context);
+      opts.signal?.throwIfAborted();
+      const position = this.index;
+      const address = this.address;
+      const failure = await this.connect();
+      if (failure !== undefined) {
+        const tls = tlsProblem(failure);
+        if (tls !== undefined) {
+          tlsFailed.set(address, tls);
+          if (tlsFailed.size >= this.addresses.length) {
+            const [first, cause] = [...tlsFailed.entries()][0]!;
+            throw new TlsError(`TLS handshake with ${first} failed: ${cause}`, {
+              ...context, address: first, tlsCause: cause, cause: failure,
+            });
+          }
+        }
+        lastProblem = `${address}: ${describe(failure)}`;
+        this.rotate(position);
+        const left = budget();
+        if (left <= 0) throw new Unavailable(`no coordinator reachable (${lastProblem})`, { ...context, cause: failure });
+        await sleep(Math.min(backoff.next().value, left), opts.signal);
+        continue;
+      }
+      const left = opts.until === undefined ? undefined : opts.until - now();
+      try {
+        return await run(this.client(), left);
+      } catch (err) {
+        if (opts.signal?.aborted) throw opts.signal.reason;
+        const mapped = fromConnectError(err, context);
+        const code = err instanceof ConnectError ? err.code : undefined;
+        if (code === Code.DeadlineExceeded && mapped.reason === undefined && method !== "Acquire") {
+          throw new Unavailable(`${method}: no answer from ${address} in time`, { ...context, cause: err });
+        }
+        if (!(mapped instanceof Unavailable) || !opts.idempotent) throw mapped;
+        lastProblem = `${address}: ${mapped.message}`;
+        this.rotate(position);
+        const remaining = budget();
+        if (remaining <= 0) throw mapped;
+        await sleep(Math.min(backoff.next().value, remaining), opts.signal);
+      }
+    }
+  }
+
+  /** Drop every connection; later calls throw. */
+  close(): void {
+    this.closed = true;
+    for (let i = 0; i < this.slots.length; i++) {
+      this.slots[i]?.manager.abort();
+      this.slots[i] = undefined;
+    }
+  }
+}
+
+function tlsConnect(path: string, options: http2.SecureClientSessionOptions): net.Socket {
+  return tlsModule.connect({
+    path,
+    ca: options.ca,
+    cert: options.cert,
+    key: options.key,
+    servername: options.servername ?? "localhost",
+    ALPNProtocols: ["h2"],
+  });
+}

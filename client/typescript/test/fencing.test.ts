@@ -1,0 +1,62 @@
+// PgGuard against a real PostgreSQL: the contract of the Python SqlGuard.
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { InvalidArgument, MissingRecordError, StaleTokenError } from "../src/index.js";
+import { PgGuard, updateStatement, updateWithFencing } from "../src/fencing/index.js";
+import { freshTable, pool, row } from "./helpers.js";
+
+const db = pool();
+after(() => db.end());
+
+test("updateWithFencing accepts t >= stored, refuses t < stored with StaleTokenError, leaves the row unchanged", async () => {
+  const table = await freshTable(db);
+  const rejected: StaleTokenError[] = [];
+  const guard = new PgGuard(db, table, "id", { onReject: (err) => rejected.push(err) });
+  await guard.updateWithFencing(1, { val: "a" }, 5n); // NULL token: accepted
+  await guard.updateWithFencing(1, { val: "b" }, 5n); // same holder again
+  await guard.updateWithFencing(1, { val: "c" }, 7n);
+  const err = await guard.updateWithFencing(1, { val: "stale" }, 6n).then(() => assert.fail("accepted"), (e: unknown) => e);
+  assert.ok(err instanceof StaleTokenError, String(err));
+  assert.equal(err.record, 1);
+  assert.equal(err.token, 6n);
+  assert.equal(err.currentToken, 7n);
+  assert.deepEqual(await row(db, table), { val: "c", token: 7n });
+  assert.equal(guard.rejected, 1);
+  assert.deepEqual(rejected, [err]);
+  // 64-bit tokens survive the round trip.
+  await guard.updateWithFencing(1, { val: "big" }, 2n ** 62n + 1n);
+  assert.deepEqual(await row(db, table), { val: "big", token: 2n ** 62n + 1n });
+});
+
+test("updateWithFencing of a missing row: MissingRecordError; upsertWithFencing inserts, then fences", async () => {
+  const table = await freshTable(db);
+  const guard = new PgGuard(db, table, "id");
+  await assert.rejects(guard.updateWithFencing(99, { val: "x" }, 3n), (e) => e instanceof MissingRecordError && e.record === 99);
+  await guard.upsertWithFencing(99, { val: "x" }, 3n);
+  await guard.upsertWithFencing(99, { val: "y" }, 4n);
+  await assert.rejects(guard.upsertWithFencing(99, { val: "z" }, 2n), (e) => e instanceof StaleTokenError && e.currentToken === 4n);
+  const result = await db.query(`SELECT val, fencing_token::text AS t FROM "${table}" WHERE id = 99`);
+  assert.deepEqual(result.rows[0], { val: "y", t: "4" });
+  await updateWithFencing(db, table, "id", 1, { val: "fn" }, 1n);
+  assert.equal((await row(db, table)).val, "fn");
+});
+
+test("the statement is one conditional UPDATE; bad names and arguments are InvalidArgument before any statement", async () => {
+  assert.equal(
+    updateStatement("invoices", "id", ["total"]),
+    'UPDATE "invoices" SET "total" = $1, "fencing_token" = $2 WHERE "id" = $3 AND ("fencing_token" IS NULL OR "fencing_token" <= $4)',
+  );
+  const field = (f: string) => (err: unknown) => err instanceof InvalidArgument && err.field === f;
+  assert.throws(() => new PgGuard(db, "x; DROP TABLE y", "id"), field("table"));
+  assert.throws(() => new PgGuard(db, "t", "id", { tokenColumn: "id" }), field("tokenColumn"));
+  assert.throws(() => new PgGuard({} as never, "t", "id"), field("db"));
+  const table = await freshTable(db);
+  const guard = new PgGuard(db, table, "id");
+  await assert.rejects(guard.updateWithFencing(1, { fencing_token: 1 }, 9n), field("values"));
+  await assert.rejects(guard.updateWithFencing(1, { ID: 2 }, 9n), field("values"));
+  await assert.rejects(guard.updateWithFencing(1, { "val = 1; --": 2 }, 9n), field("values"));
+  await assert.rejects(guard.updateWithFencing(1, { val: "x" }, 0n), field("token"));
+  await assert.rejects(guard.updateWithFencing(1, { val: "x" }, 5 as unknown as bigint), field("token"));
+  await assert.rejects(guard.updateWithFencing(null, { val: "x" }, 5n), field("key"));
+  assert.deepEqual(await row(db, table), { val: "initial", token: null });
+});
