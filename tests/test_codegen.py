@@ -33,9 +33,9 @@ EXPECTED_PUBLIC = {
 
 
 def test_generated_stubs_are_fresh() -> None:
-    """`python proto/generate.py --check` finds client/v1 up to date."""
+    """`python proto/generate.py --python --check` finds client/v1 up to date."""
     result = subprocess.run(
-        [sys.executable, "proto/generate.py", "--check"],
+        [sys.executable, "proto/generate.py", "--python", "--check"],
         cwd=REPO,
         capture_output=True,
         text=True,

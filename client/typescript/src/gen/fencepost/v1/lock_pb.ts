@@ -46,7 +46,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIjsKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAyImChJMZWFzZVJldm9rZVJlcXVlc3QSEAoIbGVhc2VfaWQYASABKAMiJAoTTGVhc2VSZXZva2VSZXNwb25zZRINCgVmb3VuZBgBIAEoCCJXCg5BY3F1aXJlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg8KB3dhaXRfbXMYAyABKAMSFAoMd2FpdF9mb3JldmVyGAQgASgIIlgKD0FjcXVpcmVSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBINCgV0b2tlbhgCIAEoAxIkCgZob2xkZXIYAyABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyIj8KDlJlbGVhc2VSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMiIwoPUmVsZWFzZVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIikKBkhvbGRlchIQCghsZWFzZV9pZBgBIAEoAxINCgV0b2tlbhgCIAEoAyKmAQoQS2VlcEFsaXZlUmVxdWVzdBIxCglrZWVwYWxpdmUYASABKAsyHC5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVIABIoCgV3YXRjaBgCIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIqCgd1bndhdGNoGAMgASgLMhcuZmVuY2Vwb3N0LnYxLldhdGNoSG9sZEgAQgkKB3JlcXVlc3QiNgoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBCI6CglXYXRjaEhvbGQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyKEAQoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIAEIKCghyZXNwb25zZSJOChFMZWFzZUtlZXBBbGl2ZUFjaxIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEEhMKC3R0bF9zZWNvbmRzGAMgASgDImsKCUhvbGRFbmRlZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEikKBnJlYXNvbhgFIAEoDjIZLmZlbmNlcG9zdC52MS5FcnJvclJlYXNvbkoECAQQBSIfCg9EZXNjcmliZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSLJAQoQRGVzY3JpYmVSZXNwb25zZRIMCgRoZWxkGAEgASgIEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDHdhaXRlcl9jb3VudBgFIAEoAxIlCgd3YWl0ZXJzGAYgAygLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIQCghyZXZpc2lvbhgHIAEoAyrcAQoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNSU5WQUxJRF9GSUVMRBABEg4KCk5PVF9IT0xERVIQAhIPCgtTVEFMRV9UT0tFThADEhEKDUxFQVNFX0VYUElSRUQQBBITCg9BQ1FVSVJFX1RJTUVPVVQQBRIUChBFVENEX1VOQVZBSUxBQkxFEAYSFAoQVE9PX01BTllfV0FJVEVSUxAHEhEKDVNIVVRUSU5HX0RPV04QCBIUChBUT09fTUFOWV9TVFJFQU1TEAky3wMKC0xvY2tTZXJ2aWNlEk8KCkxlYXNlR3JhbnQSHy5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlc3BvbnNlElIKC0xlYXNlUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlc3BvbnNlEkYKB0FjcXVpcmUSHC5mZW5jZXBvc3QudjEuQWNxdWlyZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuQWNxdWlyZVJlc3BvbnNlEkYKB1JlbGVhc2USHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuUmVsZWFzZVJlc3BvbnNlElAKCUtlZXBBbGl2ZRIeLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlc3BvbnNlKAEwARJJCghEZXNjcmliZRIdLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIjsKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAyImChJMZWFzZVJldm9rZVJlcXVlc3QSEAoIbGVhc2VfaWQYASABKAMiJAoTTGVhc2VSZXZva2VSZXNwb25zZRINCgVmb3VuZBgBIAEoCCJXCg5BY3F1aXJlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg8KB3dhaXRfbXMYAyABKAMSFAoMd2FpdF9mb3JldmVyGAQgASgIIlgKD0FjcXVpcmVSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBINCgV0b2tlbhgCIAEoAxIkCgZob2xkZXIYAyABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyIj8KDlJlbGVhc2VSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMiIwoPUmVsZWFzZVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIjEKD1dpdGhkcmF3UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMipgEKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIAEIJCgdyZXF1ZXN0IjYKDkxlYXNlS2VlcEFsaXZlEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQiOgoJV2F0Y2hIb2xkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMihAEKEUtlZXBBbGl2ZVJlc3BvbnNlEjQKCWtlZXBhbGl2ZRgBIAEoCzIfLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUFja0gAEi0KCmhvbGRfZW5kZWQYAiABKAsyFy5mZW5jZXBvc3QudjEuSG9sZEVuZGVkSABCCgoIcmVzcG9uc2UiTgoRTGVhc2VLZWVwQWxpdmVBY2sSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBITCgt0dGxfc2Vjb25kcxgDIAEoAyJrCglIb2xkRW5kZWQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxIpCgZyZWFzb24YBSABKA4yGS5mZW5jZXBvc3QudjEuRXJyb3JSZWFzb25KBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkiyQEKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMiSQoQTGlzdExvY2tzUmVxdWVzdBIOCgZwcmVmaXgYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkingEKCExvY2tJbmZvEgwKBG5hbWUYASABKAkSJAoGaG9sZGVyGAIgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYAyABKAMSEwoLdHRsX3NlY29uZHMYBCABKAMSFAoMaGVsZF9zZWNvbmRzGAUgASgBEhQKDHdhaXRlcl9jb3VudBgGIAEoAyJlChFMaXN0TG9ja3NSZXNwb25zZRIlCgVsb2NrcxgBIAMoCzIWLmZlbmNlcG9zdC52MS5Mb2NrSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMq3AEKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDUlOVkFMSURfRklFTEQQARIOCgpOT1RfSE9MREVSEAISDwoLU1RBTEVfVE9LRU4QAxIRCg1MRUFTRV9FWFBJUkVEEAQSEwoPQUNRVUlSRV9USU1FT1VUEAUSFAoQRVRDRF9VTkFWQUlMQUJMRRAGEhQKEFRPT19NQU5ZX1dBSVRFUlMQBxIRCg1TSFVUVElOR19ET1dOEAgSFAoQVE9PX01BTllfU1RSRUFNUxAJMvgECgtMb2NrU2VydmljZRJPCgpMZWFzZUdyYW50Eh8uZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXNwb25zZRJSCgtMZWFzZVJldm9rZRIgLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXNwb25zZRJGCgdBY3F1aXJlEhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZRJGCgdSZWxlYXNlEhwuZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZRJJCghXaXRoZHJhdxIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3QaHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZRJQCglLZWVwQWxpdmUSHi5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVxdWVzdBofLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXNwb25zZSgBMAESSQoIRGVzY3JpYmUSHS5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVzcG9uc2USTAoJTGlzdExvY2tzEh4uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1JlcXVlc3QaHy5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -264,6 +264,65 @@ export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
   messageDesc(file_fencepost_v1_lock, 7);
 
 /**
+ * @generated from message fencepost.v1.WithdrawRequest
+ */
+export type WithdrawRequest = Message<"fencepost.v1.WithdrawRequest"> & {
+  /**
+   * name: the lock name given to Acquire.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * lease_id: the lease that asked for the lock.
+   *
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.WithdrawRequest.
+ * Use `create(WithdrawRequestSchema)` to create a new message.
+ */
+export const WithdrawRequestSchema: GenMessage<WithdrawRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 8);
+
+/**
+ * @generated from message fencepost.v1.WithdrawResponse
+ */
+export type WithdrawResponse = Message<"fencepost.v1.WithdrawResponse"> & {
+  /**
+   * found: whether the lease had a key in the lock (now deleted).
+   *
+   * @generated from field: bool found = 1;
+   */
+  found: boolean;
+
+  /**
+   * held: whether that key was the holder's (the lock passed to the next waiter).
+   *
+   * @generated from field: bool held = 2;
+   */
+  held: boolean;
+
+  /**
+   * revision: the etcd revision of the deletion, or of the read that found no key.
+   *
+   * @generated from field: int64 revision = 3;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.WithdrawResponse.
+ * Use `create(WithdrawResponseSchema)` to create a new message.
+ */
+export const WithdrawResponseSchema: GenMessage<WithdrawResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 9);
+
+/**
  * Holder describes the current holder of a lock.
  *
  * @generated from message fencepost.v1.Holder
@@ -289,7 +348,7 @@ export type Holder = Message<"fencepost.v1.Holder"> & {
  * Use `create(HolderSchema)` to create a new message.
  */
 export const HolderSchema: GenMessage<Holder> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 8);
+  messageDesc(file_fencepost_v1_lock, 10);
 
 /**
  * @generated from message fencepost.v1.KeepAliveRequest
@@ -332,7 +391,7 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
  * Use `create(KeepAliveRequestSchema)` to create a new message.
  */
 export const KeepAliveRequestSchema: GenMessage<KeepAliveRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 9);
+  messageDesc(file_fencepost_v1_lock, 11);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAlive
@@ -359,7 +418,7 @@ export type LeaseKeepAlive = Message<"fencepost.v1.LeaseKeepAlive"> & {
  * Use `create(LeaseKeepAliveSchema)` to create a new message.
  */
 export const LeaseKeepAliveSchema: GenMessage<LeaseKeepAlive> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 10);
+  messageDesc(file_fencepost_v1_lock, 12);
 
 /**
  * @generated from message fencepost.v1.WatchHold
@@ -392,7 +451,7 @@ export type WatchHold = Message<"fencepost.v1.WatchHold"> & {
  * Use `create(WatchHoldSchema)` to create a new message.
  */
 export const WatchHoldSchema: GenMessage<WatchHold> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 11);
+  messageDesc(file_fencepost_v1_lock, 13);
 
 /**
  * @generated from message fencepost.v1.KeepAliveResponse
@@ -425,7 +484,7 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
  * Use `create(KeepAliveResponseSchema)` to create a new message.
  */
 export const KeepAliveResponseSchema: GenMessage<KeepAliveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 12);
+  messageDesc(file_fencepost_v1_lock, 14);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAck
@@ -459,7 +518,7 @@ export type LeaseKeepAliveAck = Message<"fencepost.v1.LeaseKeepAliveAck"> & {
  * Use `create(LeaseKeepAliveAckSchema)` to create a new message.
  */
 export const LeaseKeepAliveAckSchema: GenMessage<LeaseKeepAliveAck> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 13);
+  messageDesc(file_fencepost_v1_lock, 15);
 
 /**
  * @generated from message fencepost.v1.HoldEnded
@@ -500,7 +559,7 @@ export type HoldEnded = Message<"fencepost.v1.HoldEnded"> & {
  * Use `create(HoldEndedSchema)` to create a new message.
  */
 export const HoldEndedSchema: GenMessage<HoldEnded> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 14);
+  messageDesc(file_fencepost_v1_lock, 16);
 
 /**
  * @generated from message fencepost.v1.DescribeRequest
@@ -519,7 +578,7 @@ export type DescribeRequest = Message<"fencepost.v1.DescribeRequest"> & {
  * Use `create(DescribeRequestSchema)` to create a new message.
  */
 export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 15);
+  messageDesc(file_fencepost_v1_lock, 17);
 
 /**
  * @generated from message fencepost.v1.DescribeResponse
@@ -583,7 +642,138 @@ export type DescribeResponse = Message<"fencepost.v1.DescribeResponse"> & {
  * Use `create(DescribeResponseSchema)` to create a new message.
  */
 export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 16);
+  messageDesc(file_fencepost_v1_lock, 18);
+
+/**
+ * @generated from message fencepost.v1.ListLocksRequest
+ */
+export type ListLocksRequest = Message<"fencepost.v1.ListLocksRequest"> & {
+  /**
+   * prefix: list only the locks whose names start with this string (UTF-8,
+   * 0 to 256 bytes, no control characters); empty lists every lock.
+   *
+   * @generated from field: string prefix = 1;
+   */
+  prefix: string;
+
+  /**
+   * page_size: most locks in one response, 0 to 1000; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * page_token: the next_page_token of the previous response of this
+   * listing, with the same prefix; empty for the first page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message fencepost.v1.ListLocksRequest.
+ * Use `create(ListLocksRequestSchema)` to create a new message.
+ */
+export const ListLocksRequestSchema: GenMessage<ListLocksRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 19);
+
+/**
+ * LockInfo is one held lock in a ListLocks page.
+ *
+ * @generated from message fencepost.v1.LockInfo
+ */
+export type LockInfo = Message<"fencepost.v1.LockInfo"> & {
+  /**
+   * name: the lock name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * holder: the holder's lease id and fencing token.
+   *
+   * @generated from field: fencepost.v1.Holder holder = 2;
+   */
+  holder?: Holder | undefined;
+
+  /**
+   * ttl_remaining_seconds: seconds left on the holder's lease as etcd
+   * reports it when the page is served; -1 when the lease ended since the
+   * page's revision. A lower bound only: etcd resets TTLs on leader change.
+   *
+   * @generated from field: int64 ttl_remaining_seconds = 3;
+   */
+  ttlRemainingSeconds: bigint;
+
+  /**
+   * ttl_seconds: the holder lease's granted TTL in seconds; 0 when the lease
+   * ended since the page's revision.
+   *
+   * @generated from field: int64 ttl_seconds = 4;
+   */
+  ttlSeconds: bigint;
+
+  /**
+   * held_seconds: seconds since the grant, measured on the monotonic clock
+   * of the coordinator that granted it; -1 when the serving coordinator did
+   * not make the grant (another replica did, or it restarted since): etcd
+   * keeps no time of grants.
+   *
+   * @generated from field: double held_seconds = 5;
+   */
+  heldSeconds: number;
+
+  /**
+   * waiter_count: how many contenders are queued behind the holder.
+   *
+   * @generated from field: int64 waiter_count = 6;
+   */
+  waiterCount: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.LockInfo.
+ * Use `create(LockInfoSchema)` to create a new message.
+ */
+export const LockInfoSchema: GenMessage<LockInfo> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 20);
+
+/**
+ * @generated from message fencepost.v1.ListLocksResponse
+ */
+export type ListLocksResponse = Message<"fencepost.v1.ListLocksResponse"> & {
+  /**
+   * locks: the held locks of this page, in key order (at most page_size).
+   *
+   * @generated from field: repeated fencepost.v1.LockInfo locks = 1;
+   */
+  locks: LockInfo[];
+
+  /**
+   * next_page_token: pass it as page_token for the next page; empty on the
+   * last page. Opaque; valid until etcd compacts `revision`.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+
+  /**
+   * revision: the etcd revision every page of this listing is read at.
+   *
+   * @generated from field: int64 revision = 3;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.ListLocksResponse.
+ * Use `create(ListLocksResponseSchema)` to create a new message.
+ */
+export const ListLocksResponseSchema: GenMessage<ListLocksResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 21);
 
 /**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
@@ -719,8 +909,13 @@ export const LockService: GenService<{
    * the current holder, and nothing is left queued in etcd. Otherwise the
    * caller queues behind earlier contenders (first come, first served) and
    * is granted when every earlier one has left, or gets DEADLINE_EXCEEDED
-   * when wait_ms passes. A cancelled or timed-out Acquire removes its place
-   * in the queue.
+   * when wait_ms passes (its place in the queue is removed). An Acquire
+   * that ends without an answer (cancelled, its connection broken, the
+   * caller's deadline) keeps its place for 2 s: the same lease calling
+   * Acquire again for the same name, on any replica, keeps its key, its
+   * revision and its place; after that the place is removed. A caller that
+   * gives up calls Withdraw, which removes it at once (and a grant it may
+   * have missed).
    * Idempotent per (lease_id, name): if that lease already holds the lock,
    * the same fencing token is returned again. Locks are not counted
    * re-entrantly: one Release ends the hold. Do not run two Acquire calls
@@ -756,6 +951,23 @@ export const LockService: GenService<{
     output: typeof ReleaseResponseSchema;
   },
   /**
+   * Withdraw deletes the key of lease `lease_id` in lock `name`, whatever
+   * its token: a hold or a place in the queue. It is for a caller that gave
+   * up an Acquire whose outcome it does not know (cancelled, timed out, its
+   * answer lost): the grant or the queued wait it may have left is removed,
+   * and the next waiter is granted. Idempotent: found = false when the lease
+   * has no key there. Do not withdraw while another Acquire for the same
+   * (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
+   * Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.Withdraw
+   */
+  withdraw: {
+    methodKind: "unary";
+    input: typeof WithdrawRequestSchema;
+    output: typeof WithdrawResponseSchema;
+  },
+  /**
    * KeepAlive is one bidirectional stream per client carrying keepalives
    * for all of its leases, and every event that ends one of its holds.
    * The coordinator forwards each keepalive to etcd and answers it; it never
@@ -783,6 +995,26 @@ export const LockService: GenService<{
     methodKind: "unary";
     input: typeof DescribeRequestSchema;
     output: typeof DescribeResponseSchema;
+  },
+  /**
+   * ListLocks lists the held locks whose names start with `prefix`, in the
+   * order of their etcd keys (percent-encoded names), one page at a time:
+   * holder, fencing token, TTL left, how long held and waiters of each.
+   * Read-only. Every page of one listing is read at the etcd revision of its
+   * first page (carried in the page token), so the pages together are one
+   * snapshot; only the TTLs and held_seconds are read when each page is
+   * served. A page token stops working when etcd compacts that revision
+   * (start again without one). Idempotent.
+   * Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
+   * is malformed, from another prefix, or for a compacted revision),
+   * UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.ListLocks
+   */
+  listLocks: {
+    methodKind: "unary";
+    input: typeof ListLocksRequestSchema;
+    output: typeof ListLocksResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_fencepost_v1_lock, 0);
