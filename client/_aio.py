@@ -26,7 +26,7 @@ import grpc
 import grpc.aio
 
 from . import _tls, _wire
-from ._lease import Lease, LeasePool
+from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
 from ._stream import DeadlineWatcher, KeepAliveStream
 from ._tls import TlsConfig
@@ -142,7 +142,11 @@ class AsyncLockClient:
     ``handle.valid_for()`` and ``handle.lost`` are early warnings only.
 
     The client keeps one lease per distinct TTL, granted at the first lock
-    with that TTL and reused by later ones, and one KeepAlive stream that
+    with that TTL and reused by later ones, as long as it is used: a lease
+    with no hold and no acquire (idle) is revoked after
+    ``idle_lease_timeout`` seconds, or at once when more than
+    ``max_idle_leases`` are idle (the longest idle first); see
+    :attr:`lease_count`. And one KeepAlive stream that
     renews every lease about every ``ttl * keepalive_fraction`` seconds and
     carries the events that end holds. A lease whose local
     deadline (send time of the last acknowledged keepalive + TTL - margin)
@@ -187,6 +191,10 @@ class AsyncLockClient:
             TTL, in (0, 0.5]; 1/3 by default.
         connect_timeout: Seconds to keep trying to reach a coordinator, for
             :meth:`connect` and for each call; finite, > 0.
+        idle_lease_timeout: Seconds an idle lease is kept for a later lock
+            with its TTL before it is revoked; > 0, at most 86400 (30 s by default).
+        max_idle_leases: Most idle leases kept at once, 0 to 1000 (8 by
+            default; 0 revokes a lease as soon as it is idle).
 
     Raises:
         InvalidArgument: an argument is out of range, an address is none of
@@ -202,23 +210,27 @@ class AsyncLockClient:
         tls: TlsConfig | grpc.ChannelCredentials | None = None,
         keepalive_fraction: float = 1 / 3,
         connect_timeout: float = 10.0,
+        idle_lease_timeout: float = IDLE_LEASE_TIMEOUT,
+        max_idle_leases: int = MAX_IDLE_LEASES,
     ) -> None:
         addresses = _wire.check_addresses(address)
         fraction = _wire.check_fraction(keepalive_fraction)
         self._connect_timeout = _wire.check_connect_timeout(connect_timeout)
+        idle_timeout, max_idle = _wire.check_idle_leases(idle_lease_timeout, max_idle_leases)
         security = _tls.security(tls)
         self._state = "new"  # new -> open -> closing -> closed
         self._closed_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._transport = Transport(addresses, connect_timeout=self._connect_timeout, security=security)
-        self._leases = LeasePool()
+        self._leases = LeasePool(idle_timeout=idle_timeout, max_idle=max_idle)
         self._stream = KeepAliveStream(
             self._transport, self._leases, fraction=fraction, spawn=self._spawn,
             on_open=self._resend_all, on_response=self._on_response, send_keepalive=self._send_keepalive,
         )
-        self._deadlines = DeadlineWatcher(self._leases)
+        self._deadlines = DeadlineWatcher(self._leases, on_retired=self._revoke_retired)
         self._locker = Locker(self._transport, self._leases, self._stream, spawn=self._spawn,
-                              on_new_lease=self._on_new_lease, state=lambda: self._state)
+                              on_new_lease=self._on_new_lease, state=lambda: self._state,
+                              on_idle=self._deadlines.wake)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -330,6 +342,15 @@ class AsyncLockClient:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("fencepost: background task %s failed", task.get_name(), exc_info=task.exception())
+
+    def _revoke_retired(self, lease: Lease) -> None:
+        if self._state == "open":
+            self._spawn(self._locker._revoke_quietly(lease.lease_id), "fencepost-revoke-idle-lease")
+
+    @property
+    def lease_count(self) -> int:
+        """How many leases the client keeps alive now (at most one per TTL in use, plus the idle ones)."""
+        return len(self._leases.leases())
 
     def _on_new_lease(self, lease: Lease) -> None:
         self._stream.start_keepalives(lease)

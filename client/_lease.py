@@ -8,7 +8,10 @@ The deadline only moves forward, and a lease is lost exactly once.
 A :class:`LeasePool` holds the client's live leases, one per requested TTL
 (granted at the first lock with that TTL, reused by the later ones, never
 reused once lost), the holds under each lease, and the local exclusion of
-one (lease, lock name): one local holder at a time. It is the one place that
+one (lease, lock name): one local holder at a time. The pool is bounded: a
+lease with no hold and no acquire using it is *idle*; it is retired (and the
+client revokes it) once it has been idle for ``idle_timeout`` seconds, or at
+once when more than ``max_idle`` leases are idle (the longest idle first). It is the one place that
 spreads a loss: a lost lease loses every hold under it, each exactly once,
 whichever detection path fires first (the local deadline, an acknowledgement
 saying the lease is gone, a HoldEnded event).
@@ -24,10 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import REASON_CLOSED, REASON_DEADLINE
 
+#: Why a lease was retired from the pool: idle too long, or over the cap of idle leases.
+REASON_IDLE = "IDLE"
+#: Seconds a lease may stay idle (no hold, no acquire) before it is revoked, by default.
+IDLE_LEASE_TIMEOUT = 30.0
+#: Most idle leases a client keeps, by default.
+MAX_IDLE_LEASES = 8
+
 if TYPE_CHECKING:
     from .handle import AsyncLockHandle
 
-__all__ = ["Clock", "Lease", "LeasePool", "Slot", "margin_for"]
+__all__ = ["IDLE_LEASE_TIMEOUT", "MAX_IDLE_LEASES", "REASON_IDLE", "Clock", "Lease", "LeasePool", "Slot", "margin_for"]
 
 log = logging.getLogger("fencepost.client")
 
@@ -64,6 +74,8 @@ class Lease:
             lost, a lease is never used again.
         holds: Lock name -> the live handle holding that lock under this lease.
         keepalive: The task sending this lease's keepalives, once started.
+        users: How many acquires are using the lease now.
+        last_used: Clock reading when its last acquire or hold ended.
     """
 
     def __init__(self, lease_id: int, ttl: int, granted_at: float, *, clock: Clock = time.monotonic) -> None:
@@ -75,6 +87,13 @@ class Lease:
         self.clock = clock
         self.holds: dict[str, AsyncLockHandle] = {}
         self.keepalive: asyncio.Task[Any] | None = None
+        self.users = 0  # acquires using the lease now
+        self.last_used = granted_at  # clock reading when the last acquire or hold under it ended
+
+    @property
+    def idle(self) -> bool:
+        """Whether no hold and no acquire uses the lease."""
+        return self.users == 0 and not self.holds
 
     @property
     def lost(self) -> bool:
@@ -150,10 +169,15 @@ class LeasePool:
 
     Args:
         clock: The monotonic clock of every lease's deadline, in seconds.
+        idle_timeout: Seconds a lease may stay idle before :meth:`retire_idle` retires it.
+        max_idle: Most idle leases kept; beyond that the longest idle are retired at once.
     """
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = time.monotonic, *, idle_timeout: float = IDLE_LEASE_TIMEOUT,
+                 max_idle: int = MAX_IDLE_LEASES) -> None:
         self.clock = clock
+        self.idle_timeout = idle_timeout
+        self.max_idle = max_idle
         self._by_ttl: dict[int, Lease] = {}  # requested TTL -> live lease
         self._by_id: dict[int, Lease] = {}  # lease id -> live lease
         self._grant_locks: dict[int, asyncio.Lock] = {}
@@ -206,13 +230,7 @@ class LeasePool:
         if not lease.mark_lost(reason):
             return False
         log.info("fencepost: lease %d lost (%s)", lease.lease_id, reason)
-        self._by_id.pop(lease.lease_id, None)
-        for ttl, current in list(self._by_ttl.items()):
-            if current is lease:
-                del self._by_ttl[ttl]
-        task = lease.keepalive
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
+        self._forget(lease)
         for handle in list(lease.holds.values()):
             self.lose_hold(handle, reason)
         return True
@@ -252,6 +270,45 @@ class LeasePool:
                 nearest = lease.deadline
         return None if nearest is None else nearest - now
 
+    def used(self, lease: Lease) -> None:
+        """An acquire starts using ``lease`` (it is not idle until :meth:`unused`)."""
+        lease.users += 1
+
+    def unused(self, lease: Lease) -> None:
+        """An acquire stops using ``lease``, or a hold under it ended."""
+        lease.users = max(0, lease.users - 1)
+        lease.last_used = self.clock()
+
+    def retire_idle(self) -> tuple[list[Lease], float | None]:
+        """Retire the leases idle for ``idle_timeout`` seconds, and the longest idle beyond ``max_idle``.
+
+        A retired lease leaves the pool at once (a later acquire with its TTL
+        gets a new lease) and its keepalives stop; the caller revokes it.
+
+        Returns:
+            The retired leases, and the seconds until the next lease would be
+            retired for its idle time (None when no lease is idle).
+        """
+        now = self.clock()
+        idle = sorted((lease for lease in self._by_id.values() if lease.idle), key=lambda lease: lease.last_used)
+        over = max(0, len(idle) - self.max_idle)
+        retired = [lease for i, lease in enumerate(idle) if i < over or now - lease.last_used >= self.idle_timeout]
+        for lease in retired:
+            lease.mark_lost(REASON_IDLE)
+            self._forget(lease)
+            log.debug("fencepost: lease %d retired (idle %.1f s)", lease.lease_id, now - lease.last_used)
+        kept = [lease.last_used + self.idle_timeout - now for lease in idle if lease not in retired]
+        return retired, (min(kept) if kept else None)
+
+    def _forget(self, lease: Lease) -> None:
+        self._by_id.pop(lease.lease_id, None)
+        for ttl, current in list(self._by_ttl.items()):
+            if current is lease:
+                del self._by_ttl[ttl]
+        task = lease.keepalive
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
     def close(self) -> None:
         """Forget every lease (lost with reason ``CLOSED``) and mark every hold released."""
         for lease in list(self._by_id.values()):
@@ -265,6 +322,7 @@ class LeasePool:
         lease = handle._lease
         if lease.holds.get(handle.name) is handle:
             del lease.holds[handle.name]
+            lease.last_used = self.clock()
 
     # ------------------------------------------------------------------ local exclusion
 

@@ -101,6 +101,8 @@ class Locker:
         state: The client's state: ``"new"``, ``"open"``, ``"closing"`` or
             ``"closed"`` (a lease granted once the client is no longer open is
             not kept; a release needs an open or closing client).
+        on_idle: Called when a lease may have become idle (an acquire ended,
+            a hold was released), so that the pool's bound applies at once.
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class Locker:
         spawn: Spawn,
         on_new_lease: Callable[[Lease], None],
         state: Callable[[], str],
+        on_idle: Callable[[], None] = lambda: None,
     ) -> None:
         self.transport = transport
         self.pool = pool
@@ -119,6 +122,7 @@ class Locker:
         self._spawn = spawn
         self._on_new_lease = on_new_lease
         self._state = state
+        self._on_idle = on_idle
 
     @property
     def _call_timeout(self) -> float:
@@ -227,6 +231,7 @@ class Locker:
         retries_on_lost_lease = 1
         while True:
             lease = await self.lease_for(ttl, until)
+            self.pool.used(lease)  # not idle while this acquire runs (no await since lease_for returned)
             key = (lease.lease_id, name)
             slot = self.pool.slot(*key)
             slot.users += 1
@@ -270,6 +275,8 @@ class Locker:
             finally:
                 slot.users -= 1
                 self.pool.drop_slot_if_idle(*key)
+                self.pool.unused(lease)
+                self._on_idle()
 
     async def _withdraw(self, lease: Lease, name: str, slot: Slot) -> None:
         """Delete this lease's key in lock ``name`` (Withdraw), retried while the lease lives; then free ``slot``."""
@@ -381,6 +388,7 @@ class Locker:
         if err is None:
             self.pool.finish_release(handle)
             self.stream.unwatch(handle)
+            self._on_idle()
             return
         if isinstance(err, (NotHolder, StaleTokenError, LeaseLost)):
             if isinstance(err, LeaseLost):

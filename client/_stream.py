@@ -277,24 +277,32 @@ class KeepAliveStream:
 
 
 class DeadlineWatcher:
-    """Declares leases lost when their local deadline passes (monotonic clock only).
+    """Declares leases lost when their local deadline passes, and retires idle ones (monotonic clock only).
 
     Args:
         pool: The leases to watch, and their clock.
+        on_retired: Called with each lease the pool retired for being idle
+            (see :meth:`LeasePool.retire_idle`): the client revokes it.
     """
 
-    def __init__(self, pool: LeasePool) -> None:
+    def __init__(self, pool: LeasePool, on_retired: Callable[[Lease], None] = lambda lease: None) -> None:
         self.pool = pool
+        self._on_retired = on_retired
         self._wakeup = asyncio.Event()
 
     def wake(self) -> None:
-        """Look at the deadlines again now (a lease was added)."""
+        """Look at the deadlines and the idle leases again now (a lease was added, or became idle)."""
         self._wakeup.set()
 
     async def run(self) -> None:
-        """Lose each lease at its deadline, until cancelled."""
+        """Lose each lease at its deadline and retire idle ones, until cancelled."""
         while True:
             delay = self.pool.expire()
+            retired, idle_delay = self.pool.retire_idle()
+            for lease in retired:
+                self._on_retired(lease)
+            if idle_delay is not None:
+                delay = idle_delay if delay is None else min(delay, idle_delay)
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), delay)

@@ -18,6 +18,7 @@ import grpc
 
 from . import _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
+from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
 from ._tls import TlsConfig
 from .errors import FencepostError
 from .handle import AsyncLockHandle
@@ -177,6 +178,9 @@ class LockClient:
             :class:`~fencepost.client.TlsError` at once).
         keepalive_fraction: Keepalive period as a fraction of the TTL, (0, 0.5].
         connect_timeout: Seconds to keep trying to reach a coordinator.
+        idle_lease_timeout: Seconds an idle lease (no hold, no acquire) is
+            kept before it is revoked (see AsyncLockClient).
+        max_idle_leases: Most idle leases kept at once, 0 to 1000.
 
     Raises:
         InvalidArgument: an argument is out of range, or a TLS file is bad
@@ -190,9 +194,12 @@ class LockClient:
         tls: TlsConfig | grpc.ChannelCredentials | None = None,
         keepalive_fraction: float = 1 / 3,
         connect_timeout: float = 10.0,
+        idle_lease_timeout: float = IDLE_LEASE_TIMEOUT,
+        max_idle_leases: int = MAX_IDLE_LEASES,
     ) -> None:
         self._aio = AsyncLockClient(address, tls=tls, keepalive_fraction=keepalive_fraction,
-                                    connect_timeout=connect_timeout)
+                                    connect_timeout=connect_timeout, idle_lease_timeout=idle_lease_timeout,
+                                    max_idle_leases=max_idle_leases)
         self._mutex = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -202,6 +209,16 @@ class LockClient:
     def addresses(self) -> tuple[str, ...]:
         """The coordinator addresses, in the order they are tried."""
         return self._aio.addresses
+
+    @property
+    def address(self) -> str:
+        """The address of the coordinator currently used."""
+        return self._aio.address
+
+    @property
+    def lease_count(self) -> int:
+        """How many leases the client keeps alive now (see AsyncLockClient.lease_count)."""
+        return self._aio.lease_count
 
     def connect(self) -> None:
         """Start the loop thread, connect to a coordinator and start the keepalive stream.

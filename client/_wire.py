@@ -29,6 +29,7 @@ __all__ = [
     "check_addresses",
     "check_connect_timeout",
     "check_fraction",
+    "check_idle_leases",
     "check_name",
     "check_timeout",
     "host_port",
@@ -375,6 +376,29 @@ def check_fraction(keepalive_fraction: float) -> float:
             f"keepalive_fraction must be in (0, 0.5], got {keepalive_fraction!r}", field="keepalive_fraction"
         )
     return float(keepalive_fraction)
+
+
+def check_idle_leases(idle_lease_timeout: float, max_idle_leases: int) -> tuple[float, int]:
+    """Check the bounds of the client's idle leases.
+
+    Args:
+        idle_lease_timeout: Seconds a lease with no hold and no acquire may
+            stay idle before it is revoked; finite, > 0, at most 86400.
+        max_idle_leases: Most idle leases kept at once; 0 to 1000.
+
+    Returns:
+        The two values, as a float and an int.
+
+    Raises:
+        InvalidArgument: out of range (field "idle_lease_timeout" or "max_idle_leases").
+    """
+    if not _is_number(idle_lease_timeout) or not 0 < idle_lease_timeout <= 86400:
+        raise InvalidArgument(f"idle_lease_timeout must be > 0 and at most 86400 seconds, got {idle_lease_timeout!r}",
+                              field="idle_lease_timeout")
+    if isinstance(max_idle_leases, bool) or not isinstance(max_idle_leases, int) or not 0 <= max_idle_leases <= 1000:
+        raise InvalidArgument(f"max_idle_leases must be an int from 0 to 1000, got {max_idle_leases!r}",
+                              field="max_idle_leases")
+    return float(idle_lease_timeout), max_idle_leases
 
 
 def check_connect_timeout(connect_timeout: float) -> float:
