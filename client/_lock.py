@@ -31,8 +31,9 @@ No state outlives the call that made it unless the caller holds it:
 
 A cancelled call waits up to :data:`CLEANUP_WAIT_SECONDS` for its clean-up
 before its cancellation completes (so that, normally, nothing is left once
-it has); a clean-up that takes longer goes on in the background, retried
-while its lease lives.
+it has); a call that failed otherwise raises at once, keeping its deadline.
+A clean-up that takes longer goes on in the background, retried while its
+lease lives.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from google.protobuf.message import Message
 from . import _wire
 from ._lease import Lease, LeasePool, Slot
 from ._stream import KeepAliveStream, Spawn
-from ._transport import Transport
+from ._transport import Transport, current_task_cancelling
 from .errors import (
     REASON_DEADLINE,
     FencepostError,
@@ -187,8 +188,14 @@ class Locker:
             log.debug("fencepost: revoke of unused lease %d failed (it expires by its TTL): %r", lease_id, err)
 
     async def _clean_up(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        """Run a clean-up in the background, waiting for it up to :data:`CLEANUP_WAIT_SECONDS`."""
+        """Run a clean-up in the background; a cancelled caller waits for it up to :data:`CLEANUP_WAIT_SECONDS`.
+
+        A caller that failed otherwise (a timeout, Unavailable) does not wait:
+        its deadline is kept.
+        """
         task = self._spawn(coro, name)
+        if not current_task_cancelling():
+            return
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), CLEANUP_WAIT_SECONDS)
 

@@ -134,7 +134,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                       ) -> lock_pb2.AcquireResponse:
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
-        result = await self._locks.acquire(request.name, request.lease_id, wait)
+        # A bounded wait bounds the etcd calls too: with etcd down, the caller hears why at its timeout.
+        with bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS):
+            result = await self._locks.acquire(request.name, request.lease_id, wait)
         waited = time.perf_counter() - started
         if result.acquired:
             self._metrics.granted(waited)

@@ -9,6 +9,7 @@ it), and turned into that line here.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
 import re
@@ -100,6 +101,9 @@ TLS_FLAGS: dict[str, tuple[str, str]] = {
     "--tls-server-name": ("server_name", TLS_SERVER_NAME_ENV),
 }
 """Each TLS flag that takes a value: (its :class:`~fencepost.client.TlsConfig` field, its environment variable)."""
+
+#: The reason of an UNAVAILABLE answer from a coordinator whose etcd did not answer.
+ETCD_UNAVAILABLE = "ETCD_UNAVAILABLE"
 
 RPC_TIMEOUT_SECONDS = 5.0
 """Seconds ``status`` and ``release`` keep trying to reach a coordinator, and the deadline of each call."""
@@ -491,6 +495,9 @@ def call_error(err: FencepostError, addresses: Sequence[str], address: str, what
         return CliError(f"invalid {err.field or 'request'}: {err_text(err)}", EXIT_USAGE)
     if err.code == grpc.StatusCode.UNIMPLEMENTED and err.reason is None:
         return CliError(err_text(err), EXIT_UNAVAILABLE)  # names the address already: not a coordinator's port
+    if err.reason == ETCD_UNAVAILABLE:
+        return CliError(f"{what} failed: the coordinator at {address} answered, but its etcd did not: "
+                        f"{err_text(err)}", EXIT_UNAVAILABLE)
     label = err.code.name if err.code is not None else "error"
     if err.reason:
         label += f"/{err.reason}"
@@ -521,6 +528,9 @@ def acquire_error(err: Exception, name: str, timeout: float | None, addresses: S
         return CliError(f"held: {name} is held{who}", EXIT_HELD)
     if isinstance(err, (LeaseLost, NotHolder, StaleTokenError)):
         return CliError(f"lost: {err.reason or type(err).__name__}: {err_text(err)}", EXIT_LOST, bare=True)
+    if isinstance(err, Unavailable) and err.reason == ETCD_UNAVAILABLE:
+        return CliError(f"the coordinator at {', '.join(addresses)} answered, but its etcd did not: "
+                        f"{err_text(err)}", EXIT_UNAVAILABLE)
     if isinstance(err, Unavailable):
         return CliError(f"coordinator unavailable at {', '.join(addresses)}: {err_text(err)}", EXIT_UNAVAILABLE)
     reason = getattr(err, "reason", None)
@@ -553,8 +563,8 @@ async def call(addresses: Sequence[str], method: str, request: Any, *, idempoten
     """Make one unary call through the client's transport (addresses in turn, its retry rule).
 
     Fails fast: an address whose connection attempt fails is skipped at once,
-    and the call fails once every address was tried; it keeps trying for
-    :data:`RPC_TIMEOUT_SECONDS` at most, and each attempt has that deadline too.
+    and the call fails once every address was tried; the whole call, retries
+    included, ends :data:`RPC_TIMEOUT_SECONDS` after it started.
 
     Args:
         addresses: The coordinator addresses.
@@ -576,8 +586,10 @@ async def call(addresses: Sequence[str], method: str, request: Any, *, idempoten
     transport = Transport(addresses, connect_timeout=RPC_TIMEOUT_SECONDS, fail_fast=True, security=security(tls))
     transport.open()
     try:
-        response = await transport.call(method, lambda _left: (request, RPC_TIMEOUT_SECONDS), until=None,
-                                        idempotent=idempotent, name=name, lease_id=lease_id, token=token)
+        until = asyncio.get_running_loop().time() + RPC_TIMEOUT_SECONDS  # the whole call, retries included
+        response = await transport.call(
+            method, lambda left: (request, max(0.001, min(RPC_TIMEOUT_SECONDS, left or RPC_TIMEOUT_SECONDS))),
+            until=until, idempotent=idempotent, name=name, lease_id=lease_id, token=token)
         return transport.address, response
     except FencepostError as err:
         raise CallFailed(err, transport.address) from err

@@ -26,11 +26,15 @@ _DEADLINE: ContextVar[float | None] = ContextVar("fencepost_etcd_deadline", defa
 def bounded(seconds: float | None) -> Iterator[None]:
     """Within the block, etcd calls end ``seconds`` from now at the latest.
 
+    A block inside another keeps the earlier of the two deadlines.
+
     Args:
         seconds: Time left to the caller, in seconds (``time.monotonic``);
-            None for no bound.
+            None for no (further) bound.
     """
-    token = _DEADLINE.set(None if seconds is None else time.monotonic() + max(0.0, seconds))
+    outer = _DEADLINE.get()
+    mine = None if seconds is None else time.monotonic() + max(0.0, seconds)
+    token = _DEADLINE.set(mine if outer is None else outer if mine is None else min(outer, mine))
     try:
         yield
     finally:

@@ -1,0 +1,164 @@
+"""Every call keeps the caller's deadline while etcd does not answer (issue 14, items 6 and 9).
+
+etcd is frozen with SIGSTOP (its TCP connections stay open and silent, the
+hard case: no error arrives, only the deadline ends a call). The coordinator
+is up. Each call must end at its own deadline, with an error that says etcd
+is the one not answering, not the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencepost.client import AsyncLockClient, LockClient, Unavailable
+from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.server import Coordinator
+
+from .conftest import cli_env
+
+#: Slack allowed over a deadline: process start-up for the CLI, scheduling on 2 busy cores.
+SLACK = 1.5
+
+
+@pytest.fixture(scope="module")
+def frozen_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+    """An etcd of this module's own, which the tests freeze and thaw."""
+    server = EmbeddedEtcd(tmp_path_factory.mktemp("frozen-etcd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        pid = server.pid
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        server.stop()
+
+
+class Freezer:
+    """SIGSTOP / SIGCONT of the module's etcd; thawed at the end of each test."""
+
+    def __init__(self, etcd: EmbeddedEtcd) -> None:
+        self.etcd = etcd
+        self.frozen = False
+
+    def freeze(self) -> None:
+        assert self.etcd.pid is not None
+        os.kill(self.etcd.pid, signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        if self.frozen and self.etcd.pid is not None:
+            os.kill(self.etcd.pid, signal.SIGCONT)
+        self.frozen = False
+
+
+@pytest.fixture
+def freezer(frozen_etcd: EmbeddedEtcd) -> Iterator[Freezer]:
+    f = Freezer(frozen_etcd)
+    try:
+        yield f
+    finally:
+        f.thaw()
+
+
+@pytest.fixture
+async def coordinator_on_frozen(frozen_etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[str]:
+    coord = Coordinator([frozen_etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        yield f"127.0.0.1:{coord.port}"
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+async def test_acquire_keeps_its_timeout_while_etcd_is_frozen(coordinator_on_frozen: str, freezer: Freezer) -> None:
+    """acquire(ttl=5, timeout=2): Unavailable naming etcd after about 2 s (it was 5 s: the lease grant's own)."""
+    async with AsyncLockClient(coordinator_on_frozen) as client:
+        freezer.freeze()
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as err:
+            await client.acquire("u2", ttl=5, timeout=2)
+        took = time.monotonic() - started
+    assert 1.5 <= took <= 2 + SLACK, took
+    assert err.value.reason == "ETCD_UNAVAILABLE" and "etcd" in err.value.message, err.value
+
+
+async def test_acquire_with_a_lease_keeps_its_timeout(coordinator_on_frozen: str, freezer: Freezer) -> None:
+    """The lease exists already: the Acquire itself ends at the timeout too."""
+    async with AsyncLockClient(coordinator_on_frozen) as client:
+        first = await client.acquire("u3", ttl=10)
+        await first.release()
+        freezer.freeze()
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as err:
+            await client.acquire("u3", ttl=10, timeout=1)
+        took = time.monotonic() - started
+        freezer.thaw()
+    assert 0.8 <= took <= 1 + SLACK, took
+    assert err.value.reason == "ETCD_UNAVAILABLE", err.value
+
+
+async def test_release_while_etcd_is_frozen_says_why(coordinator_on_frozen: str, freezer: Freezer) -> None:
+    """Item 9: a release that fails while etcd is down raises Unavailable with a message, not 'etcd: '."""
+    async with AsyncLockClient(coordinator_on_frozen, connect_timeout=2) as client:
+        handle = await client.acquire("u5", ttl=10)
+        freezer.freeze()
+        with pytest.raises(Unavailable) as err:
+            await handle.release()
+        freezer.thaw()
+        assert err.value.reason == "ETCD_UNAVAILABLE"
+        message = err.value.message
+        assert message.startswith("etcd: ") and len(message) > len("etcd: Txn timed out"), message
+
+
+def _cli(*argv: str, timeout: float = 30) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", *argv], capture_output=True, text=True,
+                            env=cli_env(), timeout=timeout)
+    return result, time.monotonic() - started
+
+
+@pytest.fixture
+def frozen_process(frozen_etcd: EmbeddedEtcd, prefix: str, tmp_path: Path) -> Iterator[str]:
+    """A coordinator process on the module's etcd (the CLI runs in another process anyway)."""
+    from .conftest import CoordinatorProcess
+
+    proc = CoordinatorProcess(frozen_etcd.endpoint, prefix, tmp_path)
+    try:
+        yield proc.start()
+    finally:
+        proc.kill()
+
+
+def test_cli_acquire_keeps_its_timeout(frozen_process: str, freezer: Freezer) -> None:
+    """`fencepost acquire u4 --ttl 5 --timeout 2` exits after about 2 s, naming etcd (it took 5.15 s)."""
+    freezer.freeze()
+    result, took = _cli("acquire", "u4", "--ttl", "5", "--timeout", "2", "--address", frozen_process)
+    assert result.returncode == 1, result
+    assert took <= 2 + SLACK + 1.0, took  # + interpreter start-up
+    assert "etcd" in result.stderr, result.stderr
+
+
+def test_cli_status_tells_etcd_down_from_coordinator_down(frozen_process: str, freezer: Freezer) -> None:
+    """`fencepost status NAME` with etcd frozen: the coordinator answered; etcd did not."""
+    freezer.freeze()
+    result, took = _cli("status", "u6", "--address", frozen_process)
+    assert result.returncode == 1, result
+    assert "cannot reach the coordinator" not in result.stderr, result.stderr
+    assert "the coordinator at" in result.stderr and "its etcd did not" in result.stderr, result.stderr
+    assert took <= 5 + SLACK + 1.0, took
+    health, _ = _cli("status", "--json", "--address", frozen_process)
+    report: dict[str, Any] = json.loads(health.stdout)
+    (coordinator,) = report["coordinators"]
+    assert coordinator["status"] != "UNREACHABLE", report
