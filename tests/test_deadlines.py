@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fencepost.client import AsyncLockClient, LockClient, Unavailable
+from fencepost.client import AsyncLockClient, Unavailable
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator
 
