@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -120,8 +121,10 @@ class LockHandle:
             StaleTokenError: the lease holds the lock under a newer token.
             LeaseLost: the lease is gone, or the hold was lost before release.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call.
         """
-        self._client._run(self._inner.release())
+        self._client._run(self._inner.release(), self.name)
 
     def wait_lost(self, timeout: float | None = None) -> bool:
         """Block until the hold is lost or ``timeout`` seconds pass.
@@ -269,29 +272,43 @@ class LockClient:
             finally:
                 loop.close()
 
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None or self._closed:
-            coro.close()
-            raise FencepostError("client is closed")
-        if threading.current_thread() is thread:
-            coro.close()
-            raise RuntimeError("LockClient methods must not be called from its own event loop thread")
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
+    def _submit(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> T:
+        """Run ``coro`` on the loop thread and wait for it.
+
+        Raises:
+            FencepostError: the client is closed, before or while ``coro``
+                runs (``close()`` from another thread cancels it): never a
+                bare ``concurrent.futures.CancelledError``.
+        """
+        with self._mutex:
+            # Scheduled under the mutex, so that close() (which sets _closed
+            # under it, then stops the loop) always finds the task and
+            # cancels it: a call never waits on a stopped loop.
+            loop, thread = self._loop, self._thread
+            if loop is None or thread is None or self._closed:
+                coro.close()
+                raise FencepostError("client is closed", name=name)
+            if threading.current_thread() is thread:
+                coro.close()
+                raise RuntimeError("LockClient methods must not be called from its own event loop thread")
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return future.result()
+        except concurrent.futures.CancelledError as err:
+            # Only close() cancels the loop's tasks (the loop thread stops).
+            raise FencepostError("client is closed", name=name) from err
         except BaseException:
             future.cancel()
             raise
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> T:
         if self._loop is None and not self._closed:
             try:
                 self.connect()
             except BaseException:
                 coro.close()  # never run: no "coroutine was never awaited" warning
                 raise
-        return self._submit(coro)
+        return self._submit(coro, name)
 
     def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> LockHandle:
         """Acquire the lock ``name``, waiting up to ``timeout`` seconds.
@@ -309,6 +326,8 @@ class LockClient:
             LockTimeout: not granted within ``timeout``.
             ResourceExhausted: too many waiters on the coordinator.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call.
         """
 
         _check(name, ttl, timeout)
@@ -316,7 +335,7 @@ class LockClient:
         async def run() -> LockHandle:
             return LockHandle(await self._aio.acquire(name, ttl=ttl, timeout=timeout), self)
 
-        return self._run(run())
+        return self._run(run(), name)
 
     def try_acquire(self, name: str, ttl: float = 10.0) -> LockHandle:
         """Acquire the lock ``name`` if it is free, without waiting.
@@ -332,6 +351,8 @@ class LockClient:
             LockHeld: the lock is held; carries the holder's lease id and token.
             InvalidArgument: bad name or ttl.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call.
         """
 
         _check(name, ttl, None)
@@ -339,7 +360,7 @@ class LockClient:
         async def run() -> LockHandle:
             return LockHandle(await self._aio.try_acquire(name, ttl=ttl), self)
 
-        return self._run(run())
+        return self._run(run(), name)
 
     @contextlib.contextmanager
     def lock(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> Iterator[LockHandle]:
@@ -381,6 +402,8 @@ class LockClient:
         Raises:
             InvalidArgument: bad name.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call.
         """
         _wire.check_name(name)
-        return self._run(self._aio.describe(name))
+        return self._run(self._aio.describe(name), name)
