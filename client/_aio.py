@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from . import _tls, _wire
+from . import _fork, _tls, _wire
 from ._lease import Lease, LeasePool
 from ._lock import Locker
 from ._stream import DeadlineWatcher, KeepAliveStream
@@ -126,6 +126,15 @@ class AsyncLockClient:
     rotated) and logs the cause once, at WARNING, on the
     ``fencepost.client`` logger.
 
+    fork: a client and its handles inherited by a forked child raise
+    FencepostError (reason "FORKED") from every method there, at once
+    (``is_valid()`` is False), and never renew or release the parent's
+    holds; the parent keeps them. A new client cannot be made in a child
+    forked from a process that had opened one (gRPC cannot be used there).
+    Use multiprocessing's ``spawn`` or ``forkserver`` start method, or make
+    the client after fork in a process that never had one. A forked child
+    must not go on running the parent's event loop.
+
     Example::
 
         async with AsyncLockClient("127.0.0.1:7420") as client:
@@ -152,6 +161,8 @@ class AsyncLockClient:
             the forms above (field "address"), or a TLS file is missing,
             unreadable or holds no PEM, or ``cert`` comes without ``key``
             (field "tls.ca", "tls.cert", "tls.key", ...). Nothing is contacted.
+        FencepostError: this process was forked from one that had opened a
+            client (reason "FORKED"; see "fork" above).
     """
 
     def __init__(
@@ -162,6 +173,8 @@ class AsyncLockClient:
         keepalive_fraction: float = 1 / 3,
         connect_timeout: float = 10.0,
     ) -> None:
+        _fork.check_new_client()
+        self._generation = _fork.generation()
         addresses = _wire.check_addresses(address)
         fraction = _wire.check_fraction(keepalive_fraction)
         self._connect_timeout = _wire.check_connect_timeout(connect_timeout)
@@ -201,13 +214,16 @@ class AsyncLockClient:
         Raises:
             TlsError: every address failed its TLS handshake (raised at once).
             Unavailable: no coordinator answered within ``connect_timeout``.
-            FencepostError: the client is closed.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
+        self._check_fork()
         if self._state == "open":
             return
         if self._state != "new":
             raise FencepostError("client is closed")
         self._state = "open"
+        _fork.opened_channel()
         self._transport.open()
         try:
             await self._transport.wait_connected(asyncio.get_running_loop().time() + self._connect_timeout)
@@ -224,7 +240,13 @@ class AsyncLockClient:
         leases that could not be revoked expire by their TTL). Handles still
         held become released (``on_lost`` callbacks are not called).
         Idempotent.
+
+        Raises:
+            FencepostError: the client was inherited through fork (reason
+                "FORKED"): the parent's channel, leases and holds are left
+                alone.
         """
+        self._check_fork()
         if self._state == "closed":
             return
         if self._state == "closing":
@@ -257,6 +279,11 @@ class AsyncLockClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+    def _check_fork(self) -> None:
+        """Raise at once in a forked child: nothing of the parent's client may be touched there."""
+        if self._generation != _fork.generation():
+            raise _fork.inherited_error("AsyncLockClient")
 
     async def _ensure_open(self) -> None:
         if self._state == "new":
@@ -354,6 +381,8 @@ class AsyncLockClient:
             LeaseLost: the lease was lost while waiting, twice in a row.
             ResourceExhausted: too many waiters on the coordinator.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
         return await self._acquire(name, ttl, timeout, try_once=False)
 
@@ -372,6 +401,8 @@ class AsyncLockClient:
                 under the same TTL); carries the holder's lease id and token.
             InvalidArgument: bad name or ttl (before any RPC).
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
         return await self._acquire(name, ttl, None, try_once=True)
 
@@ -417,6 +448,7 @@ class AsyncLockClient:
         await handle.release()
 
     async def _acquire(self, name: str, ttl: float, timeout: float | None, *, try_once: bool) -> AsyncLockHandle:
+        self._check_fork()
         _wire.check_name(name)
         ttl_s = _wire.ttl_to_wire(ttl)
         timeout = _wire.check_timeout(timeout)
@@ -436,7 +468,10 @@ class AsyncLockClient:
         Raises:
             InvalidArgument: bad name.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
+        self._check_fork()
         _wire.check_name(name)
         await self._ensure_open()
         resp = await self._transport.call(

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from . import _wire
+from . import _fork, _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, LockInfo
 from ._tls import TlsConfig
 from .errors import FencepostError
@@ -110,6 +110,7 @@ class LockHandle:
         Raises:
             LeaseLost: the hold was lost or its local deadline passed.
             NotHolder: the handle was released.
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
         self._inner.check()
 
@@ -122,8 +123,10 @@ class LockHandle:
             LeaseLost: the lease is gone, or the hold was lost before release.
             Unavailable: no coordinator reachable.
             FencepostError: the client is closed, also by ``close()`` from another
-                thread during the call.
+                thread during the call, or the handle was inherited through
+                fork (reason "FORKED"; the parent keeps the hold).
         """
+        self._inner._check_fork()
         self._client._run(self._inner.release(), self.name)
 
     def wait_lost(self, timeout: float | None = None) -> bool:
@@ -134,7 +137,11 @@ class LockHandle:
 
         Returns:
             True if the hold was lost, False on timeout.
+
+        Raises:
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
+        self._inner._check_fork()
         return self.lost.wait(timeout)
 
     def on_lost(self, callback: Callable[[LockHandle], object]) -> None:
@@ -145,7 +152,11 @@ class LockHandle:
 
         Args:
             callback: Called with this handle; its return value is ignored.
+
+        Raises:
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
+        self._inner._check_fork()
 
         async def register() -> None:
             self._inner.on_lost(lambda _h: callback(self))
@@ -164,6 +175,14 @@ class LockClient:
     the storage), run on an event loop in a private daemon thread. Every
     method may be called from any thread, including ``on_lost`` callbacks;
     not from inside a coroutine of that private loop.
+
+    fork: in a forked child, an inherited LockClient and its handles raise
+    FencepostError (reason "FORKED") from every method at once, without
+    touching the parent's channel or loop thread (``is_valid()`` is False);
+    the parent keeps its holds. A new client cannot be made in a child
+    forked from a process that had opened one; use multiprocessing's
+    ``spawn`` or ``forkserver`` start method, or make the client after fork
+    in a process that never had one (README, "fork and multiprocessing").
 
     Example::
 
@@ -184,6 +203,8 @@ class LockClient:
     Raises:
         InvalidArgument: an argument is out of range, or a TLS file is bad
             (field "tls.ca", "tls.cert", "tls.key", ...).
+        FencepostError: this process was forked from one that had opened a
+            client (reason "FORKED").
     """
 
     def __init__(
@@ -194,6 +215,7 @@ class LockClient:
         keepalive_fraction: float = 1 / 3,
         connect_timeout: float = 10.0,
     ) -> None:
+        self._generation = _fork.generation()
         self._aio = AsyncLockClient(address, tls=tls, keepalive_fraction=keepalive_fraction,
                                     connect_timeout=connect_timeout)
         self._mutex = threading.Lock()
@@ -214,8 +236,10 @@ class LockClient:
         Raises:
             TlsError: every address failed its TLS handshake (raised at once).
             Unavailable: no coordinator answered within ``connect_timeout``.
-            FencepostError: the client is closed.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
+        self._check_fork()
         with self._mutex:
             if self._closed:
                 raise FencepostError("client is closed")
@@ -231,7 +255,14 @@ class LockClient:
             raise
 
     def close(self) -> None:
-        """Release every held lock, revoke the leases and stop the loop thread. Idempotent."""
+        """Release every held lock, revoke the leases and stop the loop thread. Idempotent.
+
+        Raises:
+            FencepostError: the client was inherited through fork (reason
+                "FORKED"): the parent's channel, loop thread, leases and
+                holds are left alone.
+        """
+        self._check_fork()
         with self._mutex:
             if self._closed:
                 return
@@ -255,6 +286,11 @@ class LockClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    def _check_fork(self) -> None:
+        """Raise at once in a forked child: the loop thread is the parent's (and gone), its mutex may be held."""
+        if self._generation != _fork.generation():
+            raise _fork.inherited_error("LockClient")
 
     @staticmethod
     def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -280,6 +316,9 @@ class LockClient:
                 runs (``close()`` from another thread cancels it): never a
                 bare ``concurrent.futures.CancelledError``.
         """
+        if self._generation != _fork.generation():
+            coro.close()
+            raise _fork.inherited_error("LockClient")
         with self._mutex:
             # Scheduled under the mutex, so that close() (which sets _closed
             # under it, then stops the loop) always finds the task and
@@ -302,6 +341,9 @@ class LockClient:
             raise
 
     def _run(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> T:
+        if self._generation != _fork.generation():
+            coro.close()
+            raise _fork.inherited_error("LockClient")
         if self._loop is None and not self._closed:
             try:
                 self.connect()
@@ -327,9 +369,11 @@ class LockClient:
             ResourceExhausted: too many waiters on the coordinator.
             Unavailable: no coordinator reachable.
             FencepostError: the client is closed, also by ``close()`` from another
-                thread during the call.
+                thread during the call, or was inherited through fork
+                (reason "FORKED").
         """
 
+        self._check_fork()
         _check(name, ttl, timeout)
 
         async def run() -> LockHandle:
@@ -352,9 +396,11 @@ class LockClient:
             InvalidArgument: bad name or ttl.
             Unavailable: no coordinator reachable.
             FencepostError: the client is closed, also by ``close()`` from another
-                thread during the call.
+                thread during the call, or was inherited through fork
+                (reason "FORKED").
         """
 
+        self._check_fork()
         _check(name, ttl, None)
 
         async def run() -> LockHandle:
@@ -403,7 +449,9 @@ class LockClient:
             InvalidArgument: bad name.
             Unavailable: no coordinator reachable.
             FencepostError: the client is closed, also by ``close()`` from another
-                thread during the call.
+                thread during the call, or was inherited through fork
+                (reason "FORKED").
         """
+        self._check_fork()
         _wire.check_name(name)
         return self._run(self._aio.describe(name), name)
