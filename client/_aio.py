@@ -223,7 +223,7 @@ class AsyncLockClient:
         if self._state != "new":
             raise FencepostError("client is closed")
         self._state = "open"
-        _fork.opened_channel(self)
+        _fork.opened_channel()
         self._transport.open()
         try:
             await self._transport.wait_connected(asyncio.get_running_loop().time() + self._connect_timeout)

@@ -18,12 +18,11 @@ parent's keepalive stream. So:
   ``GRPC_ENABLE_FORK_SUPPORT``. :func:`check_new_client` raises
   :func:`forked_child_error`. A process forked from one that never opened a
   client makes clients as usual.
-- in such a child, the gRPC objects of the parent's clients must never be
-  freed (a child crashed with SIGSEGV when the cyclic collector freed
-  them): the inherited clients are kept referenced, and ``gc.freeze()``
-  (just before fork, undone in the parent after it) moves every object
-  inherited out of the collector's reach (they stay allocated; objects the
-  child makes are collected as usual).
+- gRPC's own default (fork support on in grpcio 1.85) restarts its threads
+  in the child, which sometimes kill it with SIGSEGV whatever the child
+  does; ``GRPC_ENABLE_FORK_SUPPORT=0`` in the environment avoids it (see
+  README). Freeing the inherited objects in the child (with it) was
+  harmless to both processes, so nothing keeps them alive.
 
 The supported patterns: multiprocessing's ``spawn`` or ``forkserver``
 start methods, or a client made after fork in a process that never had one.
@@ -31,10 +30,7 @@ start methods, or a client made after fork in a process that never had one.
 
 from __future__ import annotations
 
-import gc
 import os
-import weakref
-from typing import Any
 
 from .errors import REASON_FORKED, FencepostError
 
@@ -50,10 +46,6 @@ _generation = 0
 _opened_in: int | None = None
 # Whether this process was forked from one that had opened a client channel.
 _forked_after_open = False
-# The live clients of this process; in a child, the inherited ones move to
-# _inherited, which keeps them (and their gRPC objects) from ever being freed.
-_live: weakref.WeakSet[Any] = weakref.WeakSet()
-_inherited: list[Any] = []
 
 
 def generation() -> int:
@@ -61,12 +53,11 @@ def generation() -> int:
     return _generation
 
 
-def opened_channel(client: object) -> None:
-    """Note that ``client`` opens a channel in this process (children forked later cannot make clients)."""
+def opened_channel() -> None:
+    """Note that a client opens a channel in this process (children forked later cannot make clients)."""
     global _opened_in
     if _opened_in is None:
         _opened_in = os.getpid()
-    _live.add(client)
 
 
 def inherited_error(what: str, name: str | None = None, lease_id: int | None = None) -> FencepostError:
@@ -104,29 +95,13 @@ def check_new_client() -> None:
         raise forked_child_error()
 
 
-def _before() -> None:
-    # Freeze in the parent, so that no collection in the child, even one in
-    # another at-fork handler before ours, can free an inherited object.
-    if _opened_in is not None:
-        gc.freeze()
-
-
-def _after_in_parent() -> None:
-    if _opened_in is not None:
-        gc.unfreeze()
-
-
 def _after_in_child() -> None:
     # Only module state: the child must not touch gRPC, the loop or any lock.
     global _generation, _forked_after_open
     _generation += 1
     if _opened_in is not None:
         _forked_after_open = True
-        # Freeing a gRPC object of the parent's in the child crashed it
-        # (SIGSEGV): keep the inherited clients; every object inherited
-        # stays frozen (_before), out of the cyclic collector's reach.
-        _inherited.extend(_live)
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before, after_in_parent=_after_in_parent, after_in_child=_after_in_child)
+    os.register_at_fork(after_in_child=_after_in_child)
