@@ -21,6 +21,7 @@ from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
 
+from .decode import Undecodable
 from .errors import reason_of, shutting_down, to_status
 from .events import caller, log_event
 from .lease import Leases
@@ -35,11 +36,17 @@ _log = logging.getLogger(__name__)
 
 
 def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Turn a FencepostError raised by ``method`` into its gRPC status (and count the refusal)."""
+    """Turn a FencepostError raised by ``method`` into its gRPC status (and count the refusal).
+
+    A request that could not be decoded (:class:`~.decode.Undecodable`: a
+    string field that is not UTF-8) is refused as InvalidArgument naming the field.
+    """
 
     @functools.wraps(method)
     async def wrapper(self: LockService, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
+            if isinstance(request, Undecodable):
+                raise request.error()
             return await method(self, request, context)
         except FencepostError as exc:
             await self._refuse(context, exc, method.__name__)
@@ -180,10 +187,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()
         ended = "error"  # a message that cannot be parsed, or a failure of the stream
+        refused: FencepostError | None = None
         try:
             async for response in stream.serve(request_iterator, self.closing):
                 yield response
             ended = "shutdown" if self.closing.is_set() else "half_closed"
+        except FencepostError as exc:  # a message the stream refuses (a name that is not UTF-8)
+            ended = "refused"
+            refused = exc
         except (asyncio.CancelledError, GeneratorExit):
             ended = "cancelled"
             raise
@@ -192,5 +203,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
                       ended=ended, leases=stream.lease_count, holds=stream.hold_count,
                       duration_s=round(time.monotonic() - started, 3), **who)
+        if refused is not None:
+            await self._refuse(context, refused, "KeepAlive")
         if self.closing.is_set():
             await self._refuse(context, shutting_down(), "KeepAlive", log=False)
