@@ -32,7 +32,7 @@ from ._stream import DeadlineWatcher, KeepAliveStream
 from ._tls import TlsConfig
 from ._transport import Transport
 from ._wire import DEFAULT_ADDRESS
-from .errors import FencepostError, LeaseLost
+from .errors import FencepostError, LeaseLost, Unavailable
 from .handle import AsyncLockHandle
 from .v1 import lock_pb2 as pb
 
@@ -285,11 +285,11 @@ class AsyncLockClient:
         if self._generation != _fork.generation():
             raise _fork.inherited_error("AsyncLockClient")
 
-    async def _ensure_open(self) -> None:
+    async def _ensure_open(self, name: str | None = None) -> None:
         if self._state == "new":
             await self.connect()
         elif self._state != "open":
-            raise FencepostError("client is closed")
+            raise FencepostError("client is closed", name=name)
 
     async def _release_and_revoke_all(self) -> None:
         loop = asyncio.get_running_loop()
@@ -452,9 +452,23 @@ class AsyncLockClient:
         _wire.check_name(name)
         ttl_s = _wire.ttl_to_wire(ttl)
         timeout = _wire.check_timeout(timeout)
-        await self._ensure_open()
+        await self._ensure_open(name)
         until = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        return await self._locker.acquire(name, ttl_s, until, try_once=try_once)
+        try:
+            return await self._locker.acquire(name, ttl_s, until, try_once=try_once)
+        except FencepostError as exc:
+            closed = self._closed_error(name)
+            if closed is None:
+                raise
+            if isinstance(exc, Unavailable):  # the channel closed under the call
+                raise closed from exc
+            if type(exc) is FencepostError and exc.name is None:
+                exc.name = name  # "client is closed" from the lease pool: say which lock
+            raise
+
+    def _closed_error(self, name: str) -> FencepostError | None:
+        """The error of a call that close() ended (its channel closed under it), None while open."""
+        return FencepostError("client is closed", name=name) if self._state != "open" else None
 
     async def describe(self, name: str) -> LockInfo:
         """Report the holder, fencing token, waiters and TTL left of one lock.
@@ -473,12 +487,15 @@ class AsyncLockClient:
         """
         self._check_fork()
         _wire.check_name(name)
-        await self._ensure_open()
-        resp = await self._transport.call(
-            "Describe",
-            lambda _left: (pb.DescribeRequest(name=name), self._connect_timeout),
-            until=None,
-            idempotent=True,
-            name=name,
-        )
+        await self._ensure_open(name)
+        try:
+            resp = await self._transport.call(
+                "Describe",
+                lambda _left: (pb.DescribeRequest(name=name), self._connect_timeout),
+                until=None,
+                idempotent=True,
+                name=name,
+            )
+        except Unavailable as exc:
+            raise self._closed_error(name) or exc from exc
         return LockInfo.from_response(name, resp)

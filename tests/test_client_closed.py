@@ -94,3 +94,31 @@ async def test_async_acquire_when_client_closed_from_another_task(
         await wait_for(lambda: describe_waiters_is(stub, "closing", 0), 5, what="the waiter key to go")
         await held.release()
     assert await count_keys(etcd_client, prefix) == 0
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 5, 10])
+async def test_async_calls_when_close_races_their_start(address: str, steps: int) -> None:
+    """acquire, try_acquire and describe racing close() at any step end with FencepostError("client is closed", name).
+
+    Closed during the lease grant, acquire raised Unavailable("connection closed during the call").
+    """
+    async with AsyncLockClient(address) as holder:
+        held = await holder.acquire("raced", ttl=10.0, timeout=5.0)
+        client = AsyncLockClient(address)
+        await client.connect()
+        tasks = {
+            "raced": asyncio.create_task(client.acquire("raced", ttl=10.0, timeout=10.0)),
+            "free": asyncio.create_task(client.try_acquire("free", ttl=10.0)),
+            "other-ttl": asyncio.create_task(client.try_acquire("other-ttl", ttl=7.0)),
+            "described": asyncio.create_task(client.describe("described")),
+        }
+        for _ in range(steps):
+            await asyncio.sleep(0)  # let the calls run that many steps before close()
+        await client.close()
+        results = await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 10)
+        for name, result in zip(tasks, results):
+            if not isinstance(result, BaseException):
+                continue  # finished before close(): fine (a grant is released by close)
+            assert type(result) is FencepostError, (name, repr(result))
+            assert result.message == "client is closed" and result.name == name, (name, str(result))
+        await held.release()
