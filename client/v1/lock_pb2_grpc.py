@@ -141,8 +141,7 @@ class LockServiceServicer:
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
         RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
-        watch or unwatch whose name is not a valid lock name, or not valid
-        UTF-8; the stream ends).
+        watch or unwatch whose name is not valid UTF-8; the stream ends).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

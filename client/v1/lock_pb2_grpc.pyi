@@ -122,8 +122,7 @@ class LockServiceStub:
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
     RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
-    watch or unwatch whose name is not a valid lock name, or not valid
-    UTF-8; the stream ends).
+    watch or unwatch whose name is not valid UTF-8; the stream ends).
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -189,8 +188,7 @@ class LockServiceAsyncStub(LockServiceStub):
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
     RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
-    watch or unwatch whose name is not a valid lock name, or not valid
-    UTF-8; the stream ends).
+    watch or unwatch whose name is not valid UTF-8; the stream ends).
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -283,8 +281,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
         RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
-        watch or unwatch whose name is not a valid lock name, or not valid
-        UTF-8; the stream ends).
+        watch or unwatch whose name is not valid UTF-8; the stream ends).
         """
 
     @_abc_1.abstractmethod
