@@ -25,14 +25,14 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from . import _tls, _wire
+from . import _fork, _tls, _wire
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
 from ._stream import DeadlineWatcher, KeepAliveStream
 from ._tls import TlsConfig
 from ._transport import Transport
 from ._wire import DEFAULT_ADDRESS
-from .errors import FencepostError, LeaseLost
+from .errors import FencepostError, LeaseLost, Unavailable
 from .handle import AsyncLockHandle
 from .v1 import lock_pb2 as pb
 
@@ -171,6 +171,15 @@ class AsyncLockClient:
     rotated) and logs the cause once, at WARNING, on the
     ``fencepost.client`` logger.
 
+    fork: a client and its handles inherited by a forked child raise
+    FencepostError (reason "FORKED") from every method there, at once
+    (``is_valid()`` is False), and never renew or release the parent's
+    holds; the parent keeps them. A new client cannot be made in a child
+    forked from a process that had opened one (gRPC cannot be used there).
+    Use multiprocessing's ``spawn`` or ``forkserver`` start method, or make
+    the client after fork in a process that never had one. A forked child
+    must not go on running the parent's event loop.
+
     Example::
 
         async with AsyncLockClient("127.0.0.1:7420") as client:
@@ -201,6 +210,8 @@ class AsyncLockClient:
             the forms above (field "address"), or a TLS file is missing,
             unreadable or holds no PEM, or ``cert`` comes without ``key``
             (field "tls.ca", "tls.cert", "tls.key", ...). Nothing is contacted.
+        FencepostError: this process was forked from one that had opened a
+            client (reason "FORKED"; see "fork" above).
     """
 
     def __init__(
@@ -213,6 +224,8 @@ class AsyncLockClient:
         idle_lease_timeout: float = IDLE_LEASE_TIMEOUT,
         max_idle_leases: int = MAX_IDLE_LEASES,
     ) -> None:
+        _fork.check_new_client()
+        self._generation = _fork.generation()
         addresses = _wire.check_addresses(address)
         fraction = _wire.check_fraction(keepalive_fraction)
         self._connect_timeout = _wire.check_connect_timeout(connect_timeout)
@@ -254,13 +267,16 @@ class AsyncLockClient:
         Raises:
             TlsError: every address failed its TLS handshake (raised at once).
             Unavailable: no coordinator answered within ``connect_timeout``.
-            FencepostError: the client is closed.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
+        self._check_fork()
         if self._state == "open":
             return
         if self._state != "new":
             raise FencepostError("client is closed")
         self._state = "open"
+        _fork.opened_channel()
         self._transport.open()
         try:
             await self._transport.wait_connected(asyncio.get_running_loop().time() + self._connect_timeout)
@@ -277,7 +293,13 @@ class AsyncLockClient:
         leases that could not be revoked expire by their TTL). Handles still
         held become released (``on_lost`` callbacks are not called).
         Idempotent.
+
+        Raises:
+            FencepostError: the client was inherited through fork (reason
+                "FORKED"): the parent's channel, leases and holds are left
+                alone.
         """
+        self._check_fork()
         if self._state == "closed":
             return
         if self._state == "closing":
@@ -311,11 +333,16 @@ class AsyncLockClient:
     ) -> None:
         await self.close()
 
-    async def _ensure_open(self) -> None:
+    def _check_fork(self) -> None:
+        """Raise at once in a forked child: nothing of the parent's client may be touched there."""
+        if self._generation != _fork.generation():
+            raise _fork.inherited_error("AsyncLockClient")
+
+    async def _ensure_open(self, name: str | None = None) -> None:
         if self._state == "new":
             await self.connect()
         elif self._state != "open":
-            raise FencepostError("client is closed")
+            raise FencepostError("client is closed", name=name)
 
     async def _release_and_revoke_all(self) -> None:
         loop = asyncio.get_running_loop()
@@ -416,6 +443,8 @@ class AsyncLockClient:
             LeaseLost: the lease was lost while waiting, twice in a row.
             ResourceExhausted: too many waiters on the coordinator.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
         return await self._acquire(name, ttl, timeout, try_once=False)
 
@@ -434,6 +463,8 @@ class AsyncLockClient:
                 under the same TTL); carries the holder's lease id and token.
             InvalidArgument: bad name or ttl (before any RPC).
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
         return await self._acquire(name, ttl, None, try_once=True)
 
@@ -479,12 +510,27 @@ class AsyncLockClient:
         await handle.release()
 
     async def _acquire(self, name: str, ttl: float, timeout: float | None, *, try_once: bool) -> AsyncLockHandle:
+        self._check_fork()
         _wire.check_name(name)
         ttl_s = _wire.ttl_to_wire(ttl)
         timeout = _wire.check_timeout(timeout)
-        await self._ensure_open()
+        await self._ensure_open(name)
         until = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        return await self._locker.acquire(name, ttl_s, until, try_once=try_once)
+        try:
+            return await self._locker.acquire(name, ttl_s, until, try_once=try_once)
+        except FencepostError as exc:
+            closed = self._closed_error(name)
+            if closed is None:
+                raise
+            if isinstance(exc, Unavailable):  # the channel closed under the call
+                raise closed from exc
+            if type(exc) is FencepostError and exc.name is None:
+                exc.name = name  # "client is closed" from the lease pool: say which lock
+            raise
+
+    def _closed_error(self, name: str) -> FencepostError | None:
+        """The error of a call that close() ended (its channel closed under it), None while open."""
+        return FencepostError("client is closed", name=name) if self._state != "open" else None
 
     async def describe(self, name: str) -> LockInfo:
         """Report the holder, fencing token, waiters and TTL left of one lock.
@@ -498,16 +544,22 @@ class AsyncLockClient:
         Raises:
             InvalidArgument: bad name.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
+        self._check_fork()
         _wire.check_name(name)
-        await self._ensure_open()
-        resp = await self._transport.call(
-            "Describe",
-            lambda _left: (pb.DescribeRequest(name=name), self._connect_timeout),
-            until=None,
-            idempotent=True,
-            name=name,
-        )
+        await self._ensure_open(name)
+        try:
+            resp = await self._transport.call(
+                "Describe",
+                lambda _left: (pb.DescribeRequest(name=name), self._connect_timeout),
+                until=None,
+                idempotent=True,
+                name=name,
+            )
+        except Unavailable as exc:
+            raise self._closed_error(name) or exc from exc
         return LockInfo.from_response(name, resp)
 
     async def list_locks(self, prefix: str = "", *, page_size: int = 0) -> list[HeldLock]:
@@ -525,7 +577,9 @@ class AsyncLockClient:
         Raises:
             InvalidArgument: bad prefix or page size (``field`` names it).
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through fork.
         """
+        self._check_fork()
         await self._ensure_open()
         locks: list[HeldLock] = []
         token = ""

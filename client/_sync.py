@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from . import _wire
+from . import _fork, _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
 from ._tls import TlsConfig
@@ -110,6 +111,7 @@ class LockHandle:
         Raises:
             LeaseLost: the hold was lost or its local deadline passed.
             NotHolder: the handle was released.
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
         self._inner.check()
 
@@ -121,8 +123,12 @@ class LockHandle:
             StaleTokenError: the lease holds the lock under a newer token.
             LeaseLost: the lease is gone, or the hold was lost before release.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call, or the handle was inherited through
+                fork (reason "FORKED"; the parent keeps the hold).
         """
-        self._client._run(self._inner.release())
+        self._inner._check_fork()
+        self._client._run(self._inner.release(), self.name)
 
     def wait_lost(self, timeout: float | None = None) -> bool:
         """Block until the hold is lost or ``timeout`` seconds pass.
@@ -132,7 +138,11 @@ class LockHandle:
 
         Returns:
             True if the hold was lost, False on timeout.
+
+        Raises:
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
+        self._inner._check_fork()
         return self.lost.wait(timeout)
 
     def on_lost(self, callback: Callable[[LockHandle], object]) -> None:
@@ -143,7 +153,11 @@ class LockHandle:
 
         Args:
             callback: Called with this handle; its return value is ignored.
+
+        Raises:
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
+        self._inner._check_fork()
 
         async def register() -> None:
             self._inner.on_lost(lambda _h: callback(self))
@@ -162,6 +176,14 @@ class LockClient:
     the storage), run on an event loop in a private daemon thread. Every
     method may be called from any thread, including ``on_lost`` callbacks;
     not from inside a coroutine of that private loop.
+
+    fork: in a forked child, an inherited LockClient and its handles raise
+    FencepostError (reason "FORKED") from every method at once, without
+    touching the parent's channel or loop thread (``is_valid()`` is False);
+    the parent keeps its holds. A new client cannot be made in a child
+    forked from a process that had opened one; use multiprocessing's
+    ``spawn`` or ``forkserver`` start method, or make the client after fork
+    in a process that never had one (README, "fork and multiprocessing").
 
     Example::
 
@@ -185,6 +207,8 @@ class LockClient:
     Raises:
         InvalidArgument: an argument is out of range, or a TLS file is bad
             (field "tls.ca", "tls.cert", "tls.key", ...).
+        FencepostError: this process was forked from one that had opened a
+            client (reason "FORKED").
     """
 
     def __init__(
@@ -197,6 +221,7 @@ class LockClient:
         idle_lease_timeout: float = IDLE_LEASE_TIMEOUT,
         max_idle_leases: int = MAX_IDLE_LEASES,
     ) -> None:
+        self._generation = _fork.generation()
         self._aio = AsyncLockClient(address, tls=tls, keepalive_fraction=keepalive_fraction,
                                     connect_timeout=connect_timeout, idle_lease_timeout=idle_lease_timeout,
                                     max_idle_leases=max_idle_leases)
@@ -228,8 +253,10 @@ class LockClient:
         Raises:
             TlsError: every address failed its TLS handshake (raised at once).
             Unavailable: no coordinator answered within ``connect_timeout``.
-            FencepostError: the client is closed.
+            FencepostError: the client is closed, or was inherited through
+                fork (reason "FORKED").
         """
+        self._check_fork()
         with self._mutex:
             if self._closed:
                 raise FencepostError("client is closed")
@@ -245,7 +272,14 @@ class LockClient:
             raise
 
     def close(self) -> None:
-        """Release every held lock, revoke the leases and stop the loop thread. Idempotent."""
+        """Release every held lock, revoke the leases and stop the loop thread. Idempotent.
+
+        Raises:
+            FencepostError: the client was inherited through fork (reason
+                "FORKED"): the parent's channel, loop thread, leases and
+                holds are left alone.
+        """
+        self._check_fork()
         with self._mutex:
             if self._closed:
                 return
@@ -270,6 +304,11 @@ class LockClient:
     ) -> None:
         self.close()
 
+    def _check_fork(self) -> None:
+        """Raise at once in a forked child: the loop thread is the parent's (and gone), its mutex may be held."""
+        if self._generation != _fork.generation():
+            raise _fork.inherited_error("LockClient")
+
     @staticmethod
     def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
         asyncio.set_event_loop(loop)
@@ -286,29 +325,49 @@ class LockClient:
             finally:
                 loop.close()
 
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None or self._closed:
+    def _submit(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> T:
+        """Run ``coro`` on the loop thread and wait for it.
+
+        Raises:
+            FencepostError: the client is closed, before or while ``coro``
+                runs (``close()`` from another thread cancels it): never a
+                bare ``concurrent.futures.CancelledError``.
+        """
+        if self._generation != _fork.generation():
             coro.close()
-            raise FencepostError("client is closed")
-        if threading.current_thread() is thread:
-            coro.close()
-            raise RuntimeError("LockClient methods must not be called from its own event loop thread")
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
+            raise _fork.inherited_error("LockClient")
+        with self._mutex:
+            # Scheduled under the mutex, so that close() (which sets _closed
+            # under it, then stops the loop) always finds the task and
+            # cancels it: a call never waits on a stopped loop.
+            loop, thread = self._loop, self._thread
+            if loop is None or thread is None or self._closed:
+                coro.close()
+                raise FencepostError("client is closed", name=name)
+            if threading.current_thread() is thread:
+                coro.close()
+                raise RuntimeError("LockClient methods must not be called from its own event loop thread")
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return future.result()
+        except concurrent.futures.CancelledError as err:
+            # Only close() cancels the loop's tasks (the loop thread stops).
+            raise FencepostError("client is closed", name=name) from err
         except BaseException:
             future.cancel()
             raise
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> T:
+        if self._generation != _fork.generation():
+            coro.close()
+            raise _fork.inherited_error("LockClient")
         if self._loop is None and not self._closed:
             try:
                 self.connect()
             except BaseException:
                 coro.close()  # never run: no "coroutine was never awaited" warning
                 raise
-        return self._submit(coro)
+        return self._submit(coro, name)
 
     def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> LockHandle:
         """Acquire the lock ``name``, waiting up to ``timeout`` seconds.
@@ -326,14 +385,18 @@ class LockClient:
             LockTimeout: not granted within ``timeout``.
             ResourceExhausted: too many waiters on the coordinator.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call, or was inherited through fork
+                (reason "FORKED").
         """
 
+        self._check_fork()
         _check(name, ttl, timeout)
 
         async def run() -> LockHandle:
             return LockHandle(await self._aio.acquire(name, ttl=ttl, timeout=timeout), self)
 
-        return self._run(run())
+        return self._run(run(), name)
 
     def try_acquire(self, name: str, ttl: float = 10.0) -> LockHandle:
         """Acquire the lock ``name`` if it is free, without waiting.
@@ -349,14 +412,18 @@ class LockClient:
             LockHeld: the lock is held; carries the holder's lease id and token.
             InvalidArgument: bad name or ttl.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call, or was inherited through fork
+                (reason "FORKED").
         """
 
+        self._check_fork()
         _check(name, ttl, None)
 
         async def run() -> LockHandle:
             return LockHandle(await self._aio.try_acquire(name, ttl=ttl), self)
 
-        return self._run(run())
+        return self._run(run(), name)
 
     @contextlib.contextmanager
     def lock(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> Iterator[LockHandle]:
@@ -398,9 +465,13 @@ class LockClient:
         Raises:
             InvalidArgument: bad name.
             Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call, or was inherited through fork
+                (reason "FORKED").
         """
+        self._check_fork()
         _wire.check_name(name)
-        return self._run(self._aio.describe(name))
+        return self._run(self._aio.describe(name), name)
 
     def list_locks(self, prefix: str = "", *, page_size: int = 0) -> list[HeldLock]:
         """List every held lock whose name starts with ``prefix``, reading all pages.
@@ -416,4 +487,5 @@ class LockClient:
             InvalidArgument: bad prefix or page size (``field`` names it).
             Unavailable: no coordinator reachable.
         """
+        self._check_fork()
         return self._run(self._aio.list_locks(prefix, page_size=page_size))

@@ -200,6 +200,11 @@ def _check_server_name(name: object) -> str | None:
     if not isinstance(name, str) or not name or any(ch.isspace() or ord(ch) < 0x20 for ch in name):
         raise InvalidArgument(f"tls.server_name: must be a non-empty name without white space, got {name!r}",
                               field="tls.server_name")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: gRPC raised a bare UnicodeEncodeError at connect
+        raise InvalidArgument(f"tls.server_name: must be valid UTF-8, got {name!r}",
+                              field="tls.server_name") from None
     return name
 
 

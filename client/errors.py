@@ -58,6 +58,7 @@ __all__ = [
     "ResourceExhausted",
     "from_rpc_error",
     "REASON_CLOSED",
+    "REASON_FORKED",
     "REASON_DEADLINE",
 ]
 
@@ -67,6 +68,10 @@ __all__ = [
 REASON_DEADLINE = "DEADLINE"
 #: The client was closed while the hold was live.
 REASON_CLOSED = "CLOSED"
+#: The client or handle was inherited through fork, or a client was made in
+#: a child forked from a process that had one (see README, "fork and
+#: multiprocessing").
+REASON_FORKED = "FORKED"
 
 
 class FencepostError(Exception):

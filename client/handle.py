@@ -15,6 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from . import _fork
 from .errors import REASON_DEADLINE, LeaseLost, NotHolder
 
 if TYPE_CHECKING:
@@ -45,6 +46,11 @@ class AsyncLockHandle:
     be lost at any moment (a pause longer than the TTL), and only the storage
     can then refuse the late write.
 
+    In a child forked from the process that made it, a handle is never
+    valid (``valid_for()`` is 0) and :meth:`check`, :meth:`release`,
+    :meth:`on_lost` and :meth:`cancel_on_lost` raise FencepostError (reason
+    "FORKED") at once: the hold stays the parent's.
+
     Attributes:
         lost: Set (once) when the hold is lost; never set by a release.
         lost_reason: Why it was lost (``"DEADLINE"``, ``"LEASE_EXPIRED"``,
@@ -72,6 +78,7 @@ class AsyncLockHandle:
         self._hooks: list[Callable[[AsyncLockHandle], None]] = []
         self._tasks: list[asyncio.Task[object]] = []
         self._cancelled_tasks: set[asyncio.Task[object]] = set()
+        self._generation = _fork.generation()
 
     @property
     def name(self) -> str:
@@ -121,9 +128,9 @@ class AsyncLockHandle:
             Seconds (float) before the hold must be assumed lost; 0.0 once
             lost or released. A lower bound computed from the send time of
             the last acknowledged keepalive; not a promise that no one else
-            holds the lock (use the token for that).
+            holds the lock (use the token for that). 0.0 in a forked child.
         """
-        if self._released or self.lost_reason is not None:
+        if self._released or self.lost_reason is not None or self._inherited():
             return 0.0
         return self._lease.remaining()
 
@@ -138,7 +145,9 @@ class AsyncLockHandle:
             LeaseLost: the hold was lost, or its local deadline has passed
                 (``.reason`` says why).
             NotHolder: the handle was released.
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
+        self._check_fork()
         if self._released:
             raise NotHolder("lock was released", name=self._name, lease_id=self.lease_id)
         if self.lost_reason is not None:
@@ -164,7 +173,10 @@ class AsyncLockHandle:
             StaleTokenError: the lease holds the lock under a newer token.
             LeaseLost: the lease is gone, or the hold was lost before release.
             Unavailable: no coordinator reachable (ownership is kept).
+            FencepostError: the handle was inherited through fork (reason
+                "FORKED"; the parent keeps the hold).
         """
+        self._check_fork()
         await self._release_fn(self)
 
     def on_lost(self, callback: Callable[[AsyncLockHandle], object]) -> None:
@@ -177,7 +189,11 @@ class AsyncLockHandle:
 
         Args:
             callback: Called with this handle; its return value is ignored.
+
+        Raises:
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
+        self._check_fork()
         if self.lost_reason is not None:
             _run_in_thread(callback, self)  # type: ignore[arg-type]
         elif not self._released:
@@ -194,7 +210,9 @@ class AsyncLockHandle:
 
         Raises:
             RuntimeError: no task given and none is running.
+            FencepostError: the handle was inherited through fork (reason "FORKED").
         """
+        self._check_fork()
         if task is None:
             task = asyncio.current_task()
             if task is None:
@@ -203,6 +221,13 @@ class AsyncLockHandle:
             self._cancel(task)
         elif not self._released:
             self._tasks.append(task)
+
+    def _inherited(self) -> bool:
+        return self._generation != _fork.generation()
+
+    def _check_fork(self) -> None:
+        if self._inherited():
+            raise _fork.inherited_error("lock handle", name=self._name, lease_id=self.lease_id)
 
     def _cancel(self, task: asyncio.Task[object]) -> None:
         if not task.done():

@@ -28,9 +28,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fencepost.client.errors import FencepostError
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 
+from .decode import add_lock_service
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .events import log_event
 from .lease import Leases
@@ -222,7 +223,7 @@ class Coordinator:
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted)
         server = grpc.aio.server(options=self._server_options,
                                  interceptors=[self._metrics.grpc] if self._metrics is not None else None)
-        lock_pb2_grpc.add_LockServiceServicer_to_server(self._service, server)
+        add_lock_service(self._service, server)  # the generated registration, checking UTF-8
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if self._metrics is not None:
             self._metrics.grpc.initialize([lock_pb2.DESCRIPTOR.services_by_name["LockService"],

@@ -21,6 +21,7 @@ from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
 
+from .decode import Undecodable
 from .errors import reason_of, shutting_down, to_status
 from .etcd import bounded
 from .events import caller, log_event
@@ -40,11 +41,17 @@ DEADLINE_MARGIN_SECONDS = 0.1
 
 
 def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Turn a FencepostError raised by ``method`` into its gRPC status (and count the refusal)."""
+    """Turn a FencepostError raised by ``method`` into its gRPC status (and count the refusal).
+
+    A request that could not be decoded (:class:`~.decode.Undecodable`: a
+    string field that is not UTF-8) is refused as InvalidArgument naming the field.
+    """
 
     @functools.wraps(method)
     async def wrapper(self: LockService, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
+            if isinstance(request, Undecodable):
+                raise request.error()
             left = context.time_remaining()
             # etcd calls end a little before the caller's deadline, so that the caller
             # hears why (UNAVAILABLE / ETCD_UNAVAILABLE) rather than its own DEADLINE_EXCEEDED.
@@ -217,10 +224,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()
         ended = "error"  # a message that cannot be parsed, or a failure of the stream
+        refused: FencepostError | None = None
         try:
             async for response in stream.serve(request_iterator, self.closing):
                 yield response
             ended = "shutdown" if self.closing.is_set() else "half_closed"
+        except FencepostError as exc:  # a message the stream refuses (a name that is not UTF-8)
+            ended = "refused"
+            refused = exc
         except (asyncio.CancelledError, GeneratorExit):
             ended = "cancelled"
             raise
@@ -229,5 +240,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
                       ended=ended, leases=stream.lease_count, holds=stream.hold_count,
                       duration_s=round(time.monotonic() - started, 3), **who)
+        if refused is not None:
+            await self._refuse(context, refused, "KeepAlive")
         if self.closing.is_set():
             await self._refuse(context, shutting_down(), "KeepAlive", log=False)

@@ -24,6 +24,7 @@ from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
+from .decode import Undecodable
 from .events import log_event
 from .lease import Leases
 from .lock import LockManager
@@ -143,6 +144,8 @@ class KeepAliveStream:
 
     async def _read(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest]) -> None:
         async for request in requests:
+            if isinstance(request, Undecodable):  # a string field that is not UTF-8: the stream is refused
+                raise request.error()
             kind = request.WhichOneof("request")
             if kind == "keepalive":
                 self._metrics.keepalive()

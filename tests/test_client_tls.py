@@ -79,13 +79,16 @@ def _bad_configs(pki: Pki, tmp: Path) -> dict[str, tuple[Any, str, str]]:
         "key-encrypted": (TlsConfig(cert=pki.client.cert, key=str(encrypted)), "tls.key", "encrypted"),
         "server-name-empty": (TlsConfig(server_name=""), "tls.server_name", "non-empty"),
         "server-name-space": (TlsConfig(server_name="a b"), "tls.server_name", "white space"),
+        # A lone surrogate was a bare UnicodeEncodeError from connect() (issue 14, item 9).
+        "server-name-not-utf8": (TlsConfig(server_name="a\udcff"), "tls.server_name", "valid UTF-8"),
         "not-a-config": ("yes", "tls", "TlsConfig"),
     }
 
 
 BAD_CONFIG_IDS = ["ca-missing", "ca-directory", "ca-no-pem", "ca-is-a-key", "ca-empty-path", "ca-bytes-path",
                   "cert-without-key", "key-without-cert", "cert-missing", "cert-is-a-key", "key-no-pem",
-                  "key-of-another-cert", "key-encrypted", "server-name-empty", "server-name-space", "not-a-config"]
+                  "key-of-another-cert", "key-encrypted", "server-name-empty", "server-name-space",
+                  "server-name-not-utf8", "not-a-config"]
 
 
 @pytest.mark.parametrize("case", BAD_CONFIG_IDS)

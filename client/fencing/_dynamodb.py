@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidArgument
-from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_token
+from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token
 
 CONDITION = "attribute_not_exists(#ft) OR #ft <= :ft"
 
@@ -99,7 +99,8 @@ class DynamoDBGuard(FencingGuard):
             StaleTokenError: the item holds a higher token; nothing was written.
             InvalidArgument: a bad key or token, or ``attributes`` is not a
                 mapping or names the token attribute or a key attribute
-                (field ``attributes``); nothing was sent.
+                (field ``attributes``), or a str in the key or the attributes is not
+                valid UTF-8; nothing was sent.
             botocore.exceptions.ClientError: any other failure.
         """
         kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
@@ -120,7 +121,8 @@ class DynamoDBGuard(FencingGuard):
             StaleTokenError: the item holds a higher token; nothing was written.
             InvalidArgument: a bad key or token, or ``values`` is not a
                 mapping or names the token attribute or a key attribute
-                (field ``values``); nothing was sent.
+                (field ``values``), or a str in the key or the values is not
+                valid UTF-8; nothing was sent.
             botocore.exceptions.ClientError: any other failure.
         """
         kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
@@ -137,7 +139,8 @@ class DynamoDBGuard(FencingGuard):
         """Read an item with a consistent read; None when there is none.
 
         Raises:
-            InvalidArgument: ``key`` is not a non-empty mapping.
+            InvalidArgument: ``key`` is not a non-empty mapping, or holds a
+                str that is not valid UTF-8.
         """
         self._check_key(key)
         resp = self.client.get_item(TableName=self.table, Key=dict(key), ConsistentRead=True)
@@ -150,6 +153,7 @@ class DynamoDBGuard(FencingGuard):
                                   f"{{'id': {{'S': 'inv:42'}}}}, got {key!r}", field="key")
         if self.token_attribute in key:
             raise InvalidArgument(f"key must not contain the token attribute {self.token_attribute!r}", field="key")
+        check_text(key, "key")
 
     def _check(self, key: Mapping[str, Any], values: Mapping[str, Any], argument: str) -> None:
         """Check a write's key and attributes before any call (``argument`` names the attributes)."""
@@ -167,6 +171,7 @@ class DynamoDBGuard(FencingGuard):
             if name in key:
                 raise InvalidArgument(f"{argument} must not set the key attribute {name!r}: the key picks the "
                                       f"item; write the item under its new key instead", field=argument)
+        check_text(values, argument)
 
     def _write(self, key: Mapping[str, Any], token: int, call: Any, **kwargs: Any) -> None:
         try:

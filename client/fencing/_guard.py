@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from ..errors import InvalidArgument, StaleTokenError
 from ..v1.details import ErrorReason, reason_name
@@ -40,6 +41,39 @@ def check_token(token: int) -> int:
     if not 0 < token <= MAX_TOKEN:
         raise InvalidArgument(f"token is {token}; must be a fencing token of a grant (1 to 2**63-1)", field="token")
     return token
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every str in ``value``: itself, or nested in mappings (keys and values), lists, tuples and sets."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _texts(key)
+            yield from _texts(item)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            yield from _texts(item)
+
+
+def check_text(value: Any, argument: str) -> None:
+    """Refuse a str that cannot be sent as UTF-8 (a lone surrogate), alone or nested, before anything is sent.
+
+    Args:
+        value: A key, value or mapping of values as the caller passed it.
+        argument: The argument that carried it, named in the error.
+
+    Raises:
+        InvalidArgument: a str in ``value`` holds a lone surrogate (as
+            ``sys.argv`` and ``os.fsdecode`` hold a byte that is not UTF-8),
+            which the database driver could not encode (field ``argument``).
+    """
+    for text in _texts(value):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InvalidArgument(f"{argument} must be valid UTF-8: character {err.start} of {text!r} is "
+                                  f"{text[err.start]!r}, a lone surrogate", field=argument) from None
 
 
 def check_identifier(value: str, argument: str) -> str:

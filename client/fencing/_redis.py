@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidArgument
-from ._guard import FencingGuard, RejectHook, check_token
+from ._guard import FencingGuard, RejectHook, check_text, check_token
 
 SCRIPT = """\
 local stored = redis.call('HGET', KEYS[1], 'fencing_token')
@@ -40,6 +40,7 @@ def _check_data(data: object, field: str) -> None:
     """What redis-py sends as a key or an argument: str, bytes, int or float (not None, not bool)."""
     if isinstance(data, bool) or not isinstance(data, (str, bytes, int, float)):
         raise InvalidArgument(f"{field} must be str, bytes, int or float, got {data!r}", field=field)
+    check_text(data, field)
 
 
 class RedisGuard(FencingGuard):
@@ -71,7 +72,8 @@ class RedisGuard(FencingGuard):
         Raises:
             StaleTokenError: the record holds a higher token; nothing was written.
             InvalidArgument: a bad token, or a key or value that is not
-                str, bytes, int or float (None, say); nothing was sent.
+                str, bytes, int or float (None, say) or a str that is not
+                valid UTF-8; nothing was sent.
             redis.exceptions.RedisError: the server failed (e.g. WRONGTYPE).
         """
         check_token(token)
@@ -86,7 +88,8 @@ class RedisGuard(FencingGuard):
         """Read a record: (value, token), each None when absent (one HMGET).
 
         Raises:
-            InvalidArgument: ``key`` is not str, bytes, int or float.
+            InvalidArgument: ``key`` is not str, bytes, int or float, or
+                is a str that is not valid UTF-8.
             redis.exceptions.RedisError: the server failed.
         """
         _check_data(key, "key")

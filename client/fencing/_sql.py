@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidArgument, MissingRecordError
-from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_token
+from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token
 
 _PLACEHOLDERS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
@@ -231,7 +231,8 @@ class SqlGuard(FencingGuard):
         Raises:
             StaleTokenError: the row holds a higher token; nothing was written.
             MissingRecordError: no row has that key; nothing was written.
-            InvalidArgument: a bad key, token, values mapping or column name;
+            InvalidArgument: a bad key, token, values mapping or column name,
+                or a str key or value that is not valid UTF-8;
                 nothing was sent.
         """
         columns = self._check(key, token, values)
@@ -257,7 +258,8 @@ class SqlGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the row holds a higher token; nothing was written.
-            InvalidArgument: a bad key, token, values mapping or column name;
+            InvalidArgument: a bad key, token, values mapping or column name,
+                or a str key or value that is not valid UTF-8;
                 nothing was sent.
         """
         columns = self._check(key, token, values)
@@ -278,6 +280,8 @@ class SqlGuard(FencingGuard):
         if not isinstance(values, Mapping):
             raise InvalidArgument(f"values must be a mapping of column name to value, got {type(values).__name__}",
                                   field="values")
+        check_text(key, "key")
+        check_text(values, "values")
         return list(values)
 
     def _execute(self, sql: str, params: list[Any]) -> bool:

@@ -169,7 +169,8 @@ class LockServiceServicer:
         it; on a broken stream, reconnect (to any replica), resend keepalives
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-        RESOURCE_EXHAUSTED (too many streams).
+        RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+        watch or unwatch whose name is not valid UTF-8; the stream ends).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -136,7 +136,8 @@ class LockServiceStub:
     it; on a broken stream, reconnect (to any replica), resend keepalives
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-    RESOURCE_EXHAUSTED (too many streams).
+    RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+    watch or unwatch whose name is not valid UTF-8; the stream ends).
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -229,7 +230,8 @@ class LockServiceAsyncStub(LockServiceStub):
     it; on a broken stream, reconnect (to any replica), resend keepalives
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-    RESOURCE_EXHAUSTED (too many streams).
+    RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+    watch or unwatch whose name is not valid UTF-8; the stream ends).
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -355,7 +357,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         it; on a broken stream, reconnect (to any replica), resend keepalives
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-        RESOURCE_EXHAUSTED (too many streams).
+        RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+        watch or unwatch whose name is not valid UTF-8; the stream ends).
         """
 
     @_abc_1.abstractmethod
