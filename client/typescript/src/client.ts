@@ -44,6 +44,12 @@ const MAX_WAIT_MS = 86_400_000;
  */
 const CLEANUP_WAIT_SECONDS = 1.0;
 /**
+ * Pause before a second Withdraw when the first found no key, in seconds: an
+ * aborted Acquire's write may still be in flight on the coordinator (which
+ * finishes it even though the call was cancelled) when the first arrives.
+ */
+const WITHDRAW_RECHECK_SECONDS = 0.05;
+/**
  * Reasons of a refused Acquire after which the coordinator has left nothing of
  * that call in etcd (bad input, its wait timed out and was withdrawn, the lease
  * is gone, the queue was full): no withdrawal is needed.
@@ -441,16 +447,23 @@ export class LockClient {
    */
   private async withdraw(lease: Lease, name: string, slot: Slot): Promise<void> {
     const backoff = delays();
+    let rechecked = false;
     try {
       while (!lease.lost && this.state === "open") {
         try {
-          await this.transport.call(
+          const resp = await this.transport.call(
             "Withdraw",
             (client) =>
               client.withdraw({ name, leaseId: lease.leaseId }, { timeoutMs: this.transport.connectTimeout * 1000 }),
             { until: undefined, idempotent: true, context: { lockName: name, leaseId: lease.leaseId } },
           );
-          return;
+          if (resp.found || rechecked) return;
+          // Nothing found: the aborted Acquire's own write may still be on its
+          // way to etcd (the coordinator finishes it, then keeps the key 2 s).
+          // Look once more, a little later.
+          rechecked = true;
+          await sleep(WITHDRAW_RECHECK_SECONDS, this.closeController.signal);
+          continue;
         } catch (err) {
           if (!(err instanceof Unavailable)) return; // LeaseLost: its keys went with it; else it ends with the lease
           try {
