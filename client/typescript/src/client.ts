@@ -5,7 +5,7 @@
  * @module
  */
 
-import { now } from "./backoff.js";
+import { delays, now, sleep } from "./backoff.js";
 import {
   FencepostError,
   InvalidArgument,
@@ -15,9 +15,10 @@ import {
   NotHolder,
   REASON_DEADLINE,
   StaleTokenError,
+  Unavailable,
 } from "./errors.js";
 import { LockHandle } from "./handle.js";
-import { Lease, LeasePool } from "./lease.js";
+import { Lease, LeasePool, type Grant, type Slot } from "./lease.js";
 import { KeepAliveStream } from "./stream.js";
 import { readTls, type TlsOptions } from "./tls.js";
 import { Transport } from "./transport.js";
@@ -37,6 +38,23 @@ const ACQUIRE_SLACK_SECONDS = 1.0;
 const CLOSE_BUDGET_SECONDS = 5.0;
 /** Longest acquire wait on the wire, in milliseconds. */
 const MAX_WAIT_MS = 86_400_000;
+/**
+ * Longest time an aborted call waits for its clean-up (a Withdraw, a
+ * LeaseRevoke) before it rejects, in seconds; the clean-up goes on after that.
+ */
+const CLEANUP_WAIT_SECONDS = 1.0;
+/**
+ * Pause before a second Withdraw when the first found no key, in seconds: an
+ * aborted Acquire's write may still be in flight on the coordinator (which
+ * finishes it even though the call was cancelled) when the first arrives.
+ */
+const WITHDRAW_RECHECK_SECONDS = 0.05;
+/**
+ * Reasons of a refused Acquire after which the coordinator has left nothing of
+ * that call in etcd (bad input, its wait timed out and was withdrawn, the lease
+ * is gone, the queue was full): no withdrawal is needed.
+ */
+const SETTLED_REASONS = new Set(["INVALID_FIELD", "ACQUIRE_TIMEOUT", "LEASE_EXPIRED", "TOO_MANY_WAITERS"]);
 
 /** Options of a {@link LockClient}. */
 export interface ClientOptions {
@@ -54,7 +72,13 @@ export interface AcquireOptions {
   ttl?: number;
   /** Seconds to wait for the lock, 0 to 86400 (0 tries once, failing with LockTimeout); undefined waits until granted. */
   timeout?: number;
-  /** Aborts the wait: the acquire rejects with the signal's reason and leaves no place in the queue. */
+  /**
+   * Aborts the wait: the acquire rejects with the signal's reason and leaves
+   * nothing behind. A queued wait or a grant it may have left is withdrawn
+   * (Withdraw), and a lease granted for it alone is revoked; the rejection
+   * comes once that is done (after 1 s at most; it then goes on in the
+   * background).
+   */
   signal?: AbortSignal;
 }
 
@@ -67,6 +91,24 @@ export interface LockInfo {
   /** Seconds left on the holder's lease as etcd reports it (a lower bound), -1 when not held. */
   ttlRemaining: number;
   waiterCount: number;
+}
+
+/** One held lock, from {@link LockClient.listLocks}. */
+export interface HeldLock {
+  name: string;
+  holderLeaseId: bigint;
+  /** The holder's fencing token. */
+  token: bigint;
+  /** Seconds left on the holder's lease as etcd reported it (a lower bound only); undefined when the lease ended meanwhile. */
+  ttlRemaining: number | undefined;
+  /** The holder lease's granted TTL in seconds (0 when it ended). */
+  ttl: number;
+  /** Seconds since the grant; undefined when the coordinator that answered did not make the grant. */
+  heldFor: number | undefined;
+  /** How many contenders are queued behind the holder. */
+  waiterCount: number;
+  /** The etcd revision of the listing. */
+  revision: bigint;
 }
 
 /**
@@ -102,6 +144,10 @@ export class LockClient {
   private deadlineTimer: NodeJS.Timeout | undefined;
   private closing: Promise<void> | undefined;
   private readonly background = new Set<Promise<unknown>>();
+  /** LeaseGrant calls in flight (close waits for them, so that a lease they grant is revoked). */
+  private readonly granting = new Set<Promise<unknown>>();
+  /** Aborted when the client starts closing: stops the backoff sleeps of background clean-ups. */
+  private readonly closeController = new AbortController();
 
   /**
    * Make a client; nothing is contacted until the first call.
@@ -159,33 +205,92 @@ export class LockClient {
     for (;;) {
       const live = this.pool.live(ttl);
       if (live !== undefined) return live;
-      const inFlight = this.pool.inFlight(ttl);
-      if (inFlight === undefined) break;
+      signal?.throwIfAborted();
+      const joined = this.pool.inFlight(ttl);
+      const grant = joined ?? this.startGrant(ttl, until);
+      grant.waiters++;
+      let waiting = true;
       try {
-        await inFlight;
-      } catch {
-        // the other grant failed: try our own
+        return await untilAborted(grant.promise, signal);
+      } catch (err) {
+        if (signal?.aborted) {
+          // The LeaseGrant goes on: if nobody waits for it any more once it
+          // answers, its lease is revoked (see startGrant). Wait for that, a
+          // little, so that normally no lease is left once we reject.
+          grant.waiters--;
+          waiting = false;
+          await this.cleanUp(grant.promise);
+          throw signal.reason;
+        }
+        if (joined === undefined) throw err;
+        // the other caller's grant failed: try our own
+      } finally {
+        if (waiting) grant.waiters--;
       }
     }
-    const grant = (async () => {
+  }
+
+  /**
+   * Start the one LeaseGrant of a requested TTL. The call is not cancelled
+   * with its callers: a lease granted for callers who all gave up, or once
+   * the client is closing, is revoked, so that no lease the client does not
+   * know is left to live for its TTL.
+   */
+  private startGrant(ttl: number, until: number | undefined): Grant {
+    const grant: { promise: Promise<Lease>; waiters: number } = { promise: Promise.resolve(undefined as never), waiters: 0 };
+    grant.promise = (async () => {
       const sent = now();
-      const resp = await this.transport.call(
-        "LeaseGrant",
-        (client) => client.leaseGrant({ ttlSeconds: BigInt(ttl) }, { timeoutMs: this.transport.connectTimeout * 1000, signal }),
-        { until, idempotent: false, signal },
-      );
+      let resp;
+      try {
+        resp = await this.transport.call(
+          "LeaseGrant",
+          (client) => client.leaseGrant({ ttlSeconds: BigInt(ttl) }, { timeoutMs: this.transport.connectTimeout * 1000 }),
+          { until, idempotent: false },
+        );
+      } finally {
+        this.pool.setInFlight(ttl, undefined);
+      }
       const lease = new Lease(resp.leaseId, Math.max(Number(resp.ttlSeconds), ttl), sent);
-      if (this.state !== "open") throw new FencepostError("client is closed", { leaseId: lease.leaseId });
+      if (this.state !== "open" || grant.waiters <= 0) {
+        await this.revokeQuietly(lease.leaseId);
+        const why = this.state !== "open" ? "client is closed" : "every acquire waiting for the lease was aborted";
+        throw new FencepostError(why, { leaseId: lease.leaseId });
+      }
       this.pool.add(ttl, lease);
       this.stream.startKeepalives(lease);
       this.armDeadlines();
       return lease;
     })();
     this.pool.setInFlight(ttl, grant);
+    const tracked = grant.promise.catch(() => undefined);
+    this.granting.add(tracked);
+    void tracked.finally(() => this.granting.delete(tracked));
+    return grant;
+  }
+
+  /** Revoke a lease the client does not keep; a failure is ignored (the lease then expires by its TTL). */
+  private async revokeQuietly(leaseId: bigint): Promise<void> {
     try {
-      return await grant;
+      await this.transport.call(
+        "LeaseRevoke",
+        (client) => client.leaseRevoke({ leaseId }, { timeoutMs: this.transport.connectTimeout * 1000 }),
+        { until: now() + this.transport.connectTimeout, idempotent: true, context: { leaseId } },
+      );
+    } catch {
+      // it expires by its TTL
+    }
+  }
+
+  /** Wait for a clean-up (already running) up to CLEANUP_WAIT_SECONDS; it goes on after that. */
+  private async cleanUp(work: Promise<unknown>): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const budget = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, CLEANUP_WAIT_SECONDS * 1000);
+    });
+    try {
+      await Promise.race([work.catch(() => undefined), budget]);
     } finally {
-      this.pool.setInFlight(ttl, undefined);
+      clearTimeout(timer);
     }
   }
 
@@ -306,11 +411,24 @@ export class LockClient {
           }
           handle = await this.acquireRpc(lease, name, until, tryOnce, signal);
         } catch (err) {
-          slot.release();
-          if (err instanceof LeaseLost) {
+          if (err instanceof LeaseLost && !signal?.aborted) {
+            slot.release();
             this.pool.lose(lease, "LEASE_EXPIRED");
             if (retriesOnLostLease-- > 0) continue;
+            throw err;
           }
+          if (settled(err, signal) || lease.lost || this.state !== "open") {
+            slot.release();
+            throw err;
+          }
+          // The Acquire may have queued a key, or been granted, for a caller
+          // who will never know: withdraw it, keeping the slot taken until that
+          // is done (a later local acquire of this name under this lease must
+          // not be the one withdrawn). Wait for it a little, so that normally
+          // nothing is left once we reject; it goes on in the background.
+          const withdrawal = this.withdraw(lease, name, slot);
+          this.spawn(withdrawal);
+          await this.cleanUp(withdrawal);
           throw err;
         }
         slot.holder = handle;
@@ -319,6 +437,45 @@ export class LockClient {
         slot.users--;
         this.pool.dropSlotIfIdle(lease.leaseId, name);
       }
+    }
+  }
+
+  /**
+   * Delete this lease's key in lock `name` (Withdraw: a queued wait, or a
+   * grant that never reached its caller), retried with backoff while the
+   * lease lives and the client is open; then free `slot`.
+   */
+  private async withdraw(lease: Lease, name: string, slot: Slot): Promise<void> {
+    const backoff = delays();
+    let rechecked = false;
+    try {
+      while (!lease.lost && this.state === "open") {
+        try {
+          const resp = await this.transport.call(
+            "Withdraw",
+            (client) =>
+              client.withdraw({ name, leaseId: lease.leaseId }, { timeoutMs: this.transport.connectTimeout * 1000 }),
+            { until: undefined, idempotent: true, context: { lockName: name, leaseId: lease.leaseId } },
+          );
+          if (resp.found || rechecked) return;
+          // Nothing found: the aborted Acquire's own write may still be on its
+          // way to etcd (the coordinator finishes it, then keeps the key 2 s).
+          // Look once more, a little later.
+          rechecked = true;
+          await sleep(WITHDRAW_RECHECK_SECONDS, this.closeController.signal);
+          continue;
+        } catch (err) {
+          if (!(err instanceof Unavailable)) return; // LeaseLost: its keys went with it; else it ends with the lease
+          try {
+            await sleep(backoff.next().value, this.closeController.signal);
+          } catch {
+            return; // closing
+          }
+        }
+      }
+    } finally {
+      slot.release();
+      this.pool.dropSlotIfIdle(lease.leaseId, name);
     }
   }
 
@@ -375,12 +532,19 @@ export class LockClient {
 
   // ------------------------------------------------------------------ release
 
-  private async release(handle: LockHandle): Promise<void> {
+  /**
+   * Release a hold. Concurrent calls share the one Release in flight (and
+   * its outcome): a second Release of the same grant would be refused with
+   * NOT_HOLDER and wrongly lose the hold. The hold stays valid until the
+   * coordinator answers.
+   */
+  private release(handle: LockHandle): Promise<void> {
+    if (handle._releaseTask !== undefined) return handle._releaseTask;
     if (handle.released) {
-      throw new NotHolder("lock was already released", { lockName: handle.name, leaseId: handle.leaseId });
+      return Promise.reject(new NotHolder("lock was already released", { lockName: handle.name, leaseId: handle.leaseId }));
     }
     if (this.state === "new" || this.state === "closed") {
-      throw new FencepostError("client is closed", { lockName: handle.name, leaseId: handle.leaseId });
+      return Promise.reject(new FencepostError("client is closed", { lockName: handle.name, leaseId: handle.leaseId }));
     }
     const until = now() + this.transport.connectTimeout;
     if (handle.lostReason !== undefined) {
@@ -388,31 +552,40 @@ export class LockClient {
       // The server may not know yet: free the lock early, in the background.
       if (reason === REASON_DEADLINE) this.spawn(this.releaseRpc(handle, until));
       this.pool.finishRelease(handle);
-      throw new LeaseLost("lock hold was lost before release", {
+      return Promise.reject(new LeaseLost("lock hold was lost before release", {
         lockName: handle.name,
         leaseId: handle.leaseId,
         reason,
-      });
+      }));
     }
     handle._releasing = true;
-    try {
-      await this.releaseRpc(handle, until);
-    } catch (err) {
-      handle._releasing = false;
-      if (err instanceof NotHolder || err instanceof StaleTokenError || err instanceof LeaseLost) {
-        if (err instanceof LeaseLost) this.pool.lose(handle._lease, "LEASE_EXPIRED");
-        this.pool.loseHold(handle, err.reason ?? "NOT_HOLDER");
-        this.pool.finishRelease(handle);
-        throw err;
-      }
-      const ended = handle._endedDuringRelease;
-      if (ended === "LEASE_EXPIRED") this.pool.lose(handle._lease, ended);
-      else if (ended !== undefined) this.pool.finishRelease(handle);
+    const task = this.releaseRpc(handle, until).then(
+      () => this.settleRelease(handle, undefined),
+      (err: unknown) => this.settleRelease(handle, err),
+    );
+    handle._releaseTask = task;
+    return task;
+  }
+
+  /** Apply the outcome of a Release call to the hold; rethrows its error. */
+  private settleRelease(handle: LockHandle, err: unknown): void {
+    handle._releaseTask = undefined;
+    handle._releasing = false;
+    if (err === undefined) {
+      this.pool.finishRelease(handle);
+      this.stream.unwatch(handle);
+      return;
+    }
+    if (err instanceof NotHolder || err instanceof StaleTokenError || err instanceof LeaseLost) {
+      if (err instanceof LeaseLost) this.pool.lose(handle._lease, "LEASE_EXPIRED");
+      this.pool.loseHold(handle, err.reason ?? "NOT_HOLDER");
+      this.pool.finishRelease(handle);
       throw err;
     }
-    handle._releasing = false;
-    this.pool.finishRelease(handle);
-    this.stream.unwatch(handle);
+    const ended = handle._endedDuringRelease;
+    if (ended === "LEASE_EXPIRED") this.pool.lose(handle._lease, ended);
+    else if (ended !== undefined) this.pool.finishRelease(handle);
+    throw err;
   }
 
   private async releaseRpc(handle: LockHandle, until: number): Promise<void> {
@@ -465,6 +638,53 @@ export class LockClient {
     };
   }
 
+  /**
+   * List every held lock whose name starts with `prefix`, reading all pages.
+   *
+   * @param prefix - The name prefix; "" (the default) lists every lock.
+   * @param options.pageSize - Locks per ListLocks call, 1 to 1000; 0 (the
+   *   default) lets the coordinator choose (100).
+   * @returns The held locks in the order of their etcd keys, all read at the
+   *   revision of the first page (TTLs as etcd reported them per page).
+   * @throws {@link InvalidArgument} bad prefix or page size (`field` names it).
+   * @throws {@link Unavailable} no coordinator reachable.
+   */
+  async listLocks(prefix = "", options: { pageSize?: number } = {}): Promise<HeldLock[]> {
+    if (typeof prefix !== "string") throw new InvalidArgument("prefix must be a string", { field: "prefix" });
+    if (typeof options !== "object" || options === null) {
+      throw new InvalidArgument("options must be an object", { field: "options" });
+    }
+    const pageSize = options.pageSize ?? 0;
+    if (!Number.isInteger(pageSize) || pageSize < 0 || pageSize > 1000) {
+      throw new InvalidArgument("pageSize must be an integer from 0 to 1000", { field: "pageSize" });
+    }
+    this.ensureOpen();
+    const locks: HeldLock[] = [];
+    let pageToken = "";
+    for (;;) {
+      const request = { prefix, pageSize, pageToken };
+      const resp = await this.transport.call(
+        "ListLocks",
+        (client) => client.listLocks(request, { timeoutMs: this.transport.connectTimeout * 1000 }),
+        { until: undefined, idempotent: true },
+      );
+      for (const info of resp.locks) {
+        locks.push({
+          name: info.name,
+          holderLeaseId: info.holder?.leaseId ?? 0n,
+          token: info.holder?.token ?? 0n,
+          ttlRemaining: info.ttlRemainingSeconds >= 0n ? Number(info.ttlRemainingSeconds) : undefined,
+          ttl: Number(info.ttlSeconds),
+          heldFor: info.heldSeconds >= 0 ? info.heldSeconds : undefined,
+          waiterCount: Number(info.waiterCount),
+          revision: resp.revision,
+        });
+      }
+      pageToken = resp.nextPageToken;
+      if (!pageToken) return locks;
+    }
+  }
+
   // ------------------------------------------------------------------ close
 
   /**
@@ -486,6 +706,7 @@ export class LockClient {
   private async closeImpl(): Promise<void> {
     const wasOpen = this.state === "open";
     this.state = "closing";
+    this.closeController.abort();
     if (wasOpen) {
       const until = now() + Math.min(this.transport.connectTimeout, CLOSE_BUDGET_SECONDS);
       const quietly = (work: Promise<unknown>): Promise<unknown> => {
@@ -493,6 +714,8 @@ export class LockClient {
         return Promise.race([work.catch(() => undefined), budget]);
       };
       await Promise.all(this.pool.holds().map((h) => quietly(this.release(h))));
+      // A LeaseGrant in flight revokes the lease it gets, the client being closed.
+      await quietly(Promise.all([...this.granting]));
       await Promise.all(
         this.pool.leases().map((lease) =>
           quietly(
@@ -513,4 +736,33 @@ export class LockClient {
     await Promise.all([...this.background]);
     this.state = "closed";
   }
+}
+
+/** Whether an Acquire that failed with `err` is known to have left nothing in etcd (no withdrawal needed). */
+function settled(err: unknown, signal: AbortSignal | undefined): boolean {
+  if (signal?.aborted) return false; // the call may have queued or been granted
+  if (!(err instanceof FencepostError)) return false;
+  if (err instanceof LockHeld || err instanceof InvalidArgument) return true;
+  if (err.code === undefined) return err instanceof LockTimeout; // made here: "held" after one try; else no answer
+  return err.reason !== undefined && SETTLED_REASONS.has(err.reason);
+}
+
+/** `work`, or the signal's reason as soon as `signal` aborts (`work` goes on). */
+function untilAborted<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+  if (signal === undefined) return work;
+  if (signal.aborted) return Promise.reject(signal.reason as unknown);
+  return new Promise<T>((resolve, reject) => {
+    const aborted = (): void => reject(signal.reason as unknown);
+    signal.addEventListener("abort", aborted, { once: true });
+    work.then(
+      (value) => {
+        signal.removeEventListener("abort", aborted);
+        resolve(value);
+      },
+      (err: unknown) => {
+        signal.removeEventListener("abort", aborted);
+        reject(err);
+      },
+    );
+  });
 }

@@ -38,6 +38,8 @@ export class LockHandle {
   readonly _lease: Lease;
   /** @internal */
   _releasing = false;
+  /** @internal the Release in flight, shared by concurrent release() calls */
+  _releaseTask: Promise<void> | undefined;
   /** @internal the reason of a HoldEnded that arrived while the Release was in flight */
   _endedDuringRelease: string | undefined;
   private readonly abort = new AbortController();
@@ -89,6 +91,8 @@ export class LockHandle {
 
   /**
    * Release the lock. The lease stays alive for the client's other locks.
+   * The hold stays valid until the coordinator answers; calls made while a
+   * Release is in flight share it and its outcome.
    *
    * @throws {@link NotHolder} already released, or the lease no longer holds the lock.
    * @throws {@link StaleTokenError} the lease holds the lock under a newer token.

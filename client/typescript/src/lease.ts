@@ -128,11 +128,23 @@ export class Slot {
   }
 }
 
+/**
+ * A LeaseGrant in flight for one requested TTL, shared by the acquires that
+ * wait for it. It is never cancelled: a lease granted when nobody waits for
+ * it any more (they all aborted) or once the client is closing is revoked.
+ */
+export interface Grant {
+  /** The lease once granted and kept; rejects when the grant failed or its lease was revoked. */
+  readonly promise: Promise<Lease>;
+  /** How many acquires still wait for it (an aborted one stops waiting). */
+  waiters: number;
+}
+
 /** The client's live leases (one per requested TTL), their holds and their slots. */
 export class LeasePool {
   private readonly byTtl = new Map<number, Lease>();
   private readonly byId = new Map<bigint, Lease>();
-  private readonly granting = new Map<number, Promise<Lease>>();
+  private readonly granting = new Map<number, Grant>();
   private readonly slots = new Map<string, Slot>();
   /** Called with each lease lost (to wake the deadline watcher, log...). */
   onLeaseLost: (lease: Lease) => void = () => {};
@@ -144,11 +156,16 @@ export class LeasePool {
   }
 
   /** One grant at a time per TTL: the grant in flight, if any. */
-  inFlight(ttl: number): Promise<Lease> | undefined {
+  inFlight(ttl: number): Grant | undefined {
     return this.granting.get(ttl);
   }
 
-  setInFlight(ttl: number, grant: Promise<Lease> | undefined): void {
+  /** Every grant in flight. */
+  grants(): Grant[] {
+    return [...this.granting.values()];
+  }
+
+  setInFlight(ttl: number, grant: Grant | undefined): void {
     if (grant === undefined) this.granting.delete(ttl);
     else this.granting.set(ttl, grant);
   }

@@ -3,7 +3,7 @@
  * gRPC transport), tried in turn, and the retry rule of every unary call
  * (the Python client's `_transport.py`):
  *
- * - idempotent calls (Acquire, LeaseRevoke, Describe) that fail with
+ * - idempotent calls (Acquire, LeaseRevoke, Withdraw, Describe, ListLocks) that fail with
  *   UNAVAILABLE are retried on the next address;
  * - LeaseGrant and Release are retried only while no connection could be
  *   made (the request cannot have reached a server); once sent, an

@@ -123,3 +123,12 @@ export function coordinator(port: number, extra: string[] = []): Child {
     ...extra,
   ]);
 }
+
+/** The ids of every lease in the test's etcd (its JSON gateway, POST /v3/lease/leases). */
+export async function etcdLeaseIds(): Promise<Set<bigint>> {
+  const endpoint = required("FENCEPOST_ETCD_ENDPOINT");
+  const resp = await fetch(`http://${endpoint}/v3/lease/leases`, { method: "POST", body: "{}" });
+  if (!resp.ok) throw new Error(`etcd lease list: HTTP ${resp.status} ${await resp.text()}`);
+  const body = (await resp.json()) as { leases?: { ID: string }[] };
+  return new Set((body.leases ?? []).map((l) => BigInt(l.ID)));
+}
