@@ -141,6 +141,7 @@ class LockManager:
         self._waiting = 0
         self._reattach_seconds = reattach_seconds
         self._later: set[asyncio.Task[None]] = set()
+        self._writing: dict[bytes, asyncio.Future[Any]] = {}  # key -> an Acquire's write in flight
 
     @property
     def etcd(self) -> EtcdClient:
@@ -202,10 +203,20 @@ class LockManager:
             return owned(resp.responses[0].response_range)
 
         # The whole range compares to create revision 0 only when it is empty.
-        return await self._etcd.txn(TxnPlan(
+        # A cancelled call's Txn goes on (tracked: a Withdraw waits for it); a grant that reaches
+        # nobody is withdrawn REATTACH_SECONDS later, unless the caller Acquires again meanwhile.
+        step = self._writing_step(key, self._etcd.txn(TxnPlan(
             etcdops.txn([etcdops.is_free(lock)], [etcdops.put(key, lease_id=lease_id)], [etcdops.holder_of(lock)]),
             decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
-            name=name, lease_id=lease_id))
+            name=name, lease_id=lease_id)))
+        try:
+            return await asyncio.shield(step)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                result = await step
+                if result.acquired:
+                    self._withdraw_later(key, result.token, result.token)
+            raise
 
     async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
@@ -237,7 +248,7 @@ class LockManager:
         # coordinator that stopped) is kept with its create revision, its place in the queue, and
         # written again: the new mod revision tells a pending deferred withdrawal that it was reattached.
         reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]
-        step = asyncio.ensure_future(self._etcd.txn(TxnPlan(
+        step = self._writing_step(key, self._etcd.txn(TxnPlan(
             etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, lease_id=lease_id), etcdops.holder_of(lock)],
                         [etcdops.put(key, lease_id=lease_id), *reads]),
             decide, reads, resolve, name=name, lease_id=lease_id)))
@@ -266,6 +277,23 @@ class LockManager:
         except BaseException:
             await self._withdraw(key, my_rev)
             raise
+
+    def _writing_step(self, key: bytes, write: Awaitable[T]) -> asyncio.Future[T]:
+        """Run an Acquire's write of ``key`` as a task a Withdraw of the same key waits for.
+
+        The write of a cancelled Acquire goes on; without this, the caller's
+        Withdraw could reach etcd first, find nothing, and the late write
+        would then leave a key (a grant) nobody knows of.
+        """
+        step = asyncio.ensure_future(write)
+        self._writing[key] = step
+
+        def done(finished: asyncio.Future[T]) -> None:
+            if self._writing.get(key) is finished:
+                del self._writing[key]
+
+        step.add_done_callback(done)
+        return step
 
     def _withdraw_later(self, key: bytes, my_rev: int, mod_rev: int) -> None:
         """Delete a waiter key after :data:`REATTACH_SECONDS` unless an Acquire wrote it again meanwhile."""
@@ -307,6 +335,9 @@ class LockManager:
         validate_lease_id(lease_id)
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
+        pending = self._writing.get(key)
+        if pending is not None:  # an Acquire's write of this key still in flight here: let it land first
+            await asyncio.wait({pending})
 
         def decide(resp: Any) -> tuple[bool, bool, int]:
             mine, owners = resp.responses[0].response_range, resp.responses[1].response_range
