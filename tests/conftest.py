@@ -50,8 +50,42 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
     server.start()
     try:
         yield server
+        problems = asyncio.run(_orphans(server.endpoint))
+        assert not problems, "after the tests, etcd holds state no live client owns:\n" + "\n".join(problems)
     finally:
         server.stop()
+
+
+#: Seconds between the two looks at each lease's TTL in :func:`_orphans` (etcd counts TTLs in whole seconds).
+RENEWAL_PROBE_SECONDS = 1.5
+
+
+async def _orphans(endpoint: str) -> list[str]:
+    """What the suite left in its etcd that no live client owns (issue 14: no state outlives its call).
+
+    Once every test has ended, no client is alive, so: no lease may still be
+    renewed by anyone (its TTL must go down between two looks), and every
+    lock key must hang on a lease (a key without one would never go). Leases
+    that tests abandon on purpose (a holder killed with SIGKILL, raw stub
+    calls) are left to expire by their TTL and are not problems.
+    """
+    client = Etcd3Client([endpoint])
+    await client.connect()
+    try:
+        assert client.lease is not None and client.kv is not None
+        key = b"/fencepost-test/"
+        resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
+        problems = [f"lock key {kv.key!r} is attached to no lease" for kv in resp.kvs if not kv.lease]
+        leases = [lease.ID for lease in (await client.lease.leases(timeout=5)).leases]
+        first = {lid: (await client.lease.time_to_live(lid, timeout=5)).TTL for lid in leases}
+        await asyncio.sleep(RENEWAL_PROBE_SECONDS)  # a measurement of renewals, not a synchronisation
+        for lid, ttl in first.items():
+            now = (await client.lease.time_to_live(lid, timeout=5)).TTL
+            if ttl > 0 and now >= ttl:
+                problems.append(f"lease {lid:#x} is still renewed (TTL {ttl} s, then {now} s)")
+        return problems
+    finally:
+        await client.close()
 
 
 @pytest.fixture
