@@ -44,7 +44,7 @@ async def test_cancelled_acquire_leaves_no_hold_and_no_wait(address: str, etcd_c
             waiting = asyncio.ensure_future(b.acquire("c", ttl=5))
             await wait_for(lambda: _queued(etcd_client, prefix, 2), 5, what="b queued")
             await held.release()
-            await asyncio.sleep(rng.uniform(0, 0.004))  # the grant takes about this long
+            await asyncio.sleep(rng.uniform(0, 0.0015))  # the grant takes about this long
             waiting.cancel()
             try:
                 handle = await waiting

@@ -182,8 +182,20 @@ class EtcdClient:
         """
         if any(op.WhichOneof("request") != "request_range" for op in ops):
             raise ValueError("read() takes range ops only")
-        return await self._unary(Op.RANGE, lambda s: s.kv.Txn, etcdops.txn(compare, ops), name=name,
-                                 lease_id=lease_id)
+        # A read-only Txn is never cancelled on the wire, nor cut short by the caller's
+        # deadline: etcd before 3.5.5 panics (the whole member exits) when the context of a
+        # read-only Txn ends while it is applied (etcd-io/etcd#14110, fixed by #14178), and
+        # the embedded etcd is 3.5.1. The call goes on in the background under the RANGE
+        # rule's own deadline; the caller stops waiting at its own.
+        with deadline.unbounded():
+            task = asyncio.ensure_future(self._unary(Op.RANGE, lambda s: s.kv.Txn, etcdops.txn(compare, ops),
+                                                     name=name, lease_id=lease_id))
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        left = deadline.left()
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), None if left is None else max(0.0, left))
+        except TimeoutError:
+            raise error_for(Failure.TIMEOUT, None, Op.RANGE, name=name, lease_id=lease_id, user=self.user) from None
 
     async def txn(self, plan: TxnPlan[T]) -> T:
         """Send a Txn once; when its outcome is unknown, read back and send again only if it did not apply.
