@@ -367,6 +367,12 @@ class EtcdDriver(Driver):
         return records_prefix(self.prefix) + key
 
     async def close(self) -> None:
+        # The fake contender keys hang on no lease: delete them, and the records, so that the
+        # suite's end-of-run check (tests/conftest.py::_orphans) sees only what clients left.
+        from etcd3aio import prefix_range_end
+
+        for start in (self.prefix.encode(), records_prefix(self.prefix).encode()):
+            await self.client.kv.delete(start, prefix_range_end(start), timeout=5)
         await self.client.close()
         await self.channel.close()
 
