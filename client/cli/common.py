@@ -489,6 +489,9 @@ def call_error(err: FencepostError, addresses: Sequence[str], address: str, what
     Returns:
         The CliError to raise: exit 2 for INVALID_ARGUMENT, else exit 1.
     """
+    if err.code == grpc.StatusCode.DEADLINE_EXCEEDED and err.reason is None:
+        return CliError(f"{what}: no answer from the coordinator at {address} within {RPC_TIMEOUT_SECONDS:g} s "
+                        f"(connected, or still connecting: it or its etcd may be overloaded)", EXIT_UNAVAILABLE)
     if _never_reached(err):
         return CliError(f"cannot reach the coordinator at {', '.join(addresses)}: {err_text(err)}", EXIT_UNAVAILABLE)
     if isinstance(err, InvalidArgument):
