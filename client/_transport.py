@@ -327,6 +327,10 @@ class Transport:
 
         unreachable = 0  # addresses that could not be connected to (fail_fast)
         tls_failed: dict[str, TlsError] = {}  # address -> its failed handshake
+        # The last retried UNAVAILABLE answer (e.g. ETCD_UNAVAILABLE: a coordinator
+        # answered, its etcd did not): what the call raises when a retry then runs
+        # out of time, a better account than "no answer in time".
+        answered: FencepostError | None = None
         while True:
             if self.closed:
                 raise FencepostError("client is closed", name=name, lease_id=lease_id)
@@ -369,8 +373,12 @@ class Transport:
                 return await getattr(stub, method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as err:
                 mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
+                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answered is not None:
+                    raise answered from err
                 if err.code() != grpc.StatusCode.UNAVAILABLE or not idempotent or budget() <= 0:
                     raise mapped from err
+                if mapped.reason is not None:  # a coordinator's own answer, not a broken connection
+                    answered = mapped
                 self.rotate(channel, force=mapped.reason == SHUTTING_DOWN)
             except grpc.aio.UsageError as err:  # the channel was closed by a rotation
                 if budget() <= 0:
