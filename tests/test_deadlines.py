@@ -200,3 +200,4 @@ def test_cli_status_tells_etcd_down_from_coordinator_down(frozen_process: str, f
     report: dict[str, Any] = json.loads(health.stdout)
     (coordinator,) = report["coordinators"]
     assert coordinator["status"] != "UNREACHABLE", report
+    assert coordinator["info"]["etcd"]["available"] is False, report  # ServerInfo answers without etcd
