@@ -6,6 +6,7 @@ lower than one it has accepted. See :class:`AsyncLockClient`.
 """
 
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
+from ._info import EtcdInfo, ServerInfo
 from ._sync import LockClient, LockHandle
 from ._tls import TlsConfig
 from .errors import (
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_ADDRESS",
     "AsyncLockClient",
     "AsyncLockHandle",
+    "EtcdInfo",
     "FencepostError",
     "HeldLock",
     "InvalidArgument",
@@ -39,6 +41,7 @@ __all__ = [
     "MissingRecordError",
     "NotHolder",
     "ResourceExhausted",
+    "ServerInfo",
     "StaleTokenError",
     "TlsConfig",
     "TlsError",

@@ -26,6 +26,7 @@ import grpc
 import grpc.aio
 
 from . import _fork, _tls, _wire
+from ._info import ServerInfo
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
 from ._stream import DeadlineWatcher, KeepAliveStream
@@ -528,7 +529,7 @@ class AsyncLockClient:
                 exc.name = name  # "client is closed" from the lease pool: say which lock
             raise
 
-    def _closed_error(self, name: str) -> FencepostError | None:
+    def _closed_error(self, name: str | None) -> FencepostError | None:
         """The error of a call that close() ended (its channel closed under it), None while open."""
         return FencepostError("client is closed", name=name) if self._state != "open" else None
 
@@ -591,3 +592,31 @@ class AsyncLockClient:
             token = resp.next_page_token
             if not token:
                 return locks
+
+    async def server_info(self) -> ServerInfo:
+        """Report on the coordinator currently used: version, uptime, addresses, etcd, counts.
+
+        Answers also while etcd is out of reach (``info.etcd.available`` is
+        then False, ``info.etcd.error`` says why): the coordinator gives etcd
+        at most 2 s. The counts of ``keepalive_streams`` to ``waiting_acquires``
+        are that coordinator's own; ``contender_keys``, ``held_locks`` and
+        ``waiters`` are cluster-wide.
+
+        Returns:
+            The coordinator's report.
+
+        Raises:
+            Unavailable: no coordinator reachable.
+            FencepostError: the coordinator does not implement ServerInfo
+                (``code`` UNIMPLEMENTED: older than this client, or not a
+                coordinator); the client is closed, or was inherited through fork.
+        """
+        self._check_fork()
+        await self._ensure_open()
+        try:
+            resp = await self._transport.call(
+                "ServerInfo", lambda _left: (pb.ServerInfoRequest(), self._connect_timeout), until=None,
+                idempotent=True)
+        except Unavailable as exc:
+            raise self._closed_error(None) or exc from exc
+        return ServerInfo.from_response(resp)

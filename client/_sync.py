@@ -19,6 +19,7 @@ import grpc
 
 from . import _fork, _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
+from ._info import ServerInfo
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
 from ._tls import TlsConfig
 from .errors import FencepostError
@@ -489,3 +490,24 @@ class LockClient:
         """
         self._check_fork()
         return self._run(self._aio.list_locks(prefix, page_size=page_size))
+
+    def server_info(self) -> ServerInfo:
+        """Report on the coordinator currently used: version, uptime, addresses, etcd, counts.
+
+        Answers also while etcd is out of reach (``info.etcd.available`` is
+        then False, ``info.etcd.error`` says why): the coordinator gives etcd
+        at most 2 s. The counts of ``keepalive_streams`` to ``waiting_acquires``
+        are that coordinator's own; ``contender_keys``, ``held_locks`` and
+        ``waiters`` are cluster-wide.
+
+        Returns:
+            The coordinator's report.
+
+        Raises:
+            Unavailable: no coordinator reachable.
+            FencepostError: the coordinator does not implement ServerInfo
+                (``code`` UNIMPLEMENTED); the client is closed, or was
+                inherited through fork.
+        """
+        self._check_fork()
+        return self._run(self._aio.server_info())

@@ -144,6 +144,11 @@ class LockManager:
         self._writing: dict[bytes, asyncio.Future[Any]] = {}  # key -> an Acquire's write in flight
 
     @property
+    def waiting(self) -> int:
+        """The Acquire calls with a wait in progress on this coordinator."""
+        return self._waiting
+
+    @property
     def etcd(self) -> EtcdClient:
         """The etcd layer the locks live in (read-only listings use it directly)."""
         return self._etcd

@@ -48,7 +48,7 @@ REFUSAL_REASONS = (*(name for name in ErrorReason.keys() if name != "ERROR_REASO
 #: The ``operation`` label values of the etcd metrics: the etcd layer's
 #: operations (``etcd.policy.Op``), each with its own retry rule.
 ETCD_OPERATIONS = ("range", "txn", "lease_grant", "lease_revoke", "lease_ttl", "keepalive", "watch",
-                   "authenticate", "health")
+                   "authenticate", "health", "status")
 
 #: ``fencepost_acquire_wait_seconds`` upper bounds, seconds: an uncontended grant
 #: takes one etcd Txn (milliseconds); a contended one waits for the holder.

@@ -404,7 +404,7 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
         coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
                                   etcd_tls=tls, etcd_auth=auth, tls=settings.tls,
                                   health_listen=settings.health_listen,
-                                  metrics_listen=args.metrics_listen)
+                                  metrics_listen=args.metrics_listen, etcd_embedded=settings.endpoints is None)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2

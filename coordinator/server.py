@@ -34,6 +34,7 @@ from fencepost.client.v1.keys import Keys
 from .decode import add_lock_service
 from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .events import log_event
+from .info import About
 from .lease import Leases
 from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, unix_socket_path
 from .lock import LockManager
@@ -102,6 +103,9 @@ class Coordinator:
         metrics_listen: ``HOST:PORT`` to serve Prometheus metrics on, over
             HTTP at ``/metrics`` (see :mod:`.metrics_server`); None for no
             metrics (no interceptor, nothing counted).
+        etcd_embedded: whether ``etcd_endpoints`` is an etcd the caller runs
+            for this coordinator alone (``fencepost serve`` without
+            ``--etcd-endpoints``); reported by ServerInfo only.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -115,7 +119,8 @@ class Coordinator:
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
                  etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
-                 health_listen: str | None = None, metrics_listen: str | None = None) -> None:
+                 health_listen: str | None = None, metrics_listen: str | None = None,
+                 etcd_embedded: bool = False) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -132,6 +137,8 @@ class Coordinator:
         self._etcd_auth = etcd_auth
         self._listen = listen
         self._keys = Keys(prefix)
+        #: What ServerInfo reports of this coordinator (instance id, addresses, readiness, ...).
+        self.about = About(prefix=self._keys.prefix.decode(), endpoints=self._endpoints, embedded=etcd_embedded)
         self._grace = grace_seconds
         extra = dict(server_options)
         self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
@@ -220,7 +227,7 @@ class Coordinator:
         self._watcher = DeleteWatcher(self._etcd, self._keys, metrics=counted)
         leases = Leases(self._etcd)
         locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted)
-        self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted)
+        self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about)
         server = grpc.aio.server(options=self._server_options,
                                  interceptors=[self._metrics.grpc] if self._metrics is not None else None)
         add_lock_service(self._service, server)  # the generated registration, checking UTF-8
@@ -243,6 +250,10 @@ class Coordinator:
             self._health_server = health_server
         await server.start()
         self._server = server
+        self.about.listen_address = self.address
+        self.about.health_address = self.health_address or ""
+        self.about.metrics_address = self.metrics_address or ""
+        self.about.started = time.monotonic()
         self._watcher.start()
         self._tasks.append(asyncio.create_task(self._monitor_etcd(), name="fencepost-health"))
         return self.port
@@ -281,6 +292,7 @@ class Coordinator:
             streams = self._service.open_streams if self._service is not None else 0
             log_event(_log, logging.INFO, "shutdown", f"shutting down: {streams} KeepAlive streams to end, "
                       f"{grace:g} s for calls in flight (leases are kept)", grace_s=grace, streams=streams)
+        self.about.serving = False
         await self._health.enter_graceful_shutdown()
         if self._service is not None:
             self._service.enter_graceful_shutdown()
@@ -312,6 +324,7 @@ class Coordinator:
             await self._server.wait_for_termination()
 
     async def _set_health(self, serving: bool) -> None:
+        self.about.serving = serving
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         await self._health.set("", status)
         await self._health.set(SERVICE_NAME, status)

@@ -25,6 +25,7 @@ from .decode import Undecodable
 from .errors import reason_of, shutting_down, to_status
 from .etcd import bounded
 from .events import caller, log_event
+from .info import ETCD_SECONDS, About, read_etcd
 from .lease import Leases
 from .listing import GrantTimes, list_locks
 from .lock import Holder, LockManager
@@ -79,10 +80,12 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         keys: the key layout.
         max_streams: most KeepAlive streams served at once.
         metrics: counts grants, releases, refusals and keepalives.
+        about: the coordinator's own facts, for ServerInfo; None for a servicer
+            made alone (ServerInfo then reports only the prefix and the counts).
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
-                 *, max_streams: int = 10_000, metrics: LockMetrics = NO_METRICS) -> None:
+                 *, max_streams: int = 10_000, metrics: LockMetrics = NO_METRICS, about: About | None = None) -> None:
         self._leases = leases
         self._metrics = metrics
         self._locks = locks
@@ -90,6 +93,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._keys = keys
         self._max_streams = max_streams
         self._streams = 0
+        self._open: set[KeepAliveStream] = set()  # the streams being served, for ServerInfo's counts
+        self._about = about if about is not None else About(prefix=keys.prefix.decode(), endpoints=())
         self._released = RecentReleases()
         self._grant_times = GrantTimes()
         self.closing = asyncio.Event()
@@ -210,6 +215,25 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                    for lock in page.locks],
             next_page_token=page.next_page_token, revision=page.revision)
 
+    @_statuses
+    async def ServerInfo(self, request: lock_pb2.ServerInfoRequest, context: grpc.aio.ServicerContext
+                         ) -> lock_pb2.ServerInfoResponse:
+        with bounded(ETCD_SECONDS):  # within the caller's deadline too (see _statuses)
+            etcd = await read_etcd(self._locks.etcd, self._keys)
+        about = self._about
+        return lock_pb2.ServerInfoResponse(
+            version=about.version, instance_id=about.instance_id, uptime_seconds=about.uptime_seconds,
+            listen_address=about.listen_address, health_address=about.health_address,
+            metrics_address=about.metrics_address, key_prefix=about.prefix, serving=about.serving,
+            etcd=lock_pb2.EtcdInfo(
+                endpoints=list(about.endpoints), embedded=about.embedded, available=etcd.available, error=etcd.error,
+                server_version=etcd.server_version, cluster_id=etcd.cluster_id, member_id=etcd.member_id,
+                revision=etcd.revision, raft_term=etcd.raft_term, leader=etcd.leader, raft_index=etcd.raft_index,
+                db_size_bytes=etcd.db_size_bytes),
+            keepalive_streams=len(self._open), keepalive_leases=sum(s.lease_count for s in self._open),
+            watched_holds=sum(s.watched_count for s in self._open), waiting_acquires=self._locks.waiting,
+            contender_keys=etcd.contender_keys, held_locks=etcd.held_locks, waiters=etcd.waiters)
+
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
         if self.closing.is_set():
@@ -222,6 +246,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         who = caller(context)
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
                                  metrics=self._metrics, released=self._released, **who)
+        self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()
         ended = "error"  # a message that cannot be parsed, or a failure of the stream
@@ -238,6 +263,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             raise
         finally:
             self._streams -= 1
+            self._open.discard(stream)
             log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
                       ended=ended, leases=stream.lease_count, holds=stream.hold_count,
                       duration_s=round(time.monotonic() - started, 3), **who)

@@ -133,6 +133,11 @@ class KeepAliveStream:
         """The different leases kept alive on this stream so far."""
         return len(self._leases_seen)
 
+    @property
+    def watched_count(self) -> int:
+        """The holds this stream watches now (until their end or an unwatch)."""
+        return len(self._holds)
+
     def close(self) -> None:
         """Drop every hold watch and cancel pending forwards."""
         for unsubscribe in self._holds.values():

@@ -19,7 +19,7 @@ import pytest
 from fencepost.client import cli
 from fencepost.client.cli import common
 
-from .conftest import CliResult, cli_env
+from .conftest import CliResult, cli_env, wait_for
 
 REASONS = ("NOT_HOLDER", "STALE_TOKEN", "LEASE_EXPIRED")
 
@@ -266,7 +266,71 @@ async def test_status_without_name_reports_serving(address: str) -> None:
     text = await run_cli("status", "--address", address)
     assert text.rc == 0 and f"coordinator {address}: SERVING" in text.out, text
     obj = json.loads((await run_cli("status", "--json", "--address", address)).out)
-    assert obj == {"serving": True, "coordinators": [{"address": address, "status": "SERVING"}]}
+    assert obj["serving"] is True
+    assert [{k: v for k, v in c.items() if k != "info"} for c in obj["coordinators"]] == [
+        {"address": address, "status": "SERVING"}]
+
+
+async def test_status_without_name_prints_server_info(address: str, prefix: str, etcd: Any, stub: Any) -> None:
+    """status without NAME prints each coordinator's ServerInfo under its health line; --json has it as "info"."""
+    import importlib.metadata
+
+    from fencepost.client.v1 import lock_pb2
+
+    async def counted() -> bool:  # the holder's keepalive and watch have reached the coordinator
+        info = await stub.ServerInfo(lock_pb2.ServerInfoRequest(), timeout=5)
+        return (info.keepalive_leases, info.watched_holds) == (1, 1)
+
+    version = importlib.metadata.version("fencepost")
+    name = lock_name()
+    async with holding(name, "--ttl", "10", "--address", address) as holder:
+        await holder.read_token()
+        await wait_for(counted, 10, what="the holder's stream counted")
+        text = await run_cli("status", "--address", address)
+        obj = json.loads((await run_cli("status", "--json", "--address", address)).out)
+    assert text.rc == 0, text
+    lines = text.out.splitlines()
+    assert lines[0] == f"coordinator {address}: SERVING", text.out
+    assert f"  version         {version}, instance " in text.out, text.out
+    assert f"  listening       {address}" in lines, text.out
+    assert f"  key prefix      {prefix}" in lines, text.out
+    assert f"  etcd            {etcd.endpoint}" in lines, text.out
+    assert "etcd server     3.5." in text.out and "raft term" in text.out, text.out
+    assert "  this replica    1 KeepAlive stream, 1 lease kept alive, 1 watched hold, 0 waiting acquires" in lines
+    assert "  cluster-wide    1 held lock, 0 waiters" in lines, text.out
+    (entry,) = obj["coordinators"]
+    info = entry["info"]
+    assert info["version"] == version and len(info["instance_id"]) == 16
+    assert info["listen_address"] == address and info["key_prefix"] == prefix and info["serving"] is True
+    assert isinstance(info["uptime_seconds"], float) and info["uptime_seconds"] > 0
+    assert info["health_address"] is None and info["metrics_address"] is None
+    e = info["etcd"]
+    assert e["endpoints"] == [etcd.endpoint] and e["embedded"] is False
+    assert e["available"] is True and e["error"] is None and e["server_version"].startswith("3.5.")
+    assert e["leader"] == e["member_id"] and int(e["cluster_id"], 16) > 0 and e["revision"] >= holder.token
+    assert info["coordinator"] == {"keepalive_streams": 1, "keepalive_leases": 1, "watched_holds": 1,
+                                   "waiting_acquires": 0}
+    assert info["cluster"] == {"contender_keys": 1, "held_locks": 1, "waiters": 0}
+
+
+async def test_status_without_name_when_server_info_is_unimplemented_prints_health_only() -> None:
+    """A coordinator without ServerInfo (here: a server with only a SERVING health service) gets today's output."""
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    servicer = health.aio.HealthServicer()
+    await servicer.set("fencepost.v1.LockService", health_pb2.HealthCheckResponse.SERVING)
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    try:
+        text = await run_cli("status", "--address", address)
+        obj = json.loads((await run_cli("status", "--json", "--address", address)).out)
+    finally:
+        await server.stop(0)
+    assert text.rc == 0 and text.out == f"coordinator {address}: SERVING\n", text
+    assert obj == {"serving": True, "coordinators": [{"address": address, "status": "SERVING", "info": None}]}
 
 
 async def test_status_without_name_when_address_is_not_a_coordinator(etcd: Any) -> None:

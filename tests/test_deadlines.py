@@ -19,10 +19,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from fencepost.client import AsyncLockClient, Unavailable
+from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.info import ETCD_SECONDS
 from fencepost.coordinator.server import Coordinator
 
 from .conftest import cli_env
@@ -122,6 +125,41 @@ async def test_release_while_etcd_is_frozen_says_why(coordinator_on_frozen: str,
         assert message.startswith("etcd: ") and len(message) > len("etcd: Txn timed out"), message
 
 
+async def test_server_info_while_etcd_is_frozen_answers_within_its_deadline(coordinator_on_frozen: str,
+                                                                              freezer: Freezer) -> None:
+    """ServerInfo answers before the call's 1 s deadline with the local part, etcd marked unavailable."""
+    async with grpc.aio.insecure_channel(coordinator_on_frozen) as channel:
+        stub = lock_pb2_grpc.LockServiceStub(channel)
+        before = await stub.ServerInfo(lock_pb2.ServerInfoRequest(), timeout=5)
+        assert before.etcd.available and before.contender_keys == 0, before
+        freezer.freeze()
+        started = time.monotonic()
+        resp = await stub.ServerInfo(lock_pb2.ServerInfoRequest(), timeout=1)  # DEADLINE_EXCEEDED would raise
+        took = time.monotonic() - started
+        freezer.thaw()
+    assert took < 1.0, took
+    assert resp.etcd.available is False and "etcd" in resp.etcd.error, resp.etcd
+    assert resp.etcd.revision == 0 and resp.etcd.server_version == "" and resp.etcd.cluster_id == 0
+    assert (resp.contender_keys, resp.held_locks, resp.waiters) == (-1, -1, -1)
+    assert resp.instance_id == before.instance_id and resp.version == before.version
+    assert resp.listen_address == coordinator_on_frozen and list(resp.etcd.endpoints) == list(before.etcd.endpoints)
+
+
+async def test_server_info_while_etcd_is_frozen_without_a_deadline_takes_2_s(coordinator_on_frozen: str,
+                                                                             freezer: Freezer) -> None:
+    """client.server_info() (no deadline shorter than its connect timeout): etcd gets 2 s, then the answer."""
+    async with AsyncLockClient(coordinator_on_frozen) as client:
+        await client.server_info()  # connected
+        freezer.freeze()
+        started = time.monotonic()
+        info = await client.server_info()
+        took = time.monotonic() - started
+        freezer.thaw()
+    assert 1.5 <= took <= ETCD_SECONDS + SLACK, took
+    assert info.etcd.available is False and info.etcd.error and info.etcd.revision is None
+    assert info.held_locks is None and info.contender_keys is None
+
+
 def _cli(*argv: str, timeout: float = 30) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", *argv], capture_output=True, text=True,
@@ -162,3 +200,4 @@ def test_cli_status_tells_etcd_down_from_coordinator_down(frozen_process: str, f
     report: dict[str, Any] = json.loads(health.stdout)
     (coordinator,) = report["coordinators"]
     assert coordinator["status"] != "UNREACHABLE", report
+    assert coordinator["info"]["etcd"]["available"] is False, report  # ServerInfo answers without etcd

@@ -116,6 +116,8 @@ async def test_serve_when_the_previous_serve_was_killed(tmp_path: Path) -> None:
         async with AsyncLockClient(f"127.0.0.1:{match.group(2)}") as client:
             handle = await client.acquire("after-a-killed-serve", ttl=5.0, timeout=10.0)
             await handle.release()
+            info = await client.server_info()
+        assert info.etcd.embedded is True and info.etcd.available, info.etcd  # ServerInfo says whose etcd
         assert second.terminate() == 0
         assert _etcds_on(tmp_path) == []
     finally:

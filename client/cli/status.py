@@ -1,10 +1,14 @@
-"""``fencepost status [NAME] [--json]``: one lock's holder and waiters, or whether the coordinators serve.
+"""``fencepost status [NAME] [--json]``: one lock's holder and waiters, or each coordinator's state.
 
 With NAME: one Describe call through the client's transport (the addresses
 in turn), printed as text or one JSON object. Without NAME: each address is
 probed on its own with the grpc.health.v1 service (a Describe when the
 health service is missing or does not know LockService), since the point is
-to report every coordinator, not to fail over between them.
+to report every coordinator, not to fail over between them; a coordinator
+that answers is then asked for its ServerInfo (version, uptime, addresses,
+etcd, counts), printed under its health line. A coordinator without
+ServerInfo (older, UNIMPLEMENTED) or whose ServerInfo fails is reported by
+its health alone. The exit code follows the health alone.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from dataclasses import dataclass
 import sys
 from typing import Any
 
 import grpc
 
-from fencepost.client import TlsConfig, _handshake
+from fencepost.client import ServerInfo, TlsConfig, _handshake
 from fencepost.client._tls import Security, security
 from fencepost.client._transport import DIAGNOSE_SECONDS
 from fencepost.client.v1 import details
@@ -54,9 +59,12 @@ def add_parser(sub: Any) -> None:
     """Add the ``status`` command to the ``fencepost`` subparsers ``sub``."""
     p = sub.add_parser(
         "status", formatter_class=Formatter, epilog=epilog(),
-        help="show a lock's holder, token and waiters, or whether the coordinator serves",
+        help="show a lock's holder, token and waiters, or each coordinator's health and state",
         description="With NAME: the holder's lease id, fencing token, TTL left and waiters "
-                    "of that lock. Without NAME: whether each coordinator serves.")
+                    "of that lock. Without NAME: whether each coordinator serves, with its version, "
+                    "uptime, addresses, key prefix, etcd (endpoints, version, ids, revision, raft leader "
+                    "and term) and counts (its own streams, leases, watched holds and waiting acquires; "
+                    "the held locks and waiters of the whole cluster).")
     address_flag(p)
     tls_flags(p)
     p.add_argument("name", nargs="?", metavar="NAME", help="lock name")
@@ -153,28 +161,54 @@ def _failure(status: details.StatusDetails, address: str, channels: Security) ->
     return (status.code or grpc.StatusCode.UNKNOWN).name, _first_line(status)
 
 
-def _probe(address: str, channels: Security) -> tuple[str, str]:
+@dataclass(frozen=True)
+class _Probed:
+    """What ``status`` learnt of one address."""
+
+    address: str
+    status: str  # SERVING, NOT_SERVING, UNREACHABLE or a status code name
+    detail: str
+    info: ServerInfo | None  # None: no coordinator answered, or it has no ServerInfo
+
+
+def _probe(address: str, channels: Security) -> _Probed:
+    """Ask one coordinator whether it serves and, when it answers, for its ServerInfo."""
+    with channels.sync_channel(address) as channel:
+        status, detail = _health_of(channel, address, channels)
+        info = _server_info(channel) if status in ("SERVING", "NOT_SERVING") else None
+    return _Probed(address, status, detail, info)
+
+
+def _server_info(channel: grpc.Channel) -> ServerInfo | None:
+    """The coordinator's ServerInfo; None when it does not implement it, or the call fails (health says enough)."""
+    try:
+        resp = pb_grpc.LockServiceStub(channel).ServerInfo(pb.ServerInfoRequest(), timeout=RPC_TIMEOUT_SECONDS)
+    except grpc.RpcError:
+        return None
+    return ServerInfo.from_response(resp)
+
+
+def _health_of(channel: grpc.Channel, address: str, channels: Security) -> tuple[str, str]:
     """Ask one coordinator whether it serves.
 
     Returns:
         ``(status, detail)``; status is SERVING, NOT_SERVING, UNREACHABLE or a status code name.
     """
-    with channels.sync_channel(address) as channel:
-        try:
-            from grpc_health.v1 import health_pb2, health_pb2_grpc
-        except ImportError:
+    try:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+    except ImportError:
+        return _probe_by_describe(channel, address, channels)
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=RPC_TIMEOUT_SECONDS)
+    except grpc.RpcError as err:
+        status = details.parse(err)
+        # No health service, or one that does not know LockService (another gRPC
+        # server, an etcd say): only a LockService call can tell whether it serves.
+        if status.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
             return _probe_by_describe(channel, address, channels)
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            resp = stub.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=RPC_TIMEOUT_SECONDS)
-        except grpc.RpcError as err:
-            status = details.parse(err)
-            # No health service, or one that does not know LockService (another gRPC
-            # server, an etcd say): only a LockService call can tell whether it serves.
-            if status.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
-                return _probe_by_describe(channel, address, channels)
-            return _failure(status, address, channels)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status), ""
+        return _failure(status, address, channels)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status), ""
 
 
 def _probe_by_describe(channel: grpc.Channel, address: str, channels: Security) -> tuple[str, str]:
@@ -192,19 +226,147 @@ def _probe_by_describe(channel: grpc.Channel, address: str, channels: Security) 
 
 def _health(addresses: list[str], as_json: bool, tls: TlsConfig | None) -> int:
     channels = security(tls)
-    results = [(a, *_probe(a, channels)) for a in addresses]
-    serving = all(status == "SERVING" for _, status, _ in results)
+    results = [_probe(a, channels) for a in addresses]
+    serving = all(r.status == "SERVING" for r in results)
     if as_json:
         print(json.dumps({
             "serving": serving,
-            "coordinators": [{"address": a, "status": s, **({"detail": d} if d else {})} for a, s, d in results],
+            "coordinators": [{"address": r.address, "status": r.status, **({"detail": r.detail} if r.detail else {}),
+                              "info": info_json(r.info) if r.info is not None else None} for r in results],
         }))
     else:
-        for address, status, detail in results:
-            line = f"coordinator {address}: {status}"
-            print(line + (f" ({detail})" if detail and status != "SERVING" else ""))
+        for r in results:
+            line = f"coordinator {r.address}: {r.status}"
+            print(line + (f" ({r.detail})" if r.detail and r.status != "SERVING" else ""))
+            if r.info is not None:
+                for label, text in info_lines(r.info):
+                    print(f"  {label:<15} {text}")
     if not serving:
-        bad = [a for a, s, _ in results if s != "SERVING"]
+        bad = [r.address for r in results if r.status != "SERVING"]
         print(f"fencepost status: not serving: {', '.join(bad)}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     return EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# ServerInfo, as text and JSON
+# ---------------------------------------------------------------------------
+
+
+def _etcd_id(value: int | None) -> str | None:
+    """An etcd cluster or member id in hex, as etcdctl prints it (a string: ids exceed JSON's exact integers)."""
+    return None if value is None else f"{value:x}"
+
+
+def info_json(info: ServerInfo) -> dict[str, Any]:
+    """The ``info`` object of one coordinator in ``status --json``.
+
+    Counts under ``coordinator`` are that replica's own; those under
+    ``cluster`` are read from etcd (null when etcd did not answer, or, for
+    ``held_locks`` and ``waiters``, past 1000 lock keys). etcd ids are hex strings.
+    """
+    e = info.etcd
+    return {
+        "version": info.version,
+        "instance_id": info.instance_id,
+        "uptime_seconds": round(info.uptime, 3),
+        "listen_address": info.listen_address,
+        "health_address": info.health_address,
+        "metrics_address": info.metrics_address,
+        "key_prefix": info.key_prefix,
+        "serving": info.serving,
+        "etcd": {
+            "endpoints": list(e.endpoints),
+            "embedded": e.embedded,
+            "available": e.available,
+            "error": e.error,
+            "server_version": e.server_version,
+            "cluster_id": _etcd_id(e.cluster_id),
+            "member_id": _etcd_id(e.member_id),
+            "leader": _etcd_id(e.leader),
+            "raft_term": e.raft_term,
+            "raft_index": e.raft_index,
+            "revision": e.revision,
+            "db_size_bytes": e.db_size,
+        },
+        "coordinator": {
+            "keepalive_streams": info.keepalive_streams,
+            "keepalive_leases": info.keepalive_leases,
+            "watched_holds": info.watched_holds,
+            "waiting_acquires": info.waiting_acquires,
+        },
+        "cluster": {
+            "contender_keys": info.contender_keys,
+            "held_locks": info.held_locks,
+            "waiters": info.waiters,
+        },
+    }
+
+
+def _duration(seconds: float) -> str:
+    """``3h07m12s``, ``4m05s``, ``12.3s``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s"
+
+
+def _size(size: int) -> str:
+    """``812 B``, ``20.0 KiB``, ``1.5 MiB``."""
+    if size < 1024:
+        return f"{size} B"
+    value = size / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def _many(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def info_lines(info: ServerInfo) -> list[tuple[str, str]]:
+    """The text block of one coordinator's ServerInfo, as (label, text) lines."""
+    e = info.etcd
+    extra = [f"health {info.health_address}"] if info.health_address else []
+    extra += [f"metrics http://{info.metrics_address}/metrics"] if info.metrics_address else []
+    lines = [
+        ("version", f"{info.version}, instance {info.instance_id}, up {_duration(info.uptime)}"),
+        ("listening", info.listen_address + (f" ({', '.join(extra)})" if extra else "")),
+        ("key prefix", info.key_prefix),
+        ("etcd", ", ".join(e.endpoints) + (" (embedded)" if e.embedded else "")),
+    ]
+    if e.available:
+        server = [e.server_version or "version unknown", f"cluster {_etcd_id(e.cluster_id)}",
+                  f"member {_etcd_id(e.member_id)}"]
+        if e.leader is not None:
+            server.append(f"leader {_etcd_id(e.leader)}")
+        raft = f"raft term {e.raft_term}" + (f", index {e.raft_index}" if e.raft_index is not None else "")
+        lines.append(("etcd server", f"{', '.join(server)}; {raft}"))
+        size = f", database {_size(e.db_size)}" if e.db_size is not None else ""
+        lines.append(("etcd revision", f"{e.revision}{size}"))
+        if e.error:
+            lines.append(("etcd note", e.error))
+    else:
+        lines.append(("etcd state", f"unavailable: {e.error or 'no answer'}"))
+    lines.append(("this replica", f"{_many(info.keepalive_streams, 'KeepAlive stream')}, "
+                                  f"{_many(info.keepalive_leases, 'lease')} kept alive, "
+                                  f"{_many(info.watched_holds, 'watched hold')}, "
+                                  f"{_many(info.waiting_acquires, 'waiting acquire')}"))
+    if info.contender_keys is None:
+        lines.append(("cluster-wide", "unknown (etcd unavailable)"))
+    elif info.held_locks is None or info.waiters is None:
+        lines.append(("cluster-wide", f"{_many(info.contender_keys, 'lock key')} (holders and waiters; "
+                                      f"too many to tell apart)"))
+    else:
+        lines.append(("cluster-wide", f"{_many(info.held_locks, 'held lock')}, {_many(info.waiters, 'waiter')}"))
+    return lines

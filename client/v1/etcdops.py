@@ -33,6 +33,7 @@ __all__ = [
     "get",
     "holder_of",
     "is_absent",
+    "keys_under",
     "is_owner",
     "is_unchanged",
     "is_free",
@@ -139,6 +140,15 @@ def last_before(lock: bytes, create_revision: int) -> rpc_pb2.RequestOp:
 def count(prefix: bytes) -> rpc_pb2.RangeRequest:
     """A Range request counting the keys that start with ``prefix`` (returns no keys)."""
     return RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=True)
+
+
+def keys_under(prefix: bytes, limit: int) -> rpc_pb2.RangeRequest:
+    """A Range request of the first ``limit`` keys (no values) that start with ``prefix``, in key order.
+
+    Its response's ``count`` is the number of all the keys under ``prefix``,
+    ``more`` whether there are keys past the ``limit`` returned.
+    """
+    return RangeRequest(key=prefix, range_end=prefix_end(prefix), keys_only=True, limit=limit)
 
 
 def txn(compare: Sequence[rpc_pb2.Compare], success: Sequence[rpc_pb2.RequestOp],

@@ -238,3 +238,71 @@ class ListLocksResponse(_message.Message):
     next_page_token: str
     revision: int
     def __init__(self, locks: _Optional[_Iterable[_Union[LockInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class ServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EtcdInfo(_message.Message):
+    __slots__ = ("endpoints", "embedded", "available", "error", "server_version", "cluster_id", "member_id", "revision", "raft_term", "leader", "raft_index", "db_size_bytes")
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDED_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    RAFT_TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DB_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    endpoints: _containers.RepeatedScalarFieldContainer[str]
+    embedded: bool
+    available: bool
+    error: str
+    server_version: str
+    cluster_id: int
+    member_id: int
+    revision: int
+    raft_term: int
+    leader: int
+    raft_index: int
+    db_size_bytes: int
+    def __init__(self, endpoints: _Optional[_Iterable[str]] = ..., embedded: _Optional[bool] = ..., available: _Optional[bool] = ..., error: _Optional[str] = ..., server_version: _Optional[str] = ..., cluster_id: _Optional[int] = ..., member_id: _Optional[int] = ..., revision: _Optional[int] = ..., raft_term: _Optional[int] = ..., leader: _Optional[int] = ..., raft_index: _Optional[int] = ..., db_size_bytes: _Optional[int] = ...) -> None: ...
+
+class ServerInfoResponse(_message.Message):
+    __slots__ = ("version", "instance_id", "uptime_seconds", "listen_address", "health_address", "metrics_address", "key_prefix", "serving", "etcd", "keepalive_streams", "keepalive_leases", "watched_holds", "waiting_acquires", "contender_keys", "held_locks", "waiters")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    ETCD_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    WATCHED_HOLDS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_ACQUIRES_FIELD_NUMBER: _ClassVar[int]
+    CONTENDER_KEYS_FIELD_NUMBER: _ClassVar[int]
+    HELD_LOCKS_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    instance_id: str
+    uptime_seconds: float
+    listen_address: str
+    health_address: str
+    metrics_address: str
+    key_prefix: str
+    serving: bool
+    etcd: EtcdInfo
+    keepalive_streams: int
+    keepalive_leases: int
+    watched_holds: int
+    waiting_acquires: int
+    contender_keys: int
+    held_locks: int
+    waiters: int
+    def __init__(self, version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., listen_address: _Optional[str] = ..., health_address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., key_prefix: _Optional[str] = ..., serving: _Optional[bool] = ..., etcd: _Optional[_Union[EtcdInfo, _Mapping]] = ..., keepalive_streams: _Optional[int] = ..., keepalive_leases: _Optional[int] = ..., watched_holds: _Optional[int] = ..., waiting_acquires: _Optional[int] = ..., contender_keys: _Optional[int] = ..., held_locks: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...

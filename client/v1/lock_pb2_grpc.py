@@ -77,6 +77,11 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.ListLocksRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.ListLocksResponse.FromString,
                 _registered_method=True)
+        self.ServerInfo = channel.unary_unary(
+                '/fencepost.v1.LockService/ServerInfo',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ServerInfoRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ServerInfoResponse.FromString,
+                _registered_method=True)
 
 
 class LockServiceServicer:
@@ -202,6 +207,26 @@ class LockServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ServerInfo(self, request, context):
+        """ServerInfo reports on the coordinator that answers (not on the cluster
+        of replicas): its version, instance id, uptime, addresses and key
+        prefix, its readiness, the etcd it uses (endpoints, server version,
+        cluster and member ids, revision, raft leader and term), counts of its
+        own KeepAlive streams, leases, watched holds and waiting Acquire calls,
+        and counts of the lock keys under the prefix in the whole cluster.
+        Read-only and idempotent; for operators (`fencepost status`), not for
+        the lock protocol. It answers also when etcd does not: the etcd part is
+        then marked unavailable (etcd.available = false, etcd.error says why)
+        and the cluster-wide counts are -1. Its etcd reads end before the
+        call's gRPC deadline, and within 2 s without one.
+        Errors: none of its own (etcd failures are in the response). A
+        coordinator older than this RPC, or a server that is not a coordinator,
+        answers UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -244,6 +269,11 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.ListLocks,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.ListLocksRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.ListLocksResponse.SerializeToString,
+            ),
+            'ServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.ServerInfo,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ServerInfoRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ServerInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -464,6 +494,33 @@ class LockService:
             '/fencepost.v1.LockService/ListLocks',
             fencepost_dot_v1_dot_lock__pb2.ListLocksRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.ListLocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/ServerInfo',
+            fencepost_dot_v1_dot_lock__pb2.ServerInfoRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ServerInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

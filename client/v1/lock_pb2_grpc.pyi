@@ -157,6 +157,22 @@ class LockServiceStub:
     is malformed, from another prefix, or for a compacted revision),
     UNAVAILABLE.
     """
+    ServerInfo: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ServerInfoRequest, _lock_pb2.ServerInfoResponse]
+    """ServerInfo reports on the coordinator that answers (not on the cluster
+    of replicas): its version, instance id, uptime, addresses and key
+    prefix, its readiness, the etcd it uses (endpoints, server version,
+    cluster and member ids, revision, raft leader and term), counts of its
+    own KeepAlive streams, leases, watched holds and waiting Acquire calls,
+    and counts of the lock keys under the prefix in the whole cluster.
+    Read-only and idempotent; for operators (`fencepost status`), not for
+    the lock protocol. It answers also when etcd does not: the etcd part is
+    then marked unavailable (etcd.available = false, etcd.error says why)
+    and the cluster-wide counts are -1. Its etcd reads end before the
+    call's gRPC deadline, and within 2 s without one.
+    Errors: none of its own (etcd failures are in the response). A
+    coordinator older than this RPC, or a server that is not a coordinator,
+    answers UNIMPLEMENTED.
+    """
 
 @_typing.type_check_only
 class LockServiceAsyncStub(LockServiceStub):
@@ -250,6 +266,22 @@ class LockServiceAsyncStub(LockServiceStub):
     Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
     is malformed, from another prefix, or for a compacted revision),
     UNAVAILABLE.
+    """
+    ServerInfo: _aio.UnaryUnaryMultiCallable[_lock_pb2.ServerInfoRequest, _lock_pb2.ServerInfoResponse]  # type: ignore[assignment]
+    """ServerInfo reports on the coordinator that answers (not on the cluster
+    of replicas): its version, instance id, uptime, addresses and key
+    prefix, its readiness, the etcd it uses (endpoints, server version,
+    cluster and member ids, revision, raft leader and term), counts of its
+    own KeepAlive streams, leases, watched holds and waiting Acquire calls,
+    and counts of the lock keys under the prefix in the whole cluster.
+    Read-only and idempotent; for operators (`fencepost status`), not for
+    the lock protocol. It answers also when etcd does not: the etcd part is
+    then marked unavailable (etcd.available = false, etcd.error says why)
+    and the cluster-wide counts are -1. Its etcd reads end before the
+    call's gRPC deadline, and within 2 s without one.
+    Errors: none of its own (etcd failures are in the response). A
+    coordinator older than this RPC, or a server that is not a coordinator,
+    answers UNIMPLEMENTED.
     """
 
 class LockServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -389,6 +421,28 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
         is malformed, from another prefix, or for a compacted revision),
         UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def ServerInfo(
+        self,
+        request: _lock_pb2.ServerInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.ServerInfoResponse, _abc.Awaitable[_lock_pb2.ServerInfoResponse]]:
+        """ServerInfo reports on the coordinator that answers (not on the cluster
+        of replicas): its version, instance id, uptime, addresses and key
+        prefix, its readiness, the etcd it uses (endpoints, server version,
+        cluster and member ids, revision, raft leader and term), counts of its
+        own KeepAlive streams, leases, watched holds and waiting Acquire calls,
+        and counts of the lock keys under the prefix in the whole cluster.
+        Read-only and idempotent; for operators (`fencepost status`), not for
+        the lock protocol. It answers also when etcd does not: the etcd part is
+        then marked unavailable (etcd.available = false, etcd.error says why)
+        and the cluster-wide counts are -1. Its etcd reads end before the
+        call's gRPC deadline, and within 2 s without one.
+        Errors: none of its own (etcd failures are in the response). A
+        coordinator older than this RPC, or a server that is not a coordinator,
+        answers UNIMPLEMENTED.
         """
 
 def add_LockServiceServicer_to_server(servicer: LockServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -82,12 +82,14 @@ class Stubs:
     lease: Any
     watch: Any
     auth: Any
+    maintenance: Any = None  # Maintenance.Status only (ServerInfo); None in fakes that do not serve it
 
     @classmethod
     def on(cls, channel: grpc.aio.Channel) -> Stubs:
         """The generated stubs (``rpc_pb2_grpc``) on ``channel``."""
         return cls(rpc_pb2_grpc.KVStub(channel), rpc_pb2_grpc.LeaseStub(channel),
-                   rpc_pb2_grpc.WatchStub(channel), rpc_pb2_grpc.AuthStub(channel))
+                   rpc_pb2_grpc.WatchStub(channel), rpc_pb2_grpc.AuthStub(channel),
+                   rpc_pb2_grpc.MaintenanceStub(channel))
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,18 @@ class EtcdClient:
             _log.debug("etcd health read failed: %s", exc)
             return False
         return True
+
+    async def status(self) -> rpc_pb2.StatusResponse:
+        """The current member's Maintenance.Status (the STATUS rule: 2 tries of 2 s, under the caller's deadline).
+
+        Returns:
+            etcd's StatusResponse: server ``version``, ``dbSize``, ``leader``,
+            ``raftIndex``, ``raftTerm``, and a header with the cluster and member ids.
+
+        Raises:
+            Unavailable: etcd unreachable, or refused the coordinator.
+        """
+        return await self._unary(Op.STATUS, lambda s: s.maintenance.Status, rpc_pb2.StatusRequest())
 
     # ------------------------------------------------------------ leases
 

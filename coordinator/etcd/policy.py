@@ -112,6 +112,7 @@ class Op(enum.Enum):
     WATCH = "Watch"
     AUTHENTICATE = "Authenticate"
     HEALTH = "Range (health)"
+    STATUS = "Status"
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ RULES: Mapping[Op, Rule] = {
     Op.LEASE_TTL: _READ,
     Op.AUTHENTICATE: _READ,
     Op.HEALTH: Rule(attempts=2, resend=UNKNOWN_OUTCOME | _AGAIN, read_back=frozenset(), timeout=1.0),
+    Op.STATUS: Rule(attempts=2, resend=UNKNOWN_OUTCOME | _AGAIN, read_back=frozenset(), timeout=2.0),
     Op.KEEPALIVE: Rule(attempts=3, resend=UNKNOWN_OUTCOME | _AGAIN, read_back=frozenset(), timeout=0.5),
     Op.WATCH: Rule(attempts=1, resend=UNKNOWN_OUTCOME | _AGAIN | {Failure.COMPACTED}, read_back=frozenset(),
                    timeout=5.0),

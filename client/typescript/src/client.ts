@@ -111,6 +111,68 @@ export interface HeldLock {
   revision: bigint;
 }
 
+/** The etcd a coordinator uses, as it saw it, from {@link LockClient.serverInfo}. */
+export interface EtcdInfo {
+  /** The etcd endpoints as the coordinator was configured with them (never with credentials). */
+  endpoints: string[];
+  /** Whether the coordinator runs its own etcd. */
+  embedded: boolean;
+  /** Whether etcd answered; when false, the fields below `error` are undefined. */
+  available: boolean;
+  /** Why etcd did not answer, or why its Status call failed while the read worked. */
+  error: string | undefined;
+  /** The answering etcd member's version ("3.5.1"). */
+  serverVersion: string | undefined;
+  clusterId: bigint | undefined;
+  /** The id of the etcd member that answered. */
+  memberId: bigint | undefined;
+  /** The etcd revision when the coordinator read it. */
+  revision: bigint | undefined;
+  raftTerm: bigint | undefined;
+  /** The raft leader's member id; undefined when unknown or there is none. */
+  leader: bigint | undefined;
+  raftIndex: bigint | undefined;
+  /** The answering member's database size in bytes. */
+  dbSize: number | undefined;
+}
+
+/**
+ * One coordinator's version, identity, addresses, readiness, etcd and counts,
+ * from {@link LockClient.serverInfo}. Counts marked "this coordinator" are of
+ * the replica that answered; "cluster-wide" ones are read from etcd.
+ */
+export interface ServerInfo {
+  /** The coordinator's fencepost version. */
+  version: string;
+  /** Random hex, new at each coordinator process start. */
+  instanceId: string;
+  /** Seconds since the coordinator started serving. */
+  uptime: number;
+  listenAddress: string;
+  /** Its plaintext health-only listener; undefined without one. */
+  healthAddress: string | undefined;
+  /** HOST:PORT of its /metrics endpoint; undefined without one. */
+  metricsAddress: string | undefined;
+  keyPrefix: string;
+  /** Its readiness: true when its health is SERVING. */
+  serving: boolean;
+  etcd: EtcdInfo;
+  /** This coordinator: KeepAlive streams open. */
+  keepaliveStreams: number;
+  /** This coordinator: leases kept alive through the open streams. */
+  keepaliveLeases: number;
+  /** This coordinator: holds the open streams watch for their end. */
+  watchedHolds: number;
+  /** This coordinator: Acquire calls waiting for a lock. */
+  waitingAcquires: number;
+  /** Cluster-wide: lock keys under the prefix (holders and waiters); undefined when etcd did not answer. */
+  contenderKeys: number | undefined;
+  /** Cluster-wide: held locks; undefined when etcd did not answer or past 1000 lock keys. */
+  heldLocks: number | undefined;
+  /** Cluster-wide: contenders queued behind a holder; undefined when `heldLocks` is. */
+  waiters: number | undefined;
+}
+
 /**
  * A client of Fencepost coordinators: locks with fencing tokens.
  *
@@ -683,6 +745,60 @@ export class LockClient {
       pageToken = resp.nextPageToken;
       if (!pageToken) return locks;
     }
+  }
+
+  /**
+   * Report on the coordinator currently used: version, uptime, addresses,
+   * etcd, counts. Answers also while etcd is out of reach (`etcd.available`
+   * is then false and `etcd.error` says why): the coordinator gives etcd at
+   * most 2 s.
+   *
+   * @throws {@link Unavailable} no coordinator reachable.
+   * @throws {@link FencepostError} with code UNIMPLEMENTED: the coordinator
+   *   is older than ServerInfo, or not a coordinator.
+   */
+  async serverInfo(): Promise<ServerInfo> {
+    this.ensureOpen();
+    const resp = await this.transport.call(
+      "ServerInfo",
+      (client) => client.serverInfo({}, { timeoutMs: this.transport.connectTimeout * 1000 }),
+      { until: undefined, idempotent: true },
+    );
+    const e = resp.etcd;
+    const up = e?.available ?? false;
+    const known = (value: bigint | undefined): bigint | undefined => (up && value ? value : undefined);
+    const count = (value: bigint): number | undefined => (up && value >= 0n ? Number(value) : undefined);
+    return {
+      version: resp.version,
+      instanceId: resp.instanceId,
+      uptime: resp.uptimeSeconds,
+      listenAddress: resp.listenAddress,
+      healthAddress: resp.healthAddress || undefined,
+      metricsAddress: resp.metricsAddress || undefined,
+      keyPrefix: resp.keyPrefix,
+      serving: resp.serving,
+      etcd: {
+        endpoints: [...(e?.endpoints ?? [])],
+        embedded: e?.embedded ?? false,
+        available: up,
+        error: e?.error || undefined,
+        serverVersion: up ? e?.serverVersion || undefined : undefined,
+        clusterId: up ? e?.clusterId : undefined,
+        memberId: up ? e?.memberId : undefined,
+        revision: up ? e?.revision : undefined,
+        raftTerm: up ? e?.raftTerm : undefined,
+        leader: known(e?.leader),
+        raftIndex: known(e?.raftIndex),
+        dbSize: up && e?.dbSizeBytes ? Number(e.dbSizeBytes) : undefined,
+      },
+      keepaliveStreams: Number(resp.keepaliveStreams),
+      keepaliveLeases: Number(resp.keepaliveLeases),
+      watchedHolds: Number(resp.watchedHolds),
+      waitingAcquires: Number(resp.waitingAcquires),
+      contenderKeys: count(resp.contenderKeys),
+      heldLocks: count(resp.heldLocks),
+      waiters: count(resp.waiters),
+    };
   }
 
   // ------------------------------------------------------------------ close

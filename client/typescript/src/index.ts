@@ -5,7 +5,15 @@
  * @module
  */
 
-export { LockClient, type AcquireOptions, type ClientOptions, type HeldLock, type LockInfo } from "./client.js";
+export {
+  LockClient,
+  type AcquireOptions,
+  type ClientOptions,
+  type EtcdInfo,
+  type HeldLock,
+  type LockInfo,
+  type ServerInfo,
+} from "./client.js";
 export { LockHandle } from "./handle.js";
 export type { TlsOptions } from "./tls.js";
 export {

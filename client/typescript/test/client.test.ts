@@ -106,6 +106,33 @@ test("withLock runs fn under the lock, returns its value and releases", async ()
   assert.equal((await client.describe(name)).held, false);
 });
 
+test("serverInfo reports the coordinator's version, prefix, etcd and counts", async () => {
+  await using client = new LockClient(ADDRESS);
+  const handle = await client.acquire(lockName("info"), { ttl: 10, timeout: 5 });
+  let info = await client.serverInfo();
+  for (let i = 0; info.keepaliveLeases < 1 || info.watchedHolds < 1; i++) {
+    assert.ok(i < 200, "the stream's keepalive and watch never reached the coordinator");
+    await new Promise((r) => setTimeout(r, 20));
+    info = await client.serverInfo();
+  }
+  await handle.release();
+  assert.match(info.version, /^\d+\.\d+/);
+  assert.match(info.instanceId, /^[0-9a-f]{16}$/);
+  assert.ok(info.uptime > 0);
+  assert.equal(info.listenAddress, ADDRESS);
+  assert.equal(info.keyPrefix, process.env["FENCEPOST_PREFIX"]);
+  assert.deepEqual(info.etcd.endpoints, [process.env["FENCEPOST_ETCD_ENDPOINT"]]);
+  assert.equal(info.etcd.available, true, info.etcd.error);
+  assert.match(info.etcd.serverVersion ?? "", /^3\./);
+  assert.equal(typeof info.etcd.clusterId, "bigint");
+  assert.equal(info.etcd.leader, info.etcd.memberId);
+  assert.ok((info.etcd.revision ?? 0n) >= handle.token);
+  assert.ok(info.keepaliveStreams >= 1);
+  assert.ok((info.heldLocks ?? 0) >= 1 && (info.contenderKeys ?? 0) >= (info.heldLocks ?? 0));
+  const again = await client.serverInfo();
+  assert.equal(again.instanceId, info.instanceId);
+});
+
 test("bad arguments throw InvalidArgument naming the field, before any call", async () => {
   const field = (f: string) => (err: unknown) => err instanceof InvalidArgument && err.field === f;
   assert.throws(() => new LockClient("nope"), field("address"));

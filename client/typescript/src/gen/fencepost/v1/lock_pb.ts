@@ -46,7 +46,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIjsKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAyImChJMZWFzZVJldm9rZVJlcXVlc3QSEAoIbGVhc2VfaWQYASABKAMiJAoTTGVhc2VSZXZva2VSZXNwb25zZRINCgVmb3VuZBgBIAEoCCJXCg5BY3F1aXJlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg8KB3dhaXRfbXMYAyABKAMSFAoMd2FpdF9mb3JldmVyGAQgASgIIlgKD0FjcXVpcmVSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBINCgV0b2tlbhgCIAEoAxIkCgZob2xkZXIYAyABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyIj8KDlJlbGVhc2VSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMiIwoPUmVsZWFzZVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIjEKD1dpdGhkcmF3UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMipgEKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIAEIJCgdyZXF1ZXN0IjYKDkxlYXNlS2VlcEFsaXZlEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQiOgoJV2F0Y2hIb2xkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMihAEKEUtlZXBBbGl2ZVJlc3BvbnNlEjQKCWtlZXBhbGl2ZRgBIAEoCzIfLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUFja0gAEi0KCmhvbGRfZW5kZWQYAiABKAsyFy5mZW5jZXBvc3QudjEuSG9sZEVuZGVkSABCCgoIcmVzcG9uc2UiTgoRTGVhc2VLZWVwQWxpdmVBY2sSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBITCgt0dGxfc2Vjb25kcxgDIAEoAyJrCglIb2xkRW5kZWQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxIpCgZyZWFzb24YBSABKA4yGS5mZW5jZXBvc3QudjEuRXJyb3JSZWFzb25KBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkiyQEKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMiSQoQTGlzdExvY2tzUmVxdWVzdBIOCgZwcmVmaXgYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkingEKCExvY2tJbmZvEgwKBG5hbWUYASABKAkSJAoGaG9sZGVyGAIgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYAyABKAMSEwoLdHRsX3NlY29uZHMYBCABKAMSFAoMaGVsZF9zZWNvbmRzGAUgASgBEhQKDHdhaXRlcl9jb3VudBgGIAEoAyJlChFMaXN0TG9ja3NSZXNwb25zZRIlCgVsb2NrcxgBIAMoCzIWLmZlbmNlcG9zdC52MS5Mb2NrSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMq3AEKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDUlOVkFMSURfRklFTEQQARIOCgpOT1RfSE9MREVSEAISDwoLU1RBTEVfVE9LRU4QAxIRCg1MRUFTRV9FWFBJUkVEEAQSEwoPQUNRVUlSRV9USU1FT1VUEAUSFAoQRVRDRF9VTkFWQUlMQUJMRRAGEhQKEFRPT19NQU5ZX1dBSVRFUlMQBxIRCg1TSFVUVElOR19ET1dOEAgSFAoQVE9PX01BTllfU1RSRUFNUxAJMvgECgtMb2NrU2VydmljZRJPCgpMZWFzZUdyYW50Eh8uZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXNwb25zZRJSCgtMZWFzZVJldm9rZRIgLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXNwb25zZRJGCgdBY3F1aXJlEhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZRJGCgdSZWxlYXNlEhwuZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZRJJCghXaXRoZHJhdxIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3QaHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZRJQCglLZWVwQWxpdmUSHi5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVxdWVzdBofLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXNwb25zZSgBMAESSQoIRGVzY3JpYmUSHS5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVzcG9uc2USTAoJTGlzdExvY2tzEh4uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1JlcXVlc3QaHy5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIjsKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAyImChJMZWFzZVJldm9rZVJlcXVlc3QSEAoIbGVhc2VfaWQYASABKAMiJAoTTGVhc2VSZXZva2VSZXNwb25zZRINCgVmb3VuZBgBIAEoCCJXCg5BY3F1aXJlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg8KB3dhaXRfbXMYAyABKAMSFAoMd2FpdF9mb3JldmVyGAQgASgIIlgKD0FjcXVpcmVSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBINCgV0b2tlbhgCIAEoAxIkCgZob2xkZXIYAyABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyIj8KDlJlbGVhc2VSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMiIwoPUmVsZWFzZVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIjEKD1dpdGhkcmF3UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMipgEKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIAEIJCgdyZXF1ZXN0IjYKDkxlYXNlS2VlcEFsaXZlEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQiOgoJV2F0Y2hIb2xkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMihAEKEUtlZXBBbGl2ZVJlc3BvbnNlEjQKCWtlZXBhbGl2ZRgBIAEoCzIfLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUFja0gAEi0KCmhvbGRfZW5kZWQYAiABKAsyFy5mZW5jZXBvc3QudjEuSG9sZEVuZGVkSABCCgoIcmVzcG9uc2UiTgoRTGVhc2VLZWVwQWxpdmVBY2sSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBITCgt0dGxfc2Vjb25kcxgDIAEoAyJrCglIb2xkRW5kZWQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxIpCgZyZWFzb24YBSABKA4yGS5mZW5jZXBvc3QudjEuRXJyb3JSZWFzb25KBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkiyQEKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMiSQoQTGlzdExvY2tzUmVxdWVzdBIOCgZwcmVmaXgYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkingEKCExvY2tJbmZvEgwKBG5hbWUYASABKAkSJAoGaG9sZGVyGAIgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYAyABKAMSEwoLdHRsX3NlY29uZHMYBCABKAMSFAoMaGVsZF9zZWNvbmRzGAUgASgBEhQKDHdhaXRlcl9jb3VudBgGIAEoAyJlChFMaXN0TG9ja3NSZXNwb25zZRIlCgVsb2NrcxgBIAMoCzIWLmZlbmNlcG9zdC52MS5Mb2NrSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMiEwoRU2VydmVySW5mb1JlcXVlc3Qi8AEKCEV0Y2RJbmZvEhEKCWVuZHBvaW50cxgBIAMoCRIQCghlbWJlZGRlZBgCIAEoCBIRCglhdmFpbGFibGUYAyABKAgSDQoFZXJyb3IYBCABKAkSFgoOc2VydmVyX3ZlcnNpb24YBSABKAkSEgoKY2x1c3Rlcl9pZBgGIAEoBBIRCgltZW1iZXJfaWQYByABKAQSEAoIcmV2aXNpb24YCCABKAMSEQoJcmFmdF90ZXJtGAkgASgEEg4KBmxlYWRlchgKIAEoBBISCgpyYWZ0X2luZGV4GAsgASgEEhUKDWRiX3NpemVfYnl0ZXMYDCABKAMiiQMKElNlcnZlckluZm9SZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEhMKC2luc3RhbmNlX2lkGAIgASgJEhYKDnVwdGltZV9zZWNvbmRzGAMgASgBEhYKDmxpc3Rlbl9hZGRyZXNzGAQgASgJEhYKDmhlYWx0aF9hZGRyZXNzGAUgASgJEhcKD21ldHJpY3NfYWRkcmVzcxgGIAEoCRISCgprZXlfcHJlZml4GAcgASgJEg8KB3NlcnZpbmcYCCABKAgSJAoEZXRjZBgJIAEoCzIWLmZlbmNlcG9zdC52MS5FdGNkSW5mbxIZChFrZWVwYWxpdmVfc3RyZWFtcxgKIAEoAxIYChBrZWVwYWxpdmVfbGVhc2VzGAsgASgDEhUKDXdhdGNoZWRfaG9sZHMYDCABKAMSGAoQd2FpdGluZ19hY3F1aXJlcxgNIAEoAxIWCg5jb250ZW5kZXJfa2V5cxgOIAEoAxISCgpoZWxkX2xvY2tzGA8gASgDEg8KB3dhaXRlcnMYECABKAMq3AEKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDUlOVkFMSURfRklFTEQQARIOCgpOT1RfSE9MREVSEAISDwoLU1RBTEVfVE9LRU4QAxIRCg1MRUFTRV9FWFBJUkVEEAQSEwoPQUNRVUlSRV9USU1FT1VUEAUSFAoQRVRDRF9VTkFWQUlMQUJMRRAGEhQKEFRPT19NQU5ZX1dBSVRFUlMQBxIRCg1TSFVUVElOR19ET1dOEAgSFAoQVE9PX01BTllfU1RSRUFNUxAJMskFCgtMb2NrU2VydmljZRJPCgpMZWFzZUdyYW50Eh8uZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXNwb25zZRJSCgtMZWFzZVJldm9rZRIgLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXNwb25zZRJGCgdBY3F1aXJlEhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZRJGCgdSZWxlYXNlEhwuZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZRJJCghXaXRoZHJhdxIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3QaHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZRJQCglLZWVwQWxpdmUSHi5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVxdWVzdBofLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXNwb25zZSgBMAESSQoIRGVzY3JpYmUSHS5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVzcG9uc2USTAoJTGlzdExvY2tzEh4uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1JlcXVlc3QaHy5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVzcG9uc2USTwoKU2VydmVySW5mbxIfLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVxdWVzdBogLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -776,6 +776,268 @@ export const ListLocksResponseSchema: GenMessage<ListLocksResponse> = /*@__PURE_
   messageDesc(file_fencepost_v1_lock, 21);
 
 /**
+ * @generated from message fencepost.v1.ServerInfoRequest
+ */
+export type ServerInfoRequest = Message<"fencepost.v1.ServerInfoRequest"> & {
+};
+
+/**
+ * Describes the message fencepost.v1.ServerInfoRequest.
+ * Use `create(ServerInfoRequestSchema)` to create a new message.
+ */
+export const ServerInfoRequestSchema: GenMessage<ServerInfoRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 22);
+
+/**
+ * EtcdInfo is the etcd a coordinator uses, as that coordinator sees it.
+ *
+ * @generated from message fencepost.v1.EtcdInfo
+ */
+export type EtcdInfo = Message<"fencepost.v1.EtcdInfo"> & {
+  /**
+   * endpoints: the etcd endpoints as the coordinator was configured with
+   * them (`--etcd-endpoints`), without any user:password part. Never holds
+   * credentials.
+   *
+   * @generated from field: repeated string endpoints = 1;
+   */
+  endpoints: string[];
+
+  /**
+   * embedded: whether the coordinator runs its own etcd (`fencepost serve`
+   * without --etcd-endpoints).
+   *
+   * @generated from field: bool embedded = 2;
+   */
+  embedded: boolean;
+
+  /**
+   * available: whether etcd answered this call's linearizable read. When
+   * false, every field below but `error` is zero or empty.
+   *
+   * @generated from field: bool available = 3;
+   */
+  available: boolean;
+
+  /**
+   * error: why etcd did not answer (or why the Status call below failed
+   * while the read worked); empty when both answered.
+   *
+   * @generated from field: string error = 4;
+   */
+  error: string;
+
+  /**
+   * server_version: the etcd server version of the member that answered
+   * (etcd's Maintenance.Status), e.g. "3.5.1"; empty when Status failed.
+   *
+   * @generated from field: string server_version = 5;
+   */
+  serverVersion: string;
+
+  /**
+   * cluster_id: the etcd cluster id.
+   *
+   * @generated from field: uint64 cluster_id = 6;
+   */
+  clusterId: bigint;
+
+  /**
+   * member_id: the id of the etcd member that answered.
+   *
+   * @generated from field: uint64 member_id = 7;
+   */
+  memberId: bigint;
+
+  /**
+   * revision: the etcd revision when the read was served. It grows with
+   * every write to etcd (of any key, under any prefix).
+   *
+   * @generated from field: int64 revision = 8;
+   */
+  revision: bigint;
+
+  /**
+   * raft_term: the raft term the answering member is in.
+   *
+   * @generated from field: uint64 raft_term = 9;
+   */
+  raftTerm: bigint;
+
+  /**
+   * leader: the member id of the raft leader as the answering member sees
+   * it; 0 when it has none, or Status failed.
+   *
+   * @generated from field: uint64 leader = 10;
+   */
+  leader: bigint;
+
+  /**
+   * raft_index: the answering member's raft log index; 0 when Status failed.
+   *
+   * @generated from field: uint64 raft_index = 11;
+   */
+  raftIndex: bigint;
+
+  /**
+   * db_size_bytes: the size of the answering member's database file, in
+   * bytes; 0 when Status failed.
+   *
+   * @generated from field: int64 db_size_bytes = 12;
+   */
+  dbSizeBytes: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.EtcdInfo.
+ * Use `create(EtcdInfoSchema)` to create a new message.
+ */
+export const EtcdInfoSchema: GenMessage<EtcdInfo> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 23);
+
+/**
+ * @generated from message fencepost.v1.ServerInfoResponse
+ */
+export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
+  /**
+   * version: the coordinator's version (the fencepost package version).
+   *
+   * @generated from field: string version = 1;
+   */
+  version: string;
+
+  /**
+   * instance_id: random hex chosen when this coordinator was made, new at
+   * each process start: tells replicas behind one address apart, and shows
+   * a restart.
+   *
+   * @generated from field: string instance_id = 2;
+   */
+  instanceId: string;
+
+  /**
+   * uptime_seconds: seconds since this coordinator started serving
+   * (monotonic clock).
+   *
+   * @generated from field: double uptime_seconds = 3;
+   */
+  uptimeSeconds: number;
+
+  /**
+   * listen_address: where it serves LockService: HOST:PORT (the bound
+   * port) or unix:/ABSOLUTE/PATH, as it bound it (a wildcard host stays
+   * a wildcard).
+   *
+   * @generated from field: string listen_address = 4;
+   */
+  listenAddress: string;
+
+  /**
+   * health_address: its plaintext health-only listener
+   * (`--health-listen`), same forms; empty when it has none.
+   *
+   * @generated from field: string health_address = 5;
+   */
+  healthAddress: string;
+
+  /**
+   * metrics_address: HOST:PORT of its Prometheus /metrics endpoint
+   * (HTTP); empty when it has none.
+   *
+   * @generated from field: string metrics_address = 6;
+   */
+  metricsAddress: string;
+
+  /**
+   * key_prefix: the etcd key prefix of its locks.
+   *
+   * @generated from field: string key_prefix = 7;
+   */
+  keyPrefix: string;
+
+  /**
+   * serving: its readiness: true when grpc.health.v1 answers SERVING for
+   * "" and fencepost.v1.LockService (etcd answered its last health read),
+   * false for NOT_SERVING (etcd out of reach, or shutting down).
+   *
+   * @generated from field: bool serving = 8;
+   */
+  serving: boolean;
+
+  /**
+   * etcd: the etcd it uses.
+   *
+   * @generated from field: fencepost.v1.EtcdInfo etcd = 9;
+   */
+  etcd?: EtcdInfo | undefined;
+
+  /**
+   * keepalive_streams: this coordinator: KeepAlive streams open.
+   *
+   * @generated from field: int64 keepalive_streams = 10;
+   */
+  keepaliveStreams: bigint;
+
+  /**
+   * keepalive_leases: this coordinator: leases that have received
+   * keepalives on the open KeepAlive streams (counted once per stream,
+   * including leases that have ended since).
+   *
+   * @generated from field: int64 keepalive_leases = 11;
+   */
+  keepaliveLeases: bigint;
+
+  /**
+   * watched_holds: this coordinator: holds the open KeepAlive streams
+   * watch for their end (the client library watches each hold it is
+   * granted).
+   *
+   * @generated from field: int64 watched_holds = 12;
+   */
+  watchedHolds: bigint;
+
+  /**
+   * waiting_acquires: this coordinator: Acquire calls with a wait
+   * (wait_ms > 0 or wait_forever) in progress.
+   *
+   * @generated from field: int64 waiting_acquires = 13;
+   */
+  waitingAcquires: bigint;
+
+  /**
+   * contender_keys: cluster-wide: the lock keys under the prefix, one per
+   * holder and one per waiter; -1 when etcd did not answer.
+   *
+   * @generated from field: int64 contender_keys = 14;
+   */
+  contenderKeys: bigint;
+
+  /**
+   * held_locks: cluster-wide: the locks that are held (each has exactly
+   * one holder); -1 when etcd did not answer or when there are more than
+   * 1000 lock keys (they are then not read; contender_keys still counts).
+   *
+   * @generated from field: int64 held_locks = 15;
+   */
+  heldLocks: bigint;
+
+  /**
+   * waiters: cluster-wide: the contenders queued behind a holder
+   * (contender_keys - held_locks); -1 when held_locks is.
+   *
+   * @generated from field: int64 waiters = 16;
+   */
+  waiters: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.ServerInfoResponse.
+ * Use `create(ServerInfoResponseSchema)` to create a new message.
+ */
+export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 24);
+
+/**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
  * failed call's status) or why a hold ended (HoldEnded.reason).
  *
@@ -1016,6 +1278,29 @@ export const LockService: GenService<{
     methodKind: "unary";
     input: typeof ListLocksRequestSchema;
     output: typeof ListLocksResponseSchema;
+  },
+  /**
+   * ServerInfo reports on the coordinator that answers (not on the cluster
+   * of replicas): its version, instance id, uptime, addresses and key
+   * prefix, its readiness, the etcd it uses (endpoints, server version,
+   * cluster and member ids, revision, raft leader and term), counts of its
+   * own KeepAlive streams, leases, watched holds and waiting Acquire calls,
+   * and counts of the lock keys under the prefix in the whole cluster.
+   * Read-only and idempotent; for operators (`fencepost status`), not for
+   * the lock protocol. It answers also when etcd does not: the etcd part is
+   * then marked unavailable (etcd.available = false, etcd.error says why)
+   * and the cluster-wide counts are -1. Its etcd reads end before the
+   * call's gRPC deadline, and within 2 s without one.
+   * Errors: none of its own (etcd failures are in the response). A
+   * coordinator older than this RPC, or a server that is not a coordinator,
+   * answers UNIMPLEMENTED.
+   *
+   * @generated from rpc fencepost.v1.LockService.ServerInfo
+   */
+  serverInfo: {
+    methodKind: "unary";
+    input: typeof ServerInfoRequestSchema;
+    output: typeof ServerInfoResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_fencepost_v1_lock, 0);

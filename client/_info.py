@@ -1,0 +1,147 @@
+"""What a coordinator says about itself: :class:`ServerInfo`, from the ServerInfo RPC.
+
+Returned by :meth:`AsyncLockClient.server_info` and
+:meth:`LockClient.server_info`, and printed by ``fencepost status``
+without a lock name. Counts marked *this coordinator* are of the replica
+that answered; *cluster-wide* ones are read from etcd.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .v1 import lock_pb2 as pb
+
+__all__ = ["EtcdInfo", "ServerInfo"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdInfo:
+    """The etcd a coordinator uses, as it saw it during one ServerInfo call.
+
+    Attributes:
+        endpoints: The etcd endpoints as the coordinator was configured with
+            them (never with credentials).
+        embedded: Whether the coordinator runs its own etcd.
+        available: Whether etcd answered; when False, the fields below
+            ``error`` are None.
+        error: Why etcd did not answer, or why its Status call failed while
+            the read worked; None when both answered.
+        server_version: The answering etcd member's version (``"3.5.1"``);
+            None when unknown.
+        cluster_id: The etcd cluster id.
+        member_id: The id of the etcd member that answered.
+        revision: The etcd revision when the coordinator read it.
+        raft_term: The answering member's raft term.
+        leader: The raft leader's member id; None when unknown or there is none.
+        raft_index: The answering member's raft index; None when unknown.
+        db_size: The answering member's database size in bytes; None when unknown.
+    """
+
+    endpoints: tuple[str, ...]
+    embedded: bool
+    available: bool
+    error: str | None
+    server_version: str | None
+    cluster_id: int | None
+    member_id: int | None
+    revision: int | None
+    raft_term: int | None
+    leader: int | None
+    raft_index: int | None
+    db_size: int | None
+
+    @classmethod
+    def from_message(cls, msg: pb.EtcdInfo) -> EtcdInfo:
+        """The etcd part of a ServerInfoResponse."""
+        up = bool(msg.available)
+
+        def known(value: int) -> int | None:
+            return int(value) if up and value else None
+
+        return cls(
+            endpoints=tuple(msg.endpoints),
+            embedded=bool(msg.embedded),
+            available=up,
+            error=msg.error or None,
+            server_version=(msg.server_version or None) if up else None,
+            cluster_id=int(msg.cluster_id) if up else None,
+            member_id=int(msg.member_id) if up else None,
+            revision=int(msg.revision) if up else None,
+            raft_term=int(msg.raft_term) if up else None,
+            leader=known(msg.leader),
+            raft_index=known(msg.raft_index),
+            db_size=known(msg.db_size_bytes),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerInfo:
+    """One coordinator's version, identity, addresses, readiness, etcd and counts.
+
+    Attributes:
+        version: The coordinator's fencepost version.
+        instance_id: Random hex, new at each coordinator process start (tells
+            replicas apart; a new one means a restart).
+        uptime: Seconds since the coordinator started serving.
+        listen_address: Where it serves LockService (``HOST:PORT`` or ``unix:/PATH``).
+        health_address: Its plaintext health-only listener; None without one.
+        metrics_address: ``HOST:PORT`` of its ``/metrics`` endpoint; None without one.
+        key_prefix: The etcd key prefix of its locks.
+        serving: Its readiness: True when its health is SERVING.
+        etcd: The etcd it uses.
+        keepalive_streams: This coordinator: KeepAlive streams open.
+        keepalive_leases: This coordinator: leases kept alive through the open
+            streams (once per stream, including leases that ended since).
+        watched_holds: This coordinator: holds the open streams watch for their end.
+        waiting_acquires: This coordinator: Acquire calls waiting for a lock.
+        contender_keys: Cluster-wide: lock keys under the prefix (holders and
+            waiters); None when etcd did not answer.
+        held_locks: Cluster-wide: held locks; None when etcd did not answer or
+            there are more than 1000 lock keys.
+        waiters: Cluster-wide: contenders queued behind a holder; None when
+            ``held_locks`` is.
+    """
+
+    version: str
+    instance_id: str
+    uptime: float
+    listen_address: str
+    health_address: str | None
+    metrics_address: str | None
+    key_prefix: str
+    serving: bool
+    etcd: EtcdInfo
+    keepalive_streams: int
+    keepalive_leases: int
+    watched_holds: int
+    waiting_acquires: int
+    contender_keys: int | None
+    held_locks: int | None
+    waiters: int | None
+
+    @classmethod
+    def from_response(cls, resp: pb.ServerInfoResponse) -> ServerInfo:
+        """The report in a ServerInfoResponse."""
+
+        def count(value: int) -> int | None:
+            return int(value) if value >= 0 else None
+
+        return cls(
+            version=resp.version,
+            instance_id=resp.instance_id,
+            uptime=float(resp.uptime_seconds),
+            listen_address=resp.listen_address,
+            health_address=resp.health_address or None,
+            metrics_address=resp.metrics_address or None,
+            key_prefix=resp.key_prefix,
+            serving=bool(resp.serving),
+            etcd=EtcdInfo.from_message(resp.etcd),
+            keepalive_streams=int(resp.keepalive_streams),
+            keepalive_leases=int(resp.keepalive_leases),
+            watched_holds=int(resp.watched_holds),
+            waiting_acquires=int(resp.waiting_acquires),
+            contender_keys=count(resp.contender_keys) if resp.etcd.available else None,
+            held_locks=count(resp.held_locks) if resp.etcd.available else None,
+            waiters=count(resp.waiters) if resp.etcd.available else None,
+        )
