@@ -26,9 +26,12 @@ restarts, each hold is read again (as a KeepAlive stream does).
 Hand-off: the end of each hold this coordinator saw is remembered by lock
 name, for :data:`HANDOFF_MEMORY_SECONDS` and for at most
 :data:`HANDOFF_MEMORY_NAMES` names; the next grant of that name here
-observes the time since (once per end). A waiting Acquire brings its own:
-the moment the deletion that made it the holder reached the watch, which
-also covers a hold granted by another coordinator.
+observes the time since (once per end), labelled ``queued="true"`` when its
+Acquire call had started by then (the lock passed to a contender already
+asking: the hand-off latency) and ``"false"`` when the lock was free when
+asked (the time it stayed free). A waiting Acquire brings its own end: the
+moment the deletion that made it the holder reached the watch, which also
+covers a hold granted by another coordinator.
 
 Bounded: at most ``capacity`` holds are followed; beyond, the oldest is
 forgotten (it leaves ``fencepost_holds`` without an end being counted).
@@ -114,13 +117,14 @@ class HoldTracker:
 
     # ------------------------------------------------------------------ grants
 
-    def granted(self, hold: Hold, freed_at: float | None = None) -> None:
+    def granted(self, hold: Hold, freed_at: float | None = None, asked_at: float | None = None) -> None:
         """A grant of ``hold`` made here: follow it, and observe the hand-off to it.
 
         Args:
             hold: the grant.
             freed_at: for a waiting Acquire, the clock reading when the
                 deletion that made it the holder was seen; None otherwise.
+            asked_at: the clock reading when the Acquire call started; None: now.
         """
         if hold in self._held:
             return  # the same lease asked again for a lock it holds: the same hold
@@ -129,7 +133,8 @@ class HoldTracker:
         if ended is None or now - ended > HANDOFF_MEMORY_SECONDS:
             ended = freed_at
         if ended is not None:
-            self._metrics.handed_off(max(0.0, now - ended))
+            queued = freed_at is not None or (asked_at if asked_at is not None else now) <= ended
+            self._metrics.handed_off(max(0.0, now - ended), queued)
         self.grant_times.granted(hold)
         key = self._keys_for(hold.name, hold.lease_id)
 

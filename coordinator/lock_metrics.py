@@ -13,8 +13,9 @@ metric                              type       labels              meaning
 fencepost_grants_total              counter    prefix              Acquire calls that granted the lock
 fencepost_acquire_wait_seconds      histogram  prefix              from an Acquire's start to its grant
 fencepost_hold_seconds              histogram  prefix              from a grant made here to the hold's end
-fencepost_handoff_seconds           histogram                      from a hold's end seen here to the next
-                                                                   grant of that name made here
+fencepost_handoff_seconds           histogram  queued              from a hold's end seen here to the next
+                                                                   grant of that name made here; queued="true"
+                                                                   when that Acquire was already asking
 fencepost_holds                     gauge                          holds granted here not known to have ended
 fencepost_losses_total              counter    reason              holds granted here that ended: released,
                                                                    expired, revoked, key_deleted
@@ -148,9 +149,11 @@ class LockMetrics:
         self._grants = {p: grants.labels(p) for p in labels}
         self._wait = {p: wait.labels(p) for p in labels}
         self._hold = {p: hold.labels(p) for p in labels}
-        self._handoff = Histogram("fencepost_handoff_seconds",
-                                  "Seconds from the end of a hold seen by this coordinator to its next grant of "
-                                  "the same lock name.", buckets=HANDOFF_BUCKETS, registry=registry)
+        handoff = Histogram("fencepost_handoff_seconds",
+                            "Seconds from the end of a hold seen by this coordinator to its next grant of the same "
+                            "lock name; queued: whether that Acquire call had started before the end.",
+                            ["queued"], buckets=HANDOFF_BUCKETS, registry=registry)
+        self._handoff = {True: handoff.labels("true"), False: handoff.labels("false")}
         self._holds = Gauge("fencepost_holds", "Holds granted by this coordinator not known to have ended.",
                             registry=registry)
         losses = Counter("fencepost_losses_total",
@@ -205,9 +208,15 @@ class LockMetrics:
         self._hold[self.prefix_of(name)].observe(held_seconds)
         self._losses[reason].inc()
 
-    def handed_off(self, seconds: float) -> None:
-        """A grant made here came ``seconds`` after the end of the previous hold of its name."""
-        self._handoff.observe(seconds)
+    def handed_off(self, seconds: float, queued: bool) -> None:
+        """A grant made here came ``seconds`` after the end of the previous hold of its name.
+
+        Args:
+            seconds: from the end to the grant.
+            queued: whether the granted Acquire call had started by the end (a
+                waiter, or a call in flight); False when the lock was free when asked.
+        """
+        self._handoff[queued].observe(seconds)
 
     def holds(self, delta: int) -> None:
         """``delta`` (+1 or -n) holds granted here started, or ended (or were forgotten)."""
@@ -277,7 +286,7 @@ class _NoMetrics(LockMetrics):
     def hold_ended(self, name: str, held_seconds: float, reason: str) -> None:
         pass
 
-    def handed_off(self, seconds: float) -> None:
+    def handed_off(self, seconds: float, queued: bool) -> None:
         pass
 
     def holds(self, delta: int) -> None:

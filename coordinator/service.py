@@ -160,7 +160,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         waited = time.perf_counter() - started
         if result.acquired:
             self._metrics.granted(request.name, waited)
-            self._holds.granted(Hold(request.name, request.lease_id, result.token), result.freed_at)
+            self._holds.granted(Hold(request.name, request.lease_id, result.token), result.freed_at,
+                                time.monotonic() - waited)
             log_event(_log, logging.DEBUG, "grant", f"{request.name!r} granted to lease {request.lease_id:#x}, "
                       f"token {result.token}", name=request.name, lease_id=request.lease_id, token=result.token,
                       waited_s=round(waited, 6), **caller(context))

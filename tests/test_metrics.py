@@ -285,9 +285,10 @@ async def test_metrics_of_a_known_workload(metered: Coordinator, etcd_client: Et
     assert s.value("fencepost_hold_seconds_count", prefix="") == 12
     assert s.value("fencepost_holds") == 0
     assert s.value("fencepost_leases") == 0
-    # Hand-offs: n twice, h (to the waiter), s, d (after its key was deleted); never the first grant of a name.
-    assert s.value("fencepost_handoff_seconds_count") == 5
-    assert s.value("fencepost_handoff_seconds_bucket", le="1.0") == 5
+    # Hand-offs: to the waiter of h (queued); n twice, s, d after its key was deleted (asked once it was free);
+    # never the first grant of a name.
+    assert s.by("fencepost_handoff_seconds_count", "queued") == {"true": 1, "false": 4}
+    assert s.value("fencepost_handoff_seconds_bucket", queued="true", le="1.0") == 1
     assert s.by("fencepost_refusals_total", "reason") == {
         "LOCK_HELD": 1, "ACQUIRE_TIMEOUT": 1, "STALE_TOKEN": 1, "NOT_HOLDER": 1, "INVALID_FIELD": 1}
     assert {r for (name, labels) in s.samples if name == "fencepost_refusals_total"
