@@ -26,12 +26,13 @@ restarts, each hold is read again (as a KeepAlive stream does).
 Hand-off: the end of each hold this coordinator saw is remembered by lock
 name, for :data:`HANDOFF_MEMORY_SECONDS` and for at most
 :data:`HANDOFF_MEMORY_NAMES` names; the next grant of that name here
-observes the time since (once per end), labelled ``queued="true"`` when its
+observes the time since the later of that end and the one a waiting
+Acquire brings (below), once per end, labelled ``queued="true"`` when its
 Acquire call had started by then (the lock passed to a contender already
 asking: the hand-off latency) and ``"false"`` when the lock was free when
-asked (the time it stayed free). A waiting Acquire brings its own end: the
-moment the deletion that made it the holder reached the watch, which also
-covers a hold granted by another coordinator.
+asked (the time it stayed free). A waiting Acquire's own end is the moment
+the deletion that made it the holder reached the watch, which also covers a
+hold granted by another coordinator.
 
 Bounded: at most ``capacity`` holds are followed; beyond, the oldest is
 forgotten (it leaves ``fencepost_holds`` without an end being counted).
@@ -51,6 +52,7 @@ from fencepost.client.errors import FencepostError
 from fencepost.client.v1.keys import Hold
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
+from .etcd import unbounded
 from .listing import GrantTimes
 from .lock_metrics import NO_METRICS, LockMetrics
 from .watch import DeleteWatcher
@@ -129,9 +131,12 @@ class HoldTracker:
         if hold in self._held:
             return  # the same lease asked again for a lock it holds: the same hold
         now = self._clock()
-        ended = self._ends.pop(hold.name, None)
-        if ended is None or now - ended > HANDOFF_MEMORY_SECONDS:
-            ended = freed_at
+        seen = self._ends.pop(hold.name, None)
+        if seen is not None and now - seen > HANDOFF_MEMORY_SECONDS:
+            seen = None
+        # The later of the two: an end seen here, older than the waiter's, was followed by a hold not seen here.
+        ends = [end for end in (seen, freed_at) if end is not None]
+        ended = max(ends) if ends else None
         if ended is not None:
             queued = freed_at is not None or (asked_at if asked_at is not None else now) <= ended
             self._metrics.handed_off(max(0.0, now - ended), queued)
@@ -249,7 +254,8 @@ class HoldTracker:
         """Whether ``lease_id`` exists: one read per lease at a time, shared by its holds."""
         pending = self._leases.get(lease_id)
         if pending is None:
-            pending = self._leases[lease_id] = asyncio.ensure_future(self._lease_alive(lease_id))
+            with unbounded():
+                pending = self._leases[lease_id] = asyncio.ensure_future(self._lease_alive(lease_id))
             pending.add_done_callback(lambda _: self._leases.pop(lease_id, None))
         return await asyncio.shield(pending)
 
@@ -285,7 +291,8 @@ class HoldTracker:
             del self._by_key[hold.name, hold.lease_id]
 
     def _spawn(self, step: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(step)
+        with unbounded():  # not cut short by the deadline of the call that saw the end (an Acquire, a Release)
+            task = asyncio.ensure_future(step)
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
