@@ -29,6 +29,7 @@ from . import _fork, _tls, _wire
 from ._info import ServerInfo
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
+from ._metrics import client_metrics
 from ._stream import DeadlineWatcher, KeepAliveStream
 from ._tls import TlsConfig
 from ._transport import Transport
@@ -205,12 +206,19 @@ class AsyncLockClient:
             with its TTL before it is revoked; > 0, at most 86400 (30 s by default).
         max_idle_leases: Most idle leases kept at once, 0 to 1000 (8 by
             default; 0 revokes a lease as soon as it is idle).
+        metrics: A ``prometheus_client.CollectorRegistry``: the client counts
+            its acquires by outcome, their wait, its lost holds by reason
+            and its keepalives' round trips there (see
+            :mod:`fencepost.client._metrics`; clients given the same
+            registry share the metrics). None (the default) records nothing
+            and never imports prometheus_client.
 
     Raises:
         InvalidArgument: an argument is out of range, an address is none of
             the forms above (field "address"), or a TLS file is missing,
             unreadable or holds no PEM, or ``cert`` comes without ``key``
-            (field "tls.ca", "tls.cert", "tls.key", ...). Nothing is contacted.
+            (field "tls.ca", "tls.cert", "tls.key", ...), or ``metrics`` is not
+            a registry (field "metrics"). Nothing is contacted.
         FencepostError: this process was forked from one that had opened a
             client (reason "FORKED"; see "fork" above).
     """
@@ -224,6 +232,7 @@ class AsyncLockClient:
         connect_timeout: float = 10.0,
         idle_lease_timeout: float = IDLE_LEASE_TIMEOUT,
         max_idle_leases: int = MAX_IDLE_LEASES,
+        metrics: Any = None,
     ) -> None:
         _fork.check_new_client()
         self._generation = _fork.generation()
@@ -232,13 +241,14 @@ class AsyncLockClient:
         self._connect_timeout = _wire.check_connect_timeout(connect_timeout)
         idle_timeout, max_idle = _wire.check_idle_leases(idle_lease_timeout, max_idle_leases)
         security = _tls.security(tls)
+        self._metrics = client_metrics(metrics)
         self._state = "new"  # new -> open -> closing -> closed
         self._closed_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._transport = Transport(addresses, connect_timeout=self._connect_timeout, security=security)
-        self._leases = LeasePool(idle_timeout=idle_timeout, max_idle=max_idle)
+        self._leases = LeasePool(idle_timeout=idle_timeout, max_idle=max_idle, metrics=self._metrics)
         self._stream = KeepAliveStream(
-            self._transport, self._leases, fraction=fraction, spawn=self._spawn,
+            self._transport, self._leases, fraction=fraction, spawn=self._spawn, metrics=self._metrics,
             on_open=self._resend_all, on_response=self._on_response, send_keepalive=self._send_keepalive,
         )
         self._deadlines = DeadlineWatcher(self._leases, on_retired=self._revoke_retired)
@@ -515,8 +525,12 @@ class AsyncLockClient:
         _wire.check_name(name)
         ttl_s = _wire.ttl_to_wire(ttl)
         timeout = _wire.check_timeout(timeout)
-        await self._ensure_open(name)
-        until = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        with self._metrics.acquiring(self._leases.clock):
+            await self._ensure_open(name)
+            until = None if timeout is None else asyncio.get_running_loop().time() + timeout
+            return await self._acquire_open(name, ttl_s, until, try_once)
+
+    async def _acquire_open(self, name: str, ttl_s: int, until: float | None, try_once: bool) -> AsyncLockHandle:
         try:
             return await self._locker.acquire(name, ttl_s, until, try_once=try_once)
         except FencepostError as exc:

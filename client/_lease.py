@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._metrics import NO_CLIENT_METRICS, ClientMetrics
 from .errors import REASON_CLOSED, REASON_DEADLINE
 
 #: Why a lease was retired from the pool: idle too long, or over the cap of idle leases.
@@ -171,11 +172,13 @@ class LeasePool:
         clock: The monotonic clock of every lease's deadline, in seconds.
         idle_timeout: Seconds a lease may stay idle before :meth:`retire_idle` retires it.
         max_idle: Most idle leases kept; beyond that the longest idle are retired at once.
+        metrics: Counts each lost hold, once, by reason (``fencepost_client_losses_total``).
     """
 
     def __init__(self, clock: Clock = time.monotonic, *, idle_timeout: float = IDLE_LEASE_TIMEOUT,
-                 max_idle: int = MAX_IDLE_LEASES) -> None:
+                 max_idle: int = MAX_IDLE_LEASES, metrics: ClientMetrics = NO_CLIENT_METRICS) -> None:
         self.clock = clock
+        self.metrics = metrics
         self.idle_timeout = idle_timeout
         self.max_idle = max_idle
         self._by_ttl: dict[int, Lease] = {}  # requested TTL -> live lease
@@ -244,6 +247,7 @@ class LeasePool:
         """
         self._drop_hold(handle)
         if handle._mark_lost(reason):
+            self.metrics.lost(reason)
             log.info("fencepost: lock %r (lease %d, token %d) lost (%s)", handle.name, handle.lease_id,
                      handle.token, reason)
         self.free_slot(handle)

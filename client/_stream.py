@@ -38,6 +38,7 @@ import grpc
 import grpc.aio
 
 from ._lease import Lease, LeasePool
+from ._metrics import NO_CLIENT_METRICS, ClientMetrics
 from ._transport import Transport, current_task_cancelling
 from .errors import from_rpc_error
 from .handle import AsyncLockHandle
@@ -80,6 +81,7 @@ class KeepAliveStream:
             by default.
         send_keepalive: Called to send one keepalive of a lease;
             :meth:`send_keepalive` by default.
+        metrics: Observes each keepalive's round trip (``fencepost_client_keepalive_rtt_seconds``).
 
     The three callbacks let the client route the stream's events through
     methods of its own, which a subclass may observe.
@@ -95,8 +97,10 @@ class KeepAliveStream:
         on_open: Callable[[], None] | None = None,
         on_response: Callable[[pb.KeepAliveResponse], None] | None = None,
         send_keepalive: Callable[[Lease], None] | None = None,
+        metrics: ClientMetrics = NO_CLIENT_METRICS,
     ) -> None:
         self.transport = transport
+        self.metrics = metrics
         self.pool = pool
         self.fraction = fraction
         self.outbox: Outbox | None = None
@@ -169,7 +173,10 @@ class KeepAliveStream:
         if entry is None:
             return
         lease, sent = entry
-        if lease.lease_id != ack.lease_id or lease.lost:
+        if lease.lease_id != ack.lease_id:
+            return
+        self.metrics.keepalive_answered(self.pool.clock() - sent)
+        if lease.lost:
             return
         if not lease.on_ack(sent, ack.ttl_seconds):
             self.pool.lose(lease, LEASE_EXPIRED)

@@ -204,10 +204,14 @@ class LockClient:
         idle_lease_timeout: Seconds an idle lease (no hold, no acquire) is
             kept before it is revoked (see AsyncLockClient).
         max_idle_leases: Most idle leases kept at once, 0 to 1000.
+        metrics: A ``prometheus_client.CollectorRegistry`` to record the
+            client's metrics in (as for :class:`AsyncLockClient`); None
+            records nothing.
 
     Raises:
         InvalidArgument: an argument is out of range, or a TLS file is bad
-            (field "tls.ca", "tls.cert", "tls.key", ...).
+            (field "tls.ca", "tls.cert", "tls.key", ...), or ``metrics`` is
+            not a registry (field "metrics").
         FencepostError: this process was forked from one that had opened a
             client (reason "FORKED").
     """
@@ -221,11 +225,12 @@ class LockClient:
         connect_timeout: float = 10.0,
         idle_lease_timeout: float = IDLE_LEASE_TIMEOUT,
         max_idle_leases: int = MAX_IDLE_LEASES,
+        metrics: Any = None,
     ) -> None:
         self._generation = _fork.generation()
         self._aio = AsyncLockClient(address, tls=tls, keepalive_fraction=keepalive_fraction,
                                     connect_timeout=connect_timeout, idle_lease_timeout=idle_lease_timeout,
-                                    max_idle_leases=max_idle_leases)
+                                    max_idle_leases=max_idle_leases, metrics=metrics)
         self._mutex = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -108,8 +108,12 @@ class GrantTimes:
             self._granted.popitem(last=False)
 
     def released(self, hold: Hold) -> None:
-        """Forget a hold that was released."""
+        """Forget a hold that was released (or that ended otherwise)."""
         self._granted.pop(hold, None)
+
+    def granted_at(self, hold: Hold) -> float | None:
+        """The clock reading of ``hold``'s grant here; None when this coordinator did not grant it."""
+        return self._granted.get(hold)
 
     def held_seconds(self, hold: Hold) -> float:
         """Seconds since ``hold`` was granted here; -1.0 when this coordinator did not grant it."""

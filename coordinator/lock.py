@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -69,11 +70,17 @@ class Holder:
 
 @dataclass(frozen=True)
 class AcquireResult:
-    """The outcome of acquire(): granted with ``token``, or (try once only) the current holder."""
+    """The outcome of acquire(): granted with ``token``, or (try once only) the current holder.
+
+    ``freed_at``: for a grant after a wait, the monotonic clock reading when the
+    deletion that made this contender the holder reached the lock watch (the
+    previous hold's end, for ``fencepost_handoff_seconds``); None otherwise.
+    """
 
     acquired: bool
     token: int = 0
     holder: Holder | None = None
+    freed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -269,8 +276,8 @@ class LockManager:
             return AcquireResult(True, token=my_rev)
         try:
             async with asyncio.timeout(wait):
-                await self._wait_turn(name, lease_id, key, lock, my_rev)
-            return AcquireResult(True, token=my_rev)
+                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev)
+            return AcquireResult(True, token=my_rev, freed_at=freed_at)
         except TimeoutError as exc:
             await self._withdraw(key, my_rev)
             raise LockTimeout(f"lock {name!r} not granted within {wait:.3f} s", name=name, lease_id=lease_id) from exc
@@ -367,9 +374,17 @@ class LockManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int) -> None:
-        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range."""
+    async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int) -> float | None:
+        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range.
+
+        Returns:
+            The monotonic clock reading when the deletion of the last key
+            waited for was seen: the key before ours, deleted when nothing was
+            before it, so the holder's (the hand-off's start). None when the
+            wait did not end on a deletion event (the watch could not tell).
+        """
         delays = ETCD_BACKOFF.delays()
+        freed_at: float | None = None
         while True:
             try:
                 resp = await self._etcd.read([etcdops.last_before(lock, my_rev)],
@@ -384,8 +399,9 @@ class LockManager:
                                 name=name, lease_id=lease_id)
             predecessors = resp.responses[0].response_range.kvs
             if not predecessors:
-                return  # granted: at this revision our key exists and is the lowest
-            await self._watcher.wait_deleted(bytes(predecessors[0].key), int(resp.header.revision))
+                return freed_at  # granted: at this revision our key exists and is the lowest
+            seen = await self._watcher.wait_deleted(bytes(predecessors[0].key), int(resp.header.revision))
+            freed_at = time.monotonic() if seen else None
 
     async def _withdraw(self, key: bytes, my_rev: int) -> None:
         """Delete our waiter key (if it is still the one we created), shielded from cancellation."""
@@ -441,7 +457,7 @@ class LockManager:
             decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id))
         if revision:
             return revision
-        alive = True if mine is not None else await self._lease_alive(lease_id)
+        alive = True if mine is not None else await self.lease_alive(lease_id)
         raise release_refusal(hold, mine, holder, alive)
 
     async def describe(self, name: str) -> Description:
@@ -476,9 +492,15 @@ class LockManager:
                                       lease_id=hold.lease_id)
         return bool(resp.kvs) and int(resp.kvs[0].create_revision) == hold.token
 
-    async def _lease_alive(self, lease_id: int) -> bool:
+    async def lease_alive(self, lease_id: int) -> bool:
+        """Whether lease ``lease_id`` still exists (one LeaseTimeToLive).
+
+        Raises:
+            Unavailable: etcd unreachable.
+        """
         ttl, _ = await self._etcd.lease_ttl(lease_id)
         return ttl > 0
+
 
     def _holder(self, kv: Any) -> Holder:
         parsed = self._keys.parse(bytes(kv.key))

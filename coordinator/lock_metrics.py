@@ -1,15 +1,26 @@
-"""The coordinator's own metrics (``fencepost_*``): grants, releases, refusals, keepalives, etcd.
+"""The coordinator's own metrics (``fencepost_*``): grants, holds, releases, losses, refusals, keepalives, etcd.
 
 Every value is this coordinator's view: what the calls it served and the
 etcd requests it sent did, not the whole cluster's (several coordinators
 serve one etcd; add them up in Prometheus). No label carries a lock name or
-a lease id: the label values are fixed sets.
+a lease id: the label values are fixed sets. ``prefix`` is "" unless the
+operator names lock-name prefixes (``serve --metrics-name-prefix``): then it
+is the longest of them that the lock name starts with.
 
 ==================================  =========  ==================  ==============================================
 metric                              type       labels              meaning
 ==================================  =========  ==================  ==============================================
-fencepost_grants_total              counter                        Acquire calls that granted the lock
-fencepost_acquire_wait_seconds      histogram                      from an Acquire's start to its grant
+fencepost_grants_total              counter    prefix              Acquire calls that granted the lock
+fencepost_acquire_wait_seconds      histogram  prefix              from an Acquire's start to its grant
+fencepost_hold_seconds              histogram  prefix              from a grant made here to the hold's end
+fencepost_handoff_seconds           histogram  queued              from a hold's end seen here to the next
+                                                                   grant of that name made here; queued="true"
+                                                                   when that Acquire was already asking
+fencepost_holds                     gauge                          holds granted here not known to have ended
+fencepost_losses_total              counter    reason              holds granted here that ended: released,
+                                                                   expired, revoked, key_deleted
+fencepost_leases                    gauge                          leases kept alive through KeepAlive streams
+                                                                   here (last answer: alive)
 fencepost_releases_total            counter                        Release calls that released a hold
 fencepost_refusals_total            counter    reason              calls refused, by ErrorReason name, and
                                                                    LOCK_HELD for a try-acquire finding it held
@@ -28,14 +39,17 @@ takes one, so that they have no branch for "metrics off".
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fencepost.client.v1.details import ErrorReason
+from fencepost.client.v1.keys import MAX_NAME_BYTES
 
 from .metrics import GO_CODE_NAMES
 
-__all__ = ["ACQUIRE_WAIT_BUCKETS", "ETCD_BUCKETS", "ETCD_OPERATIONS", "LOCK_HELD", "NO_METRICS", "LockMetrics",
-           "REFUSAL_REASONS"]
+__all__ = ["ACQUIRE_WAIT_BUCKETS", "END_REASONS", "ETCD_BUCKETS", "ETCD_OPERATIONS", "HANDOFF_BUCKETS", "HOLD_BUCKETS",
+           "LOCK_HELD", "MAX_NAME_PREFIXES", "NO_METRICS", "LockMetrics", "REFUSAL_REASONS", "check_name_prefixes"]
 
 #: The refusal reason of a try-acquire (wait 0) that finds the lock held: not an
 #: ErrorReason (the call succeeds with ``acquired = false``); named after the
@@ -55,9 +69,56 @@ ETCD_OPERATIONS = ("range", "txn", "lease_grant", "lease_revoke", "lease_ttl", "
 ACQUIRE_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                         300.0)
 
+#: ``fencepost_hold_seconds`` upper bounds, seconds: from a batch job's milliseconds to a leader's hours.
+HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0)
+
+#: ``fencepost_handoff_seconds`` upper bounds, seconds: a waiter is granted milliseconds after the
+#: deletion reaches the coordinator; ends older than a minute are forgotten (:mod:`.holds`).
+HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                   60.0)
+
+#: Every ``reason`` label value of ``fencepost_losses_total``: how a hold granted
+#: here ended. ``released``: a Release (or a Withdraw of a hold) served here;
+#: ``expired``: its key was deleted with its lease, not revoked here;
+#: ``revoked``: its lease was revoked through this coordinator; ``key_deleted``:
+#: its key was deleted while its lease lived (a Release through another
+#: coordinator, or someone deleting the key).
+END_REASONS = ("released", "expired", "revoked", "key_deleted")
+
+#: Most ``--metrics-name-prefix`` values: each is a ``prefix`` label value.
+MAX_NAME_PREFIXES = 100
+
 #: ``fencepost_etcd_request_seconds`` upper bounds, seconds (the per-request
 #: deadlines are 0.5 s for a keepalive, 1 s for the health read, 5 s otherwise).
 ETCD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def check_name_prefixes(prefixes: Iterable[str]) -> tuple[str, ...]:
+    """Check the lock-name prefixes that get a ``prefix`` label of their own.
+
+    Args:
+        prefixes: lock-name prefixes, 1 to 256 bytes of UTF-8 each, no control characters.
+
+    Returns:
+        The prefixes, duplicates dropped, in their first order.
+
+    Raises:
+        ValueError: an empty prefix, one too long or with a control character,
+            or more than :data:`MAX_NAME_PREFIXES`.
+    """
+    kept: dict[str, None] = {}
+    for prefix in prefixes:
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"a metrics name prefix must be a non-empty string, not {prefix!r}")
+        size = len(prefix.encode("utf-8", "surrogatepass"))
+        if size > MAX_NAME_BYTES:
+            raise ValueError(f"metrics name prefix {prefix[:40]!r}... is {size} bytes; at most {MAX_NAME_BYTES}")
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in prefix):
+            raise ValueError(f"metrics name prefix {prefix!r} has a control character")
+        kept[prefix] = None
+    if len(kept) > MAX_NAME_PREFIXES:
+        raise ValueError(f"{len(kept)} metrics name prefixes; at most {MAX_NAME_PREFIXES}")
+    return tuple(kept)
 
 
 class LockMetrics:
@@ -65,17 +126,43 @@ class LockMetrics:
 
     Args:
         registry: where to register them (the coordinator's own, not the global one).
+        name_prefixes: lock-name prefixes (checked by :func:`check_name_prefixes`)
+            whose grants, waits and holds are labelled ``prefix="<the prefix>"``;
+            every other name is labelled ``prefix=""``.
 
     Raises:
-        ValueError: a metric of the same name is already in ``registry``.
+        ValueError: a metric of the same name is already in ``registry``; a bad prefix.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._grants = Counter("fencepost_grants_total", "Acquire calls that granted the lock (this coordinator's).",
-                               registry=registry)
-        self._wait = Histogram("fencepost_acquire_wait_seconds",
-                               "Seconds from an Acquire call's start to its grant, waited or not.",
-                               buckets=ACQUIRE_WAIT_BUCKETS, registry=registry)
+    def __init__(self, registry: CollectorRegistry, name_prefixes: Iterable[str] = ()) -> None:
+        # Longest first, so that the most specific prefix a name starts with is its label.
+        self._prefixes = sorted(check_name_prefixes(name_prefixes), key=len, reverse=True)
+        grants = Counter("fencepost_grants_total", "Acquire calls that granted the lock (this coordinator's).",
+                         ["prefix"], registry=registry)
+        wait = Histogram("fencepost_acquire_wait_seconds",
+                         "Seconds from an Acquire call's start to its grant, waited or not.",
+                         ["prefix"], buckets=ACQUIRE_WAIT_BUCKETS, registry=registry)
+        hold = Histogram("fencepost_hold_seconds",
+                         "Seconds from a grant made by this coordinator to the end of that hold, as seen here.",
+                         ["prefix"], buckets=HOLD_BUCKETS, registry=registry)
+        labels = ("", *self._prefixes)
+        self._grants = {p: grants.labels(p) for p in labels}
+        self._wait = {p: wait.labels(p) for p in labels}
+        self._hold = {p: hold.labels(p) for p in labels}
+        handoff = Histogram("fencepost_handoff_seconds",
+                            "Seconds from the end of a hold seen by this coordinator to its next grant of the same "
+                            "lock name; queued: whether that Acquire call had started before the end.",
+                            ["queued"], buckets=HANDOFF_BUCKETS, registry=registry)
+        self._handoff = {True: handoff.labels("true"), False: handoff.labels("false")}
+        self._holds = Gauge("fencepost_holds", "Holds granted by this coordinator not known to have ended.",
+                            registry=registry)
+        losses = Counter("fencepost_losses_total",
+                         "Holds granted by this coordinator that ended, by how: released, expired, revoked, "
+                         "key_deleted.", ["reason"], registry=registry)
+        self._losses = {reason: losses.labels(reason) for reason in END_REASONS}
+        self._leases = Gauge("fencepost_leases",
+                             "Leases kept alive through KeepAlive streams on this coordinator whose last keepalive "
+                             "found them alive.", registry=registry)
         self._releases = Counter("fencepost_releases_total", "Release calls that released a hold.",
                                  registry=registry)
         refusals = Counter("fencepost_refusals_total",
@@ -103,10 +190,41 @@ class LockMetrics:
                                        "Restarts of the coordinator's watch of the lock prefix (etcd failure or "
                                        "compaction).", registry=registry)
 
-    def granted(self, wait_seconds: float) -> None:
-        """An Acquire granted the lock, ``wait_seconds`` after the call started."""
-        self._grants.inc()
-        self._wait.observe(wait_seconds)
+    def prefix_of(self, name: str) -> str:
+        """The ``prefix`` label of lock ``name``: the longest configured prefix it starts with, else ""."""
+        for prefix in self._prefixes:
+            if name.startswith(prefix):
+                return prefix
+        return ""
+
+    def granted(self, name: str, wait_seconds: float) -> None:
+        """An Acquire granted lock ``name``, ``wait_seconds`` after the call started."""
+        prefix = self.prefix_of(name)
+        self._grants[prefix].inc()
+        self._wait[prefix].observe(wait_seconds)
+
+    def hold_ended(self, name: str, held_seconds: float, reason: str) -> None:
+        """A hold of ``name`` granted here ended after ``held_seconds``; ``reason`` is one of :data:`END_REASONS`."""
+        self._hold[self.prefix_of(name)].observe(held_seconds)
+        self._losses[reason].inc()
+
+    def handed_off(self, seconds: float, queued: bool) -> None:
+        """A grant made here came ``seconds`` after the end of the previous hold of its name.
+
+        Args:
+            seconds: from the end to the grant.
+            queued: whether the granted Acquire call had started by the end (a
+                waiter, or a call in flight); False when the lock was free when asked.
+        """
+        self._handoff[queued].observe(seconds)
+
+    def holds(self, delta: int) -> None:
+        """``delta`` (+1 or -n) holds granted here started, or ended (or were forgotten)."""
+        self._holds.inc(delta)
+
+    def leases(self, count: int) -> None:
+        """``count`` leases are now kept alive through KeepAlive streams here."""
+        self._leases.set(count)
 
     def released(self) -> None:
         """A Release released a hold."""
@@ -159,7 +277,22 @@ class _NoMetrics(LockMetrics):
     def __init__(self) -> None:  # registers nothing
         pass
 
-    def granted(self, wait_seconds: float) -> None:
+    def prefix_of(self, name: str) -> str:
+        return ""
+
+    def granted(self, name: str, wait_seconds: float) -> None:
+        pass
+
+    def hold_ended(self, name: str, held_seconds: float, reason: str) -> None:
+        pass
+
+    def handed_off(self, seconds: float, queued: bool) -> None:
+        pass
+
+    def holds(self, delta: int) -> None:
+        pass
+
+    def leases(self, count: int) -> None:
         pass
 
     def released(self) -> None:

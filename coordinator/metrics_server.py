@@ -63,6 +63,8 @@ class MetricsEndpoint:
         listen: ``HOST:PORT`` (port 0 picks a free one), already checked by
             :func:`~.server.check_listen`; a bracketed IPv6 address is served
             on IPv6.
+        name_prefixes: lock-name prefixes labelled on their own (``prefix``) in
+            the grant, wait and hold metrics (see :class:`~.lock_metrics.LockMetrics`).
 
     Attributes:
         registry: the registry of all the coordinator's metrics.
@@ -72,10 +74,10 @@ class MetricsEndpoint:
         port: the bound port after :meth:`start`.
 
     Raises:
-        ValueError: ``listen`` has no port.
+        ValueError: ``listen`` has no port; a bad name prefix.
     """
 
-    def __init__(self, listen: str) -> None:
+    def __init__(self, listen: str, name_prefixes: Iterable[str] = ()) -> None:
         host, sep, port = listen.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"metrics address {listen!r} is not HOST:PORT")
@@ -87,7 +89,7 @@ class MetricsEndpoint:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.grpc = GrpcServerMetrics(self.registry)
-        self.locks = LockMetrics(self.registry)
+        self.locks = LockMetrics(self.registry, name_prefixes)
         self.port = 0
         self._httpd: WSGIServer | None = None
         self._thread: threading.Thread | None = None

@@ -30,6 +30,7 @@ from .etcd import EtcdAuth, EtcdTls, check_endpoints
 from .events import LOG_FORMATS
 from .events import configure as configure_logging
 from .listen import bind_problem, same_address
+from .lock_metrics import check_name_prefixes
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
 
@@ -119,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-listen", default=_env("metrics-listen", None),
                         help="HOST:PORT to serve Prometheus metrics on, over HTTP at /metrics; port 0 picks one "
                              "(env FENCEPOST_METRICS_LISTEN; default: no metrics)")
+    parser.add_argument("--metrics-name-prefix", action="append", default=None, metavar="PREFIX",
+                        help="a lock-name prefix whose grants, waits and holds get their own label "
+                             "prefix=\"PREFIX\" (the longest that matches; other names get prefix=\"\"); "
+                             "repeatable, at most 100; needs --metrics-listen (env "
+                             "FENCEPOST_METRICS_NAME_PREFIXES, comma-separated; default: none)")
     return parser
 
 
@@ -236,6 +242,25 @@ def _check_metrics_listen(metrics_listen: str | None) -> None:
                        f"127.0.0.1:7422, 0.0.0.0:7422, [::1]:7422; port 0 picks a free one)") from None
 
 
+def _metrics_name_prefixes(args: argparse.Namespace) -> tuple[str, ...]:
+    """The checked ``--metrics-name-prefix`` values (or ``FENCEPOST_METRICS_NAME_PREFIXES``, comma-separated).
+
+    Raises:
+        _BadFlag: an empty or bad prefix, more than 100, or prefixes without --metrics-listen.
+    """
+    given = args.metrics_name_prefix
+    if given is None:
+        env = _env("metrics-name-prefixes", None)
+        given = env.split(",") if env else []
+    try:
+        prefixes = check_name_prefixes(given)
+    except ValueError as exc:
+        raise _BadFlag(f"--metrics-name-prefix: {exc}") from None
+    if prefixes and args.metrics_listen is None:
+        raise _BadFlag("--metrics-name-prefix needs --metrics-listen (the metrics it labels)")
+    return prefixes
+
+
 def _settings(args: argparse.Namespace) -> _Settings:
     """Check the flags.
 
@@ -323,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings(args)
         _check_metrics_listen(args.metrics_listen)
+        name_prefixes = _metrics_name_prefixes(args)
     except _BadFlag as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -363,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         endpoints = [embedded.endpoint]
     try:
-        return asyncio.run(_serve(endpoints, args, settings))
+        return asyncio.run(_serve(endpoints, args, settings, name_prefixes))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -398,13 +424,15 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
     return handle
 
 
-async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Settings) -> int:
+async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Settings,
+                 name_prefixes: tuple[str, ...] = ()) -> int:
     tls, auth = settings.etcd_tls, settings.auth
     try:
         coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
                                   etcd_tls=tls, etcd_auth=auth, tls=settings.tls,
                                   health_listen=settings.health_listen,
-                                  metrics_listen=args.metrics_listen, etcd_embedded=settings.endpoints is None)
+                                  metrics_listen=args.metrics_listen, metrics_name_prefixes=name_prefixes,
+                                  etcd_embedded=settings.endpoints is None)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2

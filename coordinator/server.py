@@ -103,6 +103,10 @@ class Coordinator:
         metrics_listen: ``HOST:PORT`` to serve Prometheus metrics on, over
             HTTP at ``/metrics`` (see :mod:`.metrics_server`); None for no
             metrics (no interceptor, nothing counted).
+        metrics_name_prefixes: lock-name prefixes whose grants, waits and
+            holds get their own ``prefix`` label (1 to 256 bytes each, at most
+            100); every other name is labelled ``prefix=""``. Only with
+            ``metrics_listen``.
         etcd_embedded: whether ``etcd_endpoints`` is an etcd the caller runs
             for this coordinator alone (``fencepost serve`` without
             ``--etcd-endpoints``); reported by ServerInfo only.
@@ -110,7 +114,8 @@ class Coordinator:
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
             ``etcd_tls``; ``listen`` or ``health_listen`` not one of the forms
-            above, or both the same; ``metrics_listen`` not ``HOST:PORT``.
+            above, or both the same; ``metrics_listen`` not ``HOST:PORT``; a
+            bad metrics name prefix, or prefixes without ``metrics_listen``.
         TlsFileError: (a ValueError) a file of ``tls`` cannot be used; the
             message names it.
     """
@@ -120,7 +125,7 @@ class Coordinator:
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
                  etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
                  health_listen: str | None = None, metrics_listen: str | None = None,
-                 etcd_embedded: bool = False) -> None:
+                 metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -129,7 +134,10 @@ class Coordinator:
                 raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
         self._health_listen = health_listen
         # Metrics (--metrics-listen), off by default: see .metrics_server.
-        self._metrics = MetricsEndpoint(check_listen(metrics_listen)) if metrics_listen is not None else None
+        if metrics_name_prefixes and metrics_listen is None:
+            raise ValueError("metrics name prefixes need metrics_listen")
+        self._metrics = (MetricsEndpoint(check_listen(metrics_listen), metrics_name_prefixes)
+                         if metrics_listen is not None else None)
         self._certificates = ServerCertificates(tls) if tls is not None else None
         self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
@@ -306,6 +314,8 @@ class Coordinator:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._service is not None:
+            await self._service.close()
         if self._locks is not None:
             await self._locks.close()
         if self._watcher is not None:

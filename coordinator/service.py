@@ -27,10 +27,11 @@ from .etcd import bounded
 from .events import caller, log_event
 from .info import ETCD_SECONDS, About, read_etcd
 from .lease import Leases
-from .listing import GrantTimes, list_locks
+from .holds import HoldTracker
+from .listing import list_locks
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
-from .stream import KeepAliveStream, RecentReleases
+from .stream import KeepAliveStream, KeptLeases, RecentReleases
 from .validate import wait_seconds
 from .watch import DeleteWatcher
 
@@ -79,7 +80,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         watcher: the shared deletion watcher.
         keys: the key layout.
         max_streams: most KeepAlive streams served at once.
-        metrics: counts grants, releases, refusals and keepalives.
+        metrics: counts grants, holds and their ends, releases, refusals, leases and keepalives.
         about: the coordinator's own facts, for ServerInfo; None for a servicer
             made alone (ServerInfo then reports only the prefix and the counts).
     """
@@ -96,7 +97,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._open: set[KeepAliveStream] = set()  # the streams being served, for ServerInfo's counts
         self._about = about if about is not None else About(prefix=keys.prefix.decode(), endpoints=())
         self._released = RecentReleases()
-        self._grant_times = GrantTimes()
+        self._kept = KeptLeases(metrics)
+        self._holds = HoldTracker(watcher, keys.contender, locks.hold_exists, locks.lease_alive, metrics=metrics)
         self.closing = asyncio.Event()
 
     @property
@@ -107,6 +109,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     def enter_graceful_shutdown(self) -> None:
         """Refuse new KeepAlive streams and end the open ones with UNAVAILABLE / SHUTTING_DOWN."""
         self.closing.set()
+
+    async def close(self) -> None:
+        """Stop following the holds granted here (after the server stopped)."""
+        await self._holds.close()
 
     async def _refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError, call: str, *,
                       log: bool = True) -> None:
@@ -136,7 +142,13 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def LeaseRevoke(self, request: lock_pb2.LeaseRevokeRequest, context: grpc.aio.ServicerContext
                           ) -> lock_pb2.LeaseRevokeResponse:
-        found = await self._leases.revoke(request.lease_id)
+        self._holds.revoking(request.lease_id)  # before the call: its deletions may be seen before it returns
+        try:
+            found = await self._leases.revoke(request.lease_id)
+        except BaseException:
+            self._holds.revoke_failed(request.lease_id)
+            raise
+        self._kept.revoked(request.lease_id)
         log_event(_log, logging.DEBUG, "lease_revoked",
                   f"lease {request.lease_id:#x} {'revoked' if found else 'was already gone'}",
                   lease_id=request.lease_id, found=found, **caller(context))
@@ -152,8 +164,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             result = await self._locks.acquire(request.name, request.lease_id, wait)
         waited = time.perf_counter() - started
         if result.acquired:
-            self._metrics.granted(waited)
-            self._grant_times.granted(Hold(request.name, request.lease_id, result.token))
+            self._metrics.granted(request.name, waited)
+            self._holds.granted(Hold(request.name, request.lease_id, result.token), result.freed_at,
+                                time.monotonic() - waited)
             log_event(_log, logging.DEBUG, "grant", f"{request.name!r} granted to lease {request.lease_id:#x}, "
                       f"token {result.token}", name=request.name, lease_id=request.lease_id, token=result.token,
                       waited_s=round(waited, 6), **caller(context))
@@ -170,13 +183,15 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                       ) -> lock_pb2.ReleaseResponse:
         hold = Hold(request.name, request.lease_id, request.token)
         self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
+        followed = self._holds.releasing(request.name, request.lease_id)
         try:
             revision = await self._locks.release(request.name, request.lease_id, request.token)
         except BaseException:
             self._released.discard(hold)
+            self._holds.release_done(followed, released=False)
             raise
+        self._holds.release_done(followed, released=followed == hold)
         self._metrics.released()
-        self._grant_times.released(hold)
         log_event(_log, logging.DEBUG, "release", f"{request.name!r} released by lease {request.lease_id:#x}, "
                   f"token {request.token}", name=request.name, lease_id=request.lease_id, token=request.token,
                   revision=revision, **caller(context))
@@ -185,7 +200,13 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
-        found, held, revision = await self._locks.withdraw(request.name, request.lease_id)
+        followed = self._holds.releasing(request.name, request.lease_id)
+        try:
+            found, held, revision = await self._locks.withdraw(request.name, request.lease_id)
+        except BaseException:
+            self._holds.release_done(followed, released=False)
+            raise
+        self._holds.release_done(followed, released=held)
         log_event(_log, logging.DEBUG, "withdraw",
                   f"{request.name!r}: lease {request.lease_id:#x} withdrew its "
                   f"{'hold' if held else 'wait' if found else 'key (there was none)'}",
@@ -207,7 +228,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def ListLocks(self, request: lock_pb2.ListLocksRequest, context: grpc.aio.ServicerContext
                         ) -> lock_pb2.ListLocksResponse:
         page = await list_locks(self._locks.etcd, self._keys, request.prefix, request.page_size, request.page_token,
-                                self._grant_times)
+                                self._holds.grant_times)
         return lock_pb2.ListLocksResponse(
             locks=[lock_pb2.LockInfo(name=lock.name, holder=_holder(lock.holder),
                                      ttl_remaining_seconds=lock.ttl_remaining_seconds, ttl_seconds=lock.ttl_seconds,
@@ -245,7 +266,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._streams += 1
         who = caller(context)
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
-                                 metrics=self._metrics, released=self._released, **who)
+                                 metrics=self._metrics, released=self._released, kept=self._kept, **who)
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()

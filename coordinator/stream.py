@@ -68,6 +68,49 @@ class RecentReleases:
         return True
 
 
+class KeptLeases:
+    """The leases kept alive through this coordinator's KeepAlive streams (``fencepost_leases``).
+
+    A lease counts from the first keepalive a stream here forwards for it
+    that etcd answers alive, until a keepalive on that stream finds it gone,
+    the stream ends, or a LeaseRevoke of it is served here; once however many
+    streams keep it.
+
+    Args:
+        metrics: where the count is set.
+    """
+
+    def __init__(self, metrics: LockMetrics = NO_METRICS) -> None:
+        self._metrics = metrics
+        self._streams: dict[int, int] = {}  # lease id -> streams keeping it
+
+    @property
+    def count(self) -> int:
+        """The leases kept now."""
+        return len(self._streams)
+
+    def add(self, lease_id: int) -> None:
+        """One more stream keeps ``lease_id``."""
+        self._streams[lease_id] = self._streams.get(lease_id, 0) + 1
+        self._metrics.leases(len(self._streams))
+
+    def remove(self, lease_id: int) -> None:
+        """A stream no longer keeps ``lease_id`` (it found it gone, or it ended)."""
+        left = self._streams.get(lease_id)
+        if left is None:
+            return  # revoked meanwhile
+        if left <= 1:
+            del self._streams[lease_id]
+        else:
+            self._streams[lease_id] = left - 1
+        self._metrics.leases(len(self._streams))
+
+    def revoked(self, lease_id: int) -> None:
+        """``lease_id`` was revoked here: no stream keeps it any more."""
+        if self._streams.pop(lease_id, None) is not None:
+            self._metrics.leases(len(self._streams))
+
+
 class KeepAliveStream:
     """Serves one KeepAlive stream.
 
@@ -78,15 +121,18 @@ class KeepAliveStream:
         keys_for: maps (name, lease id) to the contender key.
         metrics: counts keepalives and follows the holds watched (``fencepost_watched_holds``).
         released: the holds released through this coordinator (their end is not logged again).
+        kept: the leases kept alive through this coordinator's streams (``fencepost_leases``).
         peer: the client's address (``context.peer()``), for the log.
         trace_id: the stream call's trace id, for the log; None for none.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
                  keys_for: Callable[[str, int], bytes], *, metrics: LockMetrics = NO_METRICS,
-                 released: RecentReleases | None = None, peer: str | None = None,
-                 trace_id: str | None = None) -> None:
+                 released: RecentReleases | None = None, kept: KeptLeases | None = None,
+                 peer: str | None = None, trace_id: str | None = None) -> None:
         self._released = released if released is not None else RecentReleases()
+        self._kept = kept if kept is not None else KeptLeases()
+        self._kept_here: set[int] = set()  # leases this stream counts in ``kept``
         self._caller = {"peer": peer, "trace_id": trace_id}
         self._leases_seen: set[int] = set()
         self._expired: set[int] = set()
@@ -146,6 +192,9 @@ class KeepAliveStream:
         self._holds.clear()
         for task in self._tasks:
             task.cancel()
+        for lease_id in self._kept_here:
+            self._kept.remove(lease_id)
+        self._kept_here.clear()
 
     async def _read(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest]) -> None:
         async for request in requests:
@@ -181,6 +230,12 @@ class KeepAliveStream:
             return  # no answer: the client's deadline counts it as not acknowledged
         self._out.put_nowait(lock_pb2.KeepAliveResponse(
             keepalive=lock_pb2.LeaseKeepAliveAck(lease_id=lease_id, request_id=request_id, ttl_seconds=ttl)))
+        if ttl > 0 and lease_id not in self._kept_here and lease_id not in self._expired:
+            self._kept_here.add(lease_id)
+            self._kept.add(lease_id)
+        elif ttl <= 0 and lease_id in self._kept_here:
+            self._kept_here.discard(lease_id)
+            self._kept.remove(lease_id)
         if ttl <= 0:
             if lease_id not in self._expired:
                 self._expired.add(lease_id)

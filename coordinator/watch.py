@@ -131,17 +131,26 @@ class DeleteWatcher:
         latest = self._latest.get(key)
         return latest is not None and latest > revision
 
-    async def wait_deleted(self, key: bytes, revision: int) -> None:
+    async def wait_deleted(self, key: bytes, revision: int) -> bool:
         """Return once ``key``, seen at ``revision``, may have been deleted.
 
         Returns early (a spurious wake-up) when the watcher cannot tell; the
         caller re-reads etcd either way.
+
+        Returns:
+            True when it returned on the deletion event itself (so at about
+            the time the watch delivered it); False otherwise (the deletion
+            was already known, or the watch could not tell).
         """
         loop = asyncio.get_running_loop()
         fired: asyncio.Future[None] = loop.create_future()
 
+        fired_by_event = False
+
         def on_delete(rev: int | None) -> None:
+            nonlocal fired_by_event
             if (rev is None or rev > revision) and not fired.done():
+                fired_by_event = rev is not None
                 fired.set_result(None)
 
         unsubscribe = self.subscribe(key, on_delete)
@@ -155,10 +164,11 @@ class DeleteWatcher:
                     await asyncio.wait([ready, fired], return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     ready.cancel()
-                return
+                return False
             if known is not False:
-                return
+                return False
             await fired
+            return fired_by_event
         finally:
             unsubscribe()
 

@@ -24,9 +24,11 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from etcd3aio import Etcd3Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1.keys import Keys
 from fencepost.coordinator import serve
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.lock_metrics import REFUSAL_REASONS
@@ -131,9 +133,10 @@ class Workload:
         await wait_for(done, 10, 0.02, f"{n} waiting acquires")
 
 
-async def test_metrics_of_a_known_workload(metered: Coordinator) -> None:
+async def test_metrics_of_a_known_workload(metered: Coordinator, etcd_client: Etcd3Client, prefix: str) -> None:
     """Grants, releases, every refusal, a waited grant, a client deadline, a cancelled call, an aborted
-    KeepAlive stream and an etcd error, each counted exactly, gRPC and fencepost metrics alike."""
+    KeepAlive stream and an etcd error, each counted exactly, gRPC and fencepost metrics alike; holds
+    ended by release, expiry, revoke and key deletion, their hold times and hand-offs, the leases kept."""
     async with grpc.aio.insecure_channel(metered.address) as channel:
         w = Workload(metered, channel)
         a = (await w.call("LeaseGrant", lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
@@ -208,12 +211,41 @@ async def test_metrics_of_a_known_workload(metered: Coordinator) -> None:
         async def watched(n: int) -> bool:
             return (await scrape(metered.metrics_address)).value("fencepost_watched_holds") == n
 
+        async def gauges(**want: float) -> bool:
+            s = await scrape(metered.metrics_address)
+            return all(s.value(f"fencepost_{name}") == value for name, value in want.items())
+
         await wait_for(lambda: watched(1), 10, 0.02, "one watched hold")
+        await wait_for(lambda: gauges(leases=1, holds=1), 10, 0.02, "one lease kept alive, one hold")
         await stream.write(b"\xff\xff")  # wire type 7: protobuf cannot parse it
         assert await stream.code() == grpc.StatusCode.UNKNOWN
         await wait_for(lambda: watched(0), 10, 0.02, "no watched hold once the stream ended")
+        await wait_for(lambda: gauges(leases=0, holds=1), 10, 0.02, "no lease kept once the stream ended")
         await w.call("Release", lock_pb2.ReleaseRequest(name="k", lease_id=a, token=kept.token))
         txns += 2
+
+        # Holds granted here that end without a Release: the lease of one is never kept alive (etcd's
+        # shortest TTL), the lease of another is revoked here, the key of a third is deleted under a live
+        # lease; the next grant of that name is a hand-off from that end.
+        async def ended(reason: str, n: int) -> bool:
+            return (await scrape(metered.metrics_address)).value("fencepost_losses_total", reason=reason) == n
+
+        short = (await w.call("LeaseGrant", lock_pb2.LeaseGrantRequest(ttl_seconds=1))).lease_id
+        assert (await w.call("Acquire", lock_pb2.AcquireRequest(name="x", lease_id=short, wait_ms=0))).acquired
+        assert await gauges(holds=1)
+        await wait_for(lambda: ended("expired", 1), 20, 0.05, "the hold of a lease left to expire ends: expired")
+        assert await gauges(holds=0)
+        r = (await w.call("LeaseGrant", lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
+        assert (await w.call("Acquire", lock_pb2.AcquireRequest(name="r", lease_id=r, wait_ms=0))).acquired
+        await w.call("LeaseRevoke", lock_pb2.LeaseRevokeRequest(lease_id=r))
+        await wait_for(lambda: ended("revoked", 1), 10, 0.02, "the hold of a revoked lease ends: revoked")
+        assert (await w.call("Acquire", lock_pb2.AcquireRequest(name="d", lease_id=a, wait_ms=0))).acquired
+        assert etcd_client.kv is not None
+        await etcd_client.kv.delete(Keys(prefix).contender("d", a), timeout=5)
+        await wait_for(lambda: ended("key_deleted", 1), 10, 0.02, "a hold whose key was deleted ends: key_deleted")
+        then = await w.call("Acquire", lock_pb2.AcquireRequest(name="d", lease_id=b, wait_ms=0))
+        await w.call("Release", lock_pb2.ReleaseRequest(name="d", lease_id=b, token=then.token))
+        txns += 1 + 1 + 1 + 1 + 1
 
         unknown = await w.call("LeaseRevoke", lock_pb2.LeaseRevokeRequest(lease_id=0x7E57_0000_0000_0001))
         assert not unknown.found  # etcd answered NOT_FOUND: an etcd error, not a refusal
@@ -237,18 +269,26 @@ async def test_metrics_of_a_known_workload(metered: Coordinator) -> None:
         assert s.call("grpc_server_msg_received_total", method) == calls, method
         assert s.call("grpc_server_msg_sent_total", method) == want.get("OK", 0), method
         assert s.call("grpc_server_handling_seconds_count", method) == calls, method
-    assert s.handled("Acquire") == {"OK": 9, "DeadlineExceeded": 2, "Canceled": 1, "InvalidArgument": 1}
+    assert s.handled("Acquire") == {"OK": 13, "DeadlineExceeded": 2, "Canceled": 1, "InvalidArgument": 1}
     assert s.handled("KeepAlive", "bidi_stream") == {"Unknown": 1}
     assert [s.call(f"grpc_server_{m}", "KeepAlive", "bidi_stream")
             for m in ("started_total", "msg_received_total", "msg_sent_total")] == [1, 2, 1]
     assert s.value("grpc_server_handled_total", grpc_type="unary", grpc_service=HEALTH, grpc_method="Check",
                    grpc_code="DataLoss") == 0  # every series of every method exists from the start
 
-    # fencepost metrics.
-    assert s.value("fencepost_grants_total") == 8
-    assert s.value("fencepost_acquire_wait_seconds_count") == 8
-    assert s.value("fencepost_acquire_wait_seconds_bucket", le="+Inf") == 8
-    assert s.value("fencepost_releases_total") == 8
+    # fencepost metrics: 12 grants, 9 ended by a Release here, 3 otherwise.
+    assert s.value("fencepost_grants_total", prefix="") == 12
+    assert s.value("fencepost_acquire_wait_seconds_count", prefix="") == 12
+    assert s.value("fencepost_acquire_wait_seconds_bucket", prefix="", le="+Inf") == 12
+    assert s.value("fencepost_releases_total") == 9
+    assert s.by("fencepost_losses_total", "reason") == {"released": 9, "expired": 1, "revoked": 1, "key_deleted": 1}
+    assert s.value("fencepost_hold_seconds_count", prefix="") == 12
+    assert s.value("fencepost_holds") == 0
+    assert s.value("fencepost_leases") == 0
+    # Hand-offs: to the waiter of h (queued); n twice, s, d after its key was deleted (asked once it was free);
+    # never the first grant of a name.
+    assert s.by("fencepost_handoff_seconds_count", "queued") == {"true": 1, "false": 4}
+    assert s.value("fencepost_handoff_seconds_bucket", queued="true", le="1.0") == 1
     assert s.by("fencepost_refusals_total", "reason") == {
         "LOCK_HELD": 1, "ACQUIRE_TIMEOUT": 1, "STALE_TOKEN": 1, "NOT_HOLDER": 1, "INVALID_FIELD": 1}
     assert {r for (name, labels) in s.samples if name == "fencepost_refusals_total"
@@ -257,12 +297,65 @@ async def test_metrics_of_a_known_workload(metered: Coordinator) -> None:
     assert s.value("fencepost_watched_holds") == 0
     assert s.value("fencepost_keepalives_total") == 1
     assert s.value("fencepost_etcd_request_seconds_count", operation="txn") == txns
-    assert s.value("fencepost_etcd_request_seconds_count", operation="lease_grant") == 2
-    assert s.value("fencepost_etcd_request_seconds_count", operation="lease_revoke") == 3
+    assert s.value("fencepost_etcd_request_seconds_count", operation="lease_grant") == 4
+    assert s.value("fencepost_etcd_request_seconds_count", operation="lease_revoke") == 4
+    # Why the expired and key_deleted holds ended: one LeaseTimeToLive each (the revoke was served here);
+    # and the NOT_HOLDER refusal's, which asks whether the lease lives.
+    assert s.value("fencepost_etcd_request_seconds_count", operation="lease_ttl") == 3
     assert s.value("fencepost_etcd_request_seconds_count", operation="keepalive") == 1
     assert s.by("fencepost_etcd_errors_total", "code") == {"NotFound": 1}
     assert s.value("fencepost_etcd_errors_total", operation="lease_revoke", code="NotFound") == 1
     assert s.value("fencepost_watch_restarts_total") == 0
+
+
+async def test_metrics_name_prefixes_label_grants_waits_and_holds(etcd: EmbeddedEtcd, prefix: str) -> None:
+    """With name prefixes, a grant, its wait and its hold are labelled with the longest prefix its name starts
+    with, every other name with ""; every label value exists from the start."""
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0",
+                        metrics_name_prefixes=["orders/", "orders/eu/", "orders/"])
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        s = await scrape(coord.metrics_address)
+        labels = {"": 0.0, "orders/": 0.0, "orders/eu/": 0.0}
+        assert {p: s.value("fencepost_grants_total", prefix=p) for p in labels} == labels
+        async with grpc.aio.insecure_channel(coord.address) as channel:
+            w = Workload(coord, channel)
+            lease = (await w.call("LeaseGrant", lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
+            for name in ("orders/eu/1", "orders/2", "orders/eu/3", "ordersx", "misc"):
+                got = await w.call("Acquire", lock_pb2.AcquireRequest(name=name, lease_id=lease, wait_ms=0))
+                await w.call("Release", lock_pb2.ReleaseRequest(name=name, lease_id=lease, token=got.token))
+            await w.call("LeaseRevoke", lock_pb2.LeaseRevokeRequest(lease_id=lease))
+        s = await scrape(coord.metrics_address)
+        want = {"orders/eu/": 2, "orders/": 1, "": 2}
+        assert s.by("fencepost_grants_total", "prefix") == want
+        assert s.by("fencepost_acquire_wait_seconds_count", "prefix") == want
+        assert s.by("fencepost_hold_seconds_count", "prefix") == want
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+def test_coordinator_refuses_name_prefixes_without_metrics(etcd: EmbeddedEtcd) -> None:
+    """Name prefixes label metrics: without ``metrics_listen`` they are refused, and so is an empty one."""
+    with pytest.raises(ValueError, match="need metrics_listen"):
+        Coordinator([etcd.endpoint], listen="127.0.0.1:0", metrics_name_prefixes=["a/"])
+    with pytest.raises(ValueError, match="non-empty"):
+        Coordinator([etcd.endpoint], listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", metrics_name_prefixes=[""])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--metrics-name-prefix", "orders/"], "--metrics-name-prefix needs --metrics-listen"),
+    (["--metrics-listen", "127.0.0.1:0", "--metrics-name-prefix", ""], "must be a non-empty string"),
+    (["--metrics-listen", "127.0.0.1:0", "--metrics-name-prefix", "a\nb"], "has a control character"),
+    (["--metrics-listen", "127.0.0.1:0", *[f"--metrics-name-prefix=p{i}/" for i in range(101)]], "at most 100"),
+])
+def test_serve_when_metrics_name_prefix_is_bad(args: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad --metrics-name-prefix exits 2 naming the flag, before anything starts."""
+    monkeypatch.delenv("FENCEPOST_METRICS_LISTEN", raising=False)
+    monkeypatch.delenv("FENCEPOST_METRICS_NAME_PREFIXES", raising=False)
+    assert serve.main(["--etcd-endpoints", "127.0.0.1:2379", *args]) == 2
+    err = capsys.readouterr().err
+    assert "--metrics-name-prefix" in err and message in err
 
 
 async def test_metrics_endpoint_format_and_stop(etcd: EmbeddedEtcd, prefix: str) -> None:
@@ -376,7 +469,7 @@ async def test_serve_with_metrics_listen(etcd: EmbeddedEtcd, prefix: str, tmp_pa
         address = (await child.await_line(METRICS_LINE, 10)).group(1)
         s = await scrape(address)
         assert s.call("grpc_server_started_total", "Acquire") == 0
-        assert s.value("fencepost_grants_total") == 0
+        assert s.value("fencepost_grants_total", prefix="") == 0
         assert s.value("process_open_fds") is not None
         child.signal(signal.SIGTERM)
         assert await asyncio.to_thread(child.proc.wait, 30) == 0

@@ -140,9 +140,12 @@ def test_dashboard_has_the_shape_of_a_grafana_dashboard() -> None:
 
 
 def test_dashboard_covers_the_questions_of_issue_10() -> None:
-    """Grants, waits, holds and waiters, refusals, guard rejections, etcd latency and errors each have a panel."""
+    """Grants, waits, holds, hold and hand-off times, leases and waiters, losses, refusals, guard rejections, etcd
+    latency and errors each have a panel."""
     used = set().union(*(metric_names(e) for e in _dashboard_exprs()))
     assert {"fencepost_grants_total", "fencepost_releases_total", "fencepost_acquire_wait_seconds_bucket",
+            "fencepost_holds", "fencepost_hold_seconds_bucket", "fencepost_handoff_seconds_count",
+            "fencepost_handoff_seconds_bucket", "fencepost_leases", "fencepost_losses_total",
             "fencepost_watched_holds", "fencepost_waiting_acquires", "fencepost_refusals_total",
             "fencepost_guard_stale_rejections_total", "fencepost_etcd_request_seconds_bucket",
             "fencepost_etcd_errors_total"} <= used
@@ -190,11 +193,11 @@ def test_alert_rules_are_well_formed() -> None:
 
 
 def test_alert_rules_cover_the_issue() -> None:
-    """Not serving, etcd errors, losses rising, stale writes refused and long waits each have a rule."""
+    """Not serving, etcd errors, lost holds rising, stale writes refused and long waits each have a rule."""
     used = {rule["alert"]: metric_names(rule["expr"]) for rule in _rules()}
     assert "up" in used["FencepostCoordinatorDown"]
     assert "fencepost_etcd_errors_total" in used["FencepostEtcdErrors"]
-    assert "fencepost_refusals_total" in used["FencepostLeaseLossesRising"]
+    assert used["FencepostLeaseLossesRising"] == {"fencepost_losses_total"}
     assert used["FencepostStaleWriteRejected"] == {"fencepost_guard_stale_rejections_total"}
     assert "fencepost_acquire_wait_seconds_bucket" in used["FencepostAcquireWaitHigh"]
 

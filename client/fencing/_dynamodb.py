@@ -70,15 +70,20 @@ class DynamoDBGuard(FencingGuard):
         table: The table name.
         token_attribute: The number attribute that stores the token.
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
+        metrics: A ``prometheus_client.CollectorRegistry`` to count writes in
+            (see FencingGuard); ``storage`` is ``dynamodb``.
 
     Raises:
         InvalidArgument: ``client`` is not a DynamoDB client, ``table`` is not
             a non-empty str, or ``token_attribute`` is not an identifier.
     """
 
+    storage = "dynamodb"
+
     def __init__(self, client: Any, table: str, *, token_attribute: str = TOKEN_FIELD,
-                 on_reject: RejectHook | None = None) -> None:
-        super().__init__(on_reject=on_reject)
+                 on_reject: RejectHook | None = None,
+                 metrics: Any = None) -> None:
+        super().__init__(on_reject=on_reject, metrics=metrics)
         if not all(callable(getattr(client, m, None)) for m in ("put_item", "update_item", "get_item")):
             raise InvalidArgument(f"client must be a boto3 DynamoDB client, got {client!r}", field="client")
         if not isinstance(table, str) or not table.strip():
@@ -184,3 +189,5 @@ class DynamoDBGuard(FencingGuard):
             if old is not None and self.token_attribute in old:
                 current = int(old[self.token_attribute]["N"])
             raise self._reject(dict(key), token, current) from exc
+        else:
+            self._accepted()

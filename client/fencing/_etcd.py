@@ -129,16 +129,21 @@ class EtcdGuard(FencingGuard):
             when etcd has authentication on.
         timeout: Per-call deadline, seconds.
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
+        metrics: A ``prometheus_client.CollectorRegistry`` to count writes in
+            (see FencingGuard); ``storage`` is ``etcd``.
 
     Raises:
         InvalidArgument: ``channel`` is not a ``grpc.aio.Channel``, ``prefix``
             is not a non-empty str, or ``timeout`` is not a finite number > 0.
     """
 
+    storage = "etcd"
+
     def __init__(self, channel: grpc.aio.Channel, *, prefix: str = DEFAULT_PREFIX,
                  metadata: Sequence[tuple[str, str]] | None = None, timeout: float = ETCD_CALL_TIMEOUT,
-                 on_reject: RejectHook | None = None) -> None:
-        super().__init__(on_reject=on_reject)
+                 on_reject: RejectHook | None = None,
+                 metrics: Any = None) -> None:
+        super().__init__(on_reject=on_reject, metrics=metrics)
         if not isinstance(channel, grpc.aio.Channel):
             raise InvalidArgument(f"channel must be a grpc.aio.Channel to etcd, got {channel!r}", field="channel")
         if not isinstance(prefix, str) or not prefix:
@@ -185,11 +190,10 @@ class EtcdGuard(FencingGuard):
         reads = [etcdops.get(holder, keys_only=True), etcdops.get(token_key)]
         first = etcdops.txn_op([held, etcdops.is_absent(token_key)], puts, reads)
         resp = await self._txn(etcdops.txn([held, etcdops.value_below(token_key, _pad(token + 1))], puts, [first]))
-        if resp.succeeded:
+        if resp.succeeded or resp.responses[0].response_txn.succeeded:
+            self._accepted()
             return int(resp.header.revision)
         inner = resp.responses[0].response_txn
-        if inner.succeeded:
-            return int(resp.header.revision)
         holder_kvs = inner.responses[0].response_range.kvs
         token_kvs = inner.responses[1].response_range.kvs
         current = int(token_kvs[0].value) if token_kvs else None

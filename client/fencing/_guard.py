@@ -1,4 +1,4 @@
-"""The base of every fencing guard: token checks, the rejection counter and hook."""
+"""The base of every fencing guard: token checks, the rejection counter and hook, the metrics."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from .._metrics import guard_metrics
 from ..errors import InvalidArgument, StaleTokenError
 from ..v1.details import ErrorReason, reason_name
 from ..v1.keys import MAX_TOKEN
@@ -103,15 +104,34 @@ class FencingGuard:
             to raise, in the writer's thread (or task), after the refused write
             and before the raise. Meant for metrics and logs: an exception it
             raises is logged and does not change the outcome.
+        metrics: A ``prometheus_client.CollectorRegistry`` to count the
+            guard's writes in (``fencepost_guard_writes_total`` and
+            ``fencepost_guard_stale_rejections_total``, labelled
+            ``storage``; guards given the same registry share them); None
+            (the default) records nothing and imports nothing.
+        storage: The ``storage`` label; the class's :attr:`storage` by default.
 
     Attributes:
         rejected: How many writes this guard has refused (thread-safe count).
+        storage: The kind of storage, the ``storage`` label of its metrics.
+
+    Raises:
+        InvalidArgument: ``metrics`` is not a ``CollectorRegistry`` (field ``metrics``).
     """
 
-    def __init__(self, *, on_reject: RejectHook | None = None) -> None:
+    storage = "unknown"
+
+    def __init__(self, *, on_reject: RejectHook | None = None, metrics: Any = None, storage: str | None = None) -> None:
         self.on_reject = on_reject
         self._rejected = 0
         self._count_lock = threading.Lock()
+        if storage is not None:
+            self.storage = storage
+        self._metrics = guard_metrics(metrics, self.storage)
+
+    def _accepted(self) -> None:
+        """Count a write the storage accepted."""
+        self._metrics.accepted()
 
     @property
     def rejected(self) -> int:
@@ -147,6 +167,7 @@ class FencingGuard:
                               reason=reason_name(reason), name=name, lease_id=lease_id)
         with self._count_lock:
             self._rejected += 1
+        self._metrics.rejected()
         if self.on_reject is not None:
             try:
                 self.on_reject(err)

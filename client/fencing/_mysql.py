@@ -124,6 +124,8 @@ class MySqlGuard(SqlGuard):
         commit: Commit after each write, accepted or refused (default: the
             caller commits; in autocommit mode every write is committed).
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
+        metrics: A ``prometheus_client.CollectorRegistry`` to count writes in
+            (see FencingGuard); ``storage`` is ``mysql``.
 
     Raises:
         InvalidArgument: ``conn`` is not a connection, a name is not an
@@ -134,9 +136,9 @@ class MySqlGuard(SqlGuard):
     mysql = True
 
     def __init__(self, conn: Any, table: str, key_column: str, *, token_column: str = TOKEN_FIELD,
-                 commit: bool = False, on_reject: RejectHook | None = None) -> None:
+                 commit: bool = False, on_reject: RejectHook | None = None, metrics: Any = None) -> None:
         super().__init__(conn, table, key_column, token_column=token_column, paramstyle="format",
-                         commit=commit, on_reject=on_reject)
+                         commit=commit, on_reject=on_reject, metrics=metrics)
         # Unknown driver: assume counts may be matched rows (the stricter reading).
         self.found_rows = bool(getattr(conn, "client_flag", CLIENT_FOUND_ROWS) & CLIENT_FOUND_ROWS)
 
@@ -161,15 +163,16 @@ class MySqlGuard(SqlGuard):
         sql = mysql_update_statement(self.table, self.key_column, columns, token_column=self.token_column)
         params = [values[c] for c in columns] + [token, key, token]
         with self._transaction():
-            if self._run(sql, params) == 1:
-                return
-            current, found = self._locked_token(key)
-            if not found:
-                raise MissingRecordError(f"no row of {self.table!r} has {self.key_column} = {key!r}", record=key)
-            if current is not None and current > token:
-                raise self._reject(key, token, current)
-            # The row is ours under FOR UPDATE and its token allows the write: it matches now.
-            self._run(sql, params)
+            if self._run(sql, params) != 1:
+                current, found = self._locked_token(key)
+                if not found:
+                    raise MissingRecordError(f"no row of {self.table!r} has {self.key_column} = {key!r}",
+                                             record=key)
+                if current is not None and current > token:
+                    raise self._reject(key, token, current)
+                # The row is ours under FOR UPDATE and its token allows the write: it matches now.
+                self._run(sql, params)
+        self._accepted()
 
     def upsert(self, key: Any, token: int, values: Mapping[str, Any]) -> None:
         """Insert the row, or update it if ``token`` is not lower than its token.
@@ -194,13 +197,13 @@ class MySqlGuard(SqlGuard):
         params += [token, token]
         with self._transaction():
             count = self._run(sql, params)
-            if count == 2 or (count == 1 and not self.found_rows):
-                return
-            # The statement inserted or row-locked the row: its token now is the writer's
-            # (accepted: inserted, or the same values) or a higher one (refused).
-            current, _ = self._locked_token(key)
-            if current is not None and current > token:
-                raise self._reject(key, token, current)
+            if not (count == 2 or (count == 1 and not self.found_rows)):
+                # The statement inserted or row-locked the row: its token now is the writer's
+                # (accepted: inserted, or the same values) or a higher one (refused).
+                current, _ = self._locked_token(key)
+                if current is not None and current > token:
+                    raise self._reject(key, token, current)
+        self._accepted()
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:

@@ -49,13 +49,18 @@ class RedisGuard(FencingGuard):
     Args:
         client: A ``redis.Redis`` client (thread-safe; shared by writers).
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
+        metrics: A ``prometheus_client.CollectorRegistry`` to count writes in
+            (see FencingGuard); ``storage`` is ``redis``.
 
     Raises:
         InvalidArgument: ``client`` is not a redis-py client.
     """
 
-    def __init__(self, client: Any, *, on_reject: RejectHook | None = None) -> None:
-        super().__init__(on_reject=on_reject)
+    storage = "redis"
+
+    def __init__(self, client: Any, *, on_reject: RejectHook | None = None,
+                 metrics: Any = None) -> None:
+        super().__init__(on_reject=on_reject, metrics=metrics)
         if not all(callable(getattr(client, m, None)) for m in ("register_script", "hmget")):
             raise InvalidArgument(f"client must be a redis-py client (redis.Redis), got {client!r}", field="client")
         self.client = client
@@ -81,6 +86,7 @@ class RedisGuard(FencingGuard):
         _check_data(value, "value")
         accepted, stored = self._script(keys=[key], args=[str(token), value])
         if int(accepted) == 1:
+            self._accepted()
             return
         raise self._reject(key, token, int(stored))
 

@@ -90,6 +90,8 @@ class S3Guard(FencingGuard):
         max_attempts: HEAD + conditional PUT rounds a contended write may
             take (>= 1).
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
+        metrics: A ``prometheus_client.CollectorRegistry`` to count writes in
+            (see FencingGuard); ``storage`` is ``s3``.
 
     Raises:
         InvalidArgument: ``client`` is not an S3 client, ``bucket`` is not a
@@ -97,9 +99,12 @@ class S3Guard(FencingGuard):
             name, or ``max_attempts`` is not an int >= 1.
     """
 
+    storage = "s3"
+
     def __init__(self, client: Any, bucket: str, *, token_metadata: str = TOKEN_METADATA,
-                 max_attempts: int = MAX_ATTEMPTS, on_reject: RejectHook | None = None) -> None:
-        super().__init__(on_reject=on_reject)
+                 max_attempts: int = MAX_ATTEMPTS, on_reject: RejectHook | None = None,
+                 metrics: Any = None) -> None:
+        super().__init__(on_reject=on_reject, metrics=metrics)
         if not all(callable(getattr(client, m, None)) for m in ("put_object", "head_object", "get_object")):
             raise InvalidArgument(f"client must be a boto3 S3 client, got {client!r}", field="client")
         if not isinstance(bucket, str) or not bucket.strip():
@@ -156,7 +161,9 @@ class S3Guard(FencingGuard):
                 raise self._reject(key, token, current)
             condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
             try:
-                return str(self.client.put_object(**kwargs, **condition)["ETag"])
+                written = str(self.client.put_object(**kwargs, **condition)["ETag"])
+                self._accepted()
+                return written
             except self.client.exceptions.ClientError as exc:
                 if _code(exc) not in RETRY_CODES:
                     raise

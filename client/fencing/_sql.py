@@ -62,6 +62,17 @@ def _q(name: str, quote: str = '"') -> str:
     return f"{quote}{name}{quote}"
 
 
+#: The ``storage`` metrics label of a DB-API driver's connections, by the driver's top module.
+STORAGE_OF_DRIVER = {"sqlite3": "sqlite", "psycopg": "postgresql", "psycopg2": "postgresql", "pymysql": "mysql",
+                     "MySQLdb": "mysql", "mysql": "mysql", "mariadb": "mysql"}
+
+
+def storage_of(conn: Any) -> str:
+    """The ``storage`` label of ``conn``'s guard: ``sqlite``, ``postgresql``, ``mysql``, or the driver's module."""
+    module = type(conn).__module__.split(".")[0]
+    return STORAGE_OF_DRIVER.get(module, module.lower())
+
+
 def is_mysql(conn: Any) -> bool:
     """Whether ``conn`` comes from a MySQL/MariaDB driver (PyMySQL, mysqlclient, Connector/Python, mariadb)."""
     return type(conn).__module__.split(".")[0] in MYSQL_DRIVERS
@@ -190,6 +201,9 @@ class SqlGuard(FencingGuard):
             (psycopg); None reads the driver module's ``paramstyle``.
         commit: Commit after each write, accepted or refused (default: the caller commits).
         on_reject: Hook called with each StaleTokenError (see FencingGuard).
+        metrics: A ``prometheus_client.CollectorRegistry`` to count writes in
+            (see FencingGuard); ``storage`` is ``sqlite`` or ``postgresql``
+            (another driver: its module's name).
 
     Raises:
         InvalidArgument: ``conn`` is not a connection, or is a MySQL/MariaDB
@@ -203,8 +217,8 @@ class SqlGuard(FencingGuard):
 
     def __init__(self, conn: Any, table: str, key_column: str, *, token_column: str = TOKEN_FIELD,
                  paramstyle: str | None = None, commit: bool = False,
-                 on_reject: RejectHook | None = None) -> None:
-        super().__init__(on_reject=on_reject)
+                 on_reject: RejectHook | None = None, metrics: Any = None) -> None:
+        super().__init__(on_reject=on_reject, metrics=metrics, storage="mysql" if self.mysql else storage_of(conn))
         if not callable(getattr(conn, "cursor", None)):
             raise InvalidArgument(f"conn must be a DB-API connection (sqlite3, psycopg), got {conn!r}", field="conn")
         if is_mysql(conn) and not self.mysql:
@@ -293,6 +307,8 @@ class SqlGuard(FencingGuard):
             cur.close()
         if accepted and self.commit:
             self.conn.commit()
+        if accepted:
+            self._accepted()
         return accepted
 
     def _end_refused(self) -> None:

@@ -15,8 +15,12 @@ Usage (the ``test`` extra has matplotlib and the etcd binary)::
 The workload: 2 workers on 4 locks for the first third, 8 workers on 2 locks
 for the second, 2 again for the last; each holds for 20 to 200 ms and pauses
 for 0 to 100 ms; every 2 s a try-acquire of a held lock (LOCK_HELD), a
-release with a stale token (STALE_TOKEN) and a release on a revoked lease
-(LEASE_EXPIRED).
+release with a stale token (STALE_TOKEN), a release on a revoked lease
+(LEASE_EXPIRED; the revoke ends a hold: revoked), a hold on a lease never kept
+alive (it expires: expired), and two writes through a SQLite guard, the
+second with the stale token (refused). The coordinator labels the name
+prefixes ``jobs/`` and ``orders/``; the guard reports to a registry of its
+own, scraped with the coordinator's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import random
+import sqlite3
 import sys
 import tempfile
 import time
@@ -35,9 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fencepost.client import AsyncLockClient, LockHeld
+from fencepost.client import AsyncLockClient, LockHeld, StaleTokenError
+from fencepost.client.fencing import SqlGuard
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator
@@ -58,11 +65,19 @@ async def _worker(address: str, names: list[str], stop: asyncio.Event, seed: int
             await asyncio.sleep(rng.uniform(0.0, 0.1))
 
 
-async def _refusals(address: str, stop: asyncio.Event) -> None:
-    """Every 2 s: LOCK_HELD (a try-acquire of a held lock), STALE_TOKEN and LEASE_EXPIRED (raw Release calls)."""
+async def _refusals(address: str, stop: asyncio.Event, guards: CollectorRegistry) -> None:
+    """Every 2 s: LOCK_HELD (a try-acquire of a held lock), STALE_TOKEN and LEASE_EXPIRED (raw Release calls),
+    a hold left to expire, and a stale write refused by a SQLite guard reporting to ``guards``."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE records (id TEXT PRIMARY KEY, v TEXT, fencing_token BIGINT)")
+    guard = SqlGuard(db, "records", "id", metrics=guards)
+    rounds = 0
     async with grpc.aio.insecure_channel(address) as channel, AsyncLockClient(address) as client:
         stub = lock_pb2_grpc.LockServiceStub(channel)
         while not stop.is_set():
+            rounds += 1
+            short = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=1))).lease_id
+            await stub.Acquire(lock_pb2.AcquireRequest(name=f"expiring/{rounds}", lease_id=short))
             held = await client.acquire("refusals/held", ttl=10.0, timeout=5.0)
             async with AsyncLockClient(address) as other:
                 with contextlib.suppress(LockHeld):
@@ -77,13 +92,16 @@ async def _refusals(address: str, stop: asyncio.Event) -> None:
                     await stub.Release(lock_pb2.ReleaseRequest(name="refusals/stale", lease_id=lease, token=token))
                 if token == old:
                     await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease))
+            guard.upsert("record", new, {"v": "new"})
+            with contextlib.suppress(StaleTokenError):
+                guard.upsert("record", old, {"v": "old"})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 2.0)
 
 
-def _scrape(url: str) -> dict[tuple[str, Labels], float]:
+def _scrape(url: str, guards: CollectorRegistry) -> dict[tuple[str, Labels], float]:
     with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 (our own http://127.0.0.1 endpoint)
-        text = resp.read().decode()
+        text = resp.read().decode() + generate_latest(guards).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -91,12 +109,13 @@ def _scrape(url: str) -> dict[tuple[str, Labels], float]:
 async def run(seconds: float, scrape_every: float) -> list[Scrape]:
     """Run the workload for ``seconds`` and return the scrapes."""
     scrapes: list[Scrape] = []
+    guards = CollectorRegistry()
     with tempfile.TemporaryDirectory() as data:
         etcd = EmbeddedEtcd(data)
         etcd.start()
         try:
             coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix="/render/",
-                                metrics_listen="127.0.0.1:0")
+                                metrics_listen="127.0.0.1:0", metrics_name_prefixes=["jobs/", "orders/"])
             await coord.start()
             address, url = f"127.0.0.1:{coord.port}", f"http://{coord.metrics_address}/metrics"
             started = time.monotonic()
@@ -110,7 +129,7 @@ async def run(seconds: float, scrape_every: float) -> list[Scrape]:
 
             refusal_stop = asyncio.Event()
             stops.append(refusal_stop)
-            tasks.append(asyncio.create_task(_refusals(address, refusal_stop)))
+            tasks.append(asyncio.create_task(_refusals(address, refusal_stop, guards)))
             try:
                 start(2, [f"jobs/{i}" for i in range(4)])
                 phase = 0
@@ -121,7 +140,7 @@ async def run(seconds: float, scrape_every: float) -> list[Scrape]:
                     elif phase == 1 and now > 2 * seconds / 3:
                         stops[-1].set()
                         phase = 2
-                    scrapes.append((now, await asyncio.to_thread(_scrape, url)))
+                    scrapes.append((now, await asyncio.to_thread(_scrape, url, guards)))
                     await asyncio.sleep(scrape_every)
                 for stop in stops:
                     stop.set()
@@ -179,11 +198,12 @@ def _quantile(q: float, buckets: dict[float, float]) -> float:
     return lower
 
 
-def _quantiles(scrapes: list[Scrape], name: str, q: float, window: float, by: str | None = None
+def _quantiles(scrapes: list[Scrape], name: str, q: float, window: float, by: str | None = None, **match: str
                ) -> dict[str, list[tuple[float, float]]]:
-    """``histogram_quantile(q, sum by (le[, by]) (rate(name_bucket[window])))``."""
+    """``histogram_quantile(q, sum by (le[, by]) (rate(name_bucket{match}[window])))``."""
     groups = ("le",) + ((by,) if by else ())
-    rates = {key: _rate(points, window) for key, points in _series(scrapes, name + "_bucket", groups).items()}
+    rates = {key: _rate(points, window) for key, points in _series(scrapes, name + "_bucket", groups,
+                                                                     **match).items()}
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     times = sorted({t for points in rates.values() for t, _ in points})
     for group in sorted({key[1:] for key in rates}):
@@ -200,11 +220,16 @@ def panels(scrapes: list[Scrape], window: float) -> list[tuple[str, str, dict[st
     def rate(name: str, by: tuple[str, ...] = (), legend: str = "", **match: str) -> dict[str, list[Any]]:
         return {(legend or " ".join(k)): _rate(p, window) for k, p in _series(scrapes, name, by, **match).items()}
 
+    def increase(name: str, by: tuple[str, ...]) -> dict[str, list[Any]]:
+        return {" ".join(k): [(t, v * window) for t, v in _rate(p, window)] for k, p in _series(scrapes, name, by).items()}
+
     grants = rate("fencepost_grants_total", legend="grants")
-    waited_all = _rate(_series(scrapes, "fencepost_acquire_wait_seconds_count")[()], window)
-    fast = dict(_rate(_series(scrapes, "fencepost_acquire_wait_seconds_bucket", le="0.01")[()], window))
     refusals = {k: v for k, v in rate("fencepost_refusals_total", ("reason",)).items() if any(y for _, y in v)}
-    lost = {k: v for k, v in refusals.items() if k in ("LEASE_EXPIRED", "NOT_HOLDER", "STALE_TOKEN")}
+    lost = {k: v for k, v in rate("fencepost_losses_total", ("reason",)).items() if k != "released"}
+    times = {f"{what} p{round(q * 100)}": points
+             for what, name, match in (("hold", "fencepost_hold_seconds", {}),
+                                       ("hand-off to a waiter", "fencepost_handoff_seconds", {"queued": "true"}))
+             for q in (0.5, 0.99) for points in _quantiles(scrapes, name, q, window, **match).values()}
     etcd_errors = {k: v for k, v in rate("fencepost_etcd_errors_total", ("operation", "code")).items()}
     lock_calls = {k: v for k, v in rate("grpc_server_handled_total", ("grpc_method", "grpc_code"),
                                         grpc_service="fencepost.v1.LockService").items() if any(y for _, y in v)}
@@ -212,16 +237,21 @@ def panels(scrapes: list[Scrape], window: float) -> list[tuple[str, str, dict[st
     return [
         ("Grants, releases and hand-offs", "per second", {
             **grants, **rate("fencepost_releases_total", legend="releases"),
-            "hand-offs (waited > 10 ms)": [(t, max(0.0, v - fast.get(t, 0.0))) for t, v in waited_all]}),
+            **rate("fencepost_handoff_seconds_count", legend="hand-offs", queued="true")}),
         ("Acquire wait percentiles", "seconds", {
             k: v for q in (0.5, 0.9, 0.99) for k, v in _quantiles(scrapes, "fencepost_acquire_wait_seconds", q,
                                                                   window).items()}),
-        ("Holds and waiters", "count", {
-            "holds (watched)": _series(scrapes, "fencepost_watched_holds")[()],
-            "waiting acquires": _series(scrapes, "fencepost_waiting_acquires")[()]}),
+        ("Holds, leases and waiters", "count", {
+            "holds": _series(scrapes, "fencepost_holds")[()],
+            "waiting acquires": _series(scrapes, "fencepost_waiting_acquires")[()],
+            "leases kept alive": _series(scrapes, "fencepost_leases")[()],
+            "holds watched by streams": _series(scrapes, "fencepost_watched_holds")[()]}),
         ("Refusals by reason", "per second", refusals),
-        ("Losses seen by the coordinator", "per second", lost),
-        ("Stale writes refused by guards", "count", {}),
+        ("Lost holds by reason", "per second", lost),
+        ("Stale writes refused by guards", "count", increase("fencepost_guard_stale_rejections_total", ("storage",))),
+        ("Hold and hand-off times", "seconds", times),
+        ("Grants by name prefix", "per second", {(k or '""'): v for k, v in rate("fencepost_grants_total",
+                                                                                   ("prefix",)).items()}),
         ("etcd request latency p99", "seconds", _quantiles(scrapes, "fencepost_etcd_request_seconds", 0.99, window,
                                                            by="operation")),
         ("etcd errors", "per second", {**etcd_errors, **rate("fencepost_watch_restarts_total",
@@ -242,7 +272,7 @@ def draw(scrapes: list[Scrape], window: float, out: Path) -> None:
     titles = [p["title"] for p in json.loads((HERE / "dashboard.json").read_text())["panels"]]
     drawn = panels(scrapes, window)
     assert [title for title, _, _ in drawn] == titles, "render.py's panels drifted from dashboard.json"
-    fig, axes = plt.subplots(5, 2, figsize=(13, 14), sharex=True)
+    fig, axes = plt.subplots(6, 2, figsize=(13, 16.8), sharex=True)
     for ax, (title, unit, lines) in zip(axes.flat, drawn, strict=True):
         ax.set_title(title, fontsize=10, loc="left")
         ax.set_ylabel(unit, fontsize=8)
@@ -252,7 +282,7 @@ def draw(scrapes: list[Scrape], window: float, out: Path) -> None:
             if points:
                 ax.plot([t for t, _ in points], [v for _, v in points], label=legend, linewidth=1.2)
         if not any(lines.values()):
-            ax.text(0.5, 0.5, "no data in this run:\nthe guards' counter is not in this build",
+            ax.text(0.5, 0.5, "no data in this run",
                     ha="center", va="center", transform=ax.transAxes, fontsize=9, color="gray")
         else:
             ax.set_ylim(bottom=0)
