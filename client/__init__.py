@@ -9,6 +9,7 @@ from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
 from ._sync import LockClient, LockHandle
 from ._tls import TlsConfig
 from .errors import (
+    DataLoss,
     FencepostError,
     InvalidArgument,
     LeaseLost,
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_ADDRESS",
     "AsyncLockClient",
     "AsyncLockHandle",
+    "DataLoss",
     "FencepostError",
     "HeldLock",
     "InvalidArgument",

@@ -9,6 +9,7 @@ export { LockClient, type AcquireOptions, type ClientOptions, type HeldLock, typ
 export { LockHandle } from "./handle.js";
 export type { TlsOptions } from "./tls.js";
 export {
+  DataLoss,
   FencepostError,
   InvalidArgument,
   LeaseLost,
