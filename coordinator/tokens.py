@@ -56,9 +56,10 @@ from fencepost.client.errors import DataLoss, FencepostError, Unavailable
 from fencepost.client.v1 import etcdops
 from fencepost.client.v1.details import RETRY_DELAY_BY_REASON, ErrorReason, reason_name
 from fencepost.client.v1.etcd import rpc_pb2
-from fencepost.client.v1.keys import MAX_TOKEN, Keys
+from fencepost.client.v1.keys import MAX_TOKEN, TOKEN_RECORD_SUFFIX, Keys, token_floor
 
 from .errors import etcd_unavailable
+from .events import log_event
 from .etcd import NOT_APPLIED, EtcdClient, Op, TxnPlan
 
 __all__ = ["RECORD_SUFFIX", "Recovery", "TokenFloor", "TokenRecord", "record_key", "recover"]
@@ -66,14 +67,14 @@ __all__ = ["RECORD_SUFFIX", "Recovery", "TokenFloor", "TokenRecord", "record_key
 _log = logging.getLogger("fencepost.coordinator")
 
 #: The token record's key is the lock prefix followed by this (no "/": no lock's key range holds it).
-RECORD_SUFFIX = b".tokens"
+RECORD_SUFFIX = TOKEN_RECORD_SUFFIX
 #: Where the operator procedure is written down (the log line points there).
 PROCEDURE = "docs/deploy.md, 'Restoring etcd from a snapshot'"
 
 
 def record_key(keys: Keys) -> bytes:
     """The token record's key under ``keys.prefix``: ``/fencepost/locks/.tokens`` for the default prefix."""
-    return keys.prefix + RECORD_SUFFIX
+    return keys.token_record
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class TokenRecord:
         """
         try:
             data = json.loads(value)
-            record = cls(int(data["cluster_id"]), int(data["floor"]), int(data.get("high", 0)))
+            record = cls(int(data["cluster_id"]), token_floor(value), int(data.get("high", 0)))
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"not a token record: {value[:100]!r}") from exc
         if record.floor < 0 or record.high < 0 or record.floor > MAX_TOKEN:
@@ -277,8 +278,8 @@ class TokenFloor:
             if self._high > record.high:
                 await self._publish(record, mod_revision)
         elif self._problem is not None and self._detections == detections:
-            _log.info("fencing tokens safe again: token floor %d, every new token > %d; serving", record.floor,
-                      level)
+            log_event(_log, logging.INFO, "tokens_recovered", f"fencing tokens safe again: token floor "
+                      f"{record.floor}, every new token > {level}; serving", floor=record.floor)
             self._problem = None
 
     # ------------------------------------------------------------ internals
@@ -298,11 +299,12 @@ class TokenFloor:
         self._detections += 1
         if self._problem is None:
             self._problem = problem
-            _log.error("fencing tokens would go back: %s. Refusing Acquire, Release, Describe, ListLocks and "
-                       "LeaseGrant (UNAVAILABLE/DATA_LOSS), health NOT_SERVING, until an operator runs "
-                       "'fencepost admin recover-tokens --above T' with T at least the highest token ever "
-                       "handed out (at least %d, the highest this coordinator may have handed out); see %s",
-                       problem, self._high, PROCEDURE)
+            log_event(_log, logging.ERROR, "tokens_went_back",
+                      f"fencing tokens would go back: {problem}. Refusing Acquire, Release, Describe, ListLocks "
+                      f"and LeaseGrant (UNAVAILABLE/DATA_LOSS), health NOT_SERVING, until an operator runs "
+                      f"'fencepost admin recover-tokens --above T' with T at least the highest token ever handed "
+                      f"out (at least {self._high}, the highest this coordinator may have handed out); see "
+                      f"{PROCEDURE}", high=self._high, floor=self.floor)
 
     async def _create(self, cluster_id: int) -> tuple[TokenRecord, int]:
         """Write the record at the first start (create-only); the record and its mod revision."""

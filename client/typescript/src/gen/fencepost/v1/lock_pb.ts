@@ -13,8 +13,10 @@
 // - A *lock* is named by a UTF-8 string. Contenders for one name are granted
 //   the lock first come, first served. One lease may hold many locks.
 // - Every grant carries a *fencing token*: the etcd revision at which the
-//   holder's key was created. Tokens of successive holders of one name
-//   strictly increase, across coordinator restarts and etcd leader changes.
+//   holder's key was created, plus the token floor (0 until an operator
+//   recovers from an etcd restore, see ErrorReason DATA_LOSS). Tokens of
+//   successive holders of one name strictly increase, across coordinator
+//   restarts, etcd leader changes and etcd restores.
 //   A TTL alone is not mutual exclusion: pass the token to the storage and
 //   let it reject writes that carry a token lower than one it has accepted.
 // - A *hold* is one grant of one lock: the triple (name, lease_id, token).
@@ -189,8 +191,9 @@ export type AcquireResponse = Message<"fencepost.v1.AcquireResponse"> & {
   acquired: boolean;
 
   /**
-   * token: the fencing token of this grant (an etcd revision, > 0) when
-   * acquired; valid until Release or the lease's expiry.
+   * token: the fencing token of this grant (> 0; the etcd create revision of
+   * the holder's key plus the token floor) when acquired; valid until
+   * Release or the lease's expiry.
    *
    * @generated from field: int64 token = 2;
    */
@@ -623,7 +626,8 @@ export type DescribeResponse = Message<"fencepost.v1.DescribeResponse"> & {
 
   /**
    * waiters: the first (up to 100) queued contenders, in grant order; their
-   * token fields hold the revision of their place in the queue.
+   * token fields hold the token each will be granted with (the revision of
+   * its place in the queue plus the token floor).
    *
    * @generated from field: repeated fencepost.v1.Holder waiters = 6;
    */
