@@ -10,6 +10,7 @@ from ._info import EtcdInfo, ServerInfo
 from ._sync import LockClient, LockHandle
 from ._tls import TlsConfig
 from .errors import (
+    DataLoss,
     FencepostError,
     InvalidArgument,
     LeaseLost,
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_ADDRESS",
     "AsyncLockClient",
     "AsyncLockHandle",
+    "DataLoss",
     "EtcdInfo",
     "FencepostError",
     "HeldLock",

@@ -24,8 +24,11 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      │                             (.record); also a LookupError
      ├── Unavailable               no coordinator, or etcd without quorum
      │   │                         (.retry_delay)
-     │   └── TlsError              the TLS handshake with a coordinator failed
-     │                             (.address, .cause)
+     │   ├── TlsError              the TLS handshake with a coordinator failed
+     │   │                         (.address, .cause)
+     │   └── DataLoss              etcd's revisions went back (restored from an
+     │                             older snapshot): no token is granted until an
+     │                             operator recovers the tokens
      └── ResourceExhausted         too many waiters, streams or calls; the S3
                                    guard's conditional writes kept losing
 
@@ -55,6 +58,7 @@ __all__ = [
     "MissingRecordError",
     "Unavailable",
     "TlsError",
+    "DataLoss",
     "ResourceExhausted",
     "from_rpc_error",
     "REASON_CLOSED",
@@ -272,6 +276,21 @@ class TlsError(Unavailable):
         self.cause = cause
 
 
+class DataLoss(Unavailable):
+    """etcd's revisions went back, so the coordinator grants no token (reason ``DATA_LOSS``).
+
+    etcd was restored from an older snapshot (or replaced by an older copy
+    of its data, or by another cluster): its revisions, and so new fencing
+    tokens, would restart below tokens already handed out. Every coordinator
+    refuses Acquire, Release, Describe, ListLocks and LeaseGrant, with health
+    NOT_SERVING, until an operator runs ``fencepost admin recover-tokens``
+    (docs/deploy.md, "Restoring etcd from a snapshot"). Retrying helps only
+    after that; ``retry_delay`` is the server's suggestion (5 s).
+    """
+
+    default_reason = ErrorReason.DATA_LOSS
+
+
 class ResourceExhausted(FencepostError):
     """A coordinator limit was hit (too many waiters, streams or calls).
 
@@ -288,6 +307,7 @@ _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
     (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.NOT_HOLDER)): NotHolder,
     (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.STALE_TOKEN)): StaleTokenError,
     (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.LEASE_EXPIRED)): LeaseLost,
+    (grpc.StatusCode.UNAVAILABLE, reason_name(ErrorReason.DATA_LOSS)): DataLoss,
     (grpc.StatusCode.UNAVAILABLE, None): Unavailable,
     (grpc.StatusCode.RESOURCE_EXHAUSTED, None): ResourceExhausted,
 }
@@ -357,8 +377,8 @@ def from_rpc_error(
         exc = StaleTokenError(message, **tokens, **common)
     elif cls is NotHolder:
         exc = NotHolder(message, **tokens, **common)
-    elif cls is Unavailable:
-        exc = Unavailable(message, retry_delay=status.retry_delay, **common)
+    elif cls is Unavailable or cls is DataLoss:
+        exc = cls(message, retry_delay=status.retry_delay, **common)
     else:
         exc = cls(message, **common)
     exc.reason = reason  # exactly what the server said: None when the call never reached a coordinator

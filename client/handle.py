@@ -92,7 +92,7 @@ class AsyncLockHandle:
 
     @property
     def token(self) -> int:
-        """The fencing token of this grant (an etcd revision, > 0)."""
+        """The fencing token of this grant (> 0: its key's create revision + the token floor)."""
         return self._token
 
     @property

@@ -37,6 +37,7 @@ from fencepost.client.v1.keys import MAX_NAME_BYTES, Hold, Keys, prefix_end
 from .etcd import EtcdClient
 from .etcd.policy import Failure, classify
 from .lock import Holder
+from .tokens import TokenFloor
 
 __all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "GrantTimes", "ListedLock", "LockPage", "list_locks"]
 
@@ -180,7 +181,7 @@ def decode_page_token(token: str, first: bytes, end: bytes) -> tuple[int, bytes]
 
 
 async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, page_token: str,
-                     grants: GrantTimes) -> LockPage:
+                     grants: GrantTimes, tokens: TokenFloor | None = None) -> LockPage:
     """Read one page of the held locks whose names start with ``prefix``.
 
     Args:
@@ -190,6 +191,8 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
         page_size: most locks in the page, 0 for :data:`DEFAULT_PAGE_SIZE`.
         page_token: "" for the first page, else the previous page's ``next_page_token``.
         grants: this coordinator's grant times (``held_seconds``).
+        tokens: turns the holders' create revisions into fencing tokens, and
+            refuses while tokens would go back; None for a floor of 0.
 
     Returns:
         The page, read at the listing's revision; TTLs as etcd reports them now.
@@ -197,6 +200,7 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
     Raises:
         InvalidArgument: bad prefix, page_size or page_token (also when the
             token's revision was compacted: start the listing again).
+        DataLoss: tokens would go back (etcd restored from an older snapshot).
         Unavailable: etcd unreachable.
     """
     limit = page_size_of(page_size)
@@ -231,13 +235,19 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
         if next_start or not resp.more:
             break
         start = bytes(resp.kvs[-1].key) + b"\0"
-    listed = [_listed(name, contenders, grants) for name, contenders in locks]
+    to_token: Callable[[int], int] = int
+    if tokens is not None:
+        tokens.check_serving()
+        to_token = tokens.reported
+    listed = [_listed(name, contenders, grants, to_token) for name, contenders in locks]
     listed = await _with_ttls(etcd, listed)
     return LockPage(listed, encode_page_token(revision, next_start) if next_start else "", revision)
 
 
-def _listed(name: str, contenders: list[tuple[int, int]], grants: GrantTimes) -> ListedLock:
-    token, lease_id = min(contenders)
+def _listed(name: str, contenders: list[tuple[int, int]], grants: GrantTimes,
+            to_token: Callable[[int], int]) -> ListedLock:
+    revision, lease_id = min(contenders)
+    token = to_token(revision)
     return ListedLock(name, Holder(lease_id, token), len(contenders) - 1,
                       held_seconds=grants.held_seconds(Hold(name, lease_id, token)))
 

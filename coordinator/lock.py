@@ -4,9 +4,12 @@ After etcd's ``concurrency.Mutex`` (client/v3/concurrency/mutex.go): a lock
 named N is a key range; each contender puts one key attached to its lease;
 the holder is the key with the lowest create revision; a waiter waits for the
 deletion of the key just before its own (first come, first served, no
-thundering herd). The fencing token is the holder key's create revision:
-etcd revisions are cluster-wide and only grow, so each new holder of N gets
-a strictly larger token (Kleppmann 2016; Chubby's sequencers, Burrows 2006).
+thundering herd). The fencing token is the holder key's create revision
+plus the token floor (:mod:`.tokens`; 0 until an operator recovers from an
+etcd restore): etcd revisions are cluster-wide and only grow, so each new
+holder of N gets a strictly larger token (Kleppmann 2016; Chubby's
+sequencers, Burrows 2006). Inside this module revisions are revisions; they
+become tokens (and tokens revisions) only through the :class:`~.tokens.TokenFloor`.
 
 Costs with a lease granted beforehand: an uncontended acquire is one etcd
 Txn, a release one Txn. Every "is this still the holder" decision is made by
@@ -22,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fencepost.client.errors import (
@@ -41,6 +44,7 @@ from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
 from .lock_metrics import NO_METRICS, LockMetrics
+from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_name, validate_token
 from .watch import DeleteWatcher
 
@@ -62,7 +66,7 @@ REATTACH_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class Holder:
-    """A contender: its lease and the create revision of its key (the token when it holds)."""
+    """A contender: its lease and the fencing token of its key (the token it holds, or will hold, under)."""
 
     lease_id: int
     token: int
@@ -95,7 +99,8 @@ class Description:
     revision: int = 0
 
 
-def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_alive: bool) -> FencepostError:
+def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_alive: bool, *,
+                    floor: int = 0) -> FencepostError:
     """The error of a release whose ``is_owner`` compare failed.
 
     Args:
@@ -104,21 +109,22 @@ def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_a
             branch (a KeyValue), None when it has none.
         holder: The lock's holder read in the same failure branch, None when free.
         lease_alive: Whether the lease still exists (only consulted when ``mine`` is None).
+        floor: The token floor (the token of ``mine`` is its create revision + ``floor``).
 
     Returns:
         StaleTokenError (the lease's key is newer: ``current_token`` is its
-        create revision), LeaseLost (no key and no lease), or NotHolder
+        token), LeaseLost (no key and no lease), or NotHolder
         (``current_token`` is the holder's token when the lock is held).
     """
     name, lease_id, token = hold
     current = holder.token if holder is not None else None
     if mine is not None:
-        created = int(mine.create_revision)
+        created = int(mine.create_revision) + floor
         if created > token:
             return StaleTokenError(f"token {token} of {name!r} is stale: the lease holds it under {created}",
                                    name=name, lease_id=lease_id, token=token, current_token=created)
         return NotHolder(f"token {token} was not granted to lease {lease_id:#x} for {name!r} (its key there "
-                         f"has revision {created})", name=name, lease_id=lease_id, token=token, current_token=current)
+                         f"has token {created})", name=name, lease_id=lease_id, token=token, current_token=current)
     if not lease_alive:
         return LeaseLost(f"lease {lease_id:#x} has expired or was revoked", name=name, lease_id=lease_id)
     return NotHolder(f"lease {lease_id:#x} does not hold {name!r}", name=name, lease_id=lease_id, token=token,
@@ -136,11 +142,15 @@ class LockManager:
         metrics: follows the number of those (``fencepost_waiting_acquires``).
         reattach_seconds: how long the key of a waiting Acquire that ended without
             an answer (cancelled) is kept for the caller to Acquire again in its place.
+        tokens: turns revisions into fencing tokens and refuses while tokens would
+            go back; None for a floor of 0 that never refuses.
     """
 
     def __init__(self, etcd: EtcdClient, keys: Keys, watcher: DeleteWatcher, *, max_waiters: int = 10_000,
-                 metrics: LockMetrics = NO_METRICS, reattach_seconds: float = REATTACH_SECONDS) -> None:
+                 metrics: LockMetrics = NO_METRICS, reattach_seconds: float = REATTACH_SECONDS,
+                 tokens: TokenFloor | None = None) -> None:
         self._etcd = etcd
+        self._tokens = tokens if tokens is not None else TokenFloor(None, keys)
         self._metrics = metrics
         self._keys = keys
         self._watcher = watcher
@@ -154,6 +164,11 @@ class LockManager:
     def waiting(self) -> int:
         """The Acquire calls with a wait in progress on this coordinator."""
         return self._waiting
+
+    @property
+    def tokens(self) -> TokenFloor:
+        """The token floor: every token this module hands out or checks goes through it."""
+        return self._tokens
 
     @property
     def etcd(self) -> EtcdClient:
@@ -180,22 +195,38 @@ class LockManager:
             LockTimeout: not granted within ``wait`` seconds (the waiter key is deleted).
             LeaseLost: the lease is gone, or the waiter key was deleted while waiting.
             ResourceExhausted: this coordinator's queue limit (TOO_MANY_WAITERS).
+            DataLoss: tokens would go back (etcd restored from an older snapshot);
+                a key written for this call is withdrawn.
             Unavailable: etcd unreachable.
         """
         validate_name(name)
         validate_lease_id(lease_id)
         if wait == 0:
-            return await self._try_once(name, lease_id)
+            return await self._issued(name, lease_id, await self._try_once(name, lease_id))
         if self._waiting >= self._max_waiters:
             raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
                                     reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
         self._waiting += 1
         self._metrics.waiting_acquires(+1)
         try:
-            return await self._acquire_waiting(name, lease_id, wait)
+            result = await self._acquire_waiting(name, lease_id, wait)
         finally:
             self._waiting -= 1
             self._metrics.waiting_acquires(-1)
+        return await self._issued(name, lease_id, result)
+
+    async def _issued(self, name: str, lease_id: int, result: AcquireResult) -> AcquireResult:
+        """``result`` (create revisions) with fencing tokens; a grant refused by the token floor is withdrawn."""
+        try:
+            if result.acquired:
+                return replace(result, token=self._tokens.token(result.token))
+            holder = result.holder
+            return AcquireResult(False, holder=None if holder is None else Holder(
+                holder.lease_id, self._tokens.token(holder.token)))
+        except FencepostError:
+            if result.acquired:  # granted in etcd, but its token would not be safe: leave no hold behind
+                await self._withdraw(self._keys.contender(name, lease_id), result.token)
+            raise
 
     async def _try_once(self, name: str, lease_id: int) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
@@ -207,7 +238,7 @@ class LockManager:
             owner = owners.kvs[0]
             if bytes(owner.key) == key:
                 return AcquireResult(True, token=int(owner.create_revision))
-            return AcquireResult(False, holder=self._holder(owner))
+            return AcquireResult(False, holder=self._contender(owner))
 
         def decide(resp: Any) -> AcquireResult:
             if resp.succeeded:
@@ -435,6 +466,10 @@ class LockManager:
         validate_name(name)
         validate_lease_id(lease_id)
         validate_token(token)
+        # A token at or below the floor names no key (every key's token is above it): compare with a
+        # create revision no key has (0 would match an absent key).
+        created = self._tokens.revision(token)
+        created = created if created > 0 else -1
         hold = Hold(name, lease_id, token)
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
@@ -452,25 +487,27 @@ class LockManager:
             return int(resp.header.revision), None, None
 
         revision, mine, holder = await self._etcd.txn(TxnPlan(
-            etcdops.txn([etcdops.is_owner(key, token)], [etcdops.delete(key)],
+            etcdops.txn([etcdops.is_owner(key, created)], [etcdops.delete(key)],
                         [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]),
             decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id))
         if revision:
             return revision
         alive = True if mine is not None else await self.lease_alive(lease_id)
-        raise release_refusal(hold, mine, holder, alive)
+        raise release_refusal(hold, mine, holder, alive, floor=self._tokens.floor)
 
     async def describe(self, name: str) -> Description:
         """Report the holder, token, waiters and TTL left of lock ``name``.
 
         Raises:
             InvalidArgument: bad name.
+            DataLoss: tokens would go back (etcd restored from an older snapshot).
             Unavailable: etcd unreachable.
         """
         validate_name(name)
         lock = self._keys.lock_prefix(name)
         count = etcdops.RequestOp(request_range=etcdops.count(lock))
         resp = await self._etcd.read([etcdops.holder_of(lock, limit=DESCRIBE_WAITERS + 1), count], name=name)
+        self._tokens.check_serving()
         listed, counted = (r.response_range for r in resp.responses)
         contenders = [self._holder(kv) for kv in listed.kvs]
         if not contenders:
@@ -490,7 +527,7 @@ class LockManager:
         key = self._keys.contender(hold.name, hold.lease_id)
         resp = await self._etcd.range(etcdops.get(key, keys_only=True).request_range, name=hold.name,
                                       lease_id=hold.lease_id)
-        return bool(resp.kvs) and int(resp.kvs[0].create_revision) == hold.token
+        return bool(resp.kvs) and int(resp.kvs[0].create_revision) == self._tokens.revision(hold.token)
 
     async def lease_alive(self, lease_id: int) -> bool:
         """Whether lease ``lease_id`` still exists (one LeaseTimeToLive).
@@ -502,9 +539,15 @@ class LockManager:
         return ttl > 0
 
 
-    def _holder(self, kv: Any) -> Holder:
+    def _contender(self, kv: Any) -> Holder:
+        """The contender of key ``kv`` with its create revision (not yet a token)."""
         parsed = self._keys.parse(bytes(kv.key))
         return Holder(parsed[1] if parsed else 0, int(kv.create_revision))
+
+    def _holder(self, kv: Any) -> Holder:
+        """The contender of key ``kv`` with its fencing token, to report."""
+        contender = self._contender(kv)
+        return Holder(contender.lease_id, self._tokens.reported(contender.token))
 
 
 async def _finish_even_if_cancelled(step: Awaitable[T]) -> T:

@@ -34,7 +34,7 @@ from .lock_metrics import check_name_prefixes
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
 
-__all__ = ["PASSWORD_ENV", "build_parser", "default_data_dir", "main"]
+__all__ = ["PASSWORD_ENV", "BadFlag", "add_etcd_arguments", "build_parser", "default_data_dir", "etcd_settings", "main"]
 
 
 def _env(flag: str, default: str | None) -> str | None:
@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                     f"never from a flag. With --tls-cert and "
                     f"--tls-key the port serves TLS (mTLS with --client-ca); SIGHUP re-reads those files "
                     f"(changed files are also taken up at the next handshake) without dropping established "
-                    f"connections. Bad flags exit 2 before anything starts.",
+                    f"connections. If etcd's revisions go back (etcd restored from an older snapshot), the "
+                    f"coordinator refuses to grant (UNAVAILABLE/DATA_LOSS, health NOT_SERVING) rather than hand "
+                    f"out a smaller fencing token, until `fencepost admin recover-tokens` (docs/deploy.md). "
+                    f"Bad flags exit 2 before anything starts.",
     )
     parser.add_argument("--listen", default=_env("listen", DEFAULT_LISTEN), metavar="HOST:PORT",
                         help=f"HOST:PORT to serve on (port 0 picks one), or a Unix socket unix:/ABSOLUTE/PATH; a "
@@ -86,25 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also serve grpc.health.v1, and nothing else, in plaintext on HOST:PORT (or "
                              "unix:/ABSOLUTE/PATH): for probes without a client certificate, such as the kubelet's "
                              "gRPC probe (env FENCEPOST_HEALTH_LISTEN; default: none)")
-    parser.add_argument("--etcd-endpoints", default=_env("etcd-endpoints", None),
-                        help="comma-separated etcd endpoints, HOST:PORT each (a host name or an address; "
-                             "https:// for TLS); omit for the embedded etcd (env FENCEPOST_ETCD_ENDPOINTS)")
-    parser.add_argument("--etcd-ca", default=_env("etcd-ca", None), metavar="PATH",
-                        help="PEM file of the CA that signed etcd's server certificate: TLS to etcd "
-                             "(env FENCEPOST_ETCD_CA)")
-    parser.add_argument("--etcd-cacert", default=_env("etcd-cacert", None), metavar="PATH",
-                        help="the old name of --etcd-ca (env FENCEPOST_ETCD_CACERT)")
-    parser.add_argument("--etcd-cert", default=_env("etcd-cert", None), metavar="PATH",
-                        help="PEM file of the coordinator's client certificate, for etcd's --client-cert-auth "
-                             "(env FENCEPOST_ETCD_CERT; needs --etcd-key)")
-    parser.add_argument("--etcd-key", default=_env("etcd-key", None), metavar="PATH",
-                        help="PEM file of the client certificate's private key (env FENCEPOST_ETCD_KEY)")
-    parser.add_argument("--etcd-user", default=_env("etcd-user", None),
-                        help=f"etcd user to authenticate as, its password in env {PASSWORD_ENV} or in "
-                             "--etcd-password-file (env FENCEPOST_ETCD_USER)")
-    parser.add_argument("--etcd-password-file", default=_env("etcd-password-file", None), metavar="PATH",
-                        help=f"file holding the password of --etcd-user, one line (its newline is dropped), "
-                             f"instead of env {PASSWORD_ENV} (env FENCEPOST_ETCD_PASSWORD_FILE)")
+    add_etcd_arguments(parser)
     parser.add_argument("--data-dir", default=_env("data-dir", None),
                         help="embedded etcd data directory (env FENCEPOST_DATA_DIR; default: a per-user data directory)")
     parser.add_argument("--prefix", default=_env("prefix", DEFAULT_PREFIX),
@@ -128,8 +113,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that reach etcd (endpoints, TLS, user and password file), shared with ``fencepost admin``."""
+    parser.add_argument("--etcd-endpoints", default=_env("etcd-endpoints", None),
+                        help="comma-separated etcd endpoints, HOST:PORT each (a host name or an address; "
+                             "https:// for TLS); omit for the embedded etcd (env FENCEPOST_ETCD_ENDPOINTS)")
+    parser.add_argument("--etcd-ca", default=_env("etcd-ca", None), metavar="PATH",
+                        help="PEM file of the CA that signed etcd's server certificate: TLS to etcd "
+                             "(env FENCEPOST_ETCD_CA)")
+    parser.add_argument("--etcd-cacert", default=_env("etcd-cacert", None), metavar="PATH",
+                        help="the old name of --etcd-ca (env FENCEPOST_ETCD_CACERT)")
+    parser.add_argument("--etcd-cert", default=_env("etcd-cert", None), metavar="PATH",
+                        help="PEM file of the coordinator's client certificate, for etcd's --client-cert-auth "
+                             "(env FENCEPOST_ETCD_CERT; needs --etcd-key)")
+    parser.add_argument("--etcd-key", default=_env("etcd-key", None), metavar="PATH",
+                        help="PEM file of the client certificate's private key (env FENCEPOST_ETCD_KEY)")
+    parser.add_argument("--etcd-user", default=_env("etcd-user", None),
+                        help=f"etcd user to authenticate as, its password in env {PASSWORD_ENV} or in "
+                             "--etcd-password-file (env FENCEPOST_ETCD_USER)")
+    parser.add_argument("--etcd-password-file", default=_env("etcd-password-file", None), metavar="PATH",
+                        help=f"file holding the password of --etcd-user, one line (its newline is dropped), "
+                             f"instead of env {PASSWORD_ENV} (env FENCEPOST_ETCD_PASSWORD_FILE)")
+
+
 class _BadFlag(Exception):
     """A flag or environment value that ``fencepost serve`` refuses (exit 2)."""
+
+
+#: The public name of the bad-flag error (``fencepost admin`` checks the same etcd flags).
+BadFlag = _BadFlag
 
 
 @dataclass(frozen=True)
@@ -291,6 +303,19 @@ def _settings(args: argparse.Namespace) -> _Settings:
     if args.log_format not in LOG_FORMATS:
         raise _BadFlag(f"--log-format is {args.log_format!r}; must be text, json or auto")
     server_tls = _server_tls(args)
+    endpoints, tls, auth = etcd_settings(args)
+    return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen)
+
+
+def etcd_settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None]:
+    """Check the flags of :func:`add_etcd_arguments`.
+
+    Returns:
+        (endpoints, None for the embedded etcd; TLS to etcd or None; etcd user and password or None).
+
+    Raises:
+        _BadFlag: with the one-line message to print.
+    """
     ca_flag, ca = _etcd_ca(args)
     endpoints = None
     if args.etcd_endpoints is not None:  # given, even empty: only an unset flag and env mean "embedded"
@@ -330,7 +355,7 @@ def _settings(args: argparse.Namespace) -> _Settings:
         auth = EtcdAuth(args.etcd_user, password)
     elif password is not None and endpoints is not None:
         raise _BadFlag(f"{said} but no --etcd-user names its user")
-    return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen)
+    return endpoints, tls, auth
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,7 @@ from .lock_metrics import NO_METRICS
 from .metrics_server import MetricsEndpoint
 from .service import LockService
 from .tls import ServerCertificates, ServerTls
+from .tokens import TokenFloor
 from .watch import DeleteWatcher
 
 _log = logging.getLogger("fencepost.coordinator")
@@ -158,6 +159,7 @@ class Coordinator:
         self._service: LockService | None = None
         self._watcher: DeleteWatcher | None = None
         self._locks: LockManager | None = None
+        self._tokens: TokenFloor | None = None
         self._claims: list[UnixSocketClaim] = []
         #: The bound TCP port after ``start()``; 0 for a Unix socket.
         self.port = 0
@@ -234,7 +236,10 @@ class Coordinator:
             raise RuntimeError(exc.message) from exc
         self._watcher = DeleteWatcher(self._etcd, self._keys, metrics=counted)
         leases = Leases(self._etcd)
-        locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted)
+        # Every Range and Txn answer's header goes past the token floor: it refuses if etcd's revisions go back.
+        self._tokens = self._etcd.headers = TokenFloor(self._etcd, self._keys)
+        locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted,
+                                          tokens=self._tokens)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about)
         server = grpc.aio.server(options=self._server_options,
                                  interceptors=[self._metrics.grpc] if self._metrics is not None else None)
@@ -339,9 +344,34 @@ class Coordinator:
         await self._health.set("", status)
         await self._health.set(SERVICE_NAME, status)
 
+    @property
+    def tokens(self) -> TokenFloor | None:
+        """The token floor (after ``start()``): why tokens would go back (``refusing``), the floor in use."""
+        return self._tokens
+
+    async def _check_etcd(self) -> bool:
+        """Whether etcd answers the token record's linearizable read (the floor is checked on the way)."""
+        assert self._tokens is not None
+        try:
+            await self._tokens.check()
+        except FencepostError as exc:
+            logging.getLogger(__name__).debug("etcd health read failed: %s", exc)
+            return False
+        return True
+
+    def _serving_word(self) -> str:
+        if self._tokens is not None and self._tokens.refusing is not None:
+            return "NOT_SERVING (fencing tokens would go back: see the ERROR line)"
+        return "SERVING"
+
     async def _monitor_etcd(self) -> None:
-        """Keep health SERVING while etcd answers a linearizable read, NOT_SERVING otherwise."""
-        assert self._etcd is not None
+        """Keep health SERVING while etcd answers a linearizable read and tokens are safe, NOT_SERVING otherwise.
+
+        The read is the token record's (:meth:`~.tokens.TokenFloor.check`): when
+        etcd's revisions went back (restored from an older snapshot) health
+        stays NOT_SERVING until an operator recovers the tokens.
+        """
+        assert self._etcd is not None and self._tokens is not None
         serving: bool | None = None
         said: tuple[bool, str | None] | None = None
         ever_ok = False
@@ -349,10 +379,10 @@ class Coordinator:
         while True:
             # Two tries of 1 s (the HEALTH rule): the second goes to the next
             # member, so one frozen member of a healthy cluster is not an outage.
-            ok = await self._etcd.healthy(self._keys.prefix)
-            if ok != serving:
-                serving = ok
-                await self._set_health(ok)
+            ok = await self._check_etcd()
+            if (ok and self._tokens.refusing is None) != serving:
+                serving = ok and self._tokens.refusing is None
+                await self._set_health(serving)
             # Logged once per change, also when an unreachable etcd comes back
             # refusing the coordinator (health stays NOT_SERVING meanwhile).
             state = (ok, None if ok else self._etcd.refusal)
@@ -361,9 +391,9 @@ class Coordinator:
                 said = state
                 if ok and not ever_ok:
                     ever_ok = True
-                    log_event(_log, logging.INFO, "etcd_connected", "etcd reachable: SERVING")
+                    log_event(_log, logging.INFO, "etcd_connected", f"etcd reachable: {self._serving_word()}")
                 elif ok:
-                    log_event(_log, logging.INFO, "etcd_reconnected", "etcd reachable: SERVING",
+                    log_event(_log, logging.INFO, "etcd_reconnected", f"etcd reachable: {self._serving_word()}",
                               down_s=round(time.monotonic() - lost_at, 3))
                 else:
                     if answered_before:

@@ -3,6 +3,11 @@
 Each RPC makes one call into ``lock.LockManager`` or ``lease.Leases``;
 errors leave through one decorator that turns a ``FencepostError`` into its
 gRPC status with an ``ErrorInfo`` detail (see ``errors``).
+
+While fencing tokens would go back (etcd restored from an older snapshot,
+see ``tokens``), the calls that grant, check or report a token, and
+LeaseGrant, are refused with UNAVAILABLE / DATA_LOSS; KeepAlive streams,
+LeaseRevoke and Withdraw only keep or remove state and are still served.
 """
 
 from __future__ import annotations
@@ -134,6 +139,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def LeaseGrant(self, request: lock_pb2.LeaseGrantRequest, context: grpc.aio.ServicerContext
                          ) -> lock_pb2.LeaseGrantResponse:
+        self._locks.tokens.check_serving()  # a lease carries no token: refused only once tokens are known unsafe
         lease_id, ttl = await self._leases.grant_or_revoke(request.ttl_seconds)
         log_event(_log, logging.DEBUG, "lease_granted", f"lease {lease_id:#x} granted, TTL {ttl} s",
                   lease_id=lease_id, ttl_s=ttl, **caller(context))
@@ -159,6 +165,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                       ) -> lock_pb2.AcquireResponse:
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
+        await self._locks.tokens.ready()
         # A bounded wait bounds the etcd calls too: with etcd down, the caller hears why at its timeout.
         with bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS):
             result = await self._locks.acquire(request.name, request.lease_id, wait)
@@ -181,6 +188,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.ReleaseResponse:
+        await self._locks.tokens.ready()
         hold = Hold(request.name, request.lease_id, request.token)
         self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
         followed = self._holds.releasing(request.name, request.lease_id)
@@ -217,6 +225,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Describe(self, request: lock_pb2.DescribeRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.DescribeResponse:
+        await self._locks.tokens.ready()
         d = await self._locks.describe(request.name)
         return lock_pb2.DescribeResponse(
             held=d.holder is not None, holder=_holder(d.holder), ttl_remaining_seconds=d.ttl_remaining_seconds,
@@ -227,8 +236,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def ListLocks(self, request: lock_pb2.ListLocksRequest, context: grpc.aio.ServicerContext
                         ) -> lock_pb2.ListLocksResponse:
+        await self._locks.tokens.ready()
         page = await list_locks(self._locks.etcd, self._keys, request.prefix, request.page_size, request.page_token,
-                                self._holds.grant_times)
+                                self._holds.grant_times, self._locks.tokens)
         return lock_pb2.ListLocksResponse(
             locks=[lock_pb2.LockInfo(name=lock.name, holder=_holder(lock.holder),
                                      ttl_remaining_seconds=lock.ttl_remaining_seconds, ttl_seconds=lock.ttl_seconds,

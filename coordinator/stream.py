@@ -249,17 +249,18 @@ class KeepAliveStream:
         if hold in self._holds:
             return
         key = self._keys_for(name, lease_id)
+        created = self._locks.tokens.revision(token)  # the create revision of the hold's key
 
         def on_delete(revision: int | None) -> None:
             if revision is None:
                 self._spawn(self._recheck(hold))
-            elif revision > token:
+            elif revision > created:
                 self._ended(hold, ErrorReason.NOT_HOLDER)
 
         self._holds[hold] = self._watcher.subscribe(key, on_delete)
         self.hold_count += 1
         self._metrics.watched_holds(+1)
-        known = self._watcher.deleted_after(key, token)
+        known = self._watcher.deleted_after(key, created)
         if known:
             self._ended(hold, ErrorReason.NOT_HOLDER)
         elif known is None:

@@ -35,6 +35,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.tokens import RECORD_SUFFIX
 
 REPO = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"fencepost: listening on (\S+):(\d+)")
@@ -75,9 +76,10 @@ async def _orphans(endpoint: str) -> list[str]:
         assert client.lease is not None and client.kv is not None
         key = b"/fencepost-test/"
         resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
-        # Guard records (beside a test's lock prefix, in "<prefix>.records/") are data, not lock keys.
+        # Guard records (beside a test's lock prefix, in "<prefix>.records/") are data, not lock keys;
+        # so is the coordinators' token record ("<prefix>.tokens", see coordinator/tokens.py).
         problems = [f"lock key {kv.key!r} is attached to no lease" for kv in resp.kvs
-                    if not kv.lease and b".records/" not in kv.key]
+                    if not kv.lease and b".records/" not in kv.key and not kv.key.endswith(RECORD_SUFFIX)]
         leases = [lease.ID for lease in (await client.lease.leases(timeout=5)).leases]
         first = {lid: (await client.lease.time_to_live(lid, timeout=5)).TTL for lid in leases}
         await asyncio.sleep(RENEWAL_PROBE_SECONDS)  # a measurement of renewals, not a synchronisation
@@ -108,19 +110,16 @@ async def etcd_client(etcd: EmbeddedEtcd) -> AsyncIterator[Etcd3Client]:
 
 
 async def count_keys(client: Etcd3Client, prefix: str) -> int:
-    """Count the keys under ``prefix`` in etcd."""
-    assert client.kv is not None
-    key = prefix.encode()
-    resp = await client.kv.get(key, prefix_range_end(key), count_only=True, timeout=5)
-    return int(resp.count)
+    """Count the lock keys under ``prefix`` in etcd (the coordinators' token record is not one)."""
+    return len(await list_keys(client, prefix))
 
 
 async def list_keys(client: Etcd3Client, prefix: str) -> list[bytes]:
-    """List the keys under ``prefix`` in etcd."""
+    """List the lock keys under ``prefix`` in etcd (without the token record ``<prefix>.tokens``)."""
     assert client.kv is not None
     key = prefix.encode()
     resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
-    return [kv.key for kv in resp.kvs]
+    return [kv.key for kv in resp.kvs if not kv.key.endswith(RECORD_SUFFIX)]
 
 
 async def lease_ids(client: Etcd3Client) -> set[int]:

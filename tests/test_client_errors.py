@@ -34,6 +34,7 @@ CLASS_BY_REASON: dict[int, type[fc.FencepostError]] = {
     ErrorReason.TOO_MANY_WAITERS: fc.ResourceExhausted,
     ErrorReason.SHUTTING_DOWN: fc.Unavailable,
     ErrorReason.TOO_MANY_STREAMS: fc.ResourceExhausted,
+    ErrorReason.DATA_LOSS: fc.DataLoss,
 }
 
 

@@ -18,6 +18,9 @@
   environment.
 - ``fencepost demo`` (:mod:`.demo`): the paused-holder scenario, unfenced
   then fenced; imports the coordinator only when it starts its own.
+- ``fencepost admin recover-tokens --above T [etcd flags]`` (:mod:`.admin`):
+  after etcd was restored from an older snapshot, make every new fencing
+  token greater than T; imports ``fencepost.coordinator`` only then.
 
 :mod:`.common` holds what they share: the exit codes, flag parsing, and how
 a failed call becomes one line. Every failure prints one line to stderr and
@@ -31,7 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acquire, demo, locks, release, run, serve, status
+from . import acquire, admin, demo, locks, release, run, serve, status
 from .common import EXIT_INTERRUPTED, EXIT_OK, CliError, Formatter, Parser, epilog
 
 __all__ = ["build_parser", "main"]
@@ -51,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     sub.add_parser("serve", help=serve.HELP, add_help=False)
+    sub.add_parser("admin", help=admin.HELP, add_help=False)
     for module in COMMANDS.values():
         module.add_parser(sub)
     return parser
@@ -68,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "serve":
         return serve.execute(args_list[1:])
+    if args_list and args_list[0] == "admin":
+        return admin.execute(args_list[1:])
     command: list[str] = []
     if args_list and args_list[0] == "run" and "--" in args_list:
         split = args_list.index("--")

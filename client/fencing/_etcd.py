@@ -5,7 +5,11 @@ revision):
 
 1. the writer still holds the lock: its contender key
    ``<prefix><encoded lock name>/<lease id as 16 hex digits>`` exists with
-   create revision == its token (the coordinator's own holder check);
+   create revision == its token - F (the coordinator's own holder check; F is
+   the token floor in the coordinators' token record ``<prefix>.tokens``, 0
+   until an operator recovered from an etcd restore; the guard starts from 0,
+   and a refusal's read of the record tells it the floor, once, then it sends
+   again);
 2. the record has accepted no higher token: the token stored beside the
    value is absent or <= the offered token.
 
@@ -13,11 +17,11 @@ Layout: the value at ``key``, the token at ``key + b"\\x00fencing_token"`` as
 20 zero-padded decimal digits, so that byte order is number order. etcd's
 compares are ANDed, so "absent OR <=" takes a nested Txn; one request::
 
-    Txn(compare=[CREATE(holder) == token, VALUE(token_key) < pad(token + 1)],
+    Txn(compare=[CREATE(holder) == token - F, VALUE(token_key) < pad(token + 1)],
         success=[Put(key, value), Put(token_key, pad(token))],
-        failure=[Txn(compare=[CREATE(holder) == token, CREATE(token_key) == 0],
+        failure=[Txn(compare=[CREATE(holder) == token - F, CREATE(token_key) == 0],
                      success=[Put(key, value), Put(token_key, pad(token))],
-                     failure=[Range(holder), Range(token_key)])])
+                     failure=[Range(holder), Range(token_key), Range(token record)])])
 
 (a VALUE compare on a missing key is false in etcd, hence the second branch.)
 A refusal raises :class:`~fencepost.client.StaleTokenError`: reason
@@ -60,7 +64,7 @@ from ..errors import InvalidArgument, Unavailable
 from ..v1 import etcdops
 from ..v1.details import ErrorReason
 from ..v1.etcd import rpc_pb2_grpc
-from ..v1.keys import DEFAULT_PREFIX, MAX_LEASE_ID, Keys
+from ..v1.keys import DEFAULT_PREFIX, MAX_LEASE_ID, Keys, token_floor
 from ._guard import FencingGuard, RejectHook, check_token
 
 TOKEN_SUFFIX = b"\x00fencing_token"
@@ -157,6 +161,7 @@ class EtcdGuard(FencingGuard):
         self._kv = rpc_pb2_grpc.KVStub(channel)
         self._metadata = tuple(metadata) if metadata else None
         self._timeout = timeout
+        self._floor = 0  # the coordinators' token floor, as last read from their token record
 
     async def put(self, key: str | bytes, hold: HoldLike, value: str | bytes) -> int:
         """Write ``value`` at ``key`` if ``hold`` still holds its lock and its token is not stale: one Txn.
@@ -185,19 +190,33 @@ class EtcdGuard(FencingGuard):
         data = _bytes(value, "value")
         token_key = key + TOKEN_SUFFIX
         holder = self.keys.contender(name, lease_id)
-        held = etcdops.is_owner(holder, token)
         puts = [etcdops.put(key, data), etcdops.put(token_key, _pad(token))]
-        reads = [etcdops.get(holder, keys_only=True), etcdops.get(token_key)]
-        first = etcdops.txn_op([held, etcdops.is_absent(token_key)], puts, reads)
-        resp = await self._txn(etcdops.txn([held, etcdops.value_below(token_key, _pad(token + 1))], puts, [first]))
-        if resp.succeeded or resp.responses[0].response_txn.succeeded:
-            self._accepted()
-            return int(resp.header.revision)
-        inner = resp.responses[0].response_txn
+        reads = [etcdops.get(holder, keys_only=True), etcdops.get(token_key), etcdops.get(self.keys.token_record)]
+        for _ in range(2):  # a second time only when the refusal showed another token floor
+            floor = self._floor
+            created = token - floor if token > floor else -1  # -1: no key has it (0 would match a missing key)
+            held = etcdops.is_owner(holder, created)
+            first = etcdops.txn_op([held, etcdops.is_absent(token_key)], puts, reads)
+            resp = await self._txn(etcdops.txn([held, etcdops.value_below(token_key, _pad(token + 1))], puts,
+                                               [first]))
+            if resp.succeeded:
+                self._accepted()
+                return int(resp.header.revision)
+            inner = resp.responses[0].response_txn
+            if inner.succeeded:
+                self._accepted()
+                return int(resp.header.revision)
+            record_kvs = inner.responses[2].response_range.kvs
+            try:
+                self._floor = token_floor(bytes(record_kvs[0].value) if record_kvs else None)
+            except ValueError:
+                self._floor = floor
+            if self._floor == floor:
+                break
         holder_kvs = inner.responses[0].response_range.kvs
         token_kvs = inner.responses[1].response_range.kvs
         current = int(token_kvs[0].value) if token_kvs else None
-        if not holder_kvs or int(holder_kvs[0].create_revision) != token:
+        if not holder_kvs or int(holder_kvs[0].create_revision) != created:
             raise self._reject(
                 record, token, current, reason=ErrorReason.NOT_HOLDER, name=name, lease_id=lease_id,
                 message=(f"write with fencing token {token} refused: lease {lease_id:#x} no longer "

@@ -57,12 +57,15 @@ CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
     ErrorReason.TOO_MANY_WAITERS: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.TOO_MANY_STREAMS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.DATA_LOSS: grpc.StatusCode.UNAVAILABLE,
 }
 
 #: Seconds a caller should wait before retrying, sent as RetryInfo.
 RETRY_DELAY_BY_REASON: Mapping[int, float] = {
     ErrorReason.ETCD_UNAVAILABLE: 1.0,
     ErrorReason.SHUTTING_DOWN: 0.1,
+    # Lasts until an operator recovers the tokens (minutes): no point in asking again sooner.
+    ErrorReason.DATA_LOSS: 5.0,
 }
 
 

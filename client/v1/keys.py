@@ -5,10 +5,17 @@ puts one key ``<prefix><encoded N>/<lease id as 16 hex digits>`` attached to
 its lease. The name is percent-encoded with no safe characters, so ``/``
 becomes ``%2F``: no lock's range can contain another lock's keys (``a`` and
 ``a/b`` are independent locks).
+
+One more key lives under the prefix: the coordinators' token record
+``<prefix>.tokens`` (no ``/`` after the name part, so no lock's range holds
+it), JSON with the token floor F: a fencing token is its key's create
+revision + F (0 until an operator recovers from an etcd restore; see
+``fencepost.coordinator.tokens``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 from urllib.parse import quote, unquote
 
@@ -24,6 +31,25 @@ MAX_LEASE_ID = 2**63 - 1
 MAX_TOKEN = 2**63 - 1
 #: Default etcd key prefix of all locks.
 DEFAULT_PREFIX = "/fencepost/locks/"
+#: The token record's key is the prefix followed by this.
+TOKEN_RECORD_SUFFIX = b".tokens"
+
+
+def token_floor(record: bytes | None) -> int:
+    """The token floor F in a token record's value (``token = create revision + F``); 0 without a record.
+
+    Raises:
+        ValueError: the value is not a token record.
+    """
+    if record is None:
+        return 0
+    try:
+        floor = int(json.loads(record)["floor"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"not a token record: {record[:100]!r}") from exc
+    if floor < 0:
+        raise ValueError(f"token record with a negative floor: {record[:100]!r}")
+    return floor
 
 
 class Hold(NamedTuple):
@@ -51,6 +77,8 @@ class Keys:
             prefix += "/"
         self.prefix = prefix.encode()
         self.range_end = prefix_end(self.prefix)
+        #: The coordinators' token record (its token floor): ``<prefix>.tokens``.
+        self.token_record = self.prefix + TOKEN_RECORD_SUFFIX
 
     def lock_prefix(self, name: str) -> bytes:
         """The key range of lock ``name`` (every contender's key starts with it)."""

@@ -20,6 +20,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOO_MANY_WAITERS: _ClassVar[ErrorReason]
     SHUTTING_DOWN: _ClassVar[ErrorReason]
     TOO_MANY_STREAMS: _ClassVar[ErrorReason]
+    DATA_LOSS: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 NOT_HOLDER: ErrorReason
@@ -30,6 +31,7 @@ ETCD_UNAVAILABLE: ErrorReason
 TOO_MANY_WAITERS: ErrorReason
 SHUTTING_DOWN: ErrorReason
 TOO_MANY_STREAMS: ErrorReason
+DATA_LOSS: ErrorReason
 
 class LeaseGrantRequest(_message.Message):
     __slots__ = ("ttl_seconds",)

@@ -17,8 +17,10 @@ Model in short:
 - A *lock* is named by a UTF-8 string. Contenders for one name are granted
   the lock first come, first served. One lease may hold many locks.
 - Every grant carries a *fencing token*: the etcd revision at which the
-  holder's key was created. Tokens of successive holders of one name
-  strictly increase, across coordinator restarts and etcd leader changes.
+  holder's key was created, plus the token floor (0 until an operator
+  recovers from an etcd restore, see ErrorReason DATA_LOSS). Tokens of
+  successive holders of one name strictly increase, across coordinator
+  restarts, etcd leader changes and etcd restores.
   A TTL alone is not mutual exclusion: pass the token to the storage and
   let it reject writes that carry a token lower than one it has accepted.
 - A *hold* is one grant of one lock: the triple (name, lease_id, token).

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 
@@ -33,7 +33,7 @@ from .keepalive import KeepAlives
 from .members import EtcdAuth, EtcdTls, Members
 from .policy import RULES, UNKNOWN_OUTCOME, Failure, Op, Rule, classify, error_for
 
-__all__ = ["NOT_APPLIED", "EtcdClient", "Stubs", "TxnPlan"]
+__all__ = ["NOT_APPLIED", "EtcdClient", "HeaderWatch", "Stubs", "TxnPlan"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,6 +92,22 @@ class Stubs:
                    rpc_pb2_grpc.MaintenanceStub(channel))
 
 
+class HeaderWatch(Protocol):
+    """Sees the header of every linearizable KV answer (:class:`~fencepost.coordinator.tokens.TokenFloor`)."""
+
+    def mark(self) -> int:
+        """Taken before a Range or Txn is sent."""
+        ...
+
+    def seen(self, mark: int, header: Any) -> None:
+        """The answer's ``ResponseHeader``, with the mark taken before its request was sent."""
+        ...
+
+
+#: The operations whose answers :attr:`EtcdClient.headers` sees: linearizable reads and Txns.
+_KV_OPS = frozenset({Op.RANGE, Op.TXN, Op.HEALTH})
+
+
 @dataclass(frozen=True)
 class _ReadBack(Generic[T]):
     value: T
@@ -130,6 +146,8 @@ class EtcdClient:
         self._auth_lock = asyncio.Lock()
         self._metrics = metrics
         self._keepalives = KeepAlives(self._open_keepalive, self._stream_broken, metrics)
+        #: Sees the header of every Range and Txn answer (the token floor's watch for etcd going back).
+        self.headers: HeaderWatch | None = None
 
     @property
     def user(self) -> str | None:
@@ -402,10 +420,14 @@ class EtcdClient:
                 await self._ensure_token()
             token = None if anonymous else self._token
             index, stubs = self._current()
+            headers = self.headers if op in _KV_OPS else None
+            mark = headers.mark() if headers is not None else 0
             sent = time.perf_counter()
             try:
                 timeout = rule.timeout if limit is None else min(rule.timeout, limit)
                 resp = await method(stubs)(request, timeout=timeout, metadata=self._metadata(token))
+                if headers is not None:
+                    headers.seen(mark, resp.header)
                 self._metrics.etcd_request(op.name.lower(), time.perf_counter() - sent)
                 if self.refusal is not None and not anonymous:
                     self.refusal = None  # etcd accepts the coordinator again

@@ -15,7 +15,8 @@
  *  │                             (.token, .currentToken, .record)
  *  ├── MissingRecordError        a guard's update found no such record (.record)
  *  ├── Unavailable               no coordinator, or etcd without quorum (.retryDelay)
- *  │   └── TlsError              the TLS handshake with every coordinator failed (.address, .cause)
+ *  │   ├── TlsError              the TLS handshake with every coordinator failed (.address, .cause)
+ *  │   └── DataLoss              etcd's revisions went back (restored from an older snapshot)
  *  └── ResourceExhausted         too many waiters, streams or calls
  * ```
  *
@@ -181,6 +182,13 @@ export class TlsError extends Unavailable {
   }
 }
 
+/**
+ * etcd's revisions went back (restored from an older snapshot), so the
+ * coordinator grants no token (reason `DATA_LOSS`, status UNAVAILABLE) until
+ * an operator runs `fencepost admin recover-tokens` (docs/deploy.md).
+ */
+export class DataLoss extends Unavailable {}
+
 /** A coordinator limit was hit (too many waiters, streams or calls). */
 export class ResourceExhausted extends FencepostError {}
 
@@ -309,7 +317,10 @@ export function fromConnectError(err: unknown, context: CallContext = {}): Fence
       else out = new FencepostError(message, fields);
       break;
     case Code.Unavailable:
-      out = new Unavailable(message, { ...fields, retryDelay: details.retryDelay });
+      out =
+        details.reason === "DATA_LOSS"
+          ? new DataLoss(message, { ...fields, retryDelay: details.retryDelay })
+          : new Unavailable(message, { ...fields, retryDelay: details.retryDelay });
       break;
     case Code.ResourceExhausted:
       out = new ResourceExhausted(message, fields);

@@ -17,6 +17,7 @@ export {
 export { LockHandle } from "./handle.js";
 export type { TlsOptions } from "./tls.js";
 export {
+  DataLoss,
   FencepostError,
   InvalidArgument,
   LeaseLost,
