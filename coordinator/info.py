@@ -151,10 +151,13 @@ async def read_etcd(etcd: EtcdClient, keys: Keys, *, scan_keys: int = SCAN_KEYS)
         return EtcdView(error=ranged.message)
     assert not isinstance(ranged, BaseException)
     header = ranged.header
-    total = int(ranged.count)
+    locks = [kv for kv in ranged.kvs if keys.parse(bytes(kv.key)) is not None]
+    # Not lock keys (the token record, guard records kept under the prefix) are not counted;
+    # past the first scan_keys keys those are not seen, and the total may count them.
+    total = int(ranged.count) - (len(ranged.kvs) - len(locks))
     held = waiters = -1
     if not ranged.more:
-        held = len({kv.key.rpartition(b"/")[0] for kv in ranged.kvs})
+        held = len({kv.key.rpartition(b"/")[0] for kv in locks})
         waiters = total - held
     view = EtcdView(available=True, cluster_id=int(header.cluster_id), member_id=int(header.member_id),
                     revision=int(header.revision), raft_term=int(header.raft_term), contender_keys=total,
