@@ -49,6 +49,7 @@ from google.protobuf.message import Message
 from . import _wire
 from ._lease import Lease, LeasePool, Slot
 from ._stream import KeepAliveStream, Spawn
+from ._tracing import OUTCOME, failed
 from ._transport import Transport, current_task_cancelling
 from .errors import (
     REASON_DEADLINE,
@@ -361,6 +362,21 @@ class Locker:
             NotHolder, StaleTokenError, LeaseLost, Unavailable, FencepostError:
                 as :meth:`AsyncLockHandle.release` says.
         """
+        tracing = self.transport.tracing
+        tracer = tracing.tracer()
+        if tracer is None:
+            return await self._release(handle, until)
+        with tracer.start_as_current_span(
+                "fencepost.release", attributes=tracing.lock_attributes(handle.name, handle.lease_id, handle.token),
+                record_exception=False, set_status_on_exception=False) as span:
+            try:
+                await self._release(handle, until)
+            except BaseException as exc:
+                failed(span, exc)
+                raise
+            span.set_attribute(OUTCOME, "released")
+
+    async def _release(self, handle: AsyncLockHandle, until: float | None) -> None:
         if handle._released:
             raise NotHolder("lock was already released", name=handle.name, lease_id=handle.lease_id)
         if self._state() in ("new", "closed"):

@@ -10,6 +10,13 @@ With ``--tls-cert``/``--tls-key`` (and ``--client-ca`` for mTLS) the port
 serves TLS; SIGHUP re-reads those files (changed files are also taken up at
 the next handshake), without dropping established connections.
 ``--health-listen`` adds a plaintext port with only grpc.health.v1.
+
+Traces are exported over OTLP when the standard variable
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)
+is set and ``OTEL_SDK_DISABLED`` is not ``true`` (:func:`~.tracing.export_from_environment`);
+the spans still queued are sent at shutdown. Set without the ``tracing``
+extra installed, it exits 2. ``--no-trace-lock-names`` keeps lock names out
+of the spans.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from .events import configure as configure_logging
 from .listen import bind_problem, same_address
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
+from .tracing import TraceExport, TracingUnavailable, export_from_environment
 
 __all__ = ["PASSWORD_ENV", "build_parser", "default_data_dir", "main"]
 
@@ -119,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-listen", default=_env("metrics-listen", None),
                         help="HOST:PORT to serve Prometheus metrics on, over HTTP at /metrics; port 0 picks one "
                              "(env FENCEPOST_METRICS_LISTEN; default: no metrics)")
+    parser.add_argument("--trace-lock-names", action=argparse.BooleanOptionalAction,
+                        default=_env("trace-lock-names", "true"),
+                        help="record lock names on trace spans (fencepost.lock.name); --no-trace-lock-names "
+                             "leaves them out (env FENCEPOST_TRACE_LOCK_NAMES=true|false; default true). Spans are "
+                             "exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT or "
+                             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (the standard OTEL_* variables apply)")
     return parser
 
 
@@ -138,6 +152,7 @@ class _Settings:
     log_format: str
     tls: ServerTls | None
     health_listen: str | None
+    trace_lock_names: bool
 
 
 def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
@@ -236,6 +251,23 @@ def _check_metrics_listen(metrics_listen: str | None) -> None:
                        f"127.0.0.1:7422, 0.0.0.0:7422, [::1]:7422; port 0 picks a free one)") from None
 
 
+def _flag_bool(flag: str, value: bool | str) -> bool:
+    """A boolean flag's value: True/False from the flag, or its variable's text (true/false, 1/0, yes/no, on/off).
+
+    Raises:
+        _BadFlag: a variable's text that is none of those.
+    """
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    variable = "FENCEPOST_" + flag.upper().replace("-", "_")
+    raise _BadFlag(f"{variable} is {value!r}; must be true or false (or --{flag} / --no-{flag})")
+
+
 def _settings(args: argparse.Namespace) -> _Settings:
     """Check the flags.
 
@@ -305,7 +337,9 @@ def _settings(args: argparse.Namespace) -> _Settings:
         auth = EtcdAuth(args.etcd_user, password)
     elif password is not None and endpoints is not None:
         raise _BadFlag(f"{said} but no --etcd-user names its user")
-    return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen)
+    trace_lock_names = _flag_bool("trace-lock-names", args.trace_lock_names)
+    return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen,
+                     trace_lock_names)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,16 +350,27 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         The process exit status: 0 after a clean shutdown, 1 when it cannot
-        start, 2 for a bad flag or environment value (one line on stderr).
+        start, 2 for a bad flag or environment value (one line on stderr),
+        also an OTLP endpoint variable set without the ``tracing`` extra.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = _settings(args)
         _check_metrics_listen(args.metrics_listen)
-    except _BadFlag as exc:
+        traces = export_from_environment(os.environ)
+    except (_BadFlag, TracingUnavailable) as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        return _run(args, settings, traces)
+    finally:
+        if traces is not None:
+            traces.shutdown()  # sends the spans still queued
+
+
+def _run(args: argparse.Namespace, settings: _Settings, traces: TraceExport | None) -> int:
+    """Start the embedded etcd if needed, then serve until SIGTERM or SIGINT (see :func:`main`)."""
     # The addresses before anything starts (the embedded etcd takes seconds, and would be started for nothing).
     for flag, address in (("--listen", args.listen), ("--health-listen", settings.health_listen),
                           ("--metrics-listen", args.metrics_listen)):
@@ -363,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         endpoints = [embedded.endpoint]
     try:
-        return asyncio.run(_serve(endpoints, args, settings))
+        return asyncio.run(_serve(endpoints, args, settings, traces))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -398,13 +443,16 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
     return handle
 
 
-async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Settings) -> int:
+async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Settings,
+                 traces: TraceExport | None) -> int:
     tls, auth = settings.etcd_tls, settings.auth
     try:
         coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
                                   etcd_tls=tls, etcd_auth=auth, tls=settings.tls,
                                   health_listen=settings.health_listen,
-                                  metrics_listen=args.metrics_listen)
+                                  metrics_listen=args.metrics_listen,
+                                  tracer_provider=traces.provider if traces is not None else None,
+                                  trace_lock_names=settings.trace_lock_names)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -431,6 +479,9 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
     print(f"fencepost: listening on {coordinator.address}", flush=True)
     if coordinator.metrics_address is not None:
         print(f"fencepost: metrics on http://{coordinator.metrics_address}/metrics", flush=True)
+    if traces is not None:
+        print(f"fencepost: traces to {traces.endpoint} (OTLP {traces.protocol})"
+              f"{'' if settings.trace_lock_names else ', without lock names'}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

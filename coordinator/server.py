@@ -14,6 +14,12 @@ Shutdown (SIGTERM/SIGINT, or ``stop()``): health turns NOT_SERVING, KeepAlive
 streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
 calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
 restarted coordinator (or sidecar) must not drop its clients' locks.
+
+Traces (:mod:`.tracing`): with a tracer provider (given, or the global one
+when it is not the API's default), each call is a SERVER span, child of the
+caller's W3C trace context, and each etcd request made for it a CLIENT span
+under it; independent of metrics. Without one, no interceptor is installed
+for it and nothing is traced.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry.trace import TracerProvider
 
+from fencepost.client._tracing import Tracing
 from fencepost.client.errors import FencepostError
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
@@ -41,6 +49,7 @@ from .lock_metrics import NO_METRICS
 from .metrics_server import MetricsEndpoint
 from .service import LockService
 from .tls import ServerCertificates, ServerTls
+from .tracing import GrpcServerTracing
 from .watch import DeleteWatcher
 
 _log = logging.getLogger("fencepost.coordinator")
@@ -102,6 +111,11 @@ class Coordinator:
         metrics_listen: ``HOST:PORT`` to serve Prometheus metrics on, over
             HTTP at ``/metrics`` (see :mod:`.metrics_server`); None for no
             metrics (no interceptor, nothing counted).
+        tracer_provider: the OpenTelemetry tracer provider of the spans; None
+            for the global one. Looked up at ``start()``: while it is the
+            API's default (no SDK set up), nothing is traced.
+        trace_lock_names: record lock names on spans (``fencepost.lock.name``);
+            False leaves them out.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -115,7 +129,8 @@ class Coordinator:
                  prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
                  etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
-                 health_listen: str | None = None, metrics_listen: str | None = None) -> None:
+                 health_listen: str | None = None, metrics_listen: str | None = None,
+                 tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -125,6 +140,7 @@ class Coordinator:
         self._health_listen = health_listen
         # Metrics (--metrics-listen), off by default: see .metrics_server.
         self._metrics = MetricsEndpoint(check_listen(metrics_listen)) if metrics_listen is not None else None
+        self._tracing = Tracing(tracer_provider, lock_names=bool(trace_lock_names))
         self._certificates = ServerCertificates(tls) if tls is not None else None
         self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
@@ -212,7 +228,14 @@ class Coordinator:
         if self._metrics is not None:
             self._metrics.start()
         counted = self._metrics.locks if self._metrics is not None else NO_METRICS
-        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth, metrics=counted)
+        tracer = self._tracing.tracer()
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if tracer is not None:  # first: its span is current in the metrics interceptor and the handler
+            interceptors.append(GrpcServerTracing(tracer, lock_names=self._tracing.lock_names))
+        if self._metrics is not None:
+            interceptors.append(self._metrics.grpc)
+        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth, metrics=counted,
+                                tracer=tracer)
         try:
             await self._etcd.connect()
         except FencepostError as exc:
@@ -221,8 +244,7 @@ class Coordinator:
         leases = Leases(self._etcd)
         locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted)
-        server = grpc.aio.server(options=self._server_options,
-                                 interceptors=[self._metrics.grpc] if self._metrics is not None else None)
+        server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
         add_lock_service(self._service, server)  # the generated registration, checking UTF-8
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if self._metrics is not None:
@@ -232,8 +254,7 @@ class Coordinator:
         self.port = self._bind(server, self._listen, credentials)
         health_server = None
         if self._health_listen is not None:
-            health_server = grpc.aio.server(options=self._server_options,
-                                            interceptors=[self._metrics.grpc] if self._metrics is not None else None)
+            health_server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
             self.health_port = self._bind(health_server, self._health_listen)
         await self._set_health(False)
