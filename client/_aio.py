@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
 from . import _fork, _tls, _wire
@@ -306,8 +307,14 @@ class AsyncLockClient:
         except BaseException:
             await self.close()
             raise
-        self._spawn(self._stream.run(), "fencepost-keepalive-stream")
-        self._spawn(self._deadlines.run(), "fencepost-deadline-watcher")
+        # The client's own tasks belong to no caller's trace (a connect made by an acquire would
+        # otherwise make the idle-lease revocations of the next hours children of that acquire).
+        detached = otel_context.attach(otel_context.Context())
+        try:
+            self._spawn(self._stream.run(), "fencepost-keepalive-stream")
+            self._spawn(self._deadlines.run(), "fencepost-deadline-watcher")
+        finally:
+            otel_context.detach(detached)
 
     async def close(self) -> None:
         """Release every held lock, revoke the leases, stop the stream, close the channel.

@@ -29,6 +29,10 @@ No state outlives the call that made it unless the caller holds it:
   stays valid until the coordinator answers, then it is released (never
   reported lost because its caller gave up).
 
+With tracing on, a release is a span ``fencepost.release`` (its Release
+call a child; see :mod:`~fencepost.client._tracing`); the acquire's span is
+made by the client. A clean-up spawned by a call is in the call's trace.
+
 A cancelled call waits up to :data:`CLEANUP_WAIT_SECONDS` for its clean-up
 before its cancellation completes (so that, normally, nothing is left once
 it has); a call that failed otherwise raises at once, keeping its deadline.

@@ -14,7 +14,9 @@ the health Watch stream; it is not used.)
 Each call is a SERVER span named ``<package.Service>/<Method>``
 (``fencepost.v1.LockService/Acquire``, ``grpc.health.v1.Health/Check``),
 child of the W3C trace context the caller sent in its metadata
-(``traceparent``; the global propagator, ``OTEL_PROPAGATORS``), current
+(``traceparent``; the global propagator, ``OTEL_PROPAGATORS``); a health
+call only when its caller sent one (probes send none, every few seconds:
+a trace each would flood the backend). The span is current
 while the handler runs: the etcd requests made for the call are its
 children (:mod:`.etcd.client`), and the log events of the call carry its
 trace id (:func:`~.events.caller`). Attributes: ``rpc.system``,
@@ -71,6 +73,7 @@ DEFAULT_SERVICE_NAME = "fencepost-coordinator"
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 _LOCK_SERVICE = "fencepost.v1.LockService"
+_HEALTH_SERVICE = "grpc.health.v1.Health"
 
 
 class GrpcServerTracing(grpc.aio.ServerInterceptor):
@@ -117,17 +120,23 @@ class _Call:
         self.name = f"{service}/{self.method}"
         self.attributes = rpc_attributes(service, self.method)
         self.locks = service == _LOCK_SERVICE
+        self.health = service == _HEALTH_SERVICE
 
-    def start(self, request: Any, context: grpc.aio.ServicerContext) -> Span:
-        """Start the call's span, child of the caller's context; ``request`` None for a streamed request."""
+    def start(self, request: Any, context: grpc.aio.ServicerContext) -> Span | None:
+        """Start the call's span, child of the caller's context; ``request`` None for a streamed request.
+
+        Returns None (no span) for a health call whose caller sent no trace context: probes.
+        """
+        parent = extract(context.invocation_metadata())
+        if self.health and not trace.get_current_span(parent).get_span_context().is_valid:
+            return None
         attributes = dict(self.attributes)
         if self.locks and request is not None and hasattr(request, "DESCRIPTOR"):
             fields = request.DESCRIPTOR.fields_by_name
             attributes.update(self.tracing.lock_attributes(
                 request.name if "name" in fields else None, request.lease_id if "lease_id" in fields else None,
                 request.token if "token" in fields else None))
-        return self.tracer.start_span(self.name, context=extract(context.invocation_metadata()),
-                                      kind=SpanKind.SERVER, attributes=attributes)
+        return self.tracer.start_span(self.name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
 
     def end(self, span: Span, code: grpc.StatusCode, context: grpc.aio.ServicerContext,
             response: Any = None) -> None:
@@ -167,6 +176,8 @@ class _Call:
         """A coroutine function's wrapper: the span is current for the whole handler (one task)."""
         async def coroutine(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
             span = self.start(request_or_iterator if unary_request else None, context)
+            if span is None:
+                return await inner(request_or_iterator, context)
             token = otel_context.attach(trace.set_span_in_context(span))
             try:
                 response = await inner(request_or_iterator, context)
@@ -190,6 +201,11 @@ class _Call:
         """
         async def generator(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             span = self.start(request_or_iterator if unary_request else None, context)
+            if span is None:
+                async with contextlib.aclosing(inner(request_or_iterator, context)) as responses:
+                    async for response in responses:
+                        yield response
+                return
             current = trace.set_span_in_context(span)
             try:
                 async with contextlib.aclosing(inner(request_or_iterator, context)) as responses:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import sys
 import threading
@@ -274,6 +275,21 @@ async def test_sync_client_spans_are_children_of_the_calling_threads_span(
     assert server_acquire.attributes["fencepost.token"] == token  # type: ignore[index]
 
 
+async def test_the_clients_own_tasks_are_in_no_callers_trace(traced: Coordinator, client_spans: Spans) -> None:
+    """A client connected under an application span does not put its background work in that trace: the
+    revocation of a lease left idle is a trace of its own, not a late child of the span that connected."""
+    tracer = client_spans.provider.get_tracer("test")
+    with tracer.start_as_current_span("app") as app:
+        async with AsyncLockClient(traced.address, tracer_provider=client_spans.provider,
+                                   max_idle_leases=0) as client:
+            async with client.lock("idle-soon", ttl=5.0, timeout=5.0) as handle:
+                pass
+            revoke = await client_spans.one(f"{LOCKS}/LeaseRevoke", **{"fencepost.lease_id": handle.lease_id})
+    assert revoke.parent is None and revoke.attributes["fencepost.outcome"] == "revoked"  # type: ignore[index]
+    acquire = await client_spans.one("fencepost.acquire")
+    assert parent_of(acquire) == app.get_span_context().span_id
+
+
 async def test_spans_when_lock_names_are_not_traced(etcd: EmbeddedEtcd, prefix: str, server_spans: Spans,
                                                     client_spans: Spans) -> None:
     """trace_lock_names=False on the coordinator and the client: no span carries a lock name; ids and tokens
@@ -322,20 +338,23 @@ def test_tracing_when_the_sdk_is_disabled(monkeypatch: pytest.MonkeyPatch) -> No
 
 async def test_health_watch_streams_with_tracing_on(traced: Coordinator, server_spans: Spans) -> None:
     """With the tracing interceptor, the health Watch streams each change (SERVING, then NOT_SERVING at
-    shutdown), its span stays open while it does, and a cancelled Watch's span says CANCELLED."""
+    shutdown), its span stays open while it does, and a cancelled Watch's span says CANCELLED. A health call
+    without trace context (a probe) makes no span."""
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    traced_call = (("traceparent", TRACEPARENT),)
     async with grpc.aio.insecure_channel(traced.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        assert (await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)).status in (
-            serving, not_serving)
-        cancelled = health.Watch(health_pb2.HealthCheckRequest(service="liveness"))
+        assert (await health.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)).status == serving
+        assert (await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5,
+                                   metadata=traced_call)).status in (serving, not_serving)
+        cancelled = health.Watch(health_pb2.HealthCheckRequest(service="liveness"), metadata=traced_call)
         assert (await asyncio.wait_for(cancelled.read(), 10)).status == serving
         cancelled.cancel()
         span = await server_spans.one("grpc.health.v1.Health/Watch")
         assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]  # type: ignore[index]
         assert span.kind == SpanKind.SERVER
 
-        watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""), metadata=traced_call)
         seen = [(await asyncio.wait_for(watch.read(), 10)).status]
         if seen[-1] != serving:
             seen.append((await asyncio.wait_for(watch.read(), 10)).status)
@@ -346,6 +365,7 @@ async def test_health_watch_streams_with_tracing_on(traced: Coordinator, server_
         await stopping
         check = server_spans.named("grpc.health.v1.Health/Check")
         assert len(check) == 1 and check[0].attributes["rpc.grpc.status_code"] == 0  # type: ignore[index]
+        assert format(parent_of(check[0]) or 0, "016x") == PARENT_ID
 
 
 async def test_etcd_requests_carry_the_trace_context() -> None:
@@ -474,8 +494,7 @@ async def test_serve_exports_spans_over_otlp(etcd: EmbeddedEtcd, prefix: str, tm
     child = ChildProcess(argv, log_path=tmp_path / "serve.log", env=env)
     try:
         serving_port = (await child.await_line(LISTENING, 30)).group(2)
-        assert any(f"traces to http://127.0.0.1:{port} (OTLP grpc), without lock names" in line
-                   for line in child.output), child.output
+        await child.await_line(re.escape(f"traces to http://127.0.0.1:{port} (OTLP grpc), without lock names"), 10)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{serving_port}") as channel:
             stub = lock_pb2_grpc.LockServiceStub(channel)
             grant = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5),
