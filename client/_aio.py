@@ -9,7 +9,10 @@ runs it on a private event loop thread. The parts it is built from:
   of leases by TTL, holds and the local exclusion of one (lease, name);
 - :mod:`~fencepost.client._stream`: the KeepAlive stream and the deadline watcher;
 - :mod:`~fencepost.client._lock`: the calls of the lock recipe (grant, acquire,
-  release, revoke) and how their answers change the leases and holds.
+  release, revoke) and how their answers change the leases and holds;
+- :mod:`~fencepost.client._tracing`: OpenTelemetry spans, when the
+  application has set up an SDK (``fencepost.acquire`` around an acquire,
+  with its calls as children).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from opentelemetry import context as otel_context
+from opentelemetry.trace import TracerProvider
 
 from . import _fork, _tls, _wire
 from ._info import ServerInfo
@@ -32,6 +37,7 @@ from ._lock import Locker
 from ._metrics import client_metrics
 from ._stream import DeadlineWatcher, KeepAliveStream
 from ._tls import TlsConfig
+from ._tracing import LEASE_ID, OUTCOME, TOKEN, Tracing, failed
 from ._transport import Transport
 from ._wire import DEFAULT_ADDRESS
 from .errors import FencepostError, LeaseLost, Unavailable
@@ -165,6 +171,17 @@ class AsyncLockClient:
     answer raises :class:`Unavailable`. Either way a call stops trying
     ``connect_timeout`` seconds after its first failure (or at its own timeout).
 
+    Traces: the client never sets up OpenTelemetry; it uses the
+    ``tracer_provider`` given, else the application's global one. While that
+    is the API's default (no SDK set up) it makes no span. Otherwise each
+    acquire is a span ``fencepost.acquire`` and each release a span
+    ``fencepost.release`` (attributes ``fencepost.lock.name``,
+    ``fencepost.lease_id``, ``fencepost.token``, ``fencepost.outcome``), with
+    a CLIENT span ``fencepost.v1.LockService/<Method>`` per call attempt
+    under them, whose W3C trace context goes to the coordinator in the call
+    metadata: one trace from the caller's span through the coordinator to
+    its etcd requests.
+
     TLS: with ``tls`` set, every channel is TLS. A connection whose TLS
     handshake fails is not retried until ``connect_timeout``: once every
     address has failed its handshake, the call (or :meth:`connect`) raises
@@ -212,6 +229,10 @@ class AsyncLockClient:
             :mod:`fencepost.client._metrics`; clients given the same
             registry share the metrics). None (the default) records nothing
             and never imports prometheus_client.
+        tracer_provider: The OpenTelemetry tracer provider to make spans
+            with; None (the default) for the global one, looked up at each call.
+        trace_lock_names: Record lock names on spans (``fencepost.lock.name``);
+            False leaves them out (names that carry customer ids, ...).
 
     Raises:
         InvalidArgument: an argument is out of range, an address is none of
@@ -233,6 +254,8 @@ class AsyncLockClient:
         idle_lease_timeout: float = IDLE_LEASE_TIMEOUT,
         max_idle_leases: int = MAX_IDLE_LEASES,
         metrics: Any = None,
+        tracer_provider: TracerProvider | None = None,
+        trace_lock_names: bool = True,
     ) -> None:
         _fork.check_new_client()
         self._generation = _fork.generation()
@@ -245,7 +268,8 @@ class AsyncLockClient:
         self._state = "new"  # new -> open -> closing -> closed
         self._closed_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._transport = Transport(addresses, connect_timeout=self._connect_timeout, security=security)
+        self._transport = Transport(addresses, connect_timeout=self._connect_timeout, security=security,
+                                    tracing=Tracing(tracer_provider, lock_names=bool(trace_lock_names)))
         self._leases = LeasePool(idle_timeout=idle_timeout, max_idle=max_idle, metrics=self._metrics)
         self._stream = KeepAliveStream(
             self._transport, self._leases, fraction=fraction, spawn=self._spawn, metrics=self._metrics,
@@ -294,8 +318,14 @@ class AsyncLockClient:
         except BaseException:
             await self.close()
             raise
-        self._spawn(self._stream.run(), "fencepost-keepalive-stream")
-        self._spawn(self._deadlines.run(), "fencepost-deadline-watcher")
+        # The client's own tasks belong to no caller's trace (a connect made by an acquire would
+        # otherwise make the idle-lease revocations of the next hours children of that acquire).
+        detached = otel_context.attach(otel_context.Context())
+        try:
+            self._spawn(self._stream.run(), "fencepost-keepalive-stream")
+            self._spawn(self._deadlines.run(), "fencepost-deadline-watcher")
+        finally:
+            otel_context.detach(detached)
 
     async def close(self) -> None:
         """Release every held lock, revoke the leases, stop the stream, close the channel.
@@ -526,11 +556,32 @@ class AsyncLockClient:
         ttl_s = _wire.ttl_to_wire(ttl)
         timeout = _wire.check_timeout(timeout)
         with self._metrics.acquiring(self._leases.clock):
-            await self._ensure_open(name)
-            until = None if timeout is None else asyncio.get_running_loop().time() + timeout
-            return await self._acquire_open(name, ttl_s, until, try_once)
+            return await self._acquire_traced(name, ttl_s, timeout, try_once)
 
-    async def _acquire_open(self, name: str, ttl_s: int, until: float | None, try_once: bool) -> AsyncLockHandle:
+    async def _acquire_traced(self, name: str, ttl_s: int, timeout: float | None, try_once: bool
+                              ) -> AsyncLockHandle:
+        await self._ensure_open(name)
+        until = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        tracing = self._transport.tracing
+        tracer = tracing.tracer()
+        if tracer is None:
+            return await self._acquire_or_closed(name, ttl_s, until, try_once)
+        attributes = tracing.lock_attributes(name)
+        attributes.update({"fencepost.ttl_seconds": ttl_s, "fencepost.try_once": try_once})
+        if timeout is not None:
+            attributes["fencepost.timeout_seconds"] = timeout
+        with tracer.start_as_current_span("fencepost.acquire", attributes=attributes, record_exception=False,
+                                          set_status_on_exception=False) as span:
+            try:
+                handle = await self._acquire_or_closed(name, ttl_s, until, try_once)
+            except BaseException as exc:
+                failed(span, exc)
+                raise
+            span.set_attributes({LEASE_ID: handle.lease_id, TOKEN: handle.token, OUTCOME: "granted"})
+            return handle
+
+    async def _acquire_or_closed(self, name: str, ttl_s: int, until: float | None, try_once: bool
+                                 ) -> AsyncLockHandle:
         try:
             return await self._locker.acquire(name, ttl_s, until, try_once=try_once)
         except FencepostError as exc:

@@ -29,6 +29,10 @@ No state outlives the call that made it unless the caller holds it:
   stays valid until the coordinator answers, then it is released (never
   reported lost because its caller gave up).
 
+With tracing on, a release is a span ``fencepost.release`` (its Release
+call a child; see :mod:`~fencepost.client._tracing`); the acquire's span is
+made by the client. A clean-up spawned by a call is in the call's trace.
+
 A cancelled call waits up to :data:`CLEANUP_WAIT_SECONDS` for its clean-up
 before its cancellation completes (so that, normally, nothing is left once
 it has); a call that failed otherwise raises at once, keeping its deadline.
@@ -49,6 +53,7 @@ from google.protobuf.message import Message
 from . import _wire
 from ._lease import Lease, LeasePool, Slot
 from ._stream import KeepAliveStream, Spawn
+from ._tracing import OUTCOME, failed
 from ._transport import Transport, current_task_cancelling
 from .errors import (
     REASON_DEADLINE,
@@ -361,6 +366,21 @@ class Locker:
             NotHolder, StaleTokenError, LeaseLost, Unavailable, FencepostError:
                 as :meth:`AsyncLockHandle.release` says.
         """
+        tracing = self.transport.tracing
+        tracer = tracing.tracer()
+        if tracer is None:
+            return await self._release(handle, until)
+        with tracer.start_as_current_span(
+                "fencepost.release", attributes=tracing.lock_attributes(handle.name, handle.lease_id, handle.token),
+                record_exception=False, set_status_on_exception=False) as span:
+            try:
+                await self._release(handle, until)
+            except BaseException as exc:
+                failed(span, exc)
+                raise
+            span.set_attribute(OUTCOME, "released")
+
+    async def _release(self, handle: AsyncLockHandle, until: float | None) -> None:
         if handle._released:
             raise NotHolder("lock was already released", name=handle.name, lease_id=handle.lease_id)
         if self._state() in ("new", "closed"):

@@ -2,7 +2,10 @@
 
 :class:`LockClient` owns a daemon thread running an event loop with one
 :class:`~fencepost.client.AsyncLockClient` on it, and proxies every call with
-``asyncio.run_coroutine_threadsafe``. It is usable from any thread.
+``asyncio.run_coroutine_threadsafe``. It is usable from any thread. Each call
+runs in a copy of the calling thread's context (``run_coroutine_threadsafe``
+schedules it from there), so that an OpenTelemetry span current in the
+caller is the parent of the call's spans.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
+from opentelemetry.trace import TracerProvider
 
 from . import _fork, _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
@@ -207,6 +211,10 @@ class LockClient:
         metrics: A ``prometheus_client.CollectorRegistry`` to record the
             client's metrics in (as for :class:`AsyncLockClient`); None
             records nothing.
+        tracer_provider: The OpenTelemetry tracer provider; None for the
+            global one (as for :class:`AsyncLockClient`: the client never sets
+            one up; without an SDK no span is made).
+        trace_lock_names: Record lock names on spans; False leaves them out.
 
     Raises:
         InvalidArgument: an argument is out of range, or a TLS file is bad
@@ -226,11 +234,14 @@ class LockClient:
         idle_lease_timeout: float = IDLE_LEASE_TIMEOUT,
         max_idle_leases: int = MAX_IDLE_LEASES,
         metrics: Any = None,
+        tracer_provider: TracerProvider | None = None,
+        trace_lock_names: bool = True,
     ) -> None:
         self._generation = _fork.generation()
         self._aio = AsyncLockClient(address, tls=tls, keepalive_fraction=keepalive_fraction,
                                     connect_timeout=connect_timeout, idle_lease_timeout=idle_lease_timeout,
-                                    max_idle_leases=max_idle_leases, metrics=metrics)
+                                    max_idle_leases=max_idle_leases, metrics=metrics,
+                                    tracer_provider=tracer_provider, trace_lock_names=trace_lock_names)
         self._mutex = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

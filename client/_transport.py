@@ -22,6 +22,11 @@ why; an address that failed its handshake is not waited for again in that
 call, and once every address has, the call raises
 :class:`~fencepost.client.errors.TlsError` at once: a certificate that does
 not verify will not verify on the next try.
+
+Traces: with tracing on (see :mod:`fencepost.client._tracing`), each attempt
+of a call is a CLIENT span ``fencepost.v1.LockService/<Method>``, child of
+the caller's current span, whose W3C context goes to the coordinator in the
+call's metadata (``traceparent``); without it, no span and no metadata.
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ from typing import Any
 import grpc
 import grpc.aio
 from google.protobuf.message import Message
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import _handshake
 from ._tls import PLAINTEXT, Security
-from .errors import FencepostError, TlsError, Unavailable, from_rpc_error
+from ._tracing import OUTCOME, Tracing, error_outcome, inject, response_facts, rpc_attributes, set_rpc_status
+from .errors import LOCK_SERVICE, FencepostError, TlsError, Unavailable, from_rpc_error
+from .v1 import details
 from .v1 import lock_pb2_grpc as pb_grpc
 from .v1.details import ErrorReason, reason_name
 from .v1.retry import CLIENT_BACKOFF
@@ -92,14 +100,17 @@ class Transport:
             call waits up to ``per_try`` seconds for each address to come up,
             and goes round the addresses with backoff until ``connect_timeout``.
         security: How channels are opened: plaintext (the default) or TLS.
+        tracing: Whether (and with which tracer) each attempt is a span; by
+            default the global tracer provider's, lock names included.
     """
 
     def __init__(self, addresses: Sequence[str], *, connect_timeout: float, fail_fast: bool = False,
-                 security: Security = PLAINTEXT) -> None:
+                 security: Security = PLAINTEXT, tracing: Tracing | None = None) -> None:
         self.addresses: tuple[str, ...] = tuple(addresses)
         self.connect_timeout = connect_timeout
         self.fail_fast = fail_fast
         self.security = security
+        self.tracing = tracing if tracing is not None else Tracing()
         self.channel: grpc.aio.Channel | None = None
         self.stub: pb_grpc.LockServiceStub | None = None
         self.closed = False
@@ -370,7 +381,7 @@ class Transport:
                     continue
             request, timeout = make(None if until is None else until - loop.time())
             try:
-                return await getattr(stub, method)(request, timeout=timeout)
+                return await self._send(stub, method, request, timeout, name, lease_id, token)
             except grpc.aio.AioRpcError as err:
                 mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answered is not None:
@@ -390,6 +401,33 @@ class Transport:
                 if not idempotent or budget() <= 0:
                     raise Unavailable("connection closed during the call", name=name, lease_id=lease_id) from None
             await asyncio.sleep(min(next(delays), max(0.0, budget())))
+
+    async def _send(self, stub: pb_grpc.LockServiceStub, method: str, request: Message, timeout: float | None,
+                    name: str | None, lease_id: int | None, token: int | None) -> Any:
+        """Send one attempt of a call: in a CLIENT span carrying its context to the server, when tracing is on."""
+        tracer = self.tracing.tracer()
+        if tracer is None:
+            return await getattr(stub, method)(request, timeout=timeout)
+        attributes = rpc_attributes(LOCK_SERVICE, method)
+        attributes.update(self.tracing.lock_attributes(name, lease_id, token))
+        with tracer.start_as_current_span(f"{LOCK_SERVICE}/{method}", kind=SpanKind.CLIENT, attributes=attributes,
+                                          record_exception=False, set_status_on_exception=False) as span:
+            try:
+                response = await getattr(stub, method)(request, timeout=timeout, metadata=inject())
+            except grpc.aio.AioRpcError as err:
+                set_rpc_status(span, err.code(), server=False, message=err.details())
+                span.set_attribute(OUTCOME, error_outcome(details.parse(err).reason, err.code()))
+                raise
+            except asyncio.CancelledError:
+                set_rpc_status(span, grpc.StatusCode.CANCELLED, server=False)
+                span.set_attribute(OUTCOME, grpc.StatusCode.CANCELLED.name)
+                raise
+            except BaseException as exc:  # the channel was closed under the call (UsageError), ...
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                raise
+            set_rpc_status(span, grpc.StatusCode.OK, server=False)
+            span.set_attributes(response_facts(method, response))
+            return response
 
     async def close(self) -> None:
         """Stop every call: close the channel and the ones being replaced. Idempotent.

@@ -15,9 +15,11 @@ log record. :func:`configure` installs one of two formatters on stderr:
 events, their fields and levels is in docs/operations.md ("Logs"). No event
 carries a secret: fields are lock names, ids, tokens, reasons and peers.
 
-The trace id comes from the W3C ``traceparent`` metadata of the call (see
-:func:`trace_id_of`); there is no tracing yet, so it is only ever the
-caller's.
+The trace id of a call's events is that of its span when the coordinator
+traces (:mod:`.tracing`): the caller's trace when it sent a W3C
+``traceparent``, else the new trace the call began. Without tracing it is
+the trace-id of the call's ``traceparent`` metadata, if any (see
+:func:`trace_id_of`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 import grpc
+from opentelemetry import trace
 
 __all__ = ["LOG_FORMATS", "TextFormatter", "caller", "configure", "json_formatter", "log_event", "trace_id_of"]
 
@@ -91,7 +94,14 @@ def trace_id_of(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
 
 
 def caller(context: grpc.aio.ServicerContext) -> dict[str, str | None]:
-    """The ``peer`` and ``trace_id`` fields of a call (``trace_id`` None without a good ``traceparent``)."""
+    """The ``peer`` and ``trace_id`` fields of a call.
+
+    ``trace_id`` is the current span's (32 hex digits) when the call is
+    traced; else that of the call's ``traceparent``; None without either.
+    """
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        return {"peer": context.peer(), "trace_id": format(span_context.trace_id, "032x")}
     return {"peer": context.peer(), "trace_id": trace_id_of(context.invocation_metadata())}
 
 

@@ -56,6 +56,10 @@ handler that writes with ``context.write`` and runs for ever (the aio health
 service's ``Watch``) keeps working: it gets a thin proxy of its context
 whose ``write`` and ``read`` count. Wrapped handlers are cached per method,
 so a call costs a few counter increments and one histogram observation.
+
+:class:`~.tracing.GrpcServerTracing` (a SERVER span per call) wraps handlers
+the same way and takes a call's status from the same functions,
+:func:`status_of_return` and :func:`status_of_raise`.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-__all__ = ["GO_CODE_NAMES", "GO_DEFAULT_BUCKETS", "GrpcServerMetrics", "rpc_type"]
+__all__ = ["GO_CODE_NAMES", "GO_DEFAULT_BUCKETS", "GrpcServerMetrics", "is_async", "rpc_type", "split_method",
+           "status_of_raise", "status_of_return"]
 
 #: ``grpc_code`` label values: each status code as Go's ``codes.Code.String()`` spells it.
 GO_CODE_NAMES: dict[grpc.StatusCode, str] = {
@@ -107,7 +112,7 @@ def rpc_type(request_streaming: bool, response_streaming: bool) -> str:
     return "server_stream" if response_streaming else "unary"
 
 
-def _split_method(full_method: str) -> tuple[str, str]:
+def split_method(full_method: str) -> tuple[str, str]:
     """``/pkg.Service/Method`` -> (``pkg.Service``, ``Method``); ("unknown", "unknown") without a ``/`` (as Go)."""
     service, sep, method = full_method.lstrip("/").partition("/")
     return (service, method) if sep else ("unknown", "unknown")
@@ -133,13 +138,13 @@ class _Series:
             self.seconds.observe(time.perf_counter() - started)
 
 
-def _returned(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+def status_of_return(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     """The status of a call whose handler returned: OK, or what it set with ``context.set_code``."""
     code = context.code()
     return grpc.StatusCode.OK if code is None else code
 
 
-def _raised(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+def status_of_raise(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     """The status of a call whose handler raised ``exc``, as grpc.aio reports it to the client.
 
     Cancelled (the client cancelled, or its deadline passed and grpc.aio
@@ -276,7 +281,7 @@ class GrpcServerMetrics(grpc.aio.ServerInterceptor):
 
     def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         kind = rpc_type(handler.request_streaming, handler.response_streaming)
-        series = self._series_of(kind, *_split_method(full_method))
+        series = self._series_of(kind, *split_method(full_method))
         if kind == "unary":
             return _wrap_unary_unary(handler, series)
         if kind == "server_stream":
@@ -286,13 +291,14 @@ class GrpcServerMetrics(grpc.aio.ServerInterceptor):
         return _wrap_stream_stream(handler, series)
 
 
-def _is_async(behaviour: Any) -> bool:
+def is_async(behaviour: Any) -> bool:
+    """Whether a handler's behaviour runs on the event loop (a coroutine or async generator function)."""
     return inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
 
 
 def _wrap_unary_unary(handler: grpc.RpcMethodHandler, series: _Series) -> grpc.RpcMethodHandler:
     inner = handler.unary_unary
-    if not _is_async(inner):
+    if not is_async(inner):
         return handler
 
     async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -302,9 +308,9 @@ def _wrap_unary_unary(handler: grpc.RpcMethodHandler, series: _Series) -> grpc.R
         try:
             response = await inner(request, context)
         except BaseException as exc:
-            series.done(_raised(exc, context), started)
+            series.done(status_of_raise(exc, context), started)
             raise
-        code = _returned(context)
+        code = status_of_return(context)
         series.done(code, started)
         if code == grpc.StatusCode.OK:
             series.sent.inc()
@@ -340,9 +346,9 @@ def _streaming(inner: Any, series: _Series, unary_request: bool) -> Any:
                         yield response
                         series.sent.inc()
             except BaseException as exc:
-                series.done(_raised(exc, context), started)
+                series.done(status_of_raise(exc, context), started)
                 raise
-            series.done(_returned(context), started)
+            series.done(status_of_return(context), started)
 
         return generator
 
@@ -351,16 +357,16 @@ def _streaming(inner: Any, series: _Series, unary_request: bool) -> Any:
         try:
             result = await inner(wrap_requests(request_or_iterator), _CountingContext(context, series))
         except BaseException as exc:
-            series.done(_raised(exc, context), started)
+            series.done(status_of_raise(exc, context), started)
             raise
-        series.done(_returned(context), started)
+        series.done(status_of_return(context), started)
         return result
 
     return coroutine
 
 
 def _wrap_unary_stream(handler: grpc.RpcMethodHandler, series: _Series) -> grpc.RpcMethodHandler:
-    if not _is_async(handler.unary_stream):
+    if not is_async(handler.unary_stream):
         return handler
     return grpc.unary_stream_rpc_method_handler(_streaming(handler.unary_stream, series, True),
                                                 request_deserializer=handler.request_deserializer,
@@ -368,7 +374,7 @@ def _wrap_unary_stream(handler: grpc.RpcMethodHandler, series: _Series) -> grpc.
 
 
 def _wrap_stream_stream(handler: grpc.RpcMethodHandler, series: _Series) -> grpc.RpcMethodHandler:
-    if not _is_async(handler.stream_stream):
+    if not is_async(handler.stream_stream):
         return handler
     return grpc.stream_stream_rpc_method_handler(_streaming(handler.stream_stream, series, False),
                                                  request_deserializer=handler.request_deserializer,
@@ -377,7 +383,7 @@ def _wrap_stream_stream(handler: grpc.RpcMethodHandler, series: _Series) -> grpc
 
 def _wrap_stream_unary(handler: grpc.RpcMethodHandler, series: _Series) -> grpc.RpcMethodHandler:
     inner = handler.stream_unary
-    if not _is_async(inner):
+    if not is_async(inner):
         return handler
 
     async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -386,9 +392,9 @@ def _wrap_stream_unary(handler: grpc.RpcMethodHandler, series: _Series) -> grpc.
         try:
             response = await inner(_CountingRequests(requests, series.received), _CountingContext(context, series))
         except BaseException as exc:
-            series.done(_raised(exc, context), started)
+            series.done(status_of_raise(exc, context), started)
             raise
-        code = _returned(context)
+        code = status_of_return(context)
         series.done(code, started)
         if code == grpc.StatusCode.OK:
             series.sent.inc()

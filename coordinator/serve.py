@@ -10,6 +10,13 @@ With ``--tls-cert``/``--tls-key`` (and ``--client-ca`` for mTLS) the port
 serves TLS; SIGHUP re-reads those files (changed files are also taken up at
 the next handshake), without dropping established connections.
 ``--health-listen`` adds a plaintext port with only grpc.health.v1.
+
+Traces are exported over OTLP when the standard variable
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)
+is set and ``OTEL_SDK_DISABLED`` is not ``true`` (:func:`~.tracing.export_from_environment`);
+the spans still queued are sent at shutdown. Set without the ``tracing``
+extra installed, it exits 2. ``--no-trace-lock-names`` keeps lock names out
+of the spans.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from .listen import bind_problem, same_address
 from .lock_metrics import check_name_prefixes
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
+from .tracing import TraceExport, TracingUnavailable, export_from_environment
 
 __all__ = ["PASSWORD_ENV", "BadFlag", "add_etcd_arguments", "build_parser", "default_data_dir", "etcd_settings", "main"]
 
@@ -110,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "prefix=\"PREFIX\" (the longest that matches; other names get prefix=\"\"); "
                              "repeatable, at most 100; needs --metrics-listen (env "
                              "FENCEPOST_METRICS_NAME_PREFIXES, comma-separated; default: none)")
+    parser.add_argument("--trace-lock-names", action=argparse.BooleanOptionalAction,
+                        default=_env("trace-lock-names", "true"),
+                        help="record lock names on trace spans (fencepost.lock.name); --no-trace-lock-names "
+                             "leaves them out (env FENCEPOST_TRACE_LOCK_NAMES=true|false; default true). Spans are "
+                             "exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT or "
+                             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (the standard OTEL_* variables apply)")
     return parser
 
 
@@ -156,6 +170,7 @@ class _Settings:
     log_format: str
     tls: ServerTls | None
     health_listen: str | None
+    trace_lock_names: bool
 
 
 def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
@@ -273,6 +288,23 @@ def _metrics_name_prefixes(args: argparse.Namespace) -> tuple[str, ...]:
     return prefixes
 
 
+def _flag_bool(flag: str, value: bool | str) -> bool:
+    """A boolean flag's value: True/False from the flag, or its variable's text (true/false, 1/0, yes/no, on/off).
+
+    Raises:
+        _BadFlag: a variable's text that is none of those.
+    """
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    variable = "FENCEPOST_" + flag.upper().replace("-", "_")
+    raise _BadFlag(f"{variable} is {value!r}; must be true or false (or --{flag} / --no-{flag})")
+
+
 def _settings(args: argparse.Namespace) -> _Settings:
     """Check the flags.
 
@@ -304,7 +336,9 @@ def _settings(args: argparse.Namespace) -> _Settings:
         raise _BadFlag(f"--log-format is {args.log_format!r}; must be text, json or auto")
     server_tls = _server_tls(args)
     endpoints, tls, auth = etcd_settings(args)
-    return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen)
+    trace_lock_names = _flag_bool("trace-lock-names", args.trace_lock_names)
+    return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen,
+                     trace_lock_names)
 
 
 def etcd_settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None]:
@@ -366,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         The process exit status: 0 after a clean shutdown, 1 when it cannot
-        start, 2 for a bad flag or environment value (one line on stderr).
+        start, 2 for a bad flag or environment value (one line on stderr),
+        also an OTLP endpoint variable set without the ``tracing`` extra.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -374,9 +409,20 @@ def main(argv: list[str] | None = None) -> int:
         settings = _settings(args)
         _check_metrics_listen(args.metrics_listen)
         name_prefixes = _metrics_name_prefixes(args)
-    except _BadFlag as exc:
+        traces = export_from_environment(os.environ)
+    except (_BadFlag, TracingUnavailable) as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        return _run(args, settings, traces, name_prefixes)
+    finally:
+        if traces is not None:
+            traces.shutdown()  # sends the spans still queued
+
+
+def _run(args: argparse.Namespace, settings: _Settings, traces: TraceExport | None,
+         name_prefixes: tuple[str, ...] = ()) -> int:
+    """Start the embedded etcd if needed, then serve until SIGTERM or SIGINT (see :func:`main`)."""
     # The addresses before anything starts (the embedded etcd takes seconds, and would be started for nothing).
     for flag, address in (("--listen", args.listen), ("--health-listen", settings.health_listen),
                           ("--metrics-listen", args.metrics_listen)):
@@ -414,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         endpoints = [embedded.endpoint]
     try:
-        return asyncio.run(_serve(endpoints, args, settings, name_prefixes))
+        return asyncio.run(_serve(endpoints, args, settings, traces, name_prefixes))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -450,14 +496,16 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
 
 
 async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Settings,
-                 name_prefixes: tuple[str, ...] = ()) -> int:
+                 traces: TraceExport | None, name_prefixes: tuple[str, ...] = ()) -> int:
     tls, auth = settings.etcd_tls, settings.auth
     try:
         coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
                                   etcd_tls=tls, etcd_auth=auth, tls=settings.tls,
                                   health_listen=settings.health_listen,
                                   metrics_listen=args.metrics_listen, metrics_name_prefixes=name_prefixes,
-                                  etcd_embedded=settings.endpoints is None)
+                                  etcd_embedded=settings.endpoints is None,
+                                  tracer_provider=traces.provider if traces is not None else None,
+                                  trace_lock_names=settings.trace_lock_names)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -484,6 +532,9 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
     print(f"fencepost: listening on {coordinator.address}", flush=True)
     if coordinator.metrics_address is not None:
         print(f"fencepost: metrics on http://{coordinator.metrics_address}/metrics", flush=True)
+    if traces is not None:
+        print(f"fencepost: traces to {traces.endpoint} (OTLP {traces.protocol})"
+              f"{'' if settings.trace_lock_names else ', without lock names'}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

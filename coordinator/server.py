@@ -14,6 +14,12 @@ Shutdown (SIGTERM/SIGINT, or ``stop()``): health turns NOT_SERVING, KeepAlive
 streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
 calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
 restarted coordinator (or sidecar) must not drop its clients' locks.
+
+Traces (:mod:`.tracing`): with a tracer provider (given, or the global one
+when it is not the API's default), each call is a SERVER span, child of the
+caller's W3C trace context, and each etcd request made for it a CLIENT span
+under it; independent of metrics. Without one, no interceptor is installed
+for it and nothing is traced.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry.trace import TracerProvider
 
+from fencepost.client._tracing import Tracing
 from fencepost.client.errors import FencepostError
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
@@ -43,6 +51,7 @@ from .metrics_server import MetricsEndpoint
 from .service import LockService
 from .tls import ServerCertificates, ServerTls
 from .tokens import TokenFloor
+from .tracing import GrpcServerTracing
 from .watch import DeleteWatcher
 
 _log = logging.getLogger("fencepost.coordinator")
@@ -111,6 +120,11 @@ class Coordinator:
         etcd_embedded: whether ``etcd_endpoints`` is an etcd the caller runs
             for this coordinator alone (``fencepost serve`` without
             ``--etcd-endpoints``); reported by ServerInfo only.
+        tracer_provider: the OpenTelemetry tracer provider of the spans; None
+            for the global one. Looked up at ``start()``: while it is the
+            API's default (no SDK set up), nothing is traced.
+        trace_lock_names: record lock names on spans (``fencepost.lock.name``);
+            False leaves them out.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -126,7 +140,8 @@ class Coordinator:
                  server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
                  etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
                  health_listen: str | None = None, metrics_listen: str | None = None,
-                 metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False) -> None:
+                 metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
+                 tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -139,6 +154,7 @@ class Coordinator:
             raise ValueError("metrics name prefixes need metrics_listen")
         self._metrics = (MetricsEndpoint(check_listen(metrics_listen), metrics_name_prefixes)
                          if metrics_listen is not None else None)
+        self._tracing = Tracing(tracer_provider, lock_names=bool(trace_lock_names))
         self._certificates = ServerCertificates(tls) if tls is not None else None
         self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
@@ -229,7 +245,14 @@ class Coordinator:
         if self._metrics is not None:
             self._metrics.start()
         counted = self._metrics.locks if self._metrics is not None else NO_METRICS
-        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth, metrics=counted)
+        tracer = self._tracing.tracer()
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if tracer is not None:  # first: its span is current in the metrics interceptor and the handler
+            interceptors.append(GrpcServerTracing(tracer, lock_names=self._tracing.lock_names))
+        if self._metrics is not None:
+            interceptors.append(self._metrics.grpc)
+        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth, metrics=counted,
+                                tracer=tracer)
         try:
             await self._etcd.connect()
         except FencepostError as exc:
@@ -241,8 +264,7 @@ class Coordinator:
         locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted,
                                           tokens=self._tokens)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about)
-        server = grpc.aio.server(options=self._server_options,
-                                 interceptors=[self._metrics.grpc] if self._metrics is not None else None)
+        server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
         add_lock_service(self._service, server)  # the generated registration, checking UTF-8
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if self._metrics is not None:
@@ -252,8 +274,7 @@ class Coordinator:
         self.port = self._bind(server, self._listen, credentials)
         health_server = None
         if self._health_listen is not None:
-            health_server = grpc.aio.server(options=self._server_options,
-                                            interceptors=[self._metrics.grpc] if self._metrics is not None else None)
+            health_server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
             self.health_port = self._bind(health_server, self._health_listen)
         await self._set_health(False)

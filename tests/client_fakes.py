@@ -13,6 +13,7 @@ import grpc.aio
 from fencepost.client._lease import Lease, LeasePool
 from fencepost.client._lock import Locker
 from fencepost.client._stream import KeepAliveStream
+from fencepost.client._tracing import Tracing
 from fencepost.client.handle import AsyncLockHandle
 from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
@@ -40,6 +41,7 @@ class FakeTransport:
     """A transport whose every call waits for the test to answer it (see :func:`next_call`)."""
 
     connect_timeout = 5.0
+    tracing = Tracing()  # the global provider: the API's default, so no spans
 
     def __init__(self) -> None:
         self.calls: asyncio.Queue[tuple[str, Any, asyncio.Future[Any]]] = asyncio.Queue()

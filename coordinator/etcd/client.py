@@ -7,6 +7,18 @@ credentials, under the per-call deadline and retry rule of its operation
 coordinator's error (:func:`~.policy.error_for`). A Txn whose outcome is
 unknown is resolved by its :class:`TxnPlan`'s read-back, never re-sent
 blindly.
+
+Traces: with a tracer, each unary request sent for a traced call (a
+recording span is current: the coordinator's SERVER span) is a CLIENT span
+``etcdserverpb.<Service>/<Method>`` (``etcdserverpb.KV/Txn``, one per
+attempt; a read-back is a request of its own) with ``db.system`` ``etcd``,
+``db.operation`` (``Txn``, ``Range``, ``LeaseGrant``, ...),
+``fencepost.etcd.op`` (the retry rule's operation, as the metrics'
+``operation`` label), ``rpc.*`` and ``rpc.grpc.status_code``, and a Txn's
+``fencepost.etcd.succeeded``; the W3C context goes to etcd in the request's
+metadata (``traceparent``). Requests made outside any call (the health
+monitor's reads, the deletion watcher, the shared keepalive and watch
+streams) are not traced.
 """
 
 from __future__ import annotations
@@ -20,7 +32,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Tracer
 
+from fencepost.client._tracing import inject, rpc_attributes, set_rpc_status
 from fencepost.client.errors import FencepostError, LeaseLost
 from fencepost.client.v1 import etcdops
 from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
@@ -113,6 +128,17 @@ class _ReadBack(Generic[T]):
     value: T
 
 
+#: (service, method) of each unary request type the coordinator sends, for its span.
+_RPC_OF: dict[type, tuple[str, str]] = {
+    rpc_pb2.RangeRequest: ("etcdserverpb.KV", "Range"),
+    rpc_pb2.TxnRequest: ("etcdserverpb.KV", "Txn"),
+    rpc_pb2.LeaseGrantRequest: ("etcdserverpb.Lease", "LeaseGrant"),
+    rpc_pb2.LeaseRevokeRequest: ("etcdserverpb.Lease", "LeaseRevoke"),
+    rpc_pb2.LeaseTimeToLiveRequest: ("etcdserverpb.Lease", "LeaseTimeToLive"),
+    rpc_pb2.AuthenticateRequest: ("etcdserverpb.Auth", "Authenticate"),
+}
+
+
 class EtcdClient:
     """The coordinator's one way to etcd.
 
@@ -126,6 +152,8 @@ class EtcdClient:
         backoff: The delays between attempts.
         metrics: Records each request's time and failures
             (``fencepost_etcd_request_seconds``, ``fencepost_etcd_errors_total``).
+        tracer: Makes a span of each request sent for a traced call; None
+            traces nothing.
 
     Raises:
         ValueError: bad endpoints or TLS settings.
@@ -133,7 +161,8 @@ class EtcdClient:
 
     def __init__(self, endpoints: Sequence[str], *, tls: EtcdTls | None = None, auth: EtcdAuth | None = None,
                  stubs: Callable[[grpc.aio.Channel], Stubs] = Stubs.on, rules: dict[Op, Rule] | None = None,
-                 backoff: Backoff = ETCD_BACKOFF, metrics: LockMetrics = NO_METRICS) -> None:
+                 backoff: Backoff = ETCD_BACKOFF, metrics: LockMetrics = NO_METRICS,
+                 tracer: Tracer | None = None) -> None:
         self.members = Members(endpoints, tls=tls)
         self._stubs = [stubs(self.members.channel(i)) for i in range(len(self.members))]
         self._auth = auth
@@ -145,6 +174,7 @@ class EtcdClient:
         self.refusal: str | None = None
         self._auth_lock = asyncio.Lock()
         self._metrics = metrics
+        self._tracer = tracer
         self._keepalives = KeepAlives(self._open_keepalive, self._stream_broken, metrics)
         #: Sees the header of every Range and Txn answer (the token floor's watch for etcd going back).
         self.headers: HeaderWatch | None = None
@@ -425,7 +455,7 @@ class EtcdClient:
             sent = time.perf_counter()
             try:
                 timeout = rule.timeout if limit is None else min(rule.timeout, limit)
-                resp = await method(stubs)(request, timeout=timeout, metadata=self._metadata(token))
+                resp = await self._send(method(stubs), request, op, timeout, token)
                 if headers is not None:
                     headers.seen(mark, resp.header)
                 self._metrics.etcd_request(op.name.lower(), time.perf_counter() - sent)
@@ -444,6 +474,28 @@ class EtcdClient:
             elif failure not in rule.resend:
                 break
         raise error_for(failure, last, op, name=name, lease_id=lease_id, user=self.user) from last
+
+    async def _send(self, call: Any, request: Any, op: Op, timeout: float, token: str | None) -> Any:
+        """One unary request: in a CLIENT span, its context in the metadata, when a traced call made it."""
+        if self._tracer is None or not trace.get_current_span().is_recording():
+            return await call(request, timeout=timeout, metadata=self._metadata(token))
+        service, method = _RPC_OF.get(type(request), ("etcdserverpb", type(request).__name__))
+        attributes = rpc_attributes(service, method)
+        attributes.update({"db.system": "etcd", "db.operation": method, "fencepost.etcd.op": op.name.lower()})
+        with self._tracer.start_as_current_span(f"{service}/{method}", kind=SpanKind.CLIENT, attributes=attributes,
+                                                record_exception=False, set_status_on_exception=False) as span:
+            try:
+                resp = await call(request, timeout=timeout, metadata=inject(self._metadata(token)))
+            except grpc.aio.AioRpcError as exc:
+                set_rpc_status(span, exc.code(), server=False, message=exc.details())
+                raise
+            except asyncio.CancelledError:
+                set_rpc_status(span, grpc.StatusCode.CANCELLED, server=False)
+                raise
+            set_rpc_status(span, grpc.StatusCode.OK, server=False)
+            if isinstance(resp, rpc_pb2.TxnResponse):
+                span.set_attribute("fencepost.etcd.succeeded", bool(resp.succeeded))
+            return resp
 
     async def _open_keepalive(self, requests: AsyncIterator[rpc_pb2.LeaseKeepAliveRequest]
                               ) -> tuple[int, grpc.aio.StreamStreamCall]:
