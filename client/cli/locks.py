@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -168,8 +170,20 @@ def execute(args: argparse.Namespace) -> int:
     if not args.watch:
         _show(args, addresses, tls)
         return EXIT_OK
+    # Ctrl-C (SIGINT) ends the loop between listings: a KeyboardInterrupt raised
+    # wherever the signal lands (inside gRPC's channel shutdown, or asyncio.run's
+    # own clean-up) could leave the process hanging at exit instead.
+    # A second Ctrl-C interrupts the listing in progress (up to the call's 5 s).
+    interrupted = threading.Event()
+
+    def on_sigint(_signum: int, _frame: Any) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        while True:
+        while not interrupted.is_set():
             started = time.monotonic()
             try:
                 _show(args, addresses, tls)
@@ -177,6 +191,7 @@ def execute(args: argparse.Namespace) -> int:
                 if err.exit_code == EXIT_USAGE:
                     raise
                 print(f"fencepost locks: {err}", file=sys.stderr, flush=True)
-            time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
-    except KeyboardInterrupt:
+            interrupted.wait(max(0.0, args.interval - (time.monotonic() - started)))
         return EXIT_OK
+    finally:
+        signal.signal(signal.SIGINT, previous)
