@@ -10,6 +10,7 @@ from ._info import EtcdInfo, ServerInfo
 from ._sync import LockClient, LockHandle
 from ._tls import TlsConfig
 from .errors import (
+    AccessDenied,
     DataLoss,
     FencepostError,
     InvalidArgument,
@@ -18,6 +19,7 @@ from .errors import (
     LockTimeout,
     MissingRecordError,
     NotHolder,
+    PermissionDenied,
     ResourceExhausted,
     StaleTokenError,
     TlsError,
@@ -27,6 +29,7 @@ from .handle import AsyncLockHandle
 
 __all__ = [
     "DEFAULT_ADDRESS",
+    "AccessDenied",
     "AsyncLockClient",
     "AsyncLockHandle",
     "DataLoss",
@@ -42,6 +45,7 @@ __all__ = [
     "LockTimeout",
     "MissingRecordError",
     "NotHolder",
+    "PermissionDenied",
     "ResourceExhausted",
     "ServerInfo",
     "StaleTokenError",

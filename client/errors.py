@@ -29,8 +29,12 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      │   └── DataLoss              etcd's revisions went back (restored from an
      │                             older snapshot): no token is granted until an
      │                             operator recovers the tokens
-     └── ResourceExhausted         too many waiters, streams or calls; the S3
-                                   guard's conditional writes kept losing
+     ├── ResourceExhausted         too many waiters, streams or calls; the S3
+ │                             guard's conditional writes kept losing
+ └── PermissionDenied          the coordinator refuses this caller
+     └── AccessDenied          its access policy does not let the caller's
+                               identity take this action on this lock name
+                               (.action)
 
 The coordinator raises these same classes and turns them into gRPC statuses
 (``fencepost.coordinator.errors``); the client turns a failed call back into
@@ -60,6 +64,8 @@ __all__ = [
     "TlsError",
     "DataLoss",
     "ResourceExhausted",
+    "PermissionDenied",
+    "AccessDenied",
     "from_rpc_error",
     "REASON_CLOSED",
     "REASON_FORKED",
@@ -299,6 +305,37 @@ class ResourceExhausted(FencepostError):
     """
 
 
+class PermissionDenied(FencepostError):
+    """The coordinator refuses this caller (status PERMISSION_DENIED): retrying does not help.
+
+    The base of the refusals that depend on who calls; :class:`AccessDenied`
+    is the access policy's.
+    """
+
+
+class AccessDenied(PermissionDenied):
+    """The coordinator's access policy does not let the caller take this action on this lock name.
+
+    Reason ``ACCESS_DENIED``. The caller's identity is its client
+    certificate's (SPIFFE ID, URI SAN, DNS SAN or subject CN); the message
+    names it, the action and the lock name (docs/security.md, "Access policy").
+
+    Attributes:
+        action: The refused action: ``"acquire"``, ``"release"``,
+            ``"describe"`` or ``"admin"``; None when the server did not say.
+        identity: The caller's identity as the coordinator saw it; None
+            without a client certificate, or (on the client side) not sent.
+    """
+
+    default_reason = ErrorReason.ACCESS_DENIED
+
+    def __init__(self, message: str = "", *, action: str | None = None, identity: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.action = action
+        self.identity = identity
+
+
 # (status code, ErrorReason name or None) -> class. A (code, None) row is the
 # fallback for that code whatever the reason.
 _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
@@ -310,6 +347,8 @@ _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
     (grpc.StatusCode.UNAVAILABLE, reason_name(ErrorReason.DATA_LOSS)): DataLoss,
     (grpc.StatusCode.UNAVAILABLE, None): Unavailable,
     (grpc.StatusCode.RESOURCE_EXHAUSTED, None): ResourceExhausted,
+    (grpc.StatusCode.PERMISSION_DENIED, reason_name(ErrorReason.ACCESS_DENIED)): AccessDenied,
+    (grpc.StatusCode.PERMISSION_DENIED, None): PermissionDenied,
 }
 
 
@@ -377,6 +416,8 @@ def from_rpc_error(
         exc = StaleTokenError(message, **tokens, **common)
     elif cls is NotHolder:
         exc = NotHolder(message, **tokens, **common)
+    elif cls is AccessDenied:
+        exc = AccessDenied(message, action=status.metadata.get(details.ACTION), **common)
     elif cls is Unavailable or cls is DataLoss:
         exc = cls(message, retry_delay=status.retry_delay, **common)
     else:

@@ -16,6 +16,7 @@ StaleTokenError              STALE_TOKEN (FAILED_PRECONDITION), ``current_token`
 LeaseLost                    LEASE_EXPIRED (FAILED_PRECONDITION)
 ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAUSTED)
 Unavailable                  ETCD_UNAVAILABLE / SHUTTING_DOWN (UNAVAILABLE + RetryInfo)
+AccessDenied                 ACCESS_DENIED (PERMISSION_DENIED), ``action`` set
 ===========================  =================================================
 """
 
@@ -23,7 +24,14 @@ from __future__ import annotations
 
 import grpc
 
-from fencepost.client.errors import FencepostError, InvalidArgument, NotHolder, StaleTokenError, Unavailable
+from fencepost.client.errors import (
+    AccessDenied,
+    FencepostError,
+    InvalidArgument,
+    NotHolder,
+    StaleTokenError,
+    Unavailable,
+)
 from fencepost.client.v1 import details
 from fencepost.client.v1.details import ErrorReason, reason_name
 
@@ -78,6 +86,8 @@ def to_status(exc: FencepostError) -> grpc.Status:
             metadata[details.TOKEN] = str(exc.token)
         if exc.current_token is not None:
             metadata[details.CURRENT_TOKEN] = str(exc.current_token)
+    if isinstance(exc, AccessDenied) and exc.action is not None:
+        metadata[details.ACTION] = exc.action
     return details.status_for(reason, exc.message, metadata)
 
 

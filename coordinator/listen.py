@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import logging
 import os
 import re
@@ -25,7 +26,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-__all__ = ["UnixSocketClaim", "bind_problem", "check_listen", "same_address", "unix_socket_path"]
+__all__ = ["UnixSocketClaim", "bind_problem", "check_listen", "is_local", "same_address", "unix_socket_path"]
 
 _log = logging.getLogger("fencepost.coordinator")
 
@@ -99,6 +100,25 @@ def check_listen(listen: str) -> str:
     if match is None or int(match.group("port")) > 65535:
         raise ValueError(f"listen address {listen!r} is not {LISTEN_FORMS}")
     return listen
+
+
+def is_local(listen: str) -> bool:
+    """Whether a checked listen address is reachable from this host only: a Unix socket or a loopback address.
+
+    ``localhost`` counts as loopback; any other host name, and the
+    wildcard addresses (``0.0.0.0``, ``[::]``), do not (host names are not resolved).
+    """
+    if unix_socket_path(listen) is not None:
+        return True
+    host = listen.rsplit(":", 1)[0]
+    if host.startswith("["):
+        host = host[1:-1].split("%", 1)[0]
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def same_address(a: str, b: str) -> bool:

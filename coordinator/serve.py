@@ -11,6 +11,13 @@ serves TLS; SIGHUP re-reads those files (changed files are also taken up at
 the next handshake), without dropping established connections.
 ``--health-listen`` adds a plaintext port with only grpc.health.v1.
 
+``--policy FILE`` (with mTLS) sets the access policy (:mod:`.policy`): which
+client-certificate identities may acquire, release, describe or administer
+which lock names; SIGHUP re-reads it with the TLS files, and a file that
+cannot be used keeps the policy in force (a warning names the problem).
+Without a policy every caller may do everything; serving so in plaintext on
+an address other hosts can reach logs a warning (event ``plaintext_listen``).
+
 Traces are exported over OTLP when the standard variable
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)
 is set and ``OTEL_SDK_DISABLED`` is not ``true`` (:func:`~.tracing.export_from_environment`);
@@ -36,8 +43,10 @@ from typing import IO
 from .etcd import EtcdAuth, EtcdTls, check_endpoints
 from .events import LOG_FORMATS
 from .events import configure as configure_logging
-from .listen import bind_problem, same_address
+from .events import log_event
+from .listen import bind_problem, is_local, same_address
 from .lock_metrics import check_name_prefixes
+from .policy import Policy, PolicyError
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
 from .tracing import TraceExport, TracingUnavailable, export_from_environment
@@ -71,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                     f"never from a flag. With --tls-cert and "
                     f"--tls-key the port serves TLS (mTLS with --client-ca); SIGHUP re-reads those files "
                     f"(changed files are also taken up at the next handshake) without dropping established "
-                    f"connections. If etcd's revisions go back (etcd restored from an older snapshot), the "
+                    f"connections. With --policy (and --client-ca), only what the access policy file allows "
+                    f"each client certificate's identity is served; SIGHUP re-reads it too. If etcd's revisions go back (etcd restored from an older snapshot), the "
                     f"coordinator refuses to grant (UNAVAILABLE/DATA_LOSS, health NOT_SERVING) rather than hand "
                     f"out a smaller fencing token, until `fencepost admin recover-tokens` (docs/deploy.md). "
                     f"Bad flags exit 2 before anything starts.",
@@ -97,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also serve grpc.health.v1, and nothing else, in plaintext on HOST:PORT (or "
                              "unix:/ABSOLUTE/PATH): for probes without a client certificate, such as the kubelet's "
                              "gRPC probe (env FENCEPOST_HEALTH_LISTEN; default: none)")
+    parser.add_argument("--policy", default=_env("policy", None), metavar="FILE",
+                        help="access policy, a .toml, .yaml or .yml file: which client-certificate identities "
+                             "(SPIFFE ID, else URI SAN, else DNS SAN, else subject CN) may acquire, release, "
+                             "describe or admin which lock names (exact, or prefixes such as billing/*); what it "
+                             "does not allow is refused with PERMISSION_DENIED. Needs --client-ca. SIGHUP re-reads "
+                             "it; a file that cannot be used keeps the policy in force (docs/security.md) (env "
+                             "FENCEPOST_POLICY; default: none, every caller may do everything)")
     add_etcd_arguments(parser)
     parser.add_argument("--data-dir", default=_env("data-dir", None),
                         help="embedded etcd data directory (env FENCEPOST_DATA_DIR; default: a per-user data directory)")
@@ -171,6 +188,7 @@ class _Settings:
     tls: ServerTls | None
     health_listen: str | None
     trace_lock_names: bool
+    policy: Policy | None = None
 
 
 def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
@@ -216,6 +234,26 @@ def _server_tls(args: argparse.Namespace) -> ServerTls | None:
                args.client_ca or None)
     return ServerTls(Path(args.tls_cert), Path(args.tls_key), Path(args.client_ca) if args.client_ca else None,
                      require_client_cert=args.client_auth != "optional")
+
+
+def _policy(args: argparse.Namespace, tls: ServerTls | None) -> Policy | None:
+    """The checked ``--policy`` file, read.
+
+    Raises:
+        _BadFlag: a policy without mTLS (every caller would be anonymous), or a file that cannot be used.
+    """
+    if not args.policy:
+        return None
+    if tls is None or tls.client_ca is None:
+        raise _BadFlag("--policy needs --client-ca (and --tls-cert, --tls-key): callers are told apart by their "
+                       "client certificates; without them every caller would be anonymous")
+    if not tls.require_client_cert:
+        raise _BadFlag("--policy needs client certificates, which --client-auth optional does not ask for: every "
+                       "caller would be anonymous; drop --client-auth optional")
+    try:
+        return Policy.from_file(args.policy)
+    except PolicyError as exc:
+        raise _BadFlag(f"--policy: {exc}") from None
 
 
 def _etcd_ca(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -335,10 +373,11 @@ def _settings(args: argparse.Namespace) -> _Settings:
     if args.log_format not in LOG_FORMATS:
         raise _BadFlag(f"--log-format is {args.log_format!r}; must be text, json or auto")
     server_tls = _server_tls(args)
+    policy = _policy(args, server_tls)
     endpoints, tls, auth = etcd_settings(args)
     trace_lock_names = _flag_bool("trace-lock-names", args.trace_lock_names)
     return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen,
-                     trace_lock_names)
+                     trace_lock_names, policy)
 
 
 def etcd_settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None]:
@@ -505,7 +544,7 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
                                   metrics_listen=args.metrics_listen, metrics_name_prefixes=name_prefixes,
                                   etcd_embedded=settings.endpoints is None,
                                   tracer_provider=traces.provider if traces is not None else None,
-                                  trace_lock_names=settings.trace_lock_names)
+                                  trace_lock_names=settings.trace_lock_names, policy=settings.policy)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -515,6 +554,12 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
         print(f"fencepost: {exc}", file=sys.stderr)
         await coordinator.stop(0)
         return 1
+    # Before the "listening" line: a supervisor may signal as soon as it reads it.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload, coordinator)
     how = []
     if tls is not None:
         how.append("mTLS" if tls.cert else "TLS")
@@ -526,6 +571,14 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
         ca = f", client CA {settings.tls.client_ca}" if settings.tls.client_ca is not None else ""
         print(f"fencepost: {settings.tls.describe()}, certificate {settings.tls.cert}{ca}; SIGHUP re-reads them",
               flush=True)
+    if settings.policy is not None:
+        print(f"fencepost: access policy {settings.policy.source} ({settings.policy.summary}); "
+              f"SIGHUP re-reads it", flush=True)
+    if settings.tls is None and not is_local(args.listen):
+        log_event(logging.getLogger("fencepost.coordinator"), logging.WARNING, "plaintext_listen",
+                  f"serving in plaintext on {args.listen}, which other hosts can reach: any of them may take, "
+                  f"release and list every lock; give --tls-cert, --tls-key and --client-ca (and --policy), or "
+                  f"listen on a loopback address or a Unix socket", listen=args.listen)
     if coordinator.health_address is not None:
         print(f"fencepost: health (grpc.health.v1 only, plaintext) on {coordinator.health_address}", flush=True)
     # The last word of this line is the address (tests and bench/cycles.py read it).
@@ -535,11 +588,6 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
     if traces is not None:
         print(f"fencepost: traces to {traces.endpoint} (OTLP {traces.protocol})"
               f"{'' if settings.trace_lock_names else ', without lock names'}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, _reload, coordinator)
     await stop.wait()
     print("fencepost: shutting down (leases are kept)", flush=True)
     await coordinator.stop()
@@ -547,7 +595,15 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
 
 
 def _reload(coordinator: Coordinator) -> None:
-    """SIGHUP: re-read the TLS files (a bad one keeps the certificate in use; the warning names it)."""
+    """SIGHUP: re-read the TLS files and the access policy (a bad file keeps the one in use; a warning names it)."""
+    if coordinator.policy is not None:
+        if coordinator.reload_policy():
+            policy = coordinator.policy
+            print(f"fencepost: SIGHUP: access policy reloaded from {policy.source} ({policy.summary}); "
+                  f"new calls use it", flush=True)
+        else:
+            print("fencepost: SIGHUP: access policy not reloaded, the policy in use stays (see the warning)",
+                  flush=True)
     if coordinator.tls is None:
         print("fencepost: SIGHUP: no TLS files to reload", flush=True)
     elif coordinator.reload_tls():

@@ -48,6 +48,7 @@ from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, u
 from .lock import LockManager
 from .lock_metrics import NO_METRICS
 from .metrics_server import MetricsEndpoint
+from .policy import Access, Policy
 from .service import LockService
 from .tls import ServerCertificates, ServerTls
 from .tokens import TokenFloor
@@ -125,6 +126,10 @@ class Coordinator:
             API's default (no SDK set up), nothing is traced.
         trace_lock_names: record lock names on spans (``fencepost.lock.name``);
             False leaves them out.
+        policy: the access policy (:mod:`.policy`): which client-certificate
+            identities may take which actions on which lock names; None lets
+            every caller do everything. Meant for mTLS (``tls.client_ca``):
+            without it every caller is anonymous.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -141,7 +146,8 @@ class Coordinator:
                  etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
                  health_listen: str | None = None, metrics_listen: str | None = None,
                  metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
-                 tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True) -> None:
+                 tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
+                 policy: Policy | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -156,6 +162,7 @@ class Coordinator:
                          if metrics_listen is not None else None)
         self._tracing = Tracing(tracer_provider, lock_names=bool(trace_lock_names))
         self._certificates = ServerCertificates(tls) if tls is not None else None
+        self._access = Access(policy)
         self._socket_path = unix_socket_path(listen)
         self._endpoints = list(etcd_endpoints)
         self._etcd_tls = etcd_tls
@@ -223,6 +230,26 @@ class Coordinator:
         return self._certificates.reload()
 
     @property
+    def policy(self) -> Policy | None:
+        """The access policy in force; None for none."""
+        return self._access.policy
+
+    def reload_policy(self) -> bool:
+        """Re-read the access policy's file now (``fencepost serve`` does on SIGHUP).
+
+        Calls that start after this use the new policy. A file that cannot be
+        used keeps the policy in force, and a warning (event
+        ``policy_not_reloaded``) names the file and the problem.
+
+        Returns:
+            True when the new policy is in force; False when the old one stays.
+
+        Raises:
+            RuntimeError: the coordinator was made without a policy, or with one not read from a file.
+        """
+        return self._access.reload()
+
+    @property
     def metrics_address(self) -> str | None:
         """``HOST:PORT`` of the ``/metrics`` endpoint (after ``start()``); None without ``metrics_listen``."""
         return self._metrics.address if self._metrics is not None else None
@@ -263,7 +290,8 @@ class Coordinator:
         self._tokens = self._etcd.headers = TokenFloor(self._etcd, self._keys)
         locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted,
                                           tokens=self._tokens)
-        self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about)
+        self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about,
+                                    access=self._access)
         server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
         add_lock_service(self._service, server)  # the generated registration, checking UTF-8
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -8,6 +8,11 @@ While fencing tokens would go back (etcd restored from an older snapshot,
 see ``tokens``), the calls that grant, check or report a token, and
 LeaseGrant, are refused with UNAVAILABLE / DATA_LOSS; KeepAlive streams,
 LeaseRevoke and Withdraw only keep or remove state and are still served.
+
+With an access policy (:mod:`.policy`), each call first checks that the
+caller's identity may take the call's action (on its lock name), and is
+refused with PERMISSION_DENIED / ACCESS_DENIED otherwise; ListLocks shows
+only the locks the caller may describe.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from fencepost.client.errors import FencepostError, ResourceExhausted
+from fencepost.client.errors import AccessDenied, FencepostError, ResourceExhausted
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
@@ -36,6 +41,7 @@ from .holds import HoldTracker
 from .listing import list_locks
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
+from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
 from .validate import wait_seconds
 from .watch import DeleteWatcher
@@ -88,11 +94,15 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         metrics: counts grants, holds and their ends, releases, refusals, leases and keepalives.
         about: the coordinator's own facts, for ServerInfo; None for a servicer
             made alone (ServerInfo then reports only the prefix and the counts).
+        access: the access policy in force (:mod:`.policy`), checked first in
+            each call; None, or an Access without a policy, allows every call.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
-                 *, max_streams: int = 10_000, metrics: LockMetrics = NO_METRICS, about: About | None = None) -> None:
+                 *, max_streams: int = 10_000, metrics: LockMetrics = NO_METRICS, about: About | None = None,
+                 access: Access | None = None) -> None:
         self._leases = leases
+        self._access = access if access is not None else Access()
         self._metrics = metrics
         self._locks = locks
         self._watcher = watcher
@@ -133,12 +143,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         if log:
             log_event(_log, logging.INFO, "refusal", f"{call} refused: {reason}: {exc.message}", call=call,
                       reason=reason, name=exc.name, lease_id=exc.lease_id, token=getattr(exc, "token", None),
-                      current_token=getattr(exc, "current_token", None), **caller(context))
+                      current_token=getattr(exc, "current_token", None), action=getattr(exc, "action", None),
+                      identity=getattr(exc, "identity", None), **caller(context))
         await context.abort_with_status(status)
 
     @_statuses
     async def LeaseGrant(self, request: lock_pb2.LeaseGrantRequest, context: grpc.aio.ServicerContext
                          ) -> lock_pb2.LeaseGrantResponse:
+        self._access.check(context, ACQUIRE)  # a lease is only good for acquiring
         self._locks.tokens.check_serving()  # a lease carries no token: refused only once tokens are known unsafe
         lease_id, ttl = await self._leases.grant_or_revoke(request.ttl_seconds)
         log_event(_log, logging.DEBUG, "lease_granted", f"lease {lease_id:#x} granted, TTL {ttl} s",
@@ -148,6 +160,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def LeaseRevoke(self, request: lock_pb2.LeaseRevokeRequest, context: grpc.aio.ServicerContext
                           ) -> lock_pb2.LeaseRevokeResponse:
+        self._access.check(context, ACQUIRE)
         self._holds.revoking(request.lease_id)  # before the call: its deletions may be seen before it returns
         try:
             found = await self._leases.revoke(request.lease_id)
@@ -163,6 +176,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.AcquireResponse:
+        self._access.check(context, ACQUIRE, request.name)
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
         await self._locks.tokens.ready()
@@ -188,6 +202,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.ReleaseResponse:
+        self._access.check(context, RELEASE, request.name)
         await self._locks.tokens.ready()
         hold = Hold(request.name, request.lease_id, request.token)
         self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
@@ -208,6 +223,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
+        self._access.check(context, ACQUIRE, request.name)
         followed = self._holds.releasing(request.name, request.lease_id)
         try:
             found, held, revision = await self._locks.withdraw(request.name, request.lease_id)
@@ -225,6 +241,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Describe(self, request: lock_pb2.DescribeRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.DescribeResponse:
+        self._access.check(context, DESCRIBE, request.name)
         await self._locks.tokens.ready()
         d = await self._locks.describe(request.name)
         return lock_pb2.DescribeResponse(
@@ -236,6 +253,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def ListLocks(self, request: lock_pb2.ListLocksRequest, context: grpc.aio.ServicerContext
                         ) -> lock_pb2.ListLocksResponse:
+        visible = self._access.lister(context, request.prefix)  # None: every lock listed
         await self._locks.tokens.ready()
         page = await list_locks(self._locks.etcd, self._keys, request.prefix, request.page_size, request.page_token,
                                 self._holds.grant_times, self._locks.tokens)
@@ -243,12 +261,13 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             locks=[lock_pb2.LockInfo(name=lock.name, holder=_holder(lock.holder),
                                      ttl_remaining_seconds=lock.ttl_remaining_seconds, ttl_seconds=lock.ttl_seconds,
                                      held_seconds=lock.held_seconds, waiter_count=lock.waiter_count)
-                   for lock in page.locks],
+                   for lock in page.locks if visible is None or visible(lock.name)],
             next_page_token=page.next_page_token, revision=page.revision)
 
     @_statuses
     async def ServerInfo(self, request: lock_pb2.ServerInfoRequest, context: grpc.aio.ServicerContext
                          ) -> lock_pb2.ServerInfoResponse:
+        self._access.check(context, ADMIN)
         with bounded(ETCD_SECONDS):  # within the caller's deadline too (see _statuses)
             etcd = await read_etcd(self._locks.etcd, self._keys)
         about = self._about
@@ -267,6 +286,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
 
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
+        try:
+            self._access.check(context, ACQUIRE)
+        except AccessDenied as exc:
+            await self._refuse(context, exc, "KeepAlive")
         if self.closing.is_set():
             await self._refuse(context, shutting_down(), "KeepAlive")
         if self._streams >= self._max_streams:

@@ -35,6 +35,7 @@ CLASS_BY_REASON: dict[int, type[fc.FencepostError]] = {
     ErrorReason.SHUTTING_DOWN: fc.Unavailable,
     ErrorReason.TOO_MANY_STREAMS: fc.ResourceExhausted,
     ErrorReason.DATA_LOSS: fc.DataLoss,
+    ErrorReason.ACCESS_DENIED: fc.AccessDenied,
 }
 
 
@@ -75,6 +76,13 @@ def test_from_rpc_error_when_not_holder_has_no_current_token() -> None:
     assert isinstance(err, fc.NotHolder) and err.current_token is None
 
 
+def test_from_rpc_error_when_access_denied_names_the_action() -> None:
+    """An ACCESS_DENIED refusal is an AccessDenied (a PermissionDenied) with ErrorInfo's action and name."""
+    err = from_rpc_error(failed_call(ErrorReason.ACCESS_DENIED, action="release", name="billing/a"), name="x")
+    assert isinstance(err, fc.AccessDenied) and isinstance(err, fc.PermissionDenied)
+    assert (err.action, err.name, err.identity) == ("release", "billing/a", None)
+
+
 def test_from_rpc_error_when_metadata_names_field_lock_and_lease() -> None:
     """ErrorInfo field, name and lease_id land on the exception and win over the caller's values."""
     err = from_rpc_error(failed_call(ErrorReason.INVALID_FIELD, field="wait_ms", name="inv:1", lease_id="99"),
@@ -96,7 +104,7 @@ def test_from_rpc_error_when_unavailable_carries_retry_info() -> None:
         (grpc.StatusCode.UNAVAILABLE, fc.Unavailable),
         (grpc.StatusCode.DEADLINE_EXCEEDED, fc.LockTimeout),
         (grpc.StatusCode.FAILED_PRECONDITION, fc.FencepostError),
-        (grpc.StatusCode.PERMISSION_DENIED, fc.FencepostError),
+        (grpc.StatusCode.PERMISSION_DENIED, fc.PermissionDenied),
     ],
 )
 def test_from_rpc_error_when_call_never_reached_a_coordinator(

@@ -21,6 +21,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from .lock_pb2 import ErrorReason
 
 __all__ = [
+    "ACTION",
     "CODE_BY_REASON",
     "CURRENT_TOKEN",
     "DOMAIN",
@@ -45,6 +46,7 @@ NAME = "name"
 LEASE_ID = "lease_id"
 TOKEN = "token"
 CURRENT_TOKEN = "current_token"
+ACTION = "action"
 
 #: The gRPC status code of each reason: the one table both sides use.
 CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
@@ -58,6 +60,7 @@ CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
     ErrorReason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.TOO_MANY_STREAMS: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.DATA_LOSS: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.ACCESS_DENIED: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 #: Seconds a caller should wait before retrying, sent as RetryInfo.

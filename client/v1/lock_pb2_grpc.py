@@ -198,7 +198,10 @@ class LockServiceServicer:
         first page (carried in the page token), so the pages together are one
         snapshot; only the TTLs and held_seconds are read when each page is
         served. A page token stops working when etcd compacts that revision
-        (start again without one). Idempotent.
+        (start again without one). Idempotent. With an access policy, a page
+        shows only the locks the caller may describe, so it may hold fewer than
+        page_size locks (even none) while next_page_token is set; a caller that
+        may describe no name under the prefix gets PERMISSION_DENIED.
         Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
         is malformed, from another prefix, or for a compacted revision),
         UNAVAILABLE.

@@ -29,7 +29,10 @@ Model in short:
 Errors: every failed call returns a gRPC status whose details hold one
 google.rpc.ErrorInfo with domain "fencepost.dev" and, as its reason, the
 name of an ErrorReason value below. Calls that fail with UNAVAILABLE also
-carry a google.rpc.RetryInfo and may be retried. ErrorInfo.metadata keys,
+carry a google.rpc.RetryInfo and may be retried. A coordinator run with
+an access policy (`fencepost serve --policy`) may refuse any call with
+PERMISSION_DENIED/ACCESS_DENIED (see that reason; docs/security.md says
+which action each call needs). ErrorInfo.metadata keys,
 each present only where it applies and known (numbers in decimal):
   field          INVALID_FIELD: the request field at fault ("name",
                  "ttl_seconds", "lease_id", "token", "wait_ms").
@@ -39,6 +42,8 @@ each present only where it applies and known (numbers in decimal):
   current_token  STALE_TOKEN: the newer token under which the lease holds
                  the lock. NOT_HOLDER: the token of the lock's current
                  holder, when the lock is held.
+  action         ACCESS_DENIED: the action the access policy refused
+                 ("acquire", "release", "describe", "admin").
 """
 
 from collections import abc as _abc
@@ -154,7 +159,10 @@ class LockServiceStub:
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
     served. A page token stops working when etcd compacts that revision
-    (start again without one). Idempotent.
+    (start again without one). Idempotent. With an access policy, a page
+    shows only the locks the caller may describe, so it may hold fewer than
+    page_size locks (even none) while next_page_token is set; a caller that
+    may describe no name under the prefix gets PERMISSION_DENIED.
     Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
     is malformed, from another prefix, or for a compacted revision),
     UNAVAILABLE.
@@ -264,7 +272,10 @@ class LockServiceAsyncStub(LockServiceStub):
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
     served. A page token stops working when etcd compacts that revision
-    (start again without one). Idempotent.
+    (start again without one). Idempotent. With an access policy, a page
+    shows only the locks the caller may describe, so it may hold fewer than
+    page_size locks (even none) while next_page_token is set; a caller that
+    may describe no name under the prefix gets PERMISSION_DENIED.
     Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
     is malformed, from another prefix, or for a compacted revision),
     UNAVAILABLE.
@@ -419,7 +430,10 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         first page (carried in the page token), so the pages together are one
         snapshot; only the TTLs and held_seconds are read when each page is
         served. A page token stops working when etcd compacts that revision
-        (start again without one). Idempotent.
+        (start again without one). Idempotent. With an access policy, a page
+        shows only the locks the caller may describe, so it may hold fewer than
+        page_size locks (even none) while next_page_token is set; a caller that
+        may describe no name under the prefix gets PERMISSION_DENIED.
         Errors: INVALID_ARGUMENT (prefix, page_size, page_token: a token that
         is malformed, from another prefix, or for a compacted revision),
         UNAVAILABLE.

@@ -17,7 +17,10 @@
  *  ├── Unavailable               no coordinator, or etcd without quorum (.retryDelay)
  *  │   ├── TlsError              the TLS handshake with every coordinator failed (.address, .cause)
  *  │   └── DataLoss              etcd's revisions went back (restored from an older snapshot)
- *  └── ResourceExhausted         too many waiters, streams or calls
+ *  ├── ResourceExhausted         too many waiters, streams or calls
+ *  └── PermissionDenied          the coordinator refuses this caller
+ *      └── AccessDenied          its access policy does not let the caller's identity take this
+ *                                action on this lock name (.action)
  * ```
  *
  * `err.name` is the class name, as for every JavaScript error; the lock name
@@ -192,11 +195,29 @@ export class DataLoss extends Unavailable {}
 /** A coordinator limit was hit (too many waiters, streams or calls). */
 export class ResourceExhausted extends FencepostError {}
 
+/** The coordinator refuses this caller (status PERMISSION_DENIED): retrying does not help. */
+export class PermissionDenied extends FencepostError {}
+
+/**
+ * The coordinator's access policy (`fencepost serve --policy`) does not let
+ * the caller's identity (its client certificate's SPIFFE ID, URI SAN, DNS SAN
+ * or subject CN) take this action on this lock name (reason `ACCESS_DENIED`).
+ */
+export class AccessDenied extends PermissionDenied {
+  static override readonly defaultReason = "ACCESS_DENIED";
+  /** The refused action: `"acquire"`, `"release"`, `"describe"` or `"admin"`; undefined when not sent. */
+  readonly action: string | undefined;
+  constructor(message: string, fields: ErrorFields & { action?: string | undefined } = {}) {
+    super(message, fields);
+    this.action = fields.action;
+  }
+}
+
 /** What a failed call's `google.rpc.Status` details said. */
 export interface StatusDetails {
   /** ErrorInfo.reason, undefined without ErrorInfo (the call never reached a coordinator). */
   reason: string | undefined;
-  /** ErrorInfo.metadata (keys `field`, `name`, `lease_id`, `token`, `current_token`). */
+  /** ErrorInfo.metadata (keys `field`, `name`, `lease_id`, `token`, `current_token`, `action`). */
   metadata: Record<string, string>;
   /** RetryInfo's delay in seconds, undefined without RetryInfo. */
   retryDelay: number | undefined;
@@ -324,6 +345,12 @@ export function fromConnectError(err: unknown, context: CallContext = {}): Fence
       break;
     case Code.ResourceExhausted:
       out = new ResourceExhausted(message, fields);
+      break;
+    case Code.PermissionDenied:
+      out =
+        details.reason === "ACCESS_DENIED"
+          ? new AccessDenied(message, { ...fields, action: md["action"] })
+          : new PermissionDenied(message, fields);
       break;
     default:
       out = new FencepostError(message, fields);

@@ -17,6 +17,7 @@ export {
 export { LockHandle } from "./handle.js";
 export type { TlsOptions } from "./tls.js";
 export {
+  AccessDenied,
   DataLoss,
   FencepostError,
   InvalidArgument,
@@ -25,6 +26,7 @@ export {
   LockTimeout,
   MissingRecordError,
   NotHolder,
+  PermissionDenied,
   REASON_CLOSED,
   REASON_DEADLINE,
   ResourceExhausted,
