@@ -21,6 +21,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHUTTING_DOWN: _ClassVar[ErrorReason]
     TOO_MANY_STREAMS: _ClassVar[ErrorReason]
     DATA_LOSS: _ClassVar[ErrorReason]
+    LIMIT_EXCEEDED: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 NOT_HOLDER: ErrorReason
@@ -32,6 +33,7 @@ TOO_MANY_WAITERS: ErrorReason
 SHUTTING_DOWN: ErrorReason
 TOO_MANY_STREAMS: ErrorReason
 DATA_LOSS: ErrorReason
+LIMIT_EXCEEDED: ErrorReason
 
 class LeaseGrantRequest(_message.Message):
     __slots__ = ("ttl_seconds",)

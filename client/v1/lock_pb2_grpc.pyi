@@ -39,6 +39,9 @@ each present only where it applies and known (numbers in decimal):
   current_token  STALE_TOKEN: the newer token under which the lease holds
                  the lock. NOT_HOLDER: the token of the lock's current
                  holder, when the lock is held.
+  limit          LIMIT_EXCEEDED: the limit reached, as its `fencepost
+                 serve` flag without dashes ("max-leases-per-caller").
+  value          LIMIT_EXCEEDED: that limit's configured value.
 """
 
 from collections import abc as _abc
@@ -77,7 +80,9 @@ class LockServiceStub:
     """LeaseGrant creates a lease with a TTL in whole seconds.
     The lease lives until LeaseRevoke, or until ttl_seconds pass without a
     keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-    lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
+    lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+    LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
+    coordinator, or its total of leases), UNAVAILABLE.
     """
     LeaseRevoke: _grpc.UnaryUnaryMultiCallable[_lock_pb2.LeaseRevokeRequest, _lock_pb2.LeaseRevokeResponse]
     """LeaseRevoke ends a lease at once and releases every lock it holds and
@@ -107,7 +112,8 @@ class LockServiceStub:
     Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
     FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
     the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-    waiters on this coordinator), UNAVAILABLE.
+    waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
+    waits or the caller's Acquire rate), UNAVAILABLE.
     """
     Release: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]
     """Release ends the hold of `name` by `lease_id` whose grant carried
@@ -138,7 +144,8 @@ class LockServiceStub:
     it; on a broken stream, reconnect (to any replica), resend keepalives
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-    RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+    RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
+    streams on this coordinator), INVALID_ARGUMENT (name: a
     watch or unwatch whose name is not valid UTF-8; the stream ends).
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
@@ -187,7 +194,9 @@ class LockServiceAsyncStub(LockServiceStub):
     """LeaseGrant creates a lease with a TTL in whole seconds.
     The lease lives until LeaseRevoke, or until ttl_seconds pass without a
     keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-    lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
+    lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+    LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
+    coordinator, or its total of leases), UNAVAILABLE.
     """
     LeaseRevoke: _aio.UnaryUnaryMultiCallable[_lock_pb2.LeaseRevokeRequest, _lock_pb2.LeaseRevokeResponse]  # type: ignore[assignment]
     """LeaseRevoke ends a lease at once and releases every lock it holds and
@@ -217,7 +226,8 @@ class LockServiceAsyncStub(LockServiceStub):
     Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
     FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
     the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-    waiters on this coordinator), UNAVAILABLE.
+    waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
+    waits or the caller's Acquire rate), UNAVAILABLE.
     """
     Release: _aio.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Release ends the hold of `name` by `lease_id` whose grant carried
@@ -248,7 +258,8 @@ class LockServiceAsyncStub(LockServiceStub):
     it; on a broken stream, reconnect (to any replica), resend keepalives
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-    RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+    RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
+    streams on this coordinator), INVALID_ARGUMENT (name: a
     watch or unwatch whose name is not valid UTF-8; the stream ends).
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
@@ -300,7 +311,9 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """LeaseGrant creates a lease with a TTL in whole seconds.
         The lease lives until LeaseRevoke, or until ttl_seconds pass without a
         keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-        lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
+        lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+        LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
+        coordinator, or its total of leases), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -342,7 +355,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
         FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
         the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-        waiters on this coordinator), UNAVAILABLE.
+        waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
+        waits or the caller's Acquire rate), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -391,7 +405,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         it; on a broken stream, reconnect (to any replica), resend keepalives
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-        RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+        RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
+        streams on this coordinator), INVALID_ARGUMENT (name: a
         watch or unwatch whose name is not valid UTF-8; the stream ends).
         """
 
