@@ -35,7 +35,8 @@ What is counted, and when it stops counting:
   per call are kept (the least recently used one goes first: its caller then
   starts again with a full bucket).
 
-Memory: one entry per lease counted (at most ``max-leases``), per lease with
+Memory: one entry per lease counted (at most ``max-leases``; none when both
+lease limits are off), per lease with
 Acquire calls in progress, per caller with leases or streams, and at most
 :data:`MAX_TRACKED_CALLERS` buckets per rate and :data:`MAX_LOG_ENTRIES`
 log-suppression entries: bounded whatever the callers do.
@@ -294,7 +295,7 @@ class _Rate:
         return bucket.take(self.rate, self.burst, now)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Lease:
     caller: str
     expires: float  # clock reading after which it no longer counts (TTL since its grant or last keepalive here)
@@ -368,6 +369,10 @@ class LimitTracker:
                 ``retry_delay``) ``max-lease-grant-rate``.
         """
         limits = self.limits
+        if not limits.max_leases_per_caller and not limits.max_leases:  # nothing to count: keep nothing
+            self._rate(self._lease_rate, caller, "LeaseGrant")
+            yield lambda _lease_id, _ttl_seconds: None
+            return
         now = self._clock()
         self._sweep(now)
         mine = self._by_caller.get(caller, 0)

@@ -117,6 +117,15 @@ def test_lease_when_ttl_passes_without_keepalive_here_stops_counting() -> None:
     assert tracker.tracked["leases"] == 0 and tracker.tracked["callers"] == 0
 
 
+def test_lease_grant_when_lease_limits_are_off_keeps_nothing() -> None:
+    """With both lease limits at 0 no lease is remembered (the memory of a flood is etcd's alone)."""
+    tracker = LimitTracker(Limits(max_leases=0, max_leases_per_caller=0, lease_grant_rate=0), clock=FakeClock())
+    for lease_id in range(1, 101):
+        with tracker.lease_grant(f"c{lease_id % 7}") as granted:
+            granted(lease_id, 60)
+    assert tracker.lease_count == 0 and tracker.tracked["leases"] == 0 and tracker.tracked["expiries"] == 0
+
+
 def test_lease_grant_when_coordinator_total_reached_is_refused() -> None:
     """``max-leases`` bounds every caller together (callers are connections without mTLS)."""
     tracker = LimitTracker(Limits(max_leases=3, lease_grant_rate=0), clock=FakeClock())
@@ -151,7 +160,7 @@ def test_rate_buckets_are_bounded_and_forgotten_when_full(monkeypatch: pytest.Mo
     """Buckets that filled up are dropped, and at most MAX_TRACKED_CALLERS are kept whatever the callers do."""
     monkeypatch.setattr(limits_mod, "MAX_TRACKED_CALLERS", 50)
     clock = FakeClock()
-    tracker = LimitTracker(Limits(lease_grant_rate=1, lease_grant_burst=1, max_leases=0,
+    tracker = LimitTracker(Limits(lease_grant_rate=1, lease_grant_burst=1, max_leases=10**6,
                                   max_leases_per_caller=0), clock=clock)
     for n in range(200):
         with tracker.lease_grant(f"c{n}") as granted:
