@@ -89,9 +89,10 @@ CLEANUP_WAIT_SECONDS = 1.0
 
 #: Reasons of a refused Acquire after which the coordinator has left nothing of
 #: that call in etcd (bad input, its wait timed out and was withdrawn, the lease
-#: is gone, the queue was full): no withdrawal is needed.
+#: is gone, the queue was full, a limit refused the call before it did anything): no withdrawal is needed.
 SETTLED_REASONS = frozenset(reason_name(r) for r in (
-    ErrorReason.INVALID_FIELD, ErrorReason.ACQUIRE_TIMEOUT, ErrorReason.LEASE_EXPIRED, ErrorReason.TOO_MANY_WAITERS))
+    ErrorReason.INVALID_FIELD, ErrorReason.ACQUIRE_TIMEOUT, ErrorReason.LEASE_EXPIRED, ErrorReason.TOO_MANY_WAITERS,
+    ErrorReason.LIMIT_EXCEEDED))
 
 
 class Locker:

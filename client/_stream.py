@@ -40,7 +40,7 @@ import grpc.aio
 from ._lease import Lease, LeasePool
 from ._metrics import NO_CLIENT_METRICS, ClientMetrics
 from ._transport import Transport, current_task_cancelling
-from .errors import from_rpc_error
+from .errors import LimitExceeded, from_rpc_error
 from .handle import AsyncLockHandle
 from .v1 import lock_pb2 as pb
 from .v1.details import ErrorReason, reason_name
@@ -252,8 +252,10 @@ class KeepAliveStream:
                 force = mapped.reason == SHUTTING_DOWN
                 if err.code() == grpc.StatusCode.UNAVAILABLE and not answered:
                     unreachable = err.details() or ""
-                # Log the first failure of a working stream, not every retry.
-                log.log(logging.INFO if answered else logging.DEBUG,
+                # Log the first failure of a working stream, not every retry; a coordinator's limit
+                # (too many streams of this caller) always: its leases get no keepalives meanwhile.
+                log.log(logging.WARNING if isinstance(mapped, LimitExceeded) else
+                        logging.INFO if answered else logging.DEBUG,
                         "fencepost: keepalive stream to %s broke: %s", self.transport.address, mapped)
             except grpc.aio.UsageError:
                 pass  # the channel was closed by a rotation

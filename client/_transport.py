@@ -12,8 +12,13 @@ Retry rule: an idempotent call (Acquire, LeaseRevoke, Describe) that fails
 with UNAVAILABLE is retried on the next address. A call that is not
 idempotent (LeaseGrant, Release) is retried only while no connection could
 be made, so that the request cannot have reached a server; once sent, an
-UNAVAILABLE answer is raised. Either way a call stops trying
-``connect_timeout`` seconds after its first failure, or at its own deadline.
+UNAVAILABLE answer is raised. A call a coordinator refused at a rate limit
+(RESOURCE_EXHAUSTED / LIMIT_EXCEEDED with a RetryInfo: the call did
+nothing) is sent again after the delay the coordinator asked for (times 1
+to 1.5, jitter), idempotent or not; the coordinator's other limits are
+raised at once (:class:`~fencepost.client.errors.LimitExceeded`). Either
+way a call stops trying ``connect_timeout`` seconds after its first
+failure, or at its own deadline.
 
 TLS: the channels are opened by the client's
 :class:`~fencepost.client._tls.Security`. Each time a channel fails to
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,7 +50,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import _handshake
 from ._tls import PLAINTEXT, Security
 from ._tracing import OUTCOME, Tracing, error_outcome, inject, response_facts, rpc_attributes, set_rpc_status
-from .errors import LOCK_SERVICE, FencepostError, TlsError, Unavailable, from_rpc_error
+from .errors import LOCK_SERVICE, FencepostError, LimitExceeded, TlsError, Unavailable, from_rpc_error
 from .v1 import details
 from .v1 import lock_pb2_grpc as pb_grpc
 from .v1.details import ErrorReason, reason_name
@@ -386,6 +392,13 @@ class Transport:
                 mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answered is not None:
                     raise answered from err
+                if isinstance(mapped, LimitExceeded) and mapped.retry_delay is not None:
+                    # A rate limit: nothing was done; wait as asked (never in a tight loop), within the call's time.
+                    pause = mapped.retry_delay * random.uniform(1.0, 1.5)
+                    if budget() <= pause:
+                        raise mapped from err
+                    await asyncio.sleep(pause)
+                    continue
                 if err.code() != grpc.StatusCode.UNAVAILABLE or not idempotent or budget() <= 0:
                     raise mapped from err
                 if mapped.reason is not None:  # a coordinator's own answer, not a broken connection

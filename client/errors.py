@@ -30,7 +30,9 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      │                             older snapshot): no token is granted until an
      │                             operator recovers the tokens
      ├── ResourceExhausted         too many waiters, streams or calls; the S3
- │                             guard's conditional writes kept losing
+ │   │                         guard's conditional writes kept losing
+ │   └── LimitExceeded         a coordinator's limit on the caller or the
+ │                             lease (.limit .value .retry_delay)
  └── PermissionDenied          the coordinator refuses this caller
      └── AccessDenied          its access policy does not let the caller's
                                identity take this action on this lock name
@@ -66,6 +68,7 @@ __all__ = [
     "ResourceExhausted",
     "PermissionDenied",
     "AccessDenied",
+    "LimitExceeded",
     "from_rpc_error",
     "REASON_CLOSED",
     "REASON_FORKED",
@@ -336,6 +339,37 @@ class AccessDenied(PermissionDenied):
         self.identity = identity
 
 
+class LimitExceeded(ResourceExhausted):
+    """A coordinator refused the call at one of its limits on a caller or a lease (reason ``LIMIT_EXCEEDED``).
+
+    The call did nothing: it may be sent again as it was once the limit
+    allows. A rate limit (``lease-grant-rate``, ``acquire-rate``) allows again
+    after ``retry_delay`` seconds: the client's calls wait that long and try
+    again while their time allows, then raise this. The other limits
+    (``max-leases-per-caller``, ``max-holds-per-lease``,
+    ``max-streams-per-caller``, ``max-leases``) allow again only once the
+    caller releases, revokes or closes something; they are not retried. See
+    docs/operations.md, "Limits".
+
+    Attributes:
+        limit: The limit, as its ``fencepost serve`` flag without dashes
+            (``"max-leases-per-caller"``); None when the server did not say.
+        value: That limit's configured value, as the server sent it (``"1000"``,
+            ``"100/s"``); None when it did not say.
+        retry_delay: Seconds the server asked the caller to wait (RetryInfo), for a
+            rate limit; None otherwise.
+    """
+
+    default_reason = ErrorReason.LIMIT_EXCEEDED
+
+    def __init__(self, message: str = "", *, limit: str | None = None, value: str | None = None,
+                 retry_delay: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.limit = limit
+        self.value = value
+        self.retry_delay = retry_delay
+
+
 # (status code, ErrorReason name or None) -> class. A (code, None) row is the
 # fallback for that code whatever the reason.
 _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
@@ -346,6 +380,7 @@ _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
     (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.LEASE_EXPIRED)): LeaseLost,
     (grpc.StatusCode.UNAVAILABLE, reason_name(ErrorReason.DATA_LOSS)): DataLoss,
     (grpc.StatusCode.UNAVAILABLE, None): Unavailable,
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, reason_name(ErrorReason.LIMIT_EXCEEDED)): LimitExceeded,
     (grpc.StatusCode.RESOURCE_EXHAUSTED, None): ResourceExhausted,
     (grpc.StatusCode.PERMISSION_DENIED, reason_name(ErrorReason.ACCESS_DENIED)): AccessDenied,
     (grpc.StatusCode.PERMISSION_DENIED, None): PermissionDenied,
@@ -420,6 +455,9 @@ def from_rpc_error(
         exc = AccessDenied(message, action=status.metadata.get(details.ACTION), **common)
     elif cls is Unavailable or cls is DataLoss:
         exc = cls(message, retry_delay=status.retry_delay, **common)
+    elif cls is LimitExceeded:
+        exc = LimitExceeded(message, limit=status.metadata.get(details.LIMIT), value=status.metadata.get(details.VALUE),
+                            retry_delay=status.retry_delay, **common)
     else:
         exc = cls(message, **common)
     exc.reason = reason  # exactly what the server said: None when the call never reached a coordinator

@@ -15,6 +15,8 @@ NotHolder                    NOT_HOLDER (FAILED_PRECONDITION), ``current_token``
 StaleTokenError              STALE_TOKEN (FAILED_PRECONDITION), ``current_token``
 LeaseLost                    LEASE_EXPIRED (FAILED_PRECONDITION)
 ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAUSTED)
+LimitExceeded                LIMIT_EXCEEDED (RESOURCE_EXHAUSTED), ``limit`` and ``value``
+                             set, RetryInfo for a rate limit (:mod:`.limits`)
 Unavailable                  ETCD_UNAVAILABLE / SHUTTING_DOWN (UNAVAILABLE + RetryInfo)
 AccessDenied                 ACCESS_DENIED (PERMISSION_DENIED), ``action`` set
 ===========================  =================================================
@@ -28,6 +30,7 @@ from fencepost.client.errors import (
     AccessDenied,
     FencepostError,
     InvalidArgument,
+    LimitExceeded,
     NotHolder,
     StaleTokenError,
     Unavailable,
@@ -88,7 +91,14 @@ def to_status(exc: FencepostError) -> grpc.Status:
             metadata[details.CURRENT_TOKEN] = str(exc.current_token)
     if isinstance(exc, AccessDenied) and exc.action is not None:
         metadata[details.ACTION] = exc.action
-    return details.status_for(reason, exc.message, metadata)
+    retry_delay = None
+    if isinstance(exc, LimitExceeded):
+        if exc.limit is not None:
+            metadata[details.LIMIT] = exc.limit
+        if exc.value is not None:
+            metadata[details.VALUE] = exc.value
+        retry_delay = exc.retry_delay
+    return details.status_for(reason, exc.message, metadata, retry_delay=retry_delay)
 
 
 def etcd_unavailable(message: str, *, name: str | None = None, lease_id: int | None = None) -> Unavailable:

@@ -107,6 +107,7 @@ class HoldTracker:
         self.grant_times = GrantTimes(capacity, clock)
         self._held: OrderedDict[Hold, _Followed] = OrderedDict()
         self._by_key: dict[tuple[str, int], Hold] = {}
+        self._per_lease: dict[int, int] = {}  # lease id -> its holds followed (for the limits)
         self._ends: OrderedDict[str, float] = OrderedDict()  # lock name -> when its last hold end was seen
         self._revoked: OrderedDict[int, int] = OrderedDict()  # lease id -> LeaseRevoke calls (in flight or done)
         self._leases: dict[int, asyncio.Future[bool]] = {}  # lease id -> its liveness read in flight
@@ -116,6 +117,14 @@ class HoldTracker:
     def count(self) -> int:
         """The holds followed now (``fencepost_holds``)."""
         return len(self._held)
+
+    def holds_of(self, lease_id: int) -> int:
+        """The holds of ``lease_id`` granted here and followed now (for ``--max-holds-per-lease``)."""
+        return self._per_lease.get(lease_id, 0)
+
+    def holds(self, name: str, lease_id: int) -> bool:
+        """Whether ``lease_id`` holds lock ``name`` by a grant made here and followed now."""
+        return (name, lease_id) in self._by_key
 
     # ------------------------------------------------------------------ grants
 
@@ -151,6 +160,7 @@ class HoldTracker:
 
         self._held[hold] = _Followed(self._watcher.subscribe(key, on_delete))
         self._by_key[hold.name, hold.lease_id] = hold
+        self._per_lease[hold.lease_id] = self._per_lease.get(hold.lease_id, 0) + 1
         self._metrics.holds(+1)
         while len(self._held) > self._capacity:
             oldest, followed = self._held.popitem(last=False)
@@ -287,6 +297,11 @@ class HoldTracker:
 
     def _forget(self, hold: Hold, followed: _Followed) -> None:
         followed.unsubscribe()
+        left = self._per_lease.get(hold.lease_id, 0) - 1
+        if left <= 0:
+            self._per_lease.pop(hold.lease_id, None)
+        else:
+            self._per_lease[hold.lease_id] = left
         if self._by_key.get((hold.name, hold.lease_id)) == hold:
             del self._by_key[hold.name, hold.lease_id]
 

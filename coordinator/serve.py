@@ -44,6 +44,7 @@ from .etcd import EtcdAuth, EtcdTls, check_endpoints
 from .events import LOG_FORMATS
 from .events import configure as configure_logging
 from .events import log_event
+from .limits import Limits, add_limit_arguments, limits_from_args
 from .listen import bind_problem, is_local, same_address
 from .lock_metrics import check_name_prefixes
 from .policy import Policy, PolicyError
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "leaves them out (env FENCEPOST_TRACE_LOCK_NAMES=true|false; default true). Spans are "
                              "exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT or "
                              "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (the standard OTEL_* variables apply)")
+    add_limit_arguments(parser, _env)
     return parser
 
 
@@ -189,6 +191,7 @@ class _Settings:
     health_listen: str | None
     trace_lock_names: bool
     policy: Policy | None = None
+    limits: Limits = Limits()
 
 
 def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
@@ -376,8 +379,12 @@ def _settings(args: argparse.Namespace) -> _Settings:
     policy = _policy(args, server_tls)
     endpoints, tls, auth = etcd_settings(args)
     trace_lock_names = _flag_bool("trace-lock-names", args.trace_lock_names)
+    try:
+        limits = limits_from_args(args)
+    except ValueError as exc:
+        raise _BadFlag(str(exc)) from None
     return _Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen,
-                     trace_lock_names, policy)
+                     trace_lock_names, policy, limits)
 
 
 def etcd_settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None]:
@@ -544,7 +551,8 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
                                   metrics_listen=args.metrics_listen, metrics_name_prefixes=name_prefixes,
                                   etcd_embedded=settings.endpoints is None,
                                   tracer_provider=traces.provider if traces is not None else None,
-                                  trace_lock_names=settings.trace_lock_names, policy=settings.policy)
+                                  trace_lock_names=settings.trace_lock_names, policy=settings.policy,
+                                  limits=settings.limits)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2

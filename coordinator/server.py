@@ -44,6 +44,7 @@ from .etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from .events import log_event
 from .info import About
 from .lease import Leases
+from .limits import Limits
 from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, unix_socket_path
 from .lock import LockManager
 from .lock_metrics import NO_METRICS
@@ -130,6 +131,10 @@ class Coordinator:
             identities may take which actions on which lock names; None lets
             every caller do everything. Meant for mTLS (``tls.client_ca``):
             without it every caller is anonymous.
+        limits: the limits on callers, leases, streams, waiters and message
+            size (:mod:`.limits`); None for the defaults. Its
+            ``max_message_bytes`` is the server's ``grpc.max_receive_message_length``
+            unless ``server_options`` sets that.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -147,7 +152,7 @@ class Coordinator:
                  health_listen: str | None = None, metrics_listen: str | None = None,
                  metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
                  tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, limits: Limits | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -172,7 +177,8 @@ class Coordinator:
         #: What ServerInfo reports of this coordinator (instance id, addresses, readiness, ...).
         self.about = About(prefix=self._keys.prefix.decode(), endpoints=self._endpoints, embedded=etcd_embedded)
         self._grace = grace_seconds
-        extra = dict(server_options)
+        self.limits = limits if limits is not None else Limits()
+        extra = {"grpc.max_receive_message_length": self.limits.max_message_bytes, **dict(server_options)}
         self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
         self._etcd: EtcdClient | None = None
         self._server: grpc.aio.Server | None = None
@@ -289,9 +295,9 @@ class Coordinator:
         # Every Range and Txn answer's header goes past the token floor: it refuses if etcd's revisions go back.
         self._tokens = self._etcd.headers = TokenFloor(self._etcd, self._keys)
         locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted,
-                                          tokens=self._tokens)
+                                          tokens=self._tokens, max_waiters=self.limits.max_waiters or 2**63)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about,
-                                    access=self._access)
+                                    access=self._access, limits=self.limits)
         server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
         add_lock_service(self._service, server)  # the generated registration, checking UTF-8
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

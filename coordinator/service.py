@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from fencepost.client.errors import AccessDenied, FencepostError, ResourceExhausted
+from fencepost.client.errors import AccessDenied, FencepostError, LimitExceeded, ResourceExhausted
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
@@ -38,6 +38,8 @@ from .events import caller, log_event
 from .info import ETCD_SECONDS, About, read_etcd
 from .lease import Leases
 from .holds import HoldTracker
+from .identity import caller_of
+from .limits import Limits, LimitTracker
 from .listing import list_locks
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
@@ -90,30 +92,35 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         locks: the lock algorithm.
         watcher: the shared deletion watcher.
         keys: the key layout.
-        max_streams: most KeepAlive streams served at once.
+        max_streams: most KeepAlive streams served at once (0: no limit); default ``limits.max_streams``.
         metrics: counts grants, holds and their ends, releases, refusals, leases and keepalives.
         about: the coordinator's own facts, for ServerInfo; None for a servicer
             made alone (ServerInfo then reports only the prefix and the counts).
         access: the access policy in force (:mod:`.policy`), checked first in
             each call; None, or an Access without a policy, allows every call.
+        limits: the limits on each caller and lease (:mod:`.limits`).
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
-                 *, max_streams: int = 10_000, metrics: LockMetrics = NO_METRICS, about: About | None = None,
-                 access: Access | None = None) -> None:
+                 *, max_streams: int | None = None, metrics: LockMetrics = NO_METRICS, about: About | None = None,
+                 access: Access | None = None, limits: Limits | None = None) -> None:
+        limits = limits if limits is not None else Limits()
+        if max_streams is None:
+            max_streams = limits.max_streams
         self._leases = leases
         self._access = access if access is not None else Access()
         self._metrics = metrics
         self._locks = locks
         self._watcher = watcher
         self._keys = keys
-        self._max_streams = max_streams
+        self._max_streams = max_streams or 2**63
         self._streams = 0
         self._open: set[KeepAliveStream] = set()  # the streams being served, for ServerInfo's counts
         self._about = about if about is not None else About(prefix=keys.prefix.decode(), endpoints=())
         self._released = RecentReleases()
         self._kept = KeptLeases(metrics)
         self._holds = HoldTracker(watcher, keys.contender, locks.hold_exists, locks.lease_alive, metrics=metrics)
+        self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds)
         self.closing = asyncio.Event()
 
     @property
@@ -140,11 +147,19 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         status = to_status(exc)
         reason = reason_name(reason_of(exc))
         self._metrics.refused(reason)
+        level, limited = logging.INFO, {}
+        if log and isinstance(exc, LimitExceeded):  # one line per caller and limit per 10 s: a loop must not flood
+            who = caller_of(context)
+            suppressed = self._limits.log_refusal(who.key, exc.limit)
+            log = suppressed is not None
+            level, limited = logging.WARNING, {"limit": exc.limit, "value": exc.value, "identity": who.identity,
+                                               "suppressed": suppressed}
         if log:
-            log_event(_log, logging.INFO, "refusal", f"{call} refused: {reason}: {exc.message}", call=call,
+            log_event(_log, level, "refusal", f"{call} refused: {reason}: {exc.message}", call=call,
                       reason=reason, name=exc.name, lease_id=exc.lease_id, token=getattr(exc, "token", None),
-                      current_token=getattr(exc, "current_token", None), action=getattr(exc, "action", None),
-                      identity=getattr(exc, "identity", None), **caller(context))
+                      current_token=getattr(exc, "current_token", None),
+                      **{"action": getattr(exc, "action", None), "identity": getattr(exc, "identity", None),
+                         **limited}, **caller(context))
         await context.abort_with_status(status)
 
     @_statuses
@@ -152,7 +167,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                          ) -> lock_pb2.LeaseGrantResponse:
         self._access.check(context, ACQUIRE)  # a lease is only good for acquiring
         self._locks.tokens.check_serving()  # a lease carries no token: refused only once tokens are known unsafe
-        lease_id, ttl = await self._leases.grant_or_revoke(request.ttl_seconds)
+        with self._limits.lease_grant(caller_of(context).key) as counted:  # refuses past the caller's limits
+            lease_id, ttl = await self._leases.grant_or_revoke(request.ttl_seconds)
+            counted(lease_id, ttl)
         log_event(_log, logging.DEBUG, "lease_granted", f"lease {lease_id:#x} granted, TTL {ttl} s",
                   lease_id=lease_id, ttl_s=ttl, **caller(context))
         return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl)
@@ -168,6 +185,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             self._holds.revoke_failed(request.lease_id)
             raise
         self._kept.revoked(request.lease_id)
+        self._limits.lease_ended(request.lease_id)
         log_event(_log, logging.DEBUG, "lease_revoked",
                   f"lease {request.lease_id:#x} {'revoked' if found else 'was already gone'}",
                   lease_id=request.lease_id, found=found, **caller(context))
@@ -181,7 +199,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         wait = wait_seconds(request.wait_ms, request.wait_forever)
         await self._locks.tokens.ready()
         # A bounded wait bounds the etcd calls too: with etcd down, the caller hears why at its timeout.
-        with bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS):
+        # The lease's holds and waits and the caller's rate are checked, and this call counted while it runs.
+        with (self._limits.acquiring(caller_of(context).key, request.name, request.lease_id),
+              bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS)):
             result = await self._locks.acquire(request.name, request.lease_id, wait)
         waited = time.perf_counter() - started
         if result.acquired:
@@ -296,10 +316,16 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             await self._refuse(context, ResourceExhausted(
                 f"more than {self._max_streams} streams", reason=reason_name(ErrorReason.TOO_MANY_STREAMS)),
                 "KeepAlive")
+        key = caller_of(context).key
+        try:
+            self._limits.stream_opened(key)
+        except LimitExceeded as exc:
+            await self._refuse(context, exc, "KeepAlive")
         self._streams += 1
         who = caller(context)
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
-                                 metrics=self._metrics, released=self._released, kept=self._kept, **who)
+                                 metrics=self._metrics, released=self._released, kept=self._kept,
+                                 on_keepalive=self._limits.kept_alive, **who)
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()
@@ -317,6 +343,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             raise
         finally:
             self._streams -= 1
+            self._limits.stream_closed(key)
             self._open.discard(stream)
             log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
                       ended=ended, leases=stream.lease_count, holds=stream.hold_count,

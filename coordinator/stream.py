@@ -122,6 +122,7 @@ class KeepAliveStream:
         metrics: counts keepalives and follows the holds watched (``fencepost_watched_holds``).
         released: the holds released through this coordinator (their end is not logged again).
         kept: the leases kept alive through this coordinator's streams (``fencepost_leases``).
+        on_keepalive: called with (lease id, TTL etcd answered, <= 0 when gone) for each keepalive answered.
         peer: the client's address (``context.peer()``), for the log.
         trace_id: the stream call's trace id, for the log; None for none.
     """
@@ -129,7 +130,9 @@ class KeepAliveStream:
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
                  keys_for: Callable[[str, int], bytes], *, metrics: LockMetrics = NO_METRICS,
                  released: RecentReleases | None = None, kept: KeptLeases | None = None,
+                 on_keepalive: Callable[[int, int], None] | None = None,
                  peer: str | None = None, trace_id: str | None = None) -> None:
+        self._on_keepalive = on_keepalive
         self._released = released if released is not None else RecentReleases()
         self._kept = kept if kept is not None else KeptLeases()
         self._kept_here: set[int] = set()  # leases this stream counts in ``kept``
@@ -230,6 +233,8 @@ class KeepAliveStream:
             return  # no answer: the client's deadline counts it as not acknowledged
         self._out.put_nowait(lock_pb2.KeepAliveResponse(
             keepalive=lock_pb2.LeaseKeepAliveAck(lease_id=lease_id, request_id=request_id, ttl_seconds=ttl)))
+        if self._on_keepalive is not None:
+            self._on_keepalive(lease_id, ttl)
         if ttl > 0 and lease_id not in self._kept_here and lease_id not in self._expired:
             self._kept_here.add(lease_id)
             self._kept.add(lease_id)

@@ -36,6 +36,7 @@ CLASS_BY_REASON: dict[int, type[fc.FencepostError]] = {
     ErrorReason.TOO_MANY_STREAMS: fc.ResourceExhausted,
     ErrorReason.DATA_LOSS: fc.DataLoss,
     ErrorReason.ACCESS_DENIED: fc.AccessDenied,
+    ErrorReason.LIMIT_EXCEEDED: fc.LimitExceeded,
 }
 
 
@@ -89,6 +90,24 @@ def test_from_rpc_error_when_metadata_names_field_lock_and_lease() -> None:
                          name="other", lease_id=1)
     assert isinstance(err, fc.InvalidArgument)
     assert (err.field, err.name, err.lease_id) == ("wait_ms", "inv:1", 99)
+
+
+def test_from_rpc_error_when_limit_exceeded_carries_limit_value_and_retry_info() -> None:
+    """A LIMIT_EXCEEDED refusal, as the coordinator builds it, gives LimitExceeded with limit, value and retry_delay."""
+    from fencepost.coordinator.errors import to_status
+
+    sent = fc.LimitExceeded("limit max-acquire-rate (5/s) reached", name="n", lease_id=3, limit="max-acquire-rate",
+                            value="5/s", retry_delay=0.2)
+    status = to_status(sent)
+    err = from_rpc_error(grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(),
+                                              grpc.aio.Metadata(*status.trailing_metadata), details=status.details))
+    assert isinstance(err, fc.LimitExceeded) and isinstance(err, fc.ResourceExhausted)
+    assert (err.limit, err.value, err.name, err.lease_id) == ("max-acquire-rate", "5/s", "n", 3)
+    assert err.retry_delay == pytest.approx(0.2)
+    assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and err.reason == "LIMIT_EXCEEDED"
+    counted = from_rpc_error(failed_call(ErrorReason.LIMIT_EXCEEDED, limit="max-leases", value="10"))
+    assert isinstance(counted, fc.LimitExceeded) and counted.retry_delay is None
+    assert (counted.limit, counted.value) == ("max-leases", "10")
 
 
 def test_from_rpc_error_when_unavailable_carries_retry_info() -> None:

@@ -28,10 +28,12 @@ __all__ = [
     "ErrorReason",
     "FIELD",
     "LEASE_ID",
+    "LIMIT",
     "NAME",
     "RETRY_DELAY_BY_REASON",
     "StatusDetails",
     "TOKEN",
+    "VALUE",
     "parse",
     "reason_name",
     "status_for",
@@ -47,6 +49,8 @@ LEASE_ID = "lease_id"
 TOKEN = "token"
 CURRENT_TOKEN = "current_token"
 ACTION = "action"
+LIMIT = "limit"
+VALUE = "value"
 
 #: The gRPC status code of each reason: the one table both sides use.
 CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
@@ -61,6 +65,7 @@ CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
     ErrorReason.TOO_MANY_STREAMS: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.DATA_LOSS: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.ACCESS_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorReason.LIMIT_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 #: Seconds a caller should wait before retrying, sent as RetryInfo.
@@ -104,23 +109,26 @@ class StatusDetails:
             return None
 
 
-def status_for(reason: int, message: str, metadata: Mapping[str, str] | None = None) -> grpc.Status:
+def status_for(reason: int, message: str, metadata: Mapping[str, str] | None = None, *,
+               retry_delay: float | None = None) -> grpc.Status:
     """Build the gRPC status of a failure, for ``context.abort_with_status``.
 
     Args:
         reason: An :data:`ErrorReason` value; its code comes from :data:`CODE_BY_REASON`.
         message: The status message.
         metadata: ErrorInfo metadata; values must be strings.
+        retry_delay: Seconds the caller should wait before retrying (RetryInfo);
+            None: the reason's delay in :data:`RETRY_DELAY_BY_REASON`, if any.
 
     Returns:
-        A ``grpc.Status`` carrying ErrorInfo and, where :data:`RETRY_DELAY_BY_REASON`
-        has one, RetryInfo.
+        A ``grpc.Status`` carrying ErrorInfo and, where ``retry_delay`` or
+        :data:`RETRY_DELAY_BY_REASON` gives one, RetryInfo.
     """
     from grpc_status import rpc_status
 
     info = error_details_pb2.ErrorInfo(reason=reason_name(reason), domain=DOMAIN, metadata=dict(metadata or {}))
     details = [_pack(info)]
-    delay = RETRY_DELAY_BY_REASON.get(reason)
+    delay = retry_delay if retry_delay is not None else RETRY_DELAY_BY_REASON.get(reason)
     if delay is not None:
         nanos = int(delay * 1e9)
         retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=nanos // 10**9,

@@ -22,6 +22,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOO_MANY_STREAMS: _ClassVar[ErrorReason]
     DATA_LOSS: _ClassVar[ErrorReason]
     ACCESS_DENIED: _ClassVar[ErrorReason]
+    LIMIT_EXCEEDED: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 NOT_HOLDER: ErrorReason
@@ -34,6 +35,7 @@ SHUTTING_DOWN: ErrorReason
 TOO_MANY_STREAMS: ErrorReason
 DATA_LOSS: ErrorReason
 ACCESS_DENIED: ErrorReason
+LIMIT_EXCEEDED: ErrorReason
 
 class LeaseGrantRequest(_message.Message):
     __slots__ = ("ttl_seconds",)

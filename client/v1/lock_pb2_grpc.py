@@ -93,7 +93,9 @@ class LockServiceServicer:
         """LeaseGrant creates a lease with a TTL in whole seconds.
         The lease lives until LeaseRevoke, or until ttl_seconds pass without a
         keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-        lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
+        lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+        LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
+        coordinator, or its total of leases), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,7 +133,8 @@ class LockServiceServicer:
         Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
         FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
         the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-        waiters on this coordinator), UNAVAILABLE.
+        waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
+        waits or the caller's Acquire rate), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,7 +177,8 @@ class LockServiceServicer:
         it; on a broken stream, reconnect (to any replica), resend keepalives
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-        RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+        RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
+        streams on this coordinator), INVALID_ARGUMENT (name: a
         watch or unwatch whose name is not valid UTF-8; the stream ends).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

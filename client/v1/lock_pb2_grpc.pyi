@@ -44,6 +44,9 @@ each present only where it applies and known (numbers in decimal):
                  holder, when the lock is held.
   action         ACCESS_DENIED: the action the access policy refused
                  ("acquire", "release", "describe", "admin").
+  limit          LIMIT_EXCEEDED: the limit reached, as its `fencepost
+                 serve` flag without dashes ("max-leases-per-caller").
+  value          LIMIT_EXCEEDED: that limit's configured value.
 """
 
 from collections import abc as _abc
@@ -82,7 +85,9 @@ class LockServiceStub:
     """LeaseGrant creates a lease with a TTL in whole seconds.
     The lease lives until LeaseRevoke, or until ttl_seconds pass without a
     keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-    lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
+    lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+    LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
+    coordinator, or its total of leases), UNAVAILABLE.
     """
     LeaseRevoke: _grpc.UnaryUnaryMultiCallable[_lock_pb2.LeaseRevokeRequest, _lock_pb2.LeaseRevokeResponse]
     """LeaseRevoke ends a lease at once and releases every lock it holds and
@@ -112,7 +117,8 @@ class LockServiceStub:
     Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
     FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
     the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-    waiters on this coordinator), UNAVAILABLE.
+    waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
+    waits or the caller's Acquire rate), UNAVAILABLE.
     """
     Release: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]
     """Release ends the hold of `name` by `lease_id` whose grant carried
@@ -143,7 +149,8 @@ class LockServiceStub:
     it; on a broken stream, reconnect (to any replica), resend keepalives
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-    RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+    RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
+    streams on this coordinator), INVALID_ARGUMENT (name: a
     watch or unwatch whose name is not valid UTF-8; the stream ends).
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
@@ -195,7 +202,9 @@ class LockServiceAsyncStub(LockServiceStub):
     """LeaseGrant creates a lease with a TTL in whole seconds.
     The lease lives until LeaseRevoke, or until ttl_seconds pass without a
     keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-    lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
+    lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+    LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
+    coordinator, or its total of leases), UNAVAILABLE.
     """
     LeaseRevoke: _aio.UnaryUnaryMultiCallable[_lock_pb2.LeaseRevokeRequest, _lock_pb2.LeaseRevokeResponse]  # type: ignore[assignment]
     """LeaseRevoke ends a lease at once and releases every lock it holds and
@@ -225,7 +234,8 @@ class LockServiceAsyncStub(LockServiceStub):
     Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
     FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
     the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-    waiters on this coordinator), UNAVAILABLE.
+    waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
+    waits or the caller's Acquire rate), UNAVAILABLE.
     """
     Release: _aio.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Release ends the hold of `name` by `lease_id` whose grant carried
@@ -256,7 +266,8 @@ class LockServiceAsyncStub(LockServiceStub):
     it; on a broken stream, reconnect (to any replica), resend keepalives
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-    RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+    RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
+    streams on this coordinator), INVALID_ARGUMENT (name: a
     watch or unwatch whose name is not valid UTF-8; the stream ends).
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
@@ -311,7 +322,9 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """LeaseGrant creates a lease with a TTL in whole seconds.
         The lease lives until LeaseRevoke, or until ttl_seconds pass without a
         keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-        lease. Errors: INVALID_ARGUMENT (ttl_seconds), UNAVAILABLE.
+        lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+        LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
+        coordinator, or its total of leases), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -353,7 +366,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
         FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
         the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-        waiters on this coordinator), UNAVAILABLE.
+        waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
+        waits or the caller's Acquire rate), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -402,7 +416,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         it; on a broken stream, reconnect (to any replica), resend keepalives
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
-        RESOURCE_EXHAUSTED (too many streams), INVALID_ARGUMENT (name: a
+        RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
+        streams on this coordinator), INVALID_ARGUMENT (name: a
         watch or unwatch whose name is not valid UTF-8; the stream ends).
         """
 

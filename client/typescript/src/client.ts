@@ -52,9 +52,9 @@ const WITHDRAW_RECHECK_SECONDS = 0.05;
 /**
  * Reasons of a refused Acquire after which the coordinator has left nothing of
  * that call in etcd (bad input, its wait timed out and was withdrawn, the lease
- * is gone, the queue was full): no withdrawal is needed.
+ * is gone, the queue was full, a limit refused it): no withdrawal is needed.
  */
-const SETTLED_REASONS = new Set(["INVALID_FIELD", "ACQUIRE_TIMEOUT", "LEASE_EXPIRED", "TOO_MANY_WAITERS"]);
+const SETTLED_REASONS = new Set(["INVALID_FIELD", "ACQUIRE_TIMEOUT", "LEASE_EXPIRED", "TOO_MANY_WAITERS", "LIMIT_EXCEEDED"]);
 
 /** Options of a {@link LockClient}. */
 export interface ClientOptions {
