@@ -29,8 +29,10 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      │   └── DataLoss              etcd's revisions went back (restored from an
      │                             older snapshot): no token is granted until an
      │                             operator recovers the tokens
-     └── ResourceExhausted         too many waiters, streams or calls; the S3
-                                   guard's conditional writes kept losing
+     ├── ResourceExhausted         too many waiters, streams or calls; the S3
+     │                             guard's conditional writes kept losing
+     └── PermissionDenied          the caller may not do this: the lease is
+                                   another caller's (NOT_LEASE_OWNER)
 
 The coordinator raises these same classes and turns them into gRPC statuses
 (``fencepost.coordinator.errors``); the client turns a failed call back into
@@ -60,6 +62,7 @@ __all__ = [
     "TlsError",
     "DataLoss",
     "ResourceExhausted",
+    "PermissionDenied",
     "from_rpc_error",
     "REASON_CLOSED",
     "REASON_FORKED",
@@ -299,6 +302,17 @@ class ResourceExhausted(FencepostError):
     """
 
 
+class PermissionDenied(FencepostError):
+    """The caller is not allowed to make this call (status PERMISSION_DENIED); nothing was changed.
+
+    Reason ``NOT_LEASE_OWNER``: the call named a live lease (``lease_id``)
+    that belongs to another caller: the caller's certificate identity is not
+    the lease owner's, and it presented no lease secret or a wrong one
+    (``LeaseGrantResponse.lease_secret``; the CLI's ``--lease-secret`` or
+    ``FENCEPOST_LEASE_SECRET``). Retrying does not help.
+    """
+
+
 # (status code, ErrorReason name or None) -> class. A (code, None) row is the
 # fallback for that code whatever the reason.
 _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
@@ -310,6 +324,7 @@ _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
     (grpc.StatusCode.UNAVAILABLE, reason_name(ErrorReason.DATA_LOSS)): DataLoss,
     (grpc.StatusCode.UNAVAILABLE, None): Unavailable,
     (grpc.StatusCode.RESOURCE_EXHAUSTED, None): ResourceExhausted,
+    (grpc.StatusCode.PERMISSION_DENIED, None): PermissionDenied,
 }
 
 

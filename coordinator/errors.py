@@ -15,6 +15,7 @@ NotHolder                    NOT_HOLDER (FAILED_PRECONDITION), ``current_token``
 StaleTokenError              STALE_TOKEN (FAILED_PRECONDITION), ``current_token``
 LeaseLost                    LEASE_EXPIRED (FAILED_PRECONDITION)
 ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAUSTED)
+PermissionDenied             NOT_LEASE_OWNER (PERMISSION_DENIED), ``lease_id`` set
 Unavailable                  ETCD_UNAVAILABLE / SHUTTING_DOWN (UNAVAILABLE + RetryInfo)
 ===========================  =================================================
 """

@@ -33,9 +33,11 @@ from .events import caller, log_event
 from .info import ETCD_SECONDS, About, read_etcd
 from .lease import Leases
 from .holds import HoldTracker
+from .identity import caller_of
 from .listing import list_locks
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
+from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
 from .validate import wait_seconds
 from .watch import DeleteWatcher
@@ -88,11 +90,15 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         metrics: counts grants, holds and their ends, releases, refusals, leases and keepalives.
         about: the coordinator's own facts, for ServerInfo; None for a servicer
             made alone (ServerInfo then reports only the prefix and the counts).
+        owners: the ownership records of leases (who may act on which lease);
+            None for records in ``locks.etcd`` under ``keys``.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
-                 *, max_streams: int = 10_000, metrics: LockMetrics = NO_METRICS, about: About | None = None) -> None:
+                 *, max_streams: int = 10_000, metrics: LockMetrics = NO_METRICS, about: About | None = None,
+                 owners: Ownership | None = None) -> None:
         self._leases = leases
+        self._owners = owners if owners is not None else Ownership(locks.etcd, keys)
         self._metrics = metrics
         self._locks = locks
         self._watcher = watcher
@@ -131,23 +137,30 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         reason = reason_name(reason_of(exc))
         self._metrics.refused(reason)
         if log:
+            who = caller(context)
+            if reason == reason_name(ErrorReason.NOT_LEASE_OWNER):
+                who["identity"] = caller_of(context).identity
             log_event(_log, logging.INFO, "refusal", f"{call} refused: {reason}: {exc.message}", call=call,
                       reason=reason, name=exc.name, lease_id=exc.lease_id, token=getattr(exc, "token", None),
-                      current_token=getattr(exc, "current_token", None), **caller(context))
+                      current_token=getattr(exc, "current_token", None), **who)
         await context.abort_with_status(status)
 
     @_statuses
     async def LeaseGrant(self, request: lock_pb2.LeaseGrantRequest, context: grpc.aio.ServicerContext
                          ) -> lock_pb2.LeaseGrantResponse:
         self._locks.tokens.check_serving()  # a lease carries no token: refused only once tokens are known unsafe
-        lease_id, ttl = await self._leases.grant_or_revoke(request.ttl_seconds)
+        secret = new_secret()  # the lease's credential: only its SHA-256 is kept (see ownership)
+        record = OwnerRecord.for_secret(caller_of(context).identity, secret)
+        lease_id, ttl = await self._leases.grant_or_revoke(
+            request.ttl_seconds, then=lambda granted: self._owners.record(granted, record))
         log_event(_log, logging.DEBUG, "lease_granted", f"lease {lease_id:#x} granted, TTL {ttl} s",
-                  lease_id=lease_id, ttl_s=ttl, **caller(context))
-        return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl)
+                  lease_id=lease_id, ttl_s=ttl, owner=record.owner, **caller(context))
+        return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl, lease_secret=secret)
 
     @_statuses
     async def LeaseRevoke(self, request: lock_pb2.LeaseRevokeRequest, context: grpc.aio.ServicerContext
                           ) -> lock_pb2.LeaseRevokeResponse:
+        await self._owners.check_call(context, request.lease_id, "LeaseRevoke")
         self._holds.revoking(request.lease_id)  # before the call: its deletions may be seen before it returns
         try:
             found = await self._leases.revoke(request.lease_id)
@@ -155,6 +168,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             self._holds.revoke_failed(request.lease_id)
             raise
         self._kept.revoked(request.lease_id)
+        self._owners.ended(request.lease_id)
         log_event(_log, logging.DEBUG, "lease_revoked",
                   f"lease {request.lease_id:#x} {'revoked' if found else 'was already gone'}",
                   lease_id=request.lease_id, found=found, **caller(context))
@@ -163,6 +177,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.AcquireResponse:
+        await self._owners.check_call(context, request.lease_id, "Acquire")
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
         await self._locks.tokens.ready()
@@ -188,6 +203,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.ReleaseResponse:
+        await self._owners.check_call(context, request.lease_id, "Release")
         await self._locks.tokens.ready()
         hold = Hold(request.name, request.lease_id, request.token)
         self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
@@ -208,6 +224,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
+        await self._owners.check_call(context, request.lease_id, "Withdraw")
         followed = self._holds.releasing(request.name, request.lease_id)
         try:
             found, held, revision = await self._locks.withdraw(request.name, request.lease_id)
@@ -276,7 +293,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._streams += 1
         who = caller(context)
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
-                                 metrics=self._metrics, released=self._released, kept=self._kept, **who)
+                                 metrics=self._metrics, released=self._released, kept=self._kept,
+                                 owners=self._owners, caller=caller_of(context), **who)
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()

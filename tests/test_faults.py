@@ -20,6 +20,7 @@ from .conftest import CoordinatorProcess, describe, describe_waiters_is, error_i
 HOLDER = r"""
 import sys, time
 from fencepost.client import LockClient
+from .owned_stub import OwnedStub
 
 address, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
 with LockClient(address) as client:
@@ -115,7 +116,7 @@ async def test_coordinator_restart_keeps_the_lock_and_its_token(
     async with AsyncLockClient(address) as client:
         h = await client.acquire("restart", ttl=ttl, timeout=5.0)
         async with grpc.aio.insecure_channel(address) as chan:
-            before = await describe(lock_pb2_grpc.LockServiceStub(chan), "restart")
+            before = await describe(OwnedStub(chan), "restart")
         assert before.held and before.holder.token == h.token and before.holder.lease_id == h.lease_id
 
         code = await asyncio.to_thread(coordinator_process.terminate)
@@ -128,7 +129,7 @@ async def test_coordinator_restart_keeps_the_lock_and_its_token(
         assert h.is_valid(), "the handle lost its lease across the restart"
         assert not h.lost.is_set()
         async with grpc.aio.insecure_channel(address) as chan:
-            after = await describe(lock_pb2_grpc.LockServiceStub(chan), "restart")
+            after = await describe(OwnedStub(chan), "restart")
         assert after.held
         assert after.holder.token == h.token and after.holder.lease_id == h.lease_id
         assert time.monotonic() - restarted_at > ttl

@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from etcd3aio import Etcd3Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 from fencepost.coordinator import serve
 from fencepost.coordinator.embedded import EmbeddedEtcd
@@ -36,6 +36,7 @@ from fencepost.coordinator.metrics import GO_CODE_NAMES, GO_DEFAULT_BUCKETS
 from fencepost.coordinator.server import Coordinator
 
 from .conftest import LISTENING, ChildProcess, child_env, wait_for
+from .owned_stub import OwnedStub
 
 LOCKS = "fencepost.v1.LockService"
 HEALTH = "grpc.health.v1.Health"
@@ -102,7 +103,7 @@ class Workload:
 
     def __init__(self, coordinator: Coordinator, channel: grpc.aio.Channel) -> None:
         self.coordinator = coordinator
-        self.stub = lock_pb2_grpc.LockServiceStub(channel)
+        self.stub = OwnedStub(channel)
         self.channel = channel
         self.handled: collections.Counter[tuple[str, str]] = collections.Counter()  # (method, grpc_code)
 
@@ -500,7 +501,7 @@ async def test_health_watch_and_lock_watch_through_an_etcd_outage(tmp_path: Path
             await asyncio.to_thread(own_etcd.stop)
             await next_status(not_serving)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await lock_pb2_grpc.LockServiceStub(channel).LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5),
+                await OwnedStub(channel).LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5),
                                                                         timeout=15)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             await asyncio.to_thread(own_etcd.start)

@@ -17,7 +17,7 @@ import pytest
 
 from fencepost.client import AsyncLockClient
 from fencepost.client.cli.run import RUN_EXIT_CODES, exit_status
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 
 from .conftest import CliResult, cli_env
 
@@ -25,6 +25,7 @@ from .conftest import CliResult, cli_env
 # and exits 42, unless told to ignore SIGTERM.
 CHILD = r"""
 import os, signal, sys, time
+from .owned_stub import OwnedStub
 mode = sys.argv[1]
 def on_term(signum, frame):
     print("child got SIGTERM", flush=True)
@@ -208,7 +209,7 @@ async def test_run_when_hold_released_by_hand_sigterms_child_and_exits_3(address
         token, lease = await r.grant()
         channel = grpc.aio.insecure_channel(address)
         try:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             await stub.Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease, token=token), timeout=5)
         finally:
             await channel.close()
@@ -227,7 +228,7 @@ async def test_run_when_lease_revoked_and_child_ignores_sigterm_sigkills_after_g
         _, lease = await r.grant()
         channel = grpc.aio.insecure_channel(address)
         try:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             found = await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)
             assert found.found
         finally:
@@ -290,7 +291,7 @@ async def test_run_when_lease_revoked_kills_the_whole_process_tree(address: str)
         try:
             channel = grpc.aio.insecure_channel(address)
             try:
-                stub = lock_pb2_grpc.LockServiceStub(channel)
+                stub = OwnedStub(channel)
                 assert (await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)).found
             finally:
                 await channel.close()

@@ -58,6 +58,7 @@ CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
     ErrorReason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.TOO_MANY_STREAMS: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.DATA_LOSS: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.NOT_LEASE_OWNER: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 #: Seconds a caller should wait before retrying, sent as RetryInfo.

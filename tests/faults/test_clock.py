@@ -33,6 +33,7 @@ FAKECLOCK = r'''
 """Run a module or script with a steppable wall clock (SIGUSR1: +1 h, SIGUSR2: -1 h)."""
 import datetime as _dt
 import os, runpy, signal, sys, time
+from ..owned_stub import OwnedStub
 
 _offset = [0.0]
 _time, _time_ns = time.time, time.time_ns
@@ -198,8 +199,6 @@ async def test_f12_wall_clock_steps_cause_no_loss_and_no_extension(
 async def _wait_queued(address: str) -> None:
     import grpc
 
-    from fencepost.client.v1 import lock_pb2_grpc
-
     async with grpc.aio.insecure_channel(address) as chan:
-        stub = lock_pb2_grpc.LockServiceStub(chan)
+        stub = OwnedStub(chan)
         await wait_for(lambda: describe_waiters_is(stub, "clock", 1), 10, what="B queued")

@@ -19,7 +19,6 @@ import pytest
 from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient, AsyncLockHandle
-from fencepost.client.v1 import lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
 
 from ..conftest import describe, describe_waiters_is, wait_for
@@ -35,6 +34,7 @@ LEASE_CHECK_INTERVAL = 0.5
 HOLDER = r"""
 import sys, time
 from fencepost.client import LockClient
+from ..owned_stub import OwnedStub
 
 address, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
 with LockClient(address) as client:
@@ -113,7 +113,7 @@ async def test_f04_etcd_leader_changes(
         waiter = asyncio.create_task(_granted_at(w.acquire("f04-d", ttl=ttl, timeout=120)))
         try:
             async with grpc.aio.insecure_channel(address) as chan:
-                stub = lock_pb2_grpc.LockServiceStub(chan)
+                stub = OwnedStub(chan)
                 await wait_for(lambda: describe_waiters_is(stub, "f04-d", 1), 10, what="the waiter on D's lock")
 
                 # (a) kill -9 and restart each member in turn, the leader first.
@@ -209,7 +209,7 @@ async def test_f05_stuck_etcd_leader(
                       for name in names}
             tasks += list(grants.values())
             async with grpc.aio.insecure_channel(address) as chan:
-                stub = lock_pb2_grpc.LockServiceStub(chan)
+                stub = OwnedStub(chan)
                 for name in names:
                     await wait_for(lambda: describe_waiters_is(stub, name, 1), 10, what=f"the waiter on {name}")
             tasks.append(asyncio.create_task(_key_gone_monitor(etcd, holders, prefix, gone_at)))
@@ -287,7 +287,7 @@ async def test_f07b_coordinator_recovers_from_a_compacted_watch(
     try:
         async with AsyncLockClient(address) as a, AsyncLockClient(address) as b, \
                 grpc.aio.insecure_channel(address) as chan:
-            stub = lock_pb2_grpc.LockServiceStub(chan)
+            stub = OwnedStub(chan)
             ha = await a.acquire("f07b", ttl=10, timeout=5)
             waiter = asyncio.create_task(_granted_at(b.acquire("f07b", ttl=10, timeout=30)))
             await wait_for(lambda: describe_waiters_is(stub, "f07b", 1), 10, what="B waiting")
