@@ -177,10 +177,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.AcquireResponse:
-        await self._owners.check_call(context, request.lease_id, "Acquire")
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
         await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "Acquire")
         # A bounded wait bounds the etcd calls too: with etcd down, the caller hears why at its timeout.
         with bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS):
             result = await self._locks.acquire(request.name, request.lease_id, wait)
@@ -203,8 +203,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.ReleaseResponse:
-        await self._owners.check_call(context, request.lease_id, "Release")
         await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "Release")
         hold = Hold(request.name, request.lease_id, request.token)
         self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
         followed = self._holds.releasing(request.name, request.lease_id)

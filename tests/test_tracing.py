@@ -188,7 +188,9 @@ async def test_one_trace_from_a_client_acquire_through_the_coordinator_to_its_et
     assert client_grant.attributes["fencepost.lease_id"] == lease  # type: ignore[index]
     server_grant = await server_spans.one(f"{LOCKS}/LeaseGrant")
     assert parent_of(server_grant) == span_id(client_grant)
-    assert [s.name for s in server_spans.under(server_grant)] == ["etcdserverpb.Lease/LeaseGrant"]
+    # The etcd LeaseGrant, then the Txn writing the lease's ownership record.
+    assert [s.name for s in server_spans.under(server_grant)] == ["etcdserverpb.Lease/LeaseGrant",
+                                                                  "etcdserverpb.KV/Txn"]
 
     release = await client_spans.one("fencepost.release")
     assert release.parent is None and trace_id(release) != trace_id(acquire)
