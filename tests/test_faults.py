@@ -14,13 +14,13 @@ from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
 from .conftest import CoordinatorProcess, describe, describe_waiters_is, error_info, wait_for
+from .owned_stub import OwnedStub
 
 # A lock holder in its own OS process: acquires, prints its grant, then reports
 # (once each) when is_valid() turns false and when the lost event fires.
 HOLDER = r"""
 import sys, time
 from fencepost.client import LockClient
-from .owned_stub import OwnedStub
 
 address, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
 with LockClient(address) as client:

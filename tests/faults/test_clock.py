@@ -26,6 +26,7 @@ from etcd3aio import Etcd3Client
 from fencepost.client import AsyncLockClient
 
 from ..conftest import LISTENING, REPO, ChildProcess, describe_waiters_is, wait_for
+from ..owned_stub import OwnedStub
 
 E = 0.5
 
@@ -33,7 +34,6 @@ FAKECLOCK = r'''
 """Run a module or script with a steppable wall clock (SIGUSR1: +1 h, SIGUSR2: -1 h)."""
 import datetime as _dt
 import os, runpy, signal, sys, time
-from ..owned_stub import OwnedStub
 
 _offset = [0.0]
 _time, _time_ns = time.time, time.time_ns

@@ -22,6 +22,7 @@ from fencepost.client import AsyncLockClient, AsyncLockHandle
 from fencepost.coordinator.embedded import EmbeddedEtcd
 
 from ..conftest import describe, describe_waiters_is, wait_for
+from ..owned_stub import OwnedStub
 from .conftest import SOAK, log_figure
 from tests.harness.cluster import ELECTION_TIMEOUT, EtcdCluster
 from tests.harness.proxy import Proxy
@@ -34,7 +35,6 @@ LEASE_CHECK_INTERVAL = 0.5
 HOLDER = r"""
 import sys, time
 from fencepost.client import LockClient
-from ..owned_stub import OwnedStub
 
 address, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
 with LockClient(address) as client:

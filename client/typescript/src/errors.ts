@@ -17,7 +17,8 @@
  *  ├── Unavailable               no coordinator, or etcd without quorum (.retryDelay)
  *  │   ├── TlsError              the TLS handshake with every coordinator failed (.address, .cause)
  *  │   └── DataLoss              etcd's revisions went back (restored from an older snapshot)
- *  └── ResourceExhausted         too many waiters, streams or calls
+ *  ├── ResourceExhausted         too many waiters, streams or calls
+ *  └── PermissionDenied          the lease is another caller's (NOT_LEASE_OWNER)
  * ```
  *
  * `err.name` is the class name, as for every JavaScript error; the lock name
@@ -192,6 +193,9 @@ export class DataLoss extends Unavailable {}
 /** A coordinator limit was hit (too many waiters, streams or calls). */
 export class ResourceExhausted extends FencepostError {}
 
+/** The call named a live lease that is not the caller's (reason `NOT_LEASE_OWNER`, status PERMISSION_DENIED). */
+export class PermissionDenied extends FencepostError {}
+
 /** What a failed call's `google.rpc.Status` details said. */
 export interface StatusDetails {
   /** ErrorInfo.reason, undefined without ErrorInfo (the call never reached a coordinator). */
@@ -324,6 +328,9 @@ export function fromConnectError(err: unknown, context: CallContext = {}): Fence
       break;
     case Code.ResourceExhausted:
       out = new ResourceExhausted(message, fields);
+      break;
+    case Code.PermissionDenied:
+      out = new PermissionDenied(message, fields);
       break;
     default:
       out = new FencepostError(message, fields);

@@ -25,6 +25,7 @@ export {
   LockTimeout,
   MissingRecordError,
   NotHolder,
+  PermissionDenied,
   REASON_CLOSED,
   REASON_DEADLINE,
   ResourceExhausted,
