@@ -35,6 +35,7 @@ CLASS_BY_REASON: dict[int, type[fc.FencepostError]] = {
     ErrorReason.SHUTTING_DOWN: fc.Unavailable,
     ErrorReason.TOO_MANY_STREAMS: fc.ResourceExhausted,
     ErrorReason.DATA_LOSS: fc.DataLoss,
+    ErrorReason.NOT_LEASE_OWNER: fc.PermissionDenied,
 }
 
 
@@ -96,7 +97,7 @@ def test_from_rpc_error_when_unavailable_carries_retry_info() -> None:
         (grpc.StatusCode.UNAVAILABLE, fc.Unavailable),
         (grpc.StatusCode.DEADLINE_EXCEEDED, fc.LockTimeout),
         (grpc.StatusCode.FAILED_PRECONDITION, fc.FencepostError),
-        (grpc.StatusCode.PERMISSION_DENIED, fc.FencepostError),
+        (grpc.StatusCode.PERMISSION_DENIED, fc.PermissionDenied),
     ],
 )
 def test_from_rpc_error_when_call_never_reached_a_coordinator(
