@@ -171,15 +171,17 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
     async def stub(i: int, target: str = address, kind: str = "stub") -> tuple[Cycle, Callable[[], Awaitable[None]]]:
         channel = grpc.aio.insecure_channel(target)
         s = lock_pb2_grpc.LockServiceStub(channel)
-        lease = (await s.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
+        granted = await s.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30))
+        lease = granted.lease_id
+        owner = (("fencepost-lease-secret", granted.lease_secret),)  # the lease's owner presents its secret
         name = f"{kind}/{i}"
 
         async def cycle(_: int) -> None:
-            r = await s.Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease, wait_forever=True))
-            await s.Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease, token=r.token))
+            r = await s.Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease, wait_forever=True), metadata=owner)
+            await s.Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease, token=r.token), metadata=owner)
 
         async def close() -> None:
-            await s.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease))
+            await s.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), metadata=owner)
             await channel.close()
 
         return cycle, close

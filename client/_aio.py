@@ -397,7 +397,7 @@ class AsyncLockClient:
 
         await asyncio.gather(*(quietly(self._locker.release(h, until=until)) for h in self._leases.holds()))
         leases = self._leases.leases()
-        await asyncio.gather(*(quietly(self._locker.revoke(lease.lease_id, until=until)) for lease in leases))
+        await asyncio.gather(*(quietly(self._locker.revoke(lease.lease_id, until=until, secret=lease.secret)) for lease in leases))
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -413,7 +413,7 @@ class AsyncLockClient:
 
     def _revoke_retired(self, lease: Lease) -> None:
         if self._state == "open":
-            self._spawn(self._locker._revoke_quietly(lease.lease_id), "fencepost-revoke-idle-lease")
+            self._spawn(self._locker._revoke_quietly(lease.lease_id, lease.secret), "fencepost-revoke-idle-lease")
 
     @property
     def lease_count(self) -> int:

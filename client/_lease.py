@@ -66,6 +66,9 @@ class Lease:
         ttl: The granted TTL in whole seconds.
         granted_at: Clock reading taken just before the LeaseGrant call was sent.
         clock: Monotonic clock in seconds (``time.monotonic`` by default).
+        secret: The lease's secret (LeaseGrantResponse.lease_secret), sent with
+            every call naming the lease; "" when the coordinator sent none.
+            Never shown in reprs or logs.
 
     Attributes:
         deadline: Clock reading after which the lease must be assumed gone.
@@ -79,8 +82,10 @@ class Lease:
         last_used: Clock reading when its last acquire or hold ended.
     """
 
-    def __init__(self, lease_id: int, ttl: int, granted_at: float, *, clock: Clock = time.monotonic) -> None:
+    def __init__(self, lease_id: int, ttl: int, granted_at: float, *, clock: Clock = time.monotonic,
+                 secret: str = "") -> None:
         self.lease_id = lease_id
+        self.secret = secret
         self.ttl = ttl
         self.margin = margin_for(ttl)
         self.deadline = granted_at + ttl - self.margin

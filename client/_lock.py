@@ -171,9 +171,10 @@ class Locker:
             except asyncio.CancelledError:
                 await self._clean_up(self._revoke_granted(grant), "fencepost-revoke-cancelled-grant")
                 raise
-            lease = Lease(resp.lease_id, max(int(resp.ttl_seconds), ttl), sent, clock=self.pool.clock)
+            lease = Lease(resp.lease_id, max(int(resp.ttl_seconds), ttl), sent, clock=self.pool.clock,
+                          secret=resp.lease_secret)
             if self._state() != "open":
-                self._spawn(self._revoke_quietly(lease.lease_id), "fencepost-revoke-after-close")
+                self._spawn(self._revoke_quietly(lease.lease_id, lease.secret), "fencepost-revoke-after-close")
                 raise FencepostError("client is closed", lease_id=lease.lease_id)
             self.pool.add(ttl, lease)
             self._on_new_lease(lease)
@@ -185,11 +186,11 @@ class Locker:
             resp = await grant
         except BaseException:  # noqa: BLE001 - no lease was granted to us, or we cannot know its id
             return
-        await self._revoke_quietly(int(resp.lease_id))
+        await self._revoke_quietly(int(resp.lease_id), resp.lease_secret)
 
-    async def _revoke_quietly(self, lease_id: int) -> None:
+    async def _revoke_quietly(self, lease_id: int, secret: str) -> None:
         try:
-            await self.revoke(lease_id, until=None)
+            await self.revoke(lease_id, until=None, secret=secret)
         except FencepostError as err:
             log.debug("fencepost: revoke of unused lease %d failed (it expires by its TTL): %r", lease_id, err)
 
@@ -205,12 +206,13 @@ class Locker:
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), CLEANUP_WAIT_SECONDS)
 
-    async def revoke(self, lease_id: int, *, until: float | None) -> bool:
+    async def revoke(self, lease_id: int, *, until: float | None, secret: str = "") -> bool:
         """Revoke a lease (idempotent).
 
         Args:
             lease_id: The lease.
             until: Loop time after which to stop trying, or None.
+            secret: The lease's secret (:attr:`Lease.secret`).
 
         Returns:
             Whether the coordinator still knew the lease.
@@ -221,6 +223,7 @@ class Locker:
             until=until,
             idempotent=True,
             lease_id=lease_id,
+            secret=secret,
         )
         return bool(resp.found)
 
@@ -300,7 +303,7 @@ class Locker:
                     resp = await self.transport.call(
                         "Withdraw", lambda _left: (pb.WithdrawRequest(name=name, lease_id=lease.lease_id),
                                                    self._call_timeout),
-                        until=None, idempotent=True, name=name, lease_id=lease.lease_id)
+                        until=None, idempotent=True, name=name, lease_id=lease.lease_id, secret=lease.secret)
                 except LeaseLost:
                     return  # the lease is gone, and its keys with it
                 except (Unavailable, TlsError) as err:
@@ -330,7 +333,7 @@ class Locker:
             return request, wait_ms / 1000 + ACQUIRE_SLACK_SECONDS
 
         resp = await self.transport.call("Acquire", make, until=until, idempotent=True, name=name,
-                                         lease_id=lease.lease_id)
+                                         lease_id=lease.lease_id, secret=lease.secret)
         if not resp.acquired:
             holder_lease = int(resp.holder.lease_id) if resp.HasField("holder") else 0
             holder_token = int(resp.holder.token) if resp.HasField("holder") else 0
@@ -443,7 +446,7 @@ class Locker:
         request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token)
         await self.transport.call("Release", lambda left: (request, _bounded(self._call_timeout, left)),
                                   until=until, idempotent=False, name=handle.name, lease_id=handle.lease_id,
-                                  token=handle.token)
+                                  token=handle.token, secret=handle._lease.secret)
 
     async def _release_lost(self, handle: AsyncLockHandle, until: float) -> None:
         """Best-effort Release of a hold already reported lost."""

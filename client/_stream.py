@@ -131,11 +131,14 @@ class KeepAliveStream:
                 del self.pending[request_id]
         request_id = next(self._request_ids)
         self.pending[request_id] = (lease, now)
-        self.send(pb.KeepAliveRequest(keepalive=pb.LeaseKeepAlive(lease_id=lease.lease_id, request_id=request_id)))
+        # The secret goes with every keepalive and watch: a stream (re)connected to any replica needs it
+        # with the first message naming the lease, and 43 bytes each TTL/3 cost less than tracking that.
+        self.send(pb.KeepAliveRequest(keepalive=pb.LeaseKeepAlive(lease_id=lease.lease_id, request_id=request_id),
+                                      lease_secret=lease.secret))
 
     def watch(self, handle: AsyncLockHandle) -> None:
         """Ask to be told (HoldEnded) when ``handle``'s hold ends."""
-        self.send(pb.KeepAliveRequest(watch=_hold(handle)))
+        self.send(pb.KeepAliveRequest(watch=_hold(handle), lease_secret=handle._lease.secret))
 
     def unwatch(self, handle: AsyncLockHandle) -> None:
         """Stop hearing about ``handle``'s hold (after its release)."""

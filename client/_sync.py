@@ -73,6 +73,11 @@ class LockHandle:
         return self._inner.lease_id
 
     @property
+    def lease_secret(self) -> str:
+        """The secret of the lease holding the lock (see :attr:`AsyncLockHandle.lease_secret`); never log it."""
+        return self._inner.lease_secret
+
+    @property
     def token(self) -> int:
         """The fencing token of this grant (> 0: its key's create revision + the token floor)."""
         return self._inner.token

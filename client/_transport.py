@@ -54,6 +54,7 @@ from .errors import LOCK_SERVICE, FencepostError, LimitExceeded, TlsError, Unava
 from .v1 import details
 from .v1 import lock_pb2_grpc as pb_grpc
 from .v1.details import ErrorReason, reason_name
+from .v1.keys import LEASE_SECRET_METADATA
 from .v1.retry import CLIENT_BACKOFF
 
 __all__ = ["MakeRequest", "Transport", "current_task_cancelling"]
@@ -307,6 +308,7 @@ class Transport:
         name: str | None = None,
         lease_id: int | None = None,
         token: int | None = None,
+        secret: str | None = None,
     ) -> Any:
         """Run one unary RPC with connection handling, retries and error mapping.
 
@@ -318,6 +320,8 @@ class Transport:
             name: The lock name of the call, for the error.
             lease_id: The lease id of the call, for the error.
             token: The fencing token of the call, for the error.
+            secret: The secret of the lease the call names, sent as the
+                ``fencepost-lease-secret`` metadata entry; None or "" for none.
 
         Returns:
             The RPC's response message.
@@ -387,7 +391,7 @@ class Transport:
                     continue
             request, timeout = make(None if until is None else until - loop.time())
             try:
-                return await self._send(stub, method, request, timeout, name, lease_id, token)
+                return await self._send(stub, method, request, timeout, name, lease_id, token, secret)
             except grpc.aio.AioRpcError as err:
                 mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answered is not None:
@@ -416,17 +420,18 @@ class Transport:
             await asyncio.sleep(min(next(delays), max(0.0, budget())))
 
     async def _send(self, stub: pb_grpc.LockServiceStub, method: str, request: Message, timeout: float | None,
-                    name: str | None, lease_id: int | None, token: int | None) -> Any:
+                    name: str | None, lease_id: int | None, token: int | None, secret: str | None = None) -> Any:
         """Send one attempt of a call: in a CLIENT span carrying its context to the server, when tracing is on."""
+        owned = ((LEASE_SECRET_METADATA, secret),) if secret else ()
         tracer = self.tracing.tracer()
         if tracer is None:
-            return await getattr(stub, method)(request, timeout=timeout)
+            return await getattr(stub, method)(request, timeout=timeout, metadata=owned or None)
         attributes = rpc_attributes(LOCK_SERVICE, method)
         attributes.update(self.tracing.lock_attributes(name, lease_id, token))
         with tracer.start_as_current_span(f"{LOCK_SERVICE}/{method}", kind=SpanKind.CLIENT, attributes=attributes,
                                           record_exception=False, set_status_on_exception=False) as span:
             try:
-                response = await getattr(stub, method)(request, timeout=timeout, metadata=inject())
+                response = await getattr(stub, method)(request, timeout=timeout, metadata=tuple(inject()) + owned)
             except grpc.aio.AioRpcError as err:
                 set_rpc_status(span, err.code(), server=False, message=err.details())
                 span.set_attribute(OUTCOME, error_outcome(details.parse(err).reason, err.code()))

@@ -30,13 +30,15 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      │                             older snapshot): no token is granted until an
      │                             operator recovers the tokens
      ├── ResourceExhausted         too many waiters, streams or calls; the S3
- │   │                         guard's conditional writes kept losing
- │   └── LimitExceeded         a coordinator's limit on the caller or the
- │                             lease (.limit .value .retry_delay)
- └── PermissionDenied          the coordinator refuses this caller
-     └── AccessDenied          its access policy does not let the caller's
-                               identity take this action on this lock name
-                               (.action)
+     │   │                         guard's conditional writes kept losing
+     │   └── LimitExceeded         a coordinator's limit on the caller or the
+     │                             lease (.limit .value .retry_delay)
+     └── PermissionDenied          the coordinator refuses this caller
+         ├── AccessDenied          its access policy does not let the caller's
+         │                         identity take this action on this lock name
+         │                         (.action)
+         └── NotLeaseOwner         the lease is another caller's
+                                   (NOT_LEASE_OWNER)
 
 The coordinator raises these same classes and turns them into gRPC statuses
 (``fencepost.coordinator.errors``); the client turns a failed call back into
@@ -69,6 +71,7 @@ __all__ = [
     "PermissionDenied",
     "AccessDenied",
     "LimitExceeded",
+    "NotLeaseOwner",
     "from_rpc_error",
     "REASON_CLOSED",
     "REASON_FORKED",
@@ -370,6 +373,19 @@ class LimitExceeded(ResourceExhausted):
         self.retry_delay = retry_delay
 
 
+class NotLeaseOwner(PermissionDenied):
+    """The call named a live lease that is another caller's (status PERMISSION_DENIED); nothing changed.
+
+    Reason ``NOT_LEASE_OWNER``: the call named a live lease (``lease_id``)
+    that belongs to another caller: the caller's certificate identity is not
+    the lease owner's, and it presented no lease secret or a wrong one
+    (``LeaseGrantResponse.lease_secret``; the CLI's ``--lease-secret`` or
+    ``FENCEPOST_LEASE_SECRET``). Retrying does not help.
+    """
+
+    default_reason = ErrorReason.NOT_LEASE_OWNER
+
+
 # (status code, ErrorReason name or None) -> class. A (code, None) row is the
 # fallback for that code whatever the reason.
 _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
@@ -383,6 +399,7 @@ _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
     (grpc.StatusCode.RESOURCE_EXHAUSTED, reason_name(ErrorReason.LIMIT_EXCEEDED)): LimitExceeded,
     (grpc.StatusCode.RESOURCE_EXHAUSTED, None): ResourceExhausted,
     (grpc.StatusCode.PERMISSION_DENIED, reason_name(ErrorReason.ACCESS_DENIED)): AccessDenied,
+    (grpc.StatusCode.PERMISSION_DENIED, reason_name(ErrorReason.NOT_LEASE_OWNER)): NotLeaseOwner,
     (grpc.StatusCode.PERMISSION_DENIED, None): PermissionDenied,
 }
 

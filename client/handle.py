@@ -91,6 +91,12 @@ class AsyncLockHandle:
         return self._lease.lease_id
 
     @property
+    def lease_secret(self) -> str:
+        """The secret of the lease holding the lock: whoever presents it may act on the lease ("" when the
+        coordinator sent none). A credential: never log it; it is not in the handle's repr."""
+        return self._lease.secret
+
+    @property
     def token(self) -> int:
         """The fencing token of this grant (> 0: its key's create revision + the token floor)."""
         return self._token

@@ -17,6 +17,7 @@ LeaseLost                    LEASE_EXPIRED (FAILED_PRECONDITION)
 ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAUSTED)
 LimitExceeded                LIMIT_EXCEEDED (RESOURCE_EXHAUSTED), ``limit`` and ``value``
                              set, RetryInfo for a rate limit (:mod:`.limits`)
+NotLeaseOwner                NOT_LEASE_OWNER (PERMISSION_DENIED), ``lease_id`` set
 Unavailable                  ETCD_UNAVAILABLE / SHUTTING_DOWN (UNAVAILABLE + RetryInfo)
 AccessDenied                 ACCESS_DENIED (PERMISSION_DENIED), ``action`` set
 ===========================  =================================================

@@ -44,6 +44,7 @@ from .listing import list_locks
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
+from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
 from .validate import wait_seconds
 from .watch import DeleteWatcher
@@ -99,16 +100,20 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         access: the access policy in force (:mod:`.policy`), checked first in
             each call; None, or an Access without a policy, allows every call.
         limits: the limits on each caller and lease (:mod:`.limits`).
+        owners: the ownership records of leases (who may act on which lease);
+            None for records in ``locks.etcd`` under ``keys``.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
                  *, max_streams: int | None = None, metrics: LockMetrics = NO_METRICS, about: About | None = None,
-                 access: Access | None = None, limits: Limits | None = None) -> None:
+                 access: Access | None = None, limits: Limits | None = None,
+                 owners: Ownership | None = None) -> None:
         limits = limits if limits is not None else Limits()
         if max_streams is None:
             max_streams = limits.max_streams
         self._leases = leases
         self._access = access if access is not None else Access()
+        self._owners = owners if owners is not None else Ownership(locks.etcd, keys)
         self._metrics = metrics
         self._locks = locks
         self._watcher = watcher
@@ -155,11 +160,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             level, limited = logging.WARNING, {"limit": exc.limit, "value": exc.value, "identity": who.identity,
                                                "suppressed": suppressed}
         if log:
+            identity = getattr(exc, "identity", None)
+            if reason == reason_name(ErrorReason.NOT_LEASE_OWNER):
+                identity = caller_of(context).identity
             log_event(_log, level, "refusal", f"{call} refused: {reason}: {exc.message}", call=call,
                       reason=reason, name=exc.name, lease_id=exc.lease_id, token=getattr(exc, "token", None),
                       current_token=getattr(exc, "current_token", None),
-                      **{"action": getattr(exc, "action", None), "identity": getattr(exc, "identity", None),
-                         **limited}, **caller(context))
+                      **{"action": getattr(exc, "action", None), "identity": identity, **limited},
+                      **caller(context))
         await context.abort_with_status(status)
 
     @_statuses
@@ -167,17 +175,21 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                          ) -> lock_pb2.LeaseGrantResponse:
         self._access.check(context, ACQUIRE)  # a lease is only good for acquiring
         self._locks.tokens.check_serving()  # a lease carries no token: refused only once tokens are known unsafe
+        secret = new_secret()  # the lease's credential: only its SHA-256 is kept (see ownership)
+        record = OwnerRecord.for_secret(caller_of(context).identity, secret)
         with self._limits.lease_grant(caller_of(context).key) as counted:  # refuses past the caller's limits
-            lease_id, ttl = await self._leases.grant_or_revoke(request.ttl_seconds)
+            lease_id, ttl = await self._leases.grant_or_revoke(
+                request.ttl_seconds, then=lambda granted: self._owners.record(granted, record))
             counted(lease_id, ttl)
         log_event(_log, logging.DEBUG, "lease_granted", f"lease {lease_id:#x} granted, TTL {ttl} s",
-                  lease_id=lease_id, ttl_s=ttl, **caller(context))
-        return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl)
+                  lease_id=lease_id, ttl_s=ttl, owner=record.owner, **caller(context))
+        return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl, lease_secret=secret)
 
     @_statuses
     async def LeaseRevoke(self, request: lock_pb2.LeaseRevokeRequest, context: grpc.aio.ServicerContext
                           ) -> lock_pb2.LeaseRevokeResponse:
         self._access.check(context, ACQUIRE)
+        await self._owners.check_call(context, request.lease_id, "LeaseRevoke")
         self._holds.revoking(request.lease_id)  # before the call: its deletions may be seen before it returns
         try:
             found = await self._leases.revoke(request.lease_id)
@@ -186,6 +198,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             raise
         self._kept.revoked(request.lease_id)
         self._limits.lease_ended(request.lease_id)
+        self._owners.ended(request.lease_id)
         log_event(_log, logging.DEBUG, "lease_revoked",
                   f"lease {request.lease_id:#x} {'revoked' if found else 'was already gone'}",
                   lease_id=request.lease_id, found=found, **caller(context))
@@ -198,6 +211,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
         await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "Acquire")
         # A bounded wait bounds the etcd calls too: with etcd down, the caller hears why at its timeout.
         # The lease's holds and waits and the caller's rate are checked, and this call counted while it runs.
         with (self._limits.acquiring(caller_of(context).key, request.name, request.lease_id),
@@ -224,6 +238,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                       ) -> lock_pb2.ReleaseResponse:
         self._access.check(context, RELEASE, request.name)
         await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "Release")
         hold = Hold(request.name, request.lease_id, request.token)
         self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
         followed = self._holds.releasing(request.name, request.lease_id)
@@ -244,6 +259,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
         self._access.check(context, ACQUIRE, request.name)
+        await self._owners.check_call(context, request.lease_id, "Withdraw")
         followed = self._holds.releasing(request.name, request.lease_id)
         try:
             found, held, revision = await self._locks.withdraw(request.name, request.lease_id)
@@ -325,7 +341,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         who = caller(context)
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
                                  metrics=self._metrics, released=self._released, kept=self._kept,
-                                 on_keepalive=self._limits.kept_alive, **who)
+                                 on_keepalive=self._limits.kept_alive, owners=self._owners,
+                                 caller=caller_of(context), **who)
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()

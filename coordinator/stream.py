@@ -9,6 +9,13 @@ keepalive finds its lease gone. Nothing here renews a lease on a timer.
 Each hold that ends other than by a Release through this coordinator is
 logged (``hold_ended``, INFO), and so is a lease a keepalive finds gone
 (``lease_expired``, INFO, once per lease and stream): see :mod:`.events`.
+
+Ownership (:mod:`.ownership`): the first keepalive or watch naming a lease
+on a stream is served only once the stream's caller is found to own the
+lease (its certificate identity, or ``KeepAliveRequest.lease_secret``); the
+stream remembers the leases it verified. A lease that is not the caller's
+ends the stream with PERMISSION_DENIED / NOT_LEASE_OWNER, before anything is
+forwarded for it.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
-from fencepost.client.errors import FencepostError
+from fencepost.client.errors import FencepostError, PermissionDenied
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold
@@ -26,9 +33,11 @@ from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .decode import Undecodable
 from .events import log_event
+from .identity import Caller
 from .lease import Leases
 from .lock import LockManager
 from .lock_metrics import NO_METRICS, LockMetrics
+from .ownership import Ownership
 from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
@@ -125,14 +134,22 @@ class KeepAliveStream:
         on_keepalive: called with (lease id, TTL etcd answered, <= 0 when gone) for each keepalive answered.
         peer: the client's address (``context.peer()``), for the log.
         trace_id: the stream call's trace id, for the log; None for none.
+        owners: checks that the caller owns each lease it names; None to check nothing.
+        caller: the stream's caller (its certificate identity), for ``owners``.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
                  keys_for: Callable[[str, int], bytes], *, metrics: LockMetrics = NO_METRICS,
                  released: RecentReleases | None = None, kept: KeptLeases | None = None,
                  on_keepalive: Callable[[int, int], None] | None = None,
-                 peer: str | None = None, trace_id: str | None = None) -> None:
+                 peer: str | None = None, trace_id: str | None = None, owners: Ownership | None = None,
+                 caller: Caller | None = None) -> None:
         self._on_keepalive = on_keepalive
+        self._owners = owners
+        self._who = caller if caller is not None else Caller(None, peer or "")
+        self._checks: dict[int, asyncio.Task[bool]] = {}  # lease id -> its ownership check on this stream
+        self._watching: set[Hold] = set()  # watches waiting for their lease's check
+        self._refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._released = released if released is not None else RecentReleases()
         self._kept = kept if kept is not None else KeptLeases()
         self._kept_here: set[int] = set()  # leases this stream counts in ``kept``
@@ -164,7 +181,9 @@ class KeepAliveStream:
         try:
             while True:
                 get = asyncio.create_task(self._out.get())
-                done, _ = await asyncio.wait([get, reader, stop], return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait([get, reader, stop, self._refused], return_when=asyncio.FIRST_COMPLETED)
+                if self._refused in done:
+                    self._refused.result()  # a lease the caller does not own: the stream is refused
                 if get in done:
                     yield get.result()
                     continue
@@ -193,8 +212,11 @@ class KeepAliveStream:
             unsubscribe()
         self._metrics.watched_holds(-len(self._holds))
         self._holds.clear()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._checks.values()]:
             task.cancel()
+        self._watching.clear()
+        if self._refused.done():
+            self._refused.exception()  # retrieved (the stream may have ended first)
         for lease_id in self._kept_here:
             self._kept.remove(lease_id)
         self._kept_here.clear()
@@ -206,14 +228,23 @@ class KeepAliveStream:
             kind = request.WhichOneof("request")
             if kind == "keepalive":
                 self._metrics.keepalive()
-                self._leases_seen.add(request.keepalive.lease_id)
-                self._spawn(self._forward(request.keepalive.lease_id, request.keepalive.request_id))
+                lease_id = request.keepalive.lease_id
+                check = self._check(lease_id, request.lease_secret)
+                self._leases_seen.add(lease_id)
+                self._spawn(self._forward(lease_id, request.keepalive.request_id, check))
             elif kind == "watch":
                 w = request.watch
-                self._watch(Hold(w.name, w.lease_id, w.token))
+                hold = Hold(w.name, w.lease_id, w.token)
+                check = self._check(w.lease_id, request.lease_secret)
+                if check is None:
+                    self._watch(hold)
+                else:
+                    self._watching.add(hold)
+                    self._spawn(self._watch_when_owned(hold, check))
             elif kind == "unwatch":
                 w = request.unwatch
                 hold = Hold(w.name, w.lease_id, w.token)
+                self._watching.discard(hold)
                 self._released.discard(hold)
                 unsubscribe = self._holds.pop(hold, None)
                 if unsubscribe is not None:
@@ -225,7 +256,54 @@ class KeepAliveStream:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _forward(self, lease_id: int, request_id: int) -> None:
+    def _check(self, lease_id: int, secret: str) -> asyncio.Task[bool] | None:
+        """The ownership check of ``lease_id`` on this stream to wait for; None once it passed (or unchecked).
+
+        The first message naming a lease starts its check with the secret it
+        carries; later ones wait for that check.
+        """
+        if self._owners is None:
+            return None
+        check = self._checks.get(lease_id)
+        if check is None:
+            check = self._checks[lease_id] = asyncio.ensure_future(self._verify(lease_id, secret or None))
+        elif check.done() and not check.cancelled() and check.result():
+            return None
+        return check
+
+    async def _verify(self, lease_id: int, secret: str | None) -> bool:
+        """Whether the caller owns ``lease_id``; on a refusal, the stream ends with it.
+
+        While etcd does not answer, the check is tried again (the client's
+        deadline protects it meanwhile), until it passes or is refused.
+        """
+        assert self._owners is not None
+        delays = ETCD_BACKOFF.delays()
+        while True:
+            try:
+                await self._owners.check(lease_id, self._who, secret, "KeepAlive")
+                return True
+            except PermissionDenied as exc:
+                if not self._refused.done():
+                    self._refused.set_exception(exc)
+                return False
+            except FencepostError as exc:
+                _log.info("could not check the owner of lease %#x: %s", lease_id, exc)
+                await asyncio.sleep(next(delays))
+
+    @staticmethod
+    async def _owned(check: asyncio.Task[bool] | None) -> bool:
+        """Wait for ``check``; whether the message waiting for it may be served."""
+        return True if check is None else await asyncio.shield(check)
+
+    async def _watch_when_owned(self, hold: Hold, check: asyncio.Task[bool]) -> None:
+        if await self._owned(check) and hold in self._watching:
+            self._watching.discard(hold)
+            self._watch(hold)
+
+    async def _forward(self, lease_id: int, request_id: int, check: asyncio.Task[bool] | None = None) -> None:
+        if not await self._owned(check):
+            return
         try:
             ttl = await self._leases.keepalive(lease_id)
         except FencepostError as exc:
@@ -242,6 +320,8 @@ class KeepAliveStream:
             self._kept_here.discard(lease_id)
             self._kept.remove(lease_id)
         if ttl <= 0:
+            if self._owners is not None:
+                self._owners.ended(lease_id)
             if lease_id not in self._expired:
                 self._expired.add(lease_id)
                 log_event(_log, logging.INFO, "lease_expired", f"lease {lease_id:#x} expired or was revoked "

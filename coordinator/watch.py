@@ -189,7 +189,8 @@ class DeleteWatcher:
                         if deletions:
                             delays = ETCD_BACKOFF.delays()
                         for key, revision in deletions:
-                            self._on_delete(key, revision)
+                            if not key.startswith(self._keys.lease_records):  # a lease's ownership record
+                                self._on_delete(key, revision)
                 self._mark_unknown()  # the watch ended (compaction): deletions may be missed until it restarts
                 self._metrics.watch_restarted()
             except asyncio.CancelledError:

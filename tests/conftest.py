@@ -34,8 +34,10 @@ from etcd3aio import Etcd3Client, prefix_range_end
 from google.rpc import error_details_pb2, status_pb2
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1.keys import LEASE_RECORD_INFIX
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.tokens import RECORD_SUFFIX
+from .owned_stub import OwnedStub
 
 REPO = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"fencepost: listening on (\S+):(\d+)")
@@ -110,16 +112,18 @@ async def etcd_client(etcd: EmbeddedEtcd) -> AsyncIterator[Etcd3Client]:
 
 
 async def count_keys(client: Etcd3Client, prefix: str) -> int:
-    """Count the lock keys under ``prefix`` in etcd (the coordinators' token record is not one)."""
+    """Count the lock keys under ``prefix`` in etcd (the token record and leases' ownership records are not)."""
     return len(await list_keys(client, prefix))
 
 
 async def list_keys(client: Etcd3Client, prefix: str) -> list[bytes]:
-    """List the lock keys under ``prefix`` in etcd (without the token record ``<prefix>.tokens``)."""
+    """List the lock keys under ``prefix`` in etcd (without the token record ``<prefix>.tokens`` and the
+    ownership records ``<prefix>.lease.<id>`` of leases)."""
     assert client.kv is not None
     key = prefix.encode()
     resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
-    return [kv.key for kv in resp.kvs if not kv.key.endswith(RECORD_SUFFIX)]
+    owners = key + LEASE_RECORD_INFIX
+    return [kv.key for kv in resp.kvs if not kv.key.endswith(RECORD_SUFFIX) and not kv.key.startswith(owners)]
 
 
 async def lease_ids(client: Etcd3Client) -> set[int]:
@@ -162,9 +166,9 @@ async def channel(address: str) -> AsyncIterator[grpc.aio.Channel]:
 
 
 @pytest.fixture
-def stub(channel: grpc.aio.Channel) -> lock_pb2_grpc.LockServiceStub:
-    """The generated LockService stub on ``channel``."""
-    return lock_pb2_grpc.LockServiceStub(channel)
+def stub(channel: grpc.aio.Channel) -> OwnedStub:
+    """The LockService stub on ``channel``, presenting the secret of each lease it granted (the lease's owner)."""
+    return OwnedStub(channel)
 
 
 async def describe(stub: lock_pb2_grpc.LockServiceStub, name: str) -> lock_pb2.DescribeResponse:

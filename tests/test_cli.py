@@ -66,9 +66,10 @@ class Holder:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.token: int | None = None
+        self.secret = ""  # the lease secret, from the second line (FENCEPOST_LEASE_SECRET=...)
 
     async def read_token(self, timeout: float = 20.0) -> int:
-        """Wait for the first stdout line and parse it as the fencing token."""
+        """Wait for the first stdout line and parse it as the fencing token; then read the lease secret's line."""
         assert self.proc.stdout is not None
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
@@ -78,6 +79,9 @@ class Holder:
             rc, _, err = await self.finish()
             pytest.fail(f"fencepost acquire exited ({rc}) without a token: {err}")
         self.token = int(line.decode().strip())
+        secret = (await asyncio.wait_for(self.proc.stdout.readline(), timeout)).decode().strip()
+        assert secret.startswith("FENCEPOST_LEASE_SECRET="), secret
+        self.secret = secret.partition("=")[2]
         return self.token
 
     async def finish(self, sig: int | None = None, timeout: float = 20.0) -> tuple[int, str, str]:
@@ -185,9 +189,16 @@ async def test_release_when_token_is_wrong_exits_6_with_reason(address: str) -> 
         lease = st["holder"]["lease_id"]  # type: ignore[index]
 
         stale = await run_cli("release", name, "--lease-id", hex(lease), "--token", str(token - 1),
-                              "--address", address)
+                              "--lease-secret", holder.secret, "--address", address)
         assert stale.rc == 6, stale
         assert_one_line_error(stale, "STALE_TOKEN", name)
+
+        # Without the lease's secret, the lease is not the caller's: refused, whatever the token.
+        foreign = await run_cli("release", name, "--lease-id", hex(lease), "--token", str(token),
+                                "--address", address)
+        assert foreign.rc == 6, foreign
+        assert_one_line_error(foreign, "NOT_LEASE_OWNER", "--lease-secret")
+        assert holder.secret not in foreign.err
 
         other = await run_cli("release", name, "--lease-id", "12345", "--token", str(token),
                               "--address", address)
@@ -210,8 +221,8 @@ async def test_acquire_when_released_by_hand_reports_lost_and_exits_3(address: s
         lease = st["holder"]["lease_id"]  # type: ignore[index]
 
         done = await run_cli("release", name, "--lease-id", str(lease), "--token", str(token),
-                             "--address", address)
-        assert done.rc == 0 and done.out.strip() == "released", done
+                             "--address", address, env={"FENCEPOST_LEASE_SECRET": holder.secret})
+        assert done.rc == 0 and done.out.strip() == "released", done  # the secret from the environment
 
         rc, _, err = await holder.finish(timeout=20)
         assert rc == 3, err

@@ -37,6 +37,7 @@ CLASS_BY_REASON: dict[int, type[fc.FencepostError]] = {
     ErrorReason.DATA_LOSS: fc.DataLoss,
     ErrorReason.ACCESS_DENIED: fc.AccessDenied,
     ErrorReason.LIMIT_EXCEEDED: fc.LimitExceeded,
+    ErrorReason.NOT_LEASE_OWNER: fc.NotLeaseOwner,
 }
 
 

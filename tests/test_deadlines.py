@@ -23,12 +23,13 @@ import grpc
 import pytest
 
 from fencepost.client import AsyncLockClient, Unavailable
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.info import ETCD_SECONDS
 from fencepost.coordinator.server import Coordinator
 
 from .conftest import cli_env
+from .owned_stub import OwnedStub
 
 #: Slack allowed over a deadline: process start-up for the CLI, scheduling on 2 busy cores.
 SLACK = 1.5
@@ -129,7 +130,7 @@ async def test_server_info_while_etcd_is_frozen_answers_within_its_deadline(coor
                                                                               freezer: Freezer) -> None:
     """ServerInfo answers before the call's 1 s deadline with the local part, etcd marked unavailable."""
     async with grpc.aio.insecure_channel(coordinator_on_frozen) as channel:
-        stub = lock_pb2_grpc.LockServiceStub(channel)
+        stub = OwnedStub(channel)
         before = await stub.ServerInfo(lock_pb2.ServerInfoRequest(), timeout=5)
         assert before.etcd.available and before.contender_keys == 0, before
         freezer.freeze()

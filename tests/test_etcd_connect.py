@@ -16,7 +16,7 @@ import pytest
 import trustme
 
 from fencepost.client import AsyncLockClient
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.etcd import auth_pb2, rpc_pb2, rpc_pb2_grpc
 from fencepost.client.v1.keys import prefix_end
 from fencepost.coordinator.embedded import EmbeddedEtcd
@@ -25,6 +25,7 @@ from fencepost.coordinator.serve import main
 from fencepost.coordinator.server import Coordinator
 
 from .conftest import LISTENING, ChildProcess, child_env, error_info, wait_for
+from .owned_stub import OwnedStub
 
 
 async def _acquire_and_release(coordinator: Coordinator, name: str) -> int:
@@ -119,7 +120,7 @@ async def test_tls_when_client_certificate_is_missing(tls_etcd: EmbeddedEtcd, ca
     try:
         await _started(coordinator)
         async with grpc.aio.insecure_channel(coordinator.address) as channel:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5), timeout=15)
     finally:
@@ -273,7 +274,7 @@ async def test_auth_when_prefix_is_outside_the_role(auth_etcd: EmbeddedEtcd) -> 
     try:
         await _started(coordinator)
         async with grpc.aio.insecure_channel(coordinator.address) as channel:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.Describe(lock_pb2.DescribeRequest(name="x"), timeout=15)
     finally:

@@ -14,6 +14,7 @@ from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
 from .conftest import CoordinatorProcess, describe, describe_waiters_is, error_info, wait_for
+from .owned_stub import OwnedStub
 
 # A lock holder in its own OS process: acquires, prints its grant, then reports
 # (once each) when is_valid() turns false and when the lost event fires.
@@ -115,7 +116,7 @@ async def test_coordinator_restart_keeps_the_lock_and_its_token(
     async with AsyncLockClient(address) as client:
         h = await client.acquire("restart", ttl=ttl, timeout=5.0)
         async with grpc.aio.insecure_channel(address) as chan:
-            before = await describe(lock_pb2_grpc.LockServiceStub(chan), "restart")
+            before = await describe(OwnedStub(chan), "restart")
         assert before.held and before.holder.token == h.token and before.holder.lease_id == h.lease_id
 
         code = await asyncio.to_thread(coordinator_process.terminate)
@@ -128,7 +129,7 @@ async def test_coordinator_restart_keeps_the_lock_and_its_token(
         assert h.is_valid(), "the handle lost its lease across the restart"
         assert not h.lost.is_set()
         async with grpc.aio.insecure_channel(address) as chan:
-            after = await describe(lock_pb2_grpc.LockServiceStub(chan), "restart")
+            after = await describe(OwnedStub(chan), "restart")
         assert after.held
         assert after.holder.token == h.token and after.holder.lease_id == h.lease_id
         assert time.monotonic() - restarted_at > ttl

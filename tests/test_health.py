@@ -13,11 +13,12 @@ import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencepost.client import AsyncLockClient
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.coordinator.embedded import EmbeddedEtcd
 
 from .conftest import describe_waiters_is, error_info, wait_for
 from .tls_helpers import call_fails, install_server_cert
+from .owned_stub import OwnedStub
 
 
 async def _health(address: str, service: str = "") -> int:
@@ -79,7 +80,7 @@ async def test_acquire_while_etcd_is_down_is_unavailable(tmp_path: Path, prefix:
         await asyncio.wait_for(coord.start(), 20)
         await asyncio.to_thread(own_etcd.stop)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.port}") as chan:
-            stub = lock_pb2_grpc.LockServiceStub(chan)
+            stub = OwnedStub(chan)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5), timeout=15)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE, (info.value.code(), info.value.details())
@@ -159,7 +160,7 @@ async def test_health_listener_when_the_main_port_requires_client_certificates(
         assert await _health(health_address, "fencepost.v1.LockService") == serving
         async with grpc.aio.insecure_channel(health_address) as chan:
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await lock_pb2_grpc.LockServiceStub(chan).Describe(lock_pb2.DescribeRequest(name="x"), timeout=5)
+                await OwnedStub(chan).Describe(lock_pb2.DescribeRequest(name="x"), timeout=5)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         # The main port itself refuses a client without a certificate.
         assert await call_fails(coord.address, grpc.ssl_channel_credentials(ca.cert_pem.bytes())) == \
@@ -217,7 +218,7 @@ async def test_health_listener_when_shutting_down(etcd: EmbeddedEtcd, prefix: st
         await wait_for(lambda: _status_is(health_address, health_pb2.HealthCheckResponse.SERVING), 10, 0.1,
                        "SERVING on the health listener")
         async with grpc.aio.insecure_channel(coord.address) as chan:
-            stub = lock_pb2_grpc.LockServiceStub(chan)
+            stub = OwnedStub(chan)
             holder = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
             waiter = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
             assert (await stub.Acquire(lock_pb2.AcquireRequest(name="busy", lease_id=holder.lease_id),

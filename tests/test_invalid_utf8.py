@@ -19,6 +19,7 @@ import pytest
 from etcd3aio import Etcd3Client
 
 from fencepost.client.v1 import lock_pb2
+from fencepost.client.v1.keys import LEASE_SECRET_METADATA
 from fencepost.coordinator.decode import bytes_twin, invalid_text_field
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator
@@ -82,7 +83,8 @@ async def test_keepalive_stream_when_watched_name_is_not_utf8(
     lease = await grant(lock_pb2.LeaseGrantRequest(ttl_seconds=5).SerializeToString(), timeout=5)
     stream = await open_stream(channel)
     await stream.write(lock_pb2.KeepAliveRequest(
-        keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease.lease_id, request_id=1)).SerializeToString())
+        keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease.lease_id, request_id=1),
+        lease_secret=lease.lease_secret).SerializeToString())
     ack = await asyncio.wait_for(stream.read(), 10)
     assert ack.keepalive.request_id == 1  # the stream works until the bad message
     hold = bytes_twin(lock_pb2.WatchHold.DESCRIPTOR)(name=b"inv:\xff", lease_id=lease.lease_id, token=3)
@@ -95,7 +97,8 @@ async def test_keepalive_stream_when_watched_name_is_not_utf8(
         await asyncio.wait_for(stream.read(), 10)
     assert_invalid_field(info.value, "name")
     revoke = unary(channel, "LeaseRevoke", lock_pb2.LeaseRevokeResponse)
-    await revoke(lock_pb2.LeaseRevokeRequest(lease_id=lease.lease_id).SerializeToString(), timeout=5)
+    await revoke(lock_pb2.LeaseRevokeRequest(lease_id=lease.lease_id).SerializeToString(), timeout=5,
+                 metadata=((LEASE_SECRET_METADATA, lease.lease_secret),))
     assert_quiet_log(caplog)
 
 

@@ -15,6 +15,7 @@ from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
 from .conftest import count_keys, describe, describe_waiters_is, error_info, lease_ids, list_keys, wait_for
+from .owned_stub import adopt
 
 
 async def test_successive_holders_get_strictly_larger_tokens(address: str) -> None:
@@ -213,6 +214,7 @@ async def test_lease_revoke_ends_the_hold_and_tells_the_holder(
     """Revoking the holder's lease from outside passes the lock on and fires the handle's lost event."""
     async with AsyncLockClient(address) as a, AsyncLockClient(address) as b:
         h = await a.acquire("revoked", ttl=10.0, timeout=5.0)
+        adopt(h)  # the test revokes it as its owner (the holder itself could)
         waiter = asyncio.create_task(b.acquire("revoked", ttl=10.0, timeout=10.0))
         await wait_for(lambda: describe_waiters_is(stub, "revoked", 1), 10, what="the waiter")
         found = await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=h.lease_id), timeout=5)

@@ -14,11 +14,12 @@ from typing import Any
 import grpc
 import pytest
 
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.events import trace_id_of
 
 from .conftest import LISTENING, ChildProcess, child_env, describe_waiters_is, wait_for
+from .owned_stub import OwnedStub
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -59,7 +60,7 @@ async def test_json_log_of_a_workload(etcd: EmbeddedEtcd, prefix: str, tmp_path:
         address = f"{match.group(1)}:{match.group(2)}"
         traced = (("traceparent", TRACEPARENT),)
         async with grpc.aio.insecure_channel(address) as channel:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             a = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30), metadata=traced)).lease_id
             b = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30))).lease_id
             stream = stub.KeepAlive(metadata=traced)
@@ -152,7 +153,7 @@ def test_text_log_appends_fields(etcd: EmbeddedEtcd, prefix: str, tmp_path: Path
     try:
         match = child.wait_line(LISTENING, 30)
         with grpc.insecure_channel(f"{match.group(1)}:{match.group(2)}") as channel:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             with pytest.raises(grpc.RpcError):
                 stub.Release(lock_pb2.ReleaseRequest(name="two words", lease_id=12345, token=7))
         assert child.terminate() == 0
@@ -195,7 +196,7 @@ def test_auto_log_format(etcd: EmbeddedEtcd, prefix: str, terminal: bool) -> Non
                 break
         with grpc.insecure_channel(f"{match.group(1)}:{match.group(2)}") as channel:
             # An answer comes from the event loop, so the SIGTERM handler (set before it runs) is in place.
-            lock_pb2_grpc.LockServiceStub(channel).Describe(lock_pb2.DescribeRequest(name="x"), timeout=10)
+            OwnedStub(channel).Describe(lock_pb2.DescribeRequest(name="x"), timeout=10)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
         chunks = []

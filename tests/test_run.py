@@ -17,9 +17,10 @@ import pytest
 
 from fencepost.client import AsyncLockClient
 from fencepost.client.cli.run import RUN_EXIT_CODES, exit_status
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 
 from .conftest import CliResult, cli_env
+from .owned_stub import SECRETS, OwnedStub
 
 # A Python child that reports its environment, then waits; on SIGTERM it says so
 # and exits 42, unless told to ignore SIGTERM.
@@ -30,7 +31,8 @@ def on_term(signum, frame):
     print("child got SIGTERM", flush=True)
     sys.exit(42)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else on_term)
-print(os.environ["FENCEPOST_TOKEN"], os.environ["FENCEPOST_LEASE_ID"], flush=True)
+print(os.environ["FENCEPOST_TOKEN"], os.environ["FENCEPOST_LEASE_ID"], os.environ["FENCEPOST_LEASE_SECRET"],
+      flush=True)
 time.sleep(60)
 """
 
@@ -68,13 +70,15 @@ class Running:
         self.proc = proc
 
     async def grant(self, timeout: float = 20.0) -> tuple[int, int]:
-        """Read the command's first line: (token, lease id)."""
+        """Read the command's first line: (token, lease id[, lease secret, remembered for OwnedStub])."""
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
         if not line:
             rc, out, err = await self.finish()
             pytest.fail(f"fencepost run exited ({rc}) before its command printed: {out}\n{err}")
-        token, lease = line.decode().split()
+        token, lease, *secret = line.decode().split()
+        if secret:  # FENCEPOST_LEASE_SECRET, which fencepost run passes: the test acts as the lease's owner
+            SECRETS[int(lease)] = secret[0]
         return int(token), int(lease)
 
     async def finish(self, timeout: float = 30.0) -> tuple[int, str, str]:
@@ -208,7 +212,7 @@ async def test_run_when_hold_released_by_hand_sigterms_child_and_exits_3(address
         token, lease = await r.grant()
         channel = grpc.aio.insecure_channel(address)
         try:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             await stub.Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease, token=token), timeout=5)
         finally:
             await channel.close()
@@ -227,7 +231,7 @@ async def test_run_when_lease_revoked_and_child_ignores_sigterm_sigkills_after_g
         _, lease = await r.grant()
         channel = grpc.aio.insecure_channel(address)
         try:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             found = await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)
             assert found.found
         finally:
@@ -255,7 +259,8 @@ kids = [subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.DEVNUL
 for kid in kids:
     assert kid.stdout.readline() == "up\n"  # SIGTERM is ignored from here on
 print(" ".join(str(kid.pid) for kid in kids), flush=True)
-print(os.environ["FENCEPOST_TOKEN"], os.environ["FENCEPOST_LEASE_ID"], flush=True)
+print(os.environ["FENCEPOST_TOKEN"], os.environ["FENCEPOST_LEASE_ID"], os.environ["FENCEPOST_LEASE_SECRET"],
+      flush=True)
 if sys.argv[1] == "wait":
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     time.sleep(600)
@@ -290,7 +295,7 @@ async def test_run_when_lease_revoked_kills_the_whole_process_tree(address: str)
         try:
             channel = grpc.aio.insecure_channel(address)
             try:
-                stub = lock_pb2_grpc.LockServiceStub(channel)
+                stub = OwnedStub(channel)
                 assert (await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)).found
             finally:
                 await channel.close()

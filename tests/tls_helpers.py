@@ -8,7 +8,8 @@ from pathlib import Path
 import grpc
 import trustme
 
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import lock_pb2
+from .owned_stub import OwnedStub
 
 
 def install(path: Path, data: bytes) -> None:
@@ -46,7 +47,7 @@ async def call_fails(address: str, credentials: grpc.ChannelCredentials | None) 
     """Describe on a new connection: None when it works, else the failed call's status code."""
     async with open_channel(address, credentials) as channel:
         try:
-            await lock_pb2_grpc.LockServiceStub(channel).Describe(lock_pb2.DescribeRequest(name="probe"), timeout=10)
+            await OwnedStub(channel).Describe(lock_pb2.DescribeRequest(name="probe"), timeout=10)
         except grpc.aio.AioRpcError as exc:
             return exc.code()
     return None
@@ -55,7 +56,7 @@ async def call_fails(address: str, credentials: grpc.ChannelCredentials | None) 
 async def acquire_release(address: str, credentials: grpc.ChannelCredentials, name: str) -> int:
     """A full LeaseGrant, Acquire, Release, LeaseRevoke on a new connection; returns the token."""
     async with open_channel(address, credentials) as channel:
-        stub = lock_pb2_grpc.LockServiceStub(channel)
+        stub = OwnedStub(channel)
         lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5), timeout=10)
         got = await stub.Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease.lease_id, wait_ms=5000), timeout=10)
         assert got.acquired

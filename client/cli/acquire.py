@@ -1,8 +1,10 @@
 """``fencepost acquire NAME [--ttl S] [--timeout S | --try]``: take a lock, print its token, hold it.
 
-Prints the fencing token alone on the first line of stdout, then holds the
-lock (the client streams keepalives) until SIGINT or SIGTERM, and releases
-it. A hold lost meanwhile exits 3 with ``lost: REASON`` on stderr.
+Prints the fencing token alone on the first line of stdout and
+``FENCEPOST_LEASE_SECRET=<secret>`` on the second (the lease's credential,
+for ``fencepost release --lease-secret`` from another process: keep it out
+of logs), then holds the lock (the client streams keepalives) until SIGINT
+or SIGTERM, and releases it. A hold lost meanwhile exits 3 with ``lost: REASON`` on stderr.
 """
 
 from __future__ import annotations
@@ -136,6 +138,8 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls:
                 raise CliError(f"interrupted while waiting for {args.name}", EXIT_INTERRUPTED)
 
             print(handle.token, flush=True)
+            if handle.lease_secret:  # for `fencepost release --lease-secret` from another process
+                print(f"FENCEPOST_LEASE_SECRET={handle.lease_secret}", flush=True)
             print(f"fencepost: holding {handle.name} with token {handle.token}, lease "
                   f"{lease_hex(handle.lease_id)} ({handle.lease_id}), ttl {handle.ttl:g} s; "
                   f"SIGINT or SIGTERM releases it",

@@ -562,7 +562,7 @@ class CallFailed(Exception):
 
 async def call(addresses: Sequence[str], method: str, request: Any, *, idempotent: bool,
                name: str | None = None, lease_id: int | None = None, token: int | None = None,
-               tls: TlsConfig | None = None) -> tuple[str, Any]:
+               tls: TlsConfig | None = None, secret: str | None = None) -> tuple[str, Any]:
     """Make one unary call through the client's transport (addresses in turn, its retry rule).
 
     Fails fast: an address whose connection attempt fails is skipped at once,
@@ -578,6 +578,7 @@ async def call(addresses: Sequence[str], method: str, request: Any, *, idempoten
         lease_id: The lease id, for the error.
         token: The fencing token, for the error.
         tls: The TLS settings (from :func:`tls_of`); None for plaintext.
+        secret: The secret of the lease the call names (``fencepost-lease-secret`` metadata); None for none.
 
     Returns:
         The address that answered and the response.
@@ -592,7 +593,7 @@ async def call(addresses: Sequence[str], method: str, request: Any, *, idempoten
         until = asyncio.get_running_loop().time() + RPC_TIMEOUT_SECONDS  # the whole call, retries included
         response = await transport.call(
             method, lambda left: (request, max(0.001, min(RPC_TIMEOUT_SECONDS, left or RPC_TIMEOUT_SECONDS))),
-            until=until, idempotent=idempotent, name=name, lease_id=lease_id, token=token)
+            until=until, idempotent=idempotent, name=name, lease_id=lease_id, token=token, secret=secret)
         return transport.address, response
     except FencepostError as err:
         raise CallFailed(err, transport.address) from err

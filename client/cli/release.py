@@ -1,4 +1,9 @@
-"""``fencepost release NAME --lease-id ID --token T``: release one grant by hand.
+"""``fencepost release NAME --lease-id ID --token T [--lease-secret S]``: release one grant by hand.
+
+The lease belongs to whoever granted it: pass its secret (``--lease-secret``,
+or ``FENCEPOST_LEASE_SECRET``, as ``fencepost acquire`` prints it and
+``fencepost run`` sets it), or connect with the client certificate that
+granted it; anyone else is refused (PERMISSION_DENIED, exit 6).
 
 One Release call through the client's transport. Release is not idempotent,
 so it goes to the next address only while no connection could be made (as
@@ -10,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from typing import Any
 
 import grpc
 
 from fencepost.client.v1 import lock_pb2 as pb
 
+from .run import ENV_LEASE_SECRET
 from .common import (
     EXIT_OK,
     EXIT_PRECONDITION,
@@ -51,6 +58,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--lease-id", required=True, type=parse_lease_id, metavar="ID",
                    help="holder's lease id, decimal or 0x-hex")
     p.add_argument("--token", required=True, type=parse_token, metavar="T", help="fencing token of the grant")
+    p.add_argument("--lease-secret", default=os.environ.get(ENV_LEASE_SECRET) or None, metavar="SECRET",
+                   help="the lease's secret (printed by `fencepost acquire`, FENCEPOST_LEASE_SECRET under "
+                        "`fencepost run`; default: $FENCEPOST_LEASE_SECRET); not needed when your client "
+                        "certificate's identity granted the lease")
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -68,9 +79,15 @@ def execute(args: argparse.Namespace) -> int:
     request = pb.ReleaseRequest(name=args.name, lease_id=args.lease_id, token=args.token)
     try:
         asyncio.run(call(addresses, "Release", request, idempotent=False, name=args.name,
-                         lease_id=args.lease_id, token=args.token, tls=tls))
+                         lease_id=args.lease_id, token=args.token, tls=tls, secret=args.lease_secret))
     except CallFailed as failed:
         err = failed.error
+        if err.code == grpc.StatusCode.PERMISSION_DENIED:
+            raise CliError(
+                f"not released: {err.reason or 'PERMISSION_DENIED'}: lease {lease_hex(args.lease_id)} "
+                f"({args.lease_id}) is not yours: pass its secret with --lease-secret or FENCEPOST_LEASE_SECRET "
+                f"(`fencepost acquire` prints it), or use the client certificate that granted it",
+                EXIT_PRECONDITION) from None
         if err.code == grpc.StatusCode.FAILED_PRECONDITION:
             text = err_text(err)
             raise CliError(

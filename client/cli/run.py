@@ -89,6 +89,7 @@ from .common import (
 __all__ = [
     "ENV_ADDRESS",
     "ENV_LEASE_ID",
+    "ENV_LEASE_SECRET",
     "ENV_LOCK",
     "ENV_TOKEN",
     "ENV_TTL",
@@ -108,6 +109,9 @@ ENV_TOKEN = "FENCEPOST_TOKEN"
 """The child's environment: the fencing token of the grant (decimal)."""
 ENV_LEASE_ID = "FENCEPOST_LEASE_ID"
 """The child's environment: the lease id of the grant (decimal)."""
+ENV_LEASE_SECRET = "FENCEPOST_LEASE_SECRET"
+"""The child's environment: the secret of the grant's lease (a credential: whoever has it may release the
+lock or revoke the lease; ``fencepost release`` reads it)."""
 ENV_TTL = "FENCEPOST_TTL"
 """The child's environment: the granted TTL in seconds."""
 ENV_ADDRESS = ADDRESS_ENV
@@ -274,7 +278,8 @@ def exit_status(returncode: int) -> int:
 
 
 def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: int,
-                      ttl: float, addresses: Sequence[str], tls: TlsConfig | None = None) -> dict[str, str]:
+                      ttl: float, addresses: Sequence[str], tls: TlsConfig | None = None,
+                      lease_secret: str = "") -> dict[str, str]:
     """The child's environment: ``base`` plus the FENCEPOST_* variables of the grant.
 
     Args:
@@ -288,6 +293,7 @@ def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: 
             FENCEPOST_TLS=1, FENCEPOST_CA, ... (absolute paths), so that a
             ``fencepost`` command in the child connects the same way; None
             adds nothing.
+        lease_secret: The lease's secret, set as FENCEPOST_LEASE_SECRET when not "".
 
     Returns:
         A new dict.
@@ -297,6 +303,8 @@ def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: 
     env[ENV_LOCK] = name
     env[ENV_TOKEN] = str(token)
     env[ENV_LEASE_ID] = str(lease_id)
+    if lease_secret:
+        env[ENV_LEASE_SECRET] = lease_secret
     env[ENV_TTL] = f"{ttl:g}"
     env[ENV_ADDRESS] = ",".join(addresses)
     return env
@@ -425,7 +433,8 @@ async def run_locked(
                                  message=f"interrupted while waiting for {name}; command not run")
 
             env = child_environment(dict(os.environ), name=handle.name, token=handle.token,
-                                    lease_id=handle.lease_id, ttl=handle.ttl, addresses=addresses, tls=tls)
+                                    lease_id=handle.lease_id, ttl=handle.ttl, addresses=addresses, tls=tls,
+                                    lease_secret=handle.lease_secret)
             try:
                 proc = await _start(command, env)
             except CommandError:

@@ -66,6 +66,7 @@ CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
     ErrorReason.DATA_LOSS: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.ACCESS_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorReason.LIMIT_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.NOT_LEASE_OWNER: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 #: Seconds a caller should wait before retrying, sent as RetryInfo.

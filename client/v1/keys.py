@@ -11,6 +11,12 @@ One more key lives under the prefix: the coordinators' token record
 it), JSON with the token floor F: a fencing token is its key's create
 revision + F (0 until an operator recovers from an etcd restore; see
 ``fencepost.coordinator.tokens``).
+
+And one key per lease granted through a coordinator, its ownership record
+``<prefix>.lease.<lease id as 16 hex digits>`` (no ``/`` either, so no lock
+holds it and :meth:`Keys.parse` rejects it), attached to the lease so that it
+ends with it: JSON with the owner's certificate identity and the SHA-256 of
+the lease secret (see ``fencepost.coordinator.ownership``).
 """
 
 from __future__ import annotations
@@ -29,10 +35,15 @@ MAX_WAIT_MS = 86_400_000
 #: Largest lease id and fencing token (etcd's int64).
 MAX_LEASE_ID = 2**63 - 1
 MAX_TOKEN = 2**63 - 1
+#: The gRPC metadata key under which a unary call naming a lease presents the lease's secret
+#: (LeaseGrantResponse.lease_secret; see proto/fencepost/v1/lock.proto, "Ownership").
+LEASE_SECRET_METADATA = "fencepost-lease-secret"
 #: Default etcd key prefix of all locks.
 DEFAULT_PREFIX = "/fencepost/locks/"
 #: The token record's key is the prefix followed by this.
 TOKEN_RECORD_SUFFIX = b".tokens"
+#: Each lease's ownership record's key is the prefix followed by this and the lease id in 16 hex digits.
+LEASE_RECORD_INFIX = b".lease."
 
 
 def token_floor(record: bytes | None) -> int:
@@ -79,6 +90,8 @@ class Keys:
         self.range_end = prefix_end(self.prefix)
         #: The coordinators' token record (its token floor): ``<prefix>.tokens``.
         self.token_record = self.prefix + TOKEN_RECORD_SUFFIX
+        #: Every lease's ownership record starts with this: ``<prefix>.lease.``.
+        self.lease_records = self.prefix + LEASE_RECORD_INFIX
 
     def lock_prefix(self, name: str) -> bytes:
         """The key range of lock ``name`` (every contender's key starts with it)."""
@@ -95,6 +108,10 @@ class Keys:
     def contender(self, name: str, lease_id: int) -> bytes:
         """The key of ``lease_id``'s hold or place in the queue for ``name``."""
         return self.lock_prefix(name) + f"{lease_id:016x}".encode()
+
+    def lease_record(self, lease_id: int) -> bytes:
+        """The key of lease ``lease_id``'s ownership record (not a lock key: :meth:`parse` returns None for it)."""
+        return self.lease_records + f"{lease_id:016x}".encode()
 
     def parse(self, key: bytes) -> tuple[str, int] | None:
         """Split a contender key into (lock name, lease id); None if it is not one."""

@@ -23,6 +23,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DATA_LOSS: _ClassVar[ErrorReason]
     ACCESS_DENIED: _ClassVar[ErrorReason]
     LIMIT_EXCEEDED: _ClassVar[ErrorReason]
+    NOT_LEASE_OWNER: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 NOT_HOLDER: ErrorReason
@@ -36,6 +37,7 @@ TOO_MANY_STREAMS: ErrorReason
 DATA_LOSS: ErrorReason
 ACCESS_DENIED: ErrorReason
 LIMIT_EXCEEDED: ErrorReason
+NOT_LEASE_OWNER: ErrorReason
 
 class LeaseGrantRequest(_message.Message):
     __slots__ = ("ttl_seconds",)
@@ -44,12 +46,14 @@ class LeaseGrantRequest(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class LeaseGrantResponse(_message.Message):
-    __slots__ = ("lease_id", "ttl_seconds")
+    __slots__ = ("lease_id", "ttl_seconds", "lease_secret")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     ttl_seconds: int
-    def __init__(self, lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+    lease_secret: str
+    def __init__(self, lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., lease_secret: _Optional[str] = ...) -> None: ...
 
 class LeaseRevokeRequest(_message.Message):
     __slots__ = ("lease_id",)
@@ -128,14 +132,16 @@ class Holder(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("keepalive", "watch", "unwatch")
+    __slots__ = ("keepalive", "watch", "unwatch", "lease_secret")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
     UNWATCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
     keepalive: LeaseKeepAlive
     watch: WatchHold
     unwatch: WatchHold
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ...) -> None: ...
+    lease_secret: str
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., lease_secret: _Optional[str] = ...) -> None: ...
 
 class LeaseKeepAlive(_message.Message):
     __slots__ = ("lease_id", "request_id")

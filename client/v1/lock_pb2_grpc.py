@@ -93,7 +93,10 @@ class LockServiceServicer:
         """LeaseGrant creates a lease with a TTL in whole seconds.
         The lease lives until LeaseRevoke, or until ttl_seconds pass without a
         keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-        lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+        lease. The lease belongs to the caller (see "Ownership" above): keep
+        lease_secret and present it with every call naming the lease. A lease
+        whose ownership record cannot be written is revoked and the call fails.
+        Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
         LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
         coordinator, or its total of leases), UNAVAILABLE.
         """
@@ -106,6 +109,7 @@ class LockServiceServicer:
         every wait it is queued in (holders on a KeepAlive stream receive a
         HoldEnded event). Idempotent: revoking an unknown or expired lease
         succeeds with found = false. Errors: INVALID_ARGUMENT (lease_id),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (a live lease of another owner),
         UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -134,7 +138,8 @@ class LockServiceServicer:
         FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
         the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
         waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-        waits or the caller's Acquire rate), UNAVAILABLE.
+        waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
+        (the lease is another caller's), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,6 +154,7 @@ class LockServiceServicer:
         FAILED_PRECONDITION/NOT_HOLDER (the lease holds no such lock),
         FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
         token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
         UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -163,7 +169,8 @@ class LockServiceServicer:
         and the next waiter is granted. Idempotent: found = false when the lease
         has no key there. Do not withdraw while another Acquire for the same
         (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
-        Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
+        Errors: INVALID_ARGUMENT (name, lease_id), PERMISSION_DENIED/
+        NOT_LEASE_OWNER (the lease is another caller's), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,7 +186,9 @@ class LockServiceServicer:
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
         RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
         streams on this coordinator), INVALID_ARGUMENT (name: a
-        watch or unwatch whose name is not valid UTF-8; the stream ends).
+        watch or unwatch whose name is not valid UTF-8; the stream ends),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
+        lease the caller does not own; the stream ends, nothing is renewed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -47,6 +47,20 @@ each present only where it applies and known (numbers in decimal):
   limit          LIMIT_EXCEEDED: the limit reached, as its `fencepost
                  serve` flag without dashes ("max-leases-per-caller").
   value          LIMIT_EXCEEDED: that limit's configured value.
+
+Ownership: a lease belongs to the caller that granted it. With mutual TLS
+the owner is the identity of the caller's client certificate (its SPIFFE
+ID, else first URI SAN, else first DNS SAN, else subject CN); in every
+case LeaseGrant also returns a lease_secret. A call naming a lease
+(LeaseRevoke, Acquire, Release, Withdraw, and keepalives and watches on
+the KeepAlive stream) is served only for its owner: a caller with the
+same certificate identity, or one that presents the lease's secret (as
+the gRPC metadata entry "fencepost-lease-secret" on unary calls, in
+KeepAliveRequest.lease_secret on the stream). Anyone else gets
+PERMISSION_DENIED / NOT_LEASE_OWNER (metadata lease_id) and nothing
+changes. A lease that is gone is reported as before (LEASE_EXPIRED,
+NOT_HOLDER, found = false), whoever asks. Describe and ListLocks show
+holders' lease ids and tokens, which are not credentials.
 """
 
 from collections import abc as _abc
@@ -85,7 +99,10 @@ class LockServiceStub:
     """LeaseGrant creates a lease with a TTL in whole seconds.
     The lease lives until LeaseRevoke, or until ttl_seconds pass without a
     keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-    lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+    lease. The lease belongs to the caller (see "Ownership" above): keep
+    lease_secret and present it with every call naming the lease. A lease
+    whose ownership record cannot be written is revoked and the call fails.
+    Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
     LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
     coordinator, or its total of leases), UNAVAILABLE.
     """
@@ -94,6 +111,7 @@ class LockServiceStub:
     every wait it is queued in (holders on a KeepAlive stream receive a
     HoldEnded event). Idempotent: revoking an unknown or expired lease
     succeeds with found = false. Errors: INVALID_ARGUMENT (lease_id),
+    PERMISSION_DENIED/NOT_LEASE_OWNER (a live lease of another owner),
     UNAVAILABLE.
     """
     Acquire: _grpc.UnaryUnaryMultiCallable[_lock_pb2.AcquireRequest, _lock_pb2.AcquireResponse]
@@ -118,7 +136,8 @@ class LockServiceStub:
     FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
     the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
     waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-    waits or the caller's Acquire rate), UNAVAILABLE.
+    waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
+    (the lease is another caller's), UNAVAILABLE.
     """
     Release: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]
     """Release ends the hold of `name` by `lease_id` whose grant carried
@@ -129,6 +148,7 @@ class LockServiceStub:
     FAILED_PRECONDITION/NOT_HOLDER (the lease holds no such lock),
     FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
     token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
+    PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
     UNAVAILABLE.
     """
     Withdraw: _grpc.UnaryUnaryMultiCallable[_lock_pb2.WithdrawRequest, _lock_pb2.WithdrawResponse]
@@ -139,7 +159,8 @@ class LockServiceStub:
     and the next waiter is granted. Idempotent: found = false when the lease
     has no key there. Do not withdraw while another Acquire for the same
     (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
-    Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
+    Errors: INVALID_ARGUMENT (name, lease_id), PERMISSION_DENIED/
+    NOT_LEASE_OWNER (the lease is another caller's), UNAVAILABLE.
     """
     KeepAlive: _grpc.StreamStreamMultiCallable[_lock_pb2.KeepAliveRequest, _lock_pb2.KeepAliveResponse]
     """KeepAlive is one bidirectional stream per client carrying keepalives
@@ -151,7 +172,9 @@ class LockServiceStub:
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
     RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
     streams on this coordinator), INVALID_ARGUMENT (name: a
-    watch or unwatch whose name is not valid UTF-8; the stream ends).
+    watch or unwatch whose name is not valid UTF-8; the stream ends),
+    PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
+    lease the caller does not own; the stream ends, nothing is renewed).
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -202,7 +225,10 @@ class LockServiceAsyncStub(LockServiceStub):
     """LeaseGrant creates a lease with a TTL in whole seconds.
     The lease lives until LeaseRevoke, or until ttl_seconds pass without a
     keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-    lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+    lease. The lease belongs to the caller (see "Ownership" above): keep
+    lease_secret and present it with every call naming the lease. A lease
+    whose ownership record cannot be written is revoked and the call fails.
+    Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
     LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
     coordinator, or its total of leases), UNAVAILABLE.
     """
@@ -211,6 +237,7 @@ class LockServiceAsyncStub(LockServiceStub):
     every wait it is queued in (holders on a KeepAlive stream receive a
     HoldEnded event). Idempotent: revoking an unknown or expired lease
     succeeds with found = false. Errors: INVALID_ARGUMENT (lease_id),
+    PERMISSION_DENIED/NOT_LEASE_OWNER (a live lease of another owner),
     UNAVAILABLE.
     """
     Acquire: _aio.UnaryUnaryMultiCallable[_lock_pb2.AcquireRequest, _lock_pb2.AcquireResponse]  # type: ignore[assignment]
@@ -235,7 +262,8 @@ class LockServiceAsyncStub(LockServiceStub):
     FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
     the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
     waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-    waits or the caller's Acquire rate), UNAVAILABLE.
+    waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
+    (the lease is another caller's), UNAVAILABLE.
     """
     Release: _aio.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Release ends the hold of `name` by `lease_id` whose grant carried
@@ -246,6 +274,7 @@ class LockServiceAsyncStub(LockServiceStub):
     FAILED_PRECONDITION/NOT_HOLDER (the lease holds no such lock),
     FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
     token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
+    PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
     UNAVAILABLE.
     """
     Withdraw: _aio.UnaryUnaryMultiCallable[_lock_pb2.WithdrawRequest, _lock_pb2.WithdrawResponse]  # type: ignore[assignment]
@@ -256,7 +285,8 @@ class LockServiceAsyncStub(LockServiceStub):
     and the next waiter is granted. Idempotent: found = false when the lease
     has no key there. Do not withdraw while another Acquire for the same
     (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
-    Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
+    Errors: INVALID_ARGUMENT (name, lease_id), PERMISSION_DENIED/
+    NOT_LEASE_OWNER (the lease is another caller's), UNAVAILABLE.
     """
     KeepAlive: _aio.StreamStreamMultiCallable[_lock_pb2.KeepAliveRequest, _lock_pb2.KeepAliveResponse]  # type: ignore[assignment]
     """KeepAlive is one bidirectional stream per client carrying keepalives
@@ -268,7 +298,9 @@ class LockServiceAsyncStub(LockServiceStub):
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
     RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
     streams on this coordinator), INVALID_ARGUMENT (name: a
-    watch or unwatch whose name is not valid UTF-8; the stream ends).
+    watch or unwatch whose name is not valid UTF-8; the stream ends),
+    PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
+    lease the caller does not own; the stream ends, nothing is renewed).
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -322,7 +354,10 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """LeaseGrant creates a lease with a TTL in whole seconds.
         The lease lives until LeaseRevoke, or until ttl_seconds pass without a
         keepalive on a KeepAlive stream. Not idempotent: each call creates a new
-        lease. Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
+        lease. The lease belongs to the caller (see "Ownership" above): keep
+        lease_secret and present it with every call naming the lease. A lease
+        whose ownership record cannot be written is revoked and the call fails.
+        Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
         LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
         coordinator, or its total of leases), UNAVAILABLE.
         """
@@ -337,6 +372,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         every wait it is queued in (holders on a KeepAlive stream receive a
         HoldEnded event). Idempotent: revoking an unknown or expired lease
         succeeds with found = false. Errors: INVALID_ARGUMENT (lease_id),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (a live lease of another owner),
         UNAVAILABLE.
         """
 
@@ -367,7 +403,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
         the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
         waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-        waits or the caller's Acquire rate), UNAVAILABLE.
+        waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
+        (the lease is another caller's), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -384,6 +421,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         FAILED_PRECONDITION/NOT_HOLDER (the lease holds no such lock),
         FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
         token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
         UNAVAILABLE.
         """
 
@@ -400,7 +438,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         and the next waiter is granted. Idempotent: found = false when the lease
         has no key there. Do not withdraw while another Acquire for the same
         (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
-        Errors: INVALID_ARGUMENT (name, lease_id), UNAVAILABLE.
+        Errors: INVALID_ARGUMENT (name, lease_id), PERMISSION_DENIED/
+        NOT_LEASE_OWNER (the lease is another caller's), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -418,7 +457,9 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
         RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
         streams on this coordinator), INVALID_ARGUMENT (name: a
-        watch or unwatch whose name is not valid UTF-8; the stream ends).
+        watch or unwatch whose name is not valid UTF-8; the stream ends),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
+        lease the caller does not own; the stream ends, nothing is renewed).
         """
 
     @_abc_1.abstractmethod

@@ -26,6 +26,7 @@ from etcd3aio import Etcd3Client
 from fencepost.client import AsyncLockClient
 
 from ..conftest import LISTENING, REPO, ChildProcess, describe_waiters_is, wait_for
+from ..owned_stub import OwnedStub
 
 E = 0.5
 
@@ -198,8 +199,6 @@ async def test_f12_wall_clock_steps_cause_no_loss_and_no_extension(
 async def _wait_queued(address: str) -> None:
     import grpc
 
-    from fencepost.client.v1 import lock_pb2_grpc
-
     async with grpc.aio.insecure_channel(address) as chan:
-        stub = lock_pb2_grpc.LockServiceStub(chan)
+        stub = OwnedStub(chan)
         await wait_for(lambda: describe_waiters_is(stub, "clock", 1), 10, what="B queued")

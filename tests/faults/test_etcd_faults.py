@@ -19,10 +19,10 @@ import pytest
 from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient, AsyncLockHandle
-from fencepost.client.v1 import lock_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
 
 from ..conftest import describe, describe_waiters_is, wait_for
+from ..owned_stub import OwnedStub
 from .conftest import SOAK, log_figure
 from tests.harness.cluster import ELECTION_TIMEOUT, EtcdCluster
 from tests.harness.proxy import Proxy
@@ -113,7 +113,7 @@ async def test_f04_etcd_leader_changes(
         waiter = asyncio.create_task(_granted_at(w.acquire("f04-d", ttl=ttl, timeout=120)))
         try:
             async with grpc.aio.insecure_channel(address) as chan:
-                stub = lock_pb2_grpc.LockServiceStub(chan)
+                stub = OwnedStub(chan)
                 await wait_for(lambda: describe_waiters_is(stub, "f04-d", 1), 10, what="the waiter on D's lock")
 
                 # (a) kill -9 and restart each member in turn, the leader first.
@@ -209,7 +209,7 @@ async def test_f05_stuck_etcd_leader(
                       for name in names}
             tasks += list(grants.values())
             async with grpc.aio.insecure_channel(address) as chan:
-                stub = lock_pb2_grpc.LockServiceStub(chan)
+                stub = OwnedStub(chan)
                 for name in names:
                     await wait_for(lambda: describe_waiters_is(stub, name, 1), 10, what=f"the waiter on {name}")
             tasks.append(asyncio.create_task(_key_gone_monitor(etcd, holders, prefix, gone_at)))
@@ -287,7 +287,7 @@ async def test_f07b_coordinator_recovers_from_a_compacted_watch(
     try:
         async with AsyncLockClient(address) as a, AsyncLockClient(address) as b, \
                 grpc.aio.insecure_channel(address) as chan:
-            stub = lock_pb2_grpc.LockServiceStub(chan)
+            stub = OwnedStub(chan)
             ha = await a.acquire("f07b", ttl=10, timeout=5)
             waiter = asyncio.create_task(_granted_at(b.acquire("f07b", ttl=10, timeout=30)))
             await wait_for(lambda: describe_waiters_is(stub, "f07b", 1), 10, what="B waiting")

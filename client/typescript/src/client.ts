@@ -312,9 +312,9 @@ export class LockClient {
       } finally {
         this.pool.setInFlight(ttl, undefined);
       }
-      const lease = new Lease(resp.leaseId, Math.max(Number(resp.ttlSeconds), ttl), sent);
+      const lease = new Lease(resp.leaseId, Math.max(Number(resp.ttlSeconds), ttl), sent, resp.leaseSecret);
       if (this.state !== "open" || grant.waiters <= 0) {
-        await this.revokeQuietly(lease.leaseId);
+        await this.revokeQuietly(lease.leaseId, lease.secret);
         const why = this.state !== "open" ? "client is closed" : "every acquire waiting for the lease was aborted";
         throw new FencepostError(why, { leaseId: lease.leaseId });
       }
@@ -331,11 +331,12 @@ export class LockClient {
   }
 
   /** Revoke a lease the client does not keep; a failure is ignored (the lease then expires by its TTL). */
-  private async revokeQuietly(leaseId: bigint): Promise<void> {
+  private async revokeQuietly(leaseId: bigint, secret: string): Promise<void> {
     try {
       await this.transport.call(
         "LeaseRevoke",
-        (client) => client.leaseRevoke({ leaseId }, { timeoutMs: this.transport.connectTimeout * 1000 }),
+        (client) =>
+          client.leaseRevoke({ leaseId }, { timeoutMs: this.transport.connectTimeout * 1000, headers: owner(secret) }),
         { until: now() + this.transport.connectTimeout, idempotent: true, context: { leaseId } },
       );
     } catch {
@@ -516,7 +517,10 @@ export class LockClient {
           const resp = await this.transport.call(
             "Withdraw",
             (client) =>
-              client.withdraw({ name, leaseId: lease.leaseId }, { timeoutMs: this.transport.connectTimeout * 1000 }),
+              client.withdraw(
+                { name, leaseId: lease.leaseId },
+                { timeoutMs: this.transport.connectTimeout * 1000, headers: owner(lease.secret) },
+              ),
             { until: undefined, idempotent: true, context: { lockName: name, leaseId: lease.leaseId } },
           );
           if (resp.found || rechecked) return;
@@ -561,7 +565,10 @@ export class LockClient {
           waitMs = BigInt(ms);
           timeoutMs = ms + ACQUIRE_SLACK_SECONDS * 1000;
         }
-        return client.acquire({ name, leaseId: lease.leaseId, waitMs, waitForever }, { timeoutMs, signal });
+        return client.acquire(
+          { name, leaseId: lease.leaseId, waitMs, waitForever },
+          { timeoutMs, signal, headers: owner(lease.secret) },
+        );
       },
       { until, idempotent: true, context: { lockName: name, leaseId: lease.leaseId }, signal },
     );
@@ -656,7 +663,7 @@ export class LockClient {
       (client) =>
         client.release(
           { name: handle.name, leaseId: handle.leaseId, token: handle.token },
-          { timeoutMs: this.transport.connectTimeout * 1000 },
+          { timeoutMs: this.transport.connectTimeout * 1000, headers: owner(handle.leaseSecret) },
         ),
       {
         until,
@@ -837,7 +844,11 @@ export class LockClient {
           quietly(
             this.transport.call(
               "LeaseRevoke",
-              (client) => client.leaseRevoke({ leaseId: lease.leaseId }, { timeoutMs: CLOSE_BUDGET_SECONDS * 1000 }),
+              (client) =>
+                client.leaseRevoke(
+                  { leaseId: lease.leaseId },
+                  { timeoutMs: CLOSE_BUDGET_SECONDS * 1000, headers: owner(lease.secret) },
+                ),
               { until, idempotent: true, context: { leaseId: lease.leaseId } },
             ),
           ),
@@ -881,4 +892,9 @@ function untilAborted<T>(work: Promise<T>, signal: AbortSignal | undefined): Pro
       },
     );
   });
+}
+
+/** The metadata presenting a lease's secret (gRPC metadata `fencepost-lease-secret`); none for "". */
+function owner(secret: string): Record<string, string> {
+  return secret ? { "fencepost-lease-secret": secret } : {};
 }

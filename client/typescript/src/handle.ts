@@ -19,6 +19,8 @@ export class LockHandle {
   readonly token: bigint;
   /** The lease holding the lock. */
   readonly leaseId: bigint;
+  /** The secret of the lease holding the lock: whoever presents it may act on the lease. Never log it. */
+  readonly leaseSecret: string;
   /** The lease's granted TTL, in seconds. */
   readonly ttl: number;
   /**
@@ -51,6 +53,7 @@ export class LockHandle {
     this.name = name;
     this._lease = lease;
     this.leaseId = lease.leaseId;
+    this.leaseSecret = lease.secret;
     this.ttl = lease.ttl;
     this.token = token;
     this.releaseFn = release;

@@ -23,6 +23,8 @@ export function marginFor(ttl: number): number {
 /** One lease's liveness as seen by the client. */
 export class Lease {
   readonly leaseId: bigint;
+  /** The lease's secret (LeaseGrantResponse.leaseSecret), sent with every call naming the lease; never log it. */
+  readonly secret: string;
   /** Granted TTL, whole seconds. */
   readonly ttl: number;
   readonly margin: number;
@@ -38,8 +40,9 @@ export class Lease {
   /**
    * @param grantedAt - Clock reading taken just before LeaseGrant was sent.
    */
-  constructor(leaseId: bigint, ttl: number, grantedAt: number) {
+  constructor(leaseId: bigint, ttl: number, grantedAt: number, secret = "") {
     this.leaseId = leaseId;
+    this.secret = secret;
     this.ttl = ttl;
     this.margin = marginFor(ttl);
     this.deadline = grantedAt + ttl - this.margin;

@@ -99,12 +99,15 @@ export class KeepAliveStream {
     }
     const requestId = this.nextRequestId++;
     this.pending.set(requestId, { lease, sent: t });
-    this.send({ request: { case: "keepalive", value: { leaseId: lease.leaseId, requestId } } });
+    this.send({ request: { case: "keepalive", value: { leaseId: lease.leaseId, requestId } }, leaseSecret: lease.secret });
   }
 
   /** Ask to be told (HoldEnded) when the hold ends. */
   watch(handle: LockHandle): void {
-    this.send({ request: { case: "watch", value: { name: handle.name, leaseId: handle.leaseId, token: handle.token } } });
+    this.send({
+      request: { case: "watch", value: { name: handle.name, leaseId: handle.leaseId, token: handle.token } },
+      leaseSecret: handle.leaseSecret,
+    });
   }
 
   /** Stop hearing about a released hold. */

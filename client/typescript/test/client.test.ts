@@ -10,6 +10,7 @@ import {
   LockHeld,
   LockTimeout,
   NotHolder,
+  PermissionDenied,
   StaleTokenError,
   Unavailable,
 } from "../src/index.js";
@@ -169,24 +170,32 @@ test("no coordinator reachable: Unavailable after connectTimeout", async () => {
   assert.ok(performance.now() - started < 5000);
 });
 
-test("the coordinator's ErrorInfo maps to typed errors: STALE_TOKEN, NOT_HOLDER, LEASE_EXPIRED, INVALID_FIELD", async () => {
+test("the coordinator's ErrorInfo maps to typed errors: STALE_TOKEN, NOT_HOLDER, LEASE_EXPIRED, INVALID_FIELD, NOT_LEASE_OWNER", async () => {
   await using client = new LockClient(ADDRESS);
   const name = lockName("errors");
   const held = await client.acquire(name, { ttl: 5 });
   const raw = createClient(LockService, createGrpcTransport({ baseUrl: `http://${ADDRESS}` }));
   const failure = async (call: Promise<unknown>) => fromConnectError(await call.then(() => assert.fail("call succeeded"), (e: unknown) => e));
-  const stale = await failure(raw.release({ name, leaseId: held.leaseId, token: held.token - 1n }));
+  const owner = { headers: { "fencepost-lease-secret": held.leaseSecret } }; // the raw calls act as the lease's owner
+  const stale = await failure(raw.release({ name, leaseId: held.leaseId, token: held.token - 1n }, owner));
   assert.ok(stale instanceof StaleTokenError, String(stale));
   assert.equal(stale.currentToken, held.token);
   assert.equal(stale.lockName, name);
   assert.equal(stale.reason, "STALE_TOKEN");
-  const notHolder = await failure(raw.release({ name: `${name}-other`, leaseId: held.leaseId, token: held.token }));
+  const notHolder = await failure(raw.release({ name: `${name}-other`, leaseId: held.leaseId, token: held.token }, owner));
   assert.ok(notHolder instanceof NotHolder, String(notHolder));
   const expired = await failure(raw.acquire({ name: `${name}-free`, leaseId: 12345n, waitMs: 0n }));
   assert.ok(expired instanceof LeaseLost, String(expired));
   const invalid = await failure(raw.leaseGrant({ ttlSeconds: 0n }));
   assert.ok(invalid instanceof InvalidArgument, String(invalid));
   assert.equal(invalid.field, "ttl_seconds");
+  // Without the lease's secret, the lease is not the caller's: refused, nothing changes.
+  const denied = await failure(raw.release({ name, leaseId: held.leaseId, token: held.token }));
+  assert.ok(denied instanceof PermissionDenied, String(denied));
+  assert.equal(denied.reason, "NOT_LEASE_OWNER");
+  assert.equal(denied.leaseId, held.leaseId);
+  assert.ok(!String(denied).includes(held.leaseSecret) && held.leaseSecret.length === 43);
+  assert.ok(held.isValid());
   await held.release();
 });
 
