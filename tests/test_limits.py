@@ -32,6 +32,8 @@ from fencepost.coordinator.limits import (
 )
 from fencepost.coordinator.server import Coordinator
 
+from .owned_stub import OwnedStub
+
 from .conftest import error_info, wait_for
 
 
@@ -298,7 +300,7 @@ async def test_lease_grant_at_caller_limit_is_refused_and_a_revoke_frees_a_slot(
     """The 4th LeaseGrant of one connection gets LIMIT_EXCEEDED (logged once); another connection is another caller."""
     caplog.set_level(logging.INFO, logger="fencepost.coordinator")
     async with _channel(limited) as chan, _channel(limited) as other:
-        stub, stub2 = lock_pb2_grpc.LockServiceStub(chan), lock_pb2_grpc.LockServiceStub(other)
+        stub, stub2 = OwnedStub(chan), OwnedStub(other)
         leases = [(await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30), timeout=5)).lease_id
                   for _ in range(3)]
         try:
@@ -340,7 +342,7 @@ async def test_acquire_at_holds_per_lease_limit_raises_limit_exceeded_in_the_cli
 async def test_acquire_past_rate_is_refused_with_retry_info_and_the_client_waits(limited: Coordinator) -> None:
     """A second Acquire at once gets LIMIT_EXCEEDED with a RetryInfo; the client waits that long and succeeds."""
     async with _channel(limited) as chan:
-        stub = lock_pb2_grpc.LockServiceStub(chan)
+        stub = OwnedStub(chan)
         lease = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30), timeout=5)).lease_id
         try:
             await stub.Acquire(lock_pb2.AcquireRequest(name="r", lease_id=lease), timeout=5)
@@ -363,7 +365,7 @@ async def test_acquire_past_rate_is_refused_with_retry_info_and_the_client_waits
 async def test_keepalive_stream_past_caller_limit_is_refused(limited: Coordinator) -> None:
     """A second KeepAlive stream on one connection gets LIMIT_EXCEEDED; once the first ends, another opens."""
     async with _channel(limited) as chan:
-        stub = lock_pb2_grpc.LockServiceStub(chan)
+        stub = OwnedStub(chan)
         lease = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30), timeout=5)).lease_id
         keepalive = lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease, request_id=1))
         try:
@@ -395,7 +397,7 @@ async def test_keepalive_stream_past_caller_limit_is_refused(limited: Coordinato
 async def test_request_over_message_size_is_refused_by_grpc_without_harm(limited: Coordinator) -> None:
     """A request larger than max-message-bytes gets RESOURCE_EXHAUSTED from gRPC; the connection serves on."""
     async with _channel(limited) as chan:
-        stub = lock_pb2_grpc.LockServiceStub(chan)
+        stub = OwnedStub(chan)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Acquire(lock_pb2.AcquireRequest(name="x" * (Limits().max_message_bytes + 1), lease_id=1),
                                timeout=5)

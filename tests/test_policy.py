@@ -24,7 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fencepost.client import AccessDenied, AsyncLockClient, PermissionDenied, TlsConfig
 from fencepost.client.errors import from_rpc_error
-from fencepost.client.v1 import details, lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import details, lock_pb2
 from fencepost.coordinator import serve
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.identity import Caller
@@ -32,6 +32,8 @@ from fencepost.coordinator.listen import is_local
 from fencepost.coordinator.policy import Access, Policy, PolicyError, require
 from fencepost.coordinator.server import Coordinator
 from fencepost.coordinator.tls import ServerTls
+
+from .owned_stub import OwnedStub
 
 from .tls_helpers import install, install_server_cert, open_channel
 
@@ -350,7 +352,7 @@ async def test_policy_when_two_identities_call(policed: Coordinator, pki: Pki,
     caplog.set_level(logging.INFO, "fencepost.coordinator.service")
     async with open_channel(policed.address, pki.billing.credentials) as bc, \
             open_channel(policed.address, pki.worker.credentials) as wc:
-        billing, worker = lock_pb2_grpc.LockServiceStub(bc), lock_pb2_grpc.LockServiceStub(wc)
+        billing, worker = OwnedStub(bc), OwnedStub(wc)
         b_lease = (await billing.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=10)).lease_id
         w_lease = (await worker.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=10)).lease_id
         try:
@@ -437,7 +439,7 @@ async def test_lease_calls_when_the_identity_may_only_describe(etcd: EmbeddedEtc
     await asyncio.wait_for(coordinator.start(), 20)
     try:
         async with open_channel(coordinator.address, pki.worker.credentials) as channel:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
             await denied(stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5), timeout=10),
                          action="acquire", name=None)
             stream = stub.KeepAlive(timeout=10)
@@ -491,7 +493,7 @@ async def test_serve_when_sighup_reloads_the_policy(etcd: EmbeddedEtcd, prefix: 
         address = f"127.0.0.1:{match.group(2)}"
         assert any(f"access policy {policy} (3 rules)" in line for line in child.output), child.output
         async with open_channel(address, pki.worker.credentials) as channel:
-            stub = lock_pb2_grpc.LockServiceStub(channel)
+            stub = OwnedStub(channel)
 
             async def describe(name: str) -> lock_pb2.DescribeResponse:
                 return await stub.Describe(lock_pb2.DescribeRequest(name=name), timeout=10)
