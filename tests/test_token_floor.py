@@ -181,7 +181,10 @@ async def test_restore_when_coordinator_saw_the_old_revisions(own_etcd: Embedded
     assert f"at least {coord.tokens.high if coord.tokens else 0}" in errors[0], errors
     assert coord.tokens is not None and coord.tokens.high >= top
 
-    # A coordinator started after the restore never saw the old revisions: the published mark stops it.
+    # A coordinator started after the restore never saw the old revisions: the published mark stops it,
+    # once the first coordinator has published it (its next record check after the detection, within ~1 s).
+    await wait_for(lambda: any("published this coordinator's highest token" in r.getMessage() for r in caplog.records),
+                   10, 0.05, "the first coordinator to publish its highest token in the token record")
     late = Coordinator([own_etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
     await asyncio.wait_for(late.start(), 20)
     try:
