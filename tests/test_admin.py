@@ -16,7 +16,7 @@ import grpc
 import pytest
 import trustme
 
-from fencepost.client import AsyncLockClient, TlsConfig
+from fencepost.client import AccessDenied, AsyncLockClient, InvalidArgument, LockClient, Revoked, Session, TlsConfig
 from fencepost.client.v1 import details, lock_pb2
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.policy import Policy
@@ -229,3 +229,31 @@ async def test_admin_commands_when_run_against_the_coordinator(policed: Coordina
             assert (await asyncio.wait_for(waiting, 10)).token > held.token
         free = await run_cli("admin", "revoke", NAME, "--json", *base, *pki.flags(pki.operator))
         assert free.rc == 0 and json.loads(free.out)["revoked"] is False, free
+
+
+async def test_client_admin_calls_when_allowed_or_not(policed: Coordinator, pki: Pki) -> None:
+    """AsyncLockClient.admin_revoke and list_sessions (and LockClient's twins, in a thread) return Revoked and
+    Session; a non-admin identity gets AccessDenied; a bad name is InvalidArgument before any call."""
+    async with AsyncLockClient(policed.address, tls=pki.tls(pki.billing)) as a, \
+            AsyncLockClient(policed.address, tls=pki.tls(pki.operator)) as operator, \
+            AsyncLockClient(policed.address, tls=pki.tls(pki.worker)) as worker:
+        held = await a.acquire(NAME, ttl=30.0, timeout=10.0)
+        (session,) = [s for s in await operator.list_sessions() if s.lease_id == held.lease_id]
+        assert session == Session(held.lease_id, BILLING, session.ttl, session.ttl_remaining, (NAME,), ())
+        assert session.ttl >= 30 and 0 < session.ttl_remaining <= session.ttl
+
+        with LockClient(policed.address, tls=pki.tls(pki.operator)) as sync_operator:
+            listed = await asyncio.to_thread(sync_operator.list_sessions, page_size=1)
+        assert held.lease_id in {s.lease_id for s in listed}
+
+        with pytest.raises(AccessDenied) as caught:
+            await worker.admin_revoke(NAME)
+        assert (caught.value.action, caught.value.name) == ("admin", NAME)
+        with pytest.raises(AccessDenied):
+            await worker.list_sessions()
+        with pytest.raises(InvalidArgument):
+            await operator.admin_revoke("")
+
+        assert await operator.admin_revoke(NAME) == Revoked(NAME, True, held.lease_id, held.token)
+        await asyncio.wait_for(held.lost.wait(), 10)
+        assert await operator.admin_revoke(NAME) == Revoked(NAME, False, 0, 0)

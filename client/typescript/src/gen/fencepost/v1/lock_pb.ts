@@ -1604,7 +1604,10 @@ export const LockService: GenService<{
    * deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
    * later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
    * next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
-   * the one call that acts on a lease it does not own. A lock that is free
+   * the one call that acts on a lease it does not own. The holder is read
+   * just before the revoke (etcd cannot revoke a lease inside a Txn): if the
+   * lock changed hands in between, the lease that held it is revoked all the
+   * same, and the response names that lease and its token. A lock that is free
    * answers revoked = false and changes nothing; retrying after success
    * revokes the next holder, so it is NOT idempotent. Needs the `admin`
    * action on `name` in the access policy; without a policy (`--policy`)
