@@ -6,7 +6,7 @@ lower than one it has accepted. See :class:`AsyncLockClient`.
 """
 
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
-from ._info import EtcdInfo, ServerInfo
+from ._info import EtcdInfo, Revoked, ServerInfo, Session
 from ._sync import LockClient, LockHandle
 from ._tls import TlsConfig
 from .errors import (
@@ -51,7 +51,9 @@ __all__ = [
     "NotLeaseOwner",
     "PermissionDenied",
     "ResourceExhausted",
+    "Revoked",
     "ServerInfo",
+    "Session",
     "StaleTokenError",
     "TlsConfig",
     "TlsError",

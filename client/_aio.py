@@ -31,7 +31,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
 from . import _fork, _tls, _wire
-from ._info import ServerInfo
+from ._info import Revoked, ServerInfo, Session
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
 from ._metrics import client_metrics
@@ -685,3 +685,64 @@ class AsyncLockClient:
         except Unavailable as exc:
             raise self._closed_error(None) or exc from exc
         return ServerInfo.from_response(resp)
+
+    async def admin_revoke(self, name: str) -> Revoked:
+        """End the hold of lock ``name`` by revoking its holder's lease (AdminRevoke; an operator's call).
+
+        The lease ends with all its holds and waits; its holder is told at
+        once and the next waiter is granted with a larger fencing token. Not
+        idempotent (run again, it revokes the next holder), so never retried
+        after it may have reached a coordinator.
+
+        Args:
+            name: The lock name.
+
+        Returns:
+            What was revoked; ``revoked`` False when the lock was free.
+
+        Raises:
+            InvalidArgument: bad name.
+            AccessDenied: the coordinator has no access policy, or it does not
+                grant this client's identity ``admin`` on ``name``.
+            Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through fork.
+        """
+        self._check_fork()
+        _wire.check_name(name)
+        await self._ensure_open(name)
+        try:
+            resp = await self._transport.call(
+                "AdminRevoke", lambda _left: (pb.AdminRevokeRequest(name=name), self._connect_timeout),
+                until=None, idempotent=False, name=name)
+        except Unavailable as exc:
+            raise self._closed_error(name) or exc from exc
+        return Revoked(name, bool(resp.revoked), int(resp.lease_id), int(resp.token))
+
+    async def list_sessions(self, *, page_size: int = 0) -> list[Session]:
+        """List the live leases with their owner identity, TTLs, holds and waits (ListSessions; every page).
+
+        Args:
+            page_size: Leases per ListSessions call, 1 to 1000; 0 lets the coordinator choose (100).
+
+        Returns:
+            The sessions in lease id order.
+
+        Raises:
+            InvalidArgument: bad page size.
+            AccessDenied: the coordinator has no access policy, or it does not
+                grant this client's identity ``admin`` on every name.
+            Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through fork.
+        """
+        self._check_fork()
+        await self._ensure_open()
+        sessions: list[Session] = []
+        token = ""
+        while True:
+            request = pb.ListSessionsRequest(page_size=page_size, page_token=token)
+            resp = await self._transport.call(
+                "ListSessions", lambda _left, r=request: (r, self._connect_timeout), until=None, idempotent=True)
+            sessions.extend(Session.from_message(info) for info in resp.sessions)
+            token = resp.next_page_token
+            if not token:
+                return sessions

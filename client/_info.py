@@ -1,4 +1,8 @@
-"""What a coordinator says about itself: :class:`ServerInfo`, from the ServerInfo RPC.
+"""What a coordinator says about itself (:class:`ServerInfo`) and the answers of its admin calls.
+
+:class:`Revoked` and :class:`Session` come from AdminRevoke and ListSessions
+(:meth:`AsyncLockClient.admin_revoke`, :meth:`AsyncLockClient.list_sessions`,
+docs/security.md "Administration").
 
 Returned by :meth:`AsyncLockClient.server_info` and
 :meth:`LockClient.server_info`, and printed by ``fencepost status``
@@ -12,7 +16,7 @@ import dataclasses
 
 from .v1 import lock_pb2 as pb
 
-__all__ = ["EtcdInfo", "ServerInfo"]
+__all__ = ["EtcdInfo", "Revoked", "ServerInfo", "Session"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,3 +149,49 @@ class ServerInfo:
             held_locks=count(resp.held_locks) if resp.etcd.available else None,
             waiters=count(resp.waiters) if resp.etcd.available else None,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Revoked:
+    """What :meth:`AsyncLockClient.admin_revoke` did.
+
+    Attributes:
+        name: The lock name.
+        revoked: Whether a lease was revoked (False: the lock was free).
+        lease_id: The revoked lease (the holder's); 0 when none.
+        token: The fencing token of the hold that ended; 0 when none.
+    """
+
+    name: str
+    revoked: bool
+    lease_id: int
+    token: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """One live lease, as listed by :meth:`AsyncLockClient.list_sessions`.
+
+    Attributes:
+        lease_id: The etcd lease id.
+        owner_identity: The certificate identity of the caller that granted
+            it; None when it was granted without a client certificate.
+        ttl: The granted TTL in seconds.
+        ttl_remaining: Seconds left on the lease as etcd reported it (a lower bound only).
+        holds: The names of the locks it holds, sorted.
+        waits: The names of the locks it waits for, sorted.
+    """
+
+    lease_id: int
+    owner_identity: str | None
+    ttl: int
+    ttl_remaining: float
+    holds: tuple[str, ...]
+    waits: tuple[str, ...]
+
+    @classmethod
+    def from_message(cls, info: pb.SessionInfo) -> Session:
+        """The session of one ListSessionsResponse entry."""
+        return cls(lease_id=int(info.lease_id), owner_identity=info.owner_identity or None,
+                   ttl=int(info.ttl_seconds), ttl_remaining=float(info.ttl_remaining_seconds),
+                   holds=tuple(info.holds), waits=tuple(info.waits))

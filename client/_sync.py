@@ -23,7 +23,7 @@ from opentelemetry.trace import TracerProvider
 
 from . import _fork, _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
-from ._info import ServerInfo
+from ._info import Revoked, ServerInfo, Session
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
 from ._tls import TlsConfig
 from .errors import FencepostError
@@ -532,3 +532,32 @@ class LockClient:
         """
         self._check_fork()
         return self._run(self._aio.server_info())
+
+    def admin_revoke(self, name: str) -> Revoked:
+        """End the hold of lock ``name`` by revoking its holder's lease (see :meth:`AsyncLockClient.admin_revoke`).
+
+        Returns:
+            What was revoked; ``revoked`` False when the lock was free.
+
+        Raises:
+            InvalidArgument: bad name.
+            AccessDenied: no access policy on the coordinator, or no ``admin`` on ``name`` for this identity.
+            Unavailable: no coordinator reachable.
+        """
+        self._check_fork()
+        _wire.check_name(name)
+        return self._run(self._aio.admin_revoke(name), name)
+
+    def list_sessions(self, *, page_size: int = 0) -> list[Session]:
+        """List the live leases (see :meth:`AsyncLockClient.list_sessions`).
+
+        Returns:
+            The sessions in lease id order.
+
+        Raises:
+            InvalidArgument: bad page size.
+            AccessDenied: no access policy on the coordinator, or no ``admin`` on every name for this identity.
+            Unavailable: no coordinator reachable.
+        """
+        self._check_fork()
+        return self._run(self._aio.list_sessions(page_size=page_size))

@@ -28,8 +28,8 @@ A rule's keys, and nothing else:
   no identity string for them, so that no certificate can claim the name).
   A rule needs ``identities``, ``anonymous = true``, or both.
 - ``actions``: ``acquire`` (Acquire, Withdraw), ``release`` (Release),
-  ``describe`` (Describe, ListLocks), ``admin`` (ServerInfo, and the admin
-  calls of ``fencepost admin``).
+  ``describe`` (Describe, ListLocks), ``admin`` (ServerInfo, AdminRevoke,
+  ListSessions: ``fencepost status`` and ``fencepost admin``).
 - ``names``: lock names: an exact name, a prefix ending in ``*``
   (``billing/*`` is every name that starts with ``billing/``; ``job-*``
   those that start with ``job-``), or ``"*"`` for every name. ``*``
@@ -43,7 +43,9 @@ What each call needs (docs/security.md, "Access policy"): Acquire and
 Withdraw ``acquire`` on the name; Release ``release``; Describe
 ``describe``; ListLocks lists only the locks the caller may ``describe``,
 and is refused when no rule could allow it any name under the prefix;
-ServerInfo ``admin`` on any name; LeaseGrant, LeaseRevoke and the KeepAlive
+ServerInfo ``admin`` on any name; AdminRevoke ``admin`` on the name and
+ListSessions ``admin`` on ``"*"`` (every name), both refused without a
+policy (see ``service``); LeaseGrant, LeaseRevoke and the KeepAlive
 stream are not about one name: they need ``acquire`` on at least one name
 (a lease is only good for acquiring; a caller that may only describe has
 no use for one).

@@ -13,6 +13,11 @@ With an access policy (:mod:`.policy`), each call first checks that the
 caller's identity may take the call's action (on its lock name), and is
 refused with PERMISSION_DENIED / ACCESS_DENIED otherwise; ListLocks shows
 only the locks the caller may describe.
+
+The admin calls (AdminRevoke, ListSessions) need the ``admin`` action, and
+an access policy: without one they are refused (PERMISSION_DENIED /
+ACCESS_DENIED), since a coordinator open to every caller would let anyone
+revoke anyone's lease. Each one, allowed or not, logs one ``admin`` event.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from .holds import HoldTracker
 from .identity import caller_of
 from .limits import Limits, LimitTracker
 from .listing import list_locks
+from .sessions import list_sessions
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
@@ -319,6 +325,76 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             keepalive_streams=len(self._open), keepalive_leases=sum(s.lease_count for s in self._open),
             watched_holds=sum(s.watched_count for s in self._open), waiting_acquires=self._locks.waiting,
             contender_keys=etcd.contender_keys, held_locks=etcd.held_locks, waiters=etcd.waiters)
+
+    def _admit(self, context: grpc.aio.ServicerContext, action: str, name: str) -> None:
+        """Refuse an admin call unless a policy is in force and allows the caller ``admin`` on ``name``.
+
+        Raises:
+            AccessDenied: no access policy (admin calls need one), or it does not allow the caller.
+        """
+        who = caller_of(context)
+        try:
+            if self._access.policy is None:
+                raise AccessDenied("admin calls need an access policy (--policy) that grants the admin action; "
+                                   "this coordinator has none", name=name, action=ADMIN, identity=who.identity)
+            self._access.require(who, ADMIN, name)
+        except AccessDenied as exc:
+            self._audit(context, action, name, "denied", logging.WARNING, error=exc.message)
+            raise
+
+    def _audit(self, context: grpc.aio.ServicerContext, action: str, name: str, outcome: str, level: int,
+               **fields: Any) -> None:
+        """Log the ``admin`` event of one admin call (who, from where, what, on which name, what came of it)."""
+        identity = caller_of(context).identity
+        log_event(_log, level, "admin", f"admin {action} {name!r} by {identity or 'a caller without a certificate'}"
+                  f": {outcome}", identity=identity, action=action, name=name, outcome=outcome, **fields,
+                  **caller(context))
+
+    @_statuses
+    async def AdminRevoke(self, request: lock_pb2.AdminRevokeRequest, context: grpc.aio.ServicerContext
+                          ) -> lock_pb2.AdminRevokeResponse:
+        self._admit(context, "revoke", request.name)
+        await self._locks.tokens.ready()
+        try:
+            holder = (await self._locks.describe(request.name)).holder
+            found = False
+            if holder is not None:
+                lease_id = holder.lease_id
+                self._holds.revoking(lease_id)  # before the call: its deletions may be seen before it returns
+                try:
+                    found = await self._leases.revoke(lease_id)  # bypasses ownership: the admin's own act
+                except BaseException:
+                    self._holds.revoke_failed(lease_id)
+                    raise
+                self._kept.revoked(lease_id)
+                self._limits.lease_ended(lease_id)
+                self._owners.ended(lease_id)
+        except FencepostError as exc:
+            self._audit(context, "revoke", request.name, "failed", logging.WARNING, error=exc.message)
+            raise
+        if not found:
+            self._audit(context, "revoke", request.name, "not_held", logging.WARNING)
+            return lock_pb2.AdminRevokeResponse(revoked=False)
+        assert holder is not None
+        self._audit(context, "revoke", request.name, "revoked", logging.WARNING, lease_id=holder.lease_id,
+                    token=holder.token)
+        return lock_pb2.AdminRevokeResponse(revoked=True, lease_id=holder.lease_id, token=holder.token)
+
+    @_statuses
+    async def ListSessions(self, request: lock_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
+                           ) -> lock_pb2.ListSessionsResponse:
+        self._admit(context, "list_sessions", "*")  # every lease of every lock: admin on every name
+        try:
+            page = await list_sessions(self._locks.etcd, self._keys, request.page_size, request.page_token)
+        except FencepostError as exc:
+            self._audit(context, "list_sessions", "*", "failed", logging.INFO, error=exc.message)
+            raise
+        self._audit(context, "list_sessions", "*", "listed", logging.INFO, sessions=len(page.sessions))
+        return lock_pb2.ListSessionsResponse(
+            sessions=[lock_pb2.SessionInfo(lease_id=s.lease_id, owner_identity=s.owner or "", ttl_seconds=s.ttl_seconds,
+                                           ttl_remaining_seconds=s.ttl_remaining_seconds, holds=s.holds,
+                                           waits=s.waits) for s in page.sessions],
+            next_page_token=page.next_page_token, revision=page.revision)
 
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:

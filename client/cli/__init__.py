@@ -18,7 +18,8 @@
   environment.
 - ``fencepost demo`` (:mod:`.demo`): the paused-holder scenario, unfenced
   then fenced; imports the coordinator only when it starts its own.
-- ``fencepost admin recover-tokens --above T [etcd flags]`` (:mod:`.admin`):
+- ``fencepost admin revoke NAME``, ``fencepost admin sessions [--json]`` (calls to a coordinator) and
+  ``fencepost admin recover-tokens --above T [etcd flags]`` (:mod:`.admin`):
   after etcd was restored from an older snapshot, make every new fencing
   token greater than T; imports ``fencepost.coordinator`` only then.
 

@@ -1,32 +1,179 @@
-"""``fencepost admin COMMAND [flags]``: operator commands on etcd (needs the ``fencepost[coordinator]`` extra).
+"""``fencepost admin COMMAND [flags]``: operator commands.
 
+Two talk to a coordinator (AdminRevoke, ListSessions; they need an access
+policy that grants the caller ``admin``, docs/security.md "Administration"):
+
+- ``fencepost admin revoke NAME``: end the hold of lock NAME by revoking its
+  holder's lease (the holder is told at once, the next waiter is granted
+  with a larger fencing token). Prints what was revoked; exit 0 also when
+  the lock was free (the line says so).
+- ``fencepost admin sessions [--json]``: every live lease with its owner
+  identity, TTL and the locks it holds and waits for.
+
+One talks to etcd directly (needs the ``fencepost[coordinator]`` extra):
 ``fencepost admin recover-tokens --above T --etcd-endpoints ...`` makes every
 later fencing token greater than T after etcd was restored from an older
-snapshot (docs/deploy.md, "Restoring etcd from a snapshot"). The flags belong
-to :func:`fencepost.coordinator.admin.main`, imported only here.
+snapshot (docs/deploy.md, "Restoring etcd from a snapshot"). Its flags belong
+to :func:`fencepost.coordinator.admin.main`, imported only for it.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 import sys
+from typing import Any
 
-from .common import EXIT_USAGE, err_text
+from fencepost.client import TlsConfig
+from fencepost.client.v1 import lock_pb2 as pb
 
-__all__ = ["HELP", "execute"]
+from .common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CallFailed,
+    CliError,
+    Formatter,
+    Parser,
+    address_flag,
+    addresses_of,
+    call,
+    call_error,
+    epilog,
+    err_text,
+    lease_hex,
+    lock_name,
+    tls_flags,
+    tls_of,
+)
 
-HELP = "operator commands on etcd: recover-tokens after an etcd restore (see `fencepost admin --help`)"
+__all__ = ["HELP", "build_parser", "execute", "sessions_json", "sessions_table"]
+
+HELP = ("operator commands: revoke a lock's holder, list sessions, recover-tokens after an etcd restore "
+        "(see `fencepost admin --help`)")
 """The one-line help of ``admin`` in ``fencepost --help``."""
+
+#: The sessions table's column titles, in order.
+COLUMNS = ("LEASE", "OWNER", "TTL LEFT", "HOLDS", "WAITS")
+_NEEDS = "Needs an access policy on the coordinator that grants the caller's identity the admin action."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fencepost admin`` parser of the commands that call a coordinator (``recover-tokens`` is handed on)."""
+    parser = Parser(prog="fencepost admin", formatter_class=Formatter,
+                    description="Operator commands. revoke and sessions call a coordinator; recover-tokens "
+                                "talks to etcd directly (see `fencepost admin recover-tokens --help`).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    sub.add_parser("recover-tokens", add_help=False,
+                   help="after etcd was restored from an older snapshot: make every new fencing token greater "
+                        "than --above and serve again")
+    revoke = sub.add_parser(
+        "revoke", formatter_class=Formatter, epilog=epilog(None, _NEEDS),
+        help="end the hold of a lock by revoking its holder's lease",
+        description="Revoke the lease of lock NAME's holder (AdminRevoke): the lease ends with all its holds and "
+                    "waits, the holder is told at once and its keepalives fail, and the next waiter is granted "
+                    "with a larger fencing token. A free lock is left alone (exit 0, the line says so).")
+    address_flag(revoke)
+    tls_flags(revoke)
+    revoke.add_argument("name", type=lock_name, metavar="NAME", help="the lock whose holder's lease is revoked")
+    revoke.add_argument("--json", action="store_true", help="print one JSON object")
+    sessions = sub.add_parser(
+        "sessions", formatter_class=Formatter, epilog=epilog(None, _NEEDS),
+        help="list the live leases: owner identity, TTL, holds and waits",
+        description="Every live lease granted by the coordinators (ListSessions), in lease id order: its owner's "
+                    "certificate identity ('-' without one), seconds left of its TTL, and the locks it holds and "
+                    "waits for.")
+    address_flag(sessions)
+    tls_flags(sessions)
+    sessions.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def sessions_json(address: str, revision: int, sessions: list[Any]) -> dict[str, Any]:
+    """The JSON object of ``admin sessions --json``: owner null without a certificate."""
+    return {"address": address, "revision": revision, "sessions": [{
+        "lease_id": s.lease_id, "lease_id_hex": lease_hex(s.lease_id), "owner_identity": s.owner_identity or None,
+        "ttl_seconds": s.ttl_seconds, "ttl_remaining_seconds": s.ttl_remaining_seconds,
+        "holds": list(s.holds), "waits": list(s.waits)} for s in sessions]}
+
+
+def sessions_table(sessions: list[Any]) -> str:
+    """The sessions as an aligned text table (:data:`COLUMNS`), or a line saying there is none."""
+    if not sessions:
+        return "no live sessions"
+    rows = [COLUMNS] + [(lease_hex(s.lease_id), s.owner_identity or "-",
+                         f"{s.ttl_remaining_seconds}s/{s.ttl_seconds}s", ",".join(s.holds) or "-",
+                         ",".join(s.waits) or "-") for s in sessions]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.rjust(w) if i == 2 else cell.ljust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+                     for row in rows)
+
+
+async def _sessions(addresses: list[str], tls: TlsConfig | None) -> tuple[str, int, list[Any]]:
+    found: list[Any] = []
+    token, address, revision = "", addresses[0], 0
+    while True:
+        try:
+            address, resp = await call(addresses, "ListSessions", pb.ListSessionsRequest(page_token=token),
+                                       idempotent=True, tls=tls)
+        except CallFailed as failed:
+            raise call_error(failed.error, addresses, failed.address, "ListSessions") from None
+        found.extend(resp.sessions)
+        revision, token = resp.revision, resp.next_page_token
+        if not token:
+            return address, revision, found
+
+
+def _run(args: argparse.Namespace) -> int:
+    addresses = addresses_of(args)
+    tls = tls_of(args)
+    if args.command == "sessions":
+        address, revision, found = asyncio.run(_sessions(addresses, tls))
+        if args.json:
+            print(json.dumps(sessions_json(address, revision, found)), flush=True)
+        else:
+            print(sessions_table(found))
+            print(f"{len(found)} sessions, etcd revision {revision}, from {address}", flush=True)
+        return EXIT_OK
+    try:  # not idempotent: a retry after success would revoke the next holder
+        address, resp = asyncio.run(call(addresses, "AdminRevoke", pb.AdminRevokeRequest(name=args.name),
+                                         idempotent=False, name=args.name, tls=tls))
+    except CallFailed as failed:
+        raise call_error(failed.error, addresses, failed.address, "AdminRevoke") from None
+    if args.json:
+        print(json.dumps({"address": address, "name": args.name, "revoked": resp.revoked,
+                          "lease_id": resp.lease_id or None, "token": resp.token or None}), flush=True)
+    elif resp.revoked:
+        print(f"revoked lease {lease_hex(resp.lease_id)} ({resp.lease_id}), the holder of {args.name} with token "
+              f"{resp.token}", flush=True)
+    else:
+        print(f"{args.name} is not held: nothing revoked", flush=True)
+    return EXIT_OK
 
 
 def execute(argv: list[str]) -> int:
-    """Hand ``fencepost admin ARGS...`` over to the coordinator's admin main.
+    """Run ``fencepost admin ARGS...``: revoke and sessions here, recover-tokens by the coordinator's admin main.
 
     Args:
         argv: The arguments after ``admin``.
 
     Returns:
-        The command's exit code, or 2 when the coordinator cannot be imported.
+        The command's exit code (see :data:`~.common.EXIT_CODES`); 2 when
+        recover-tokens is asked for and the coordinator cannot be imported.
     """
+    if not argv or argv[0] != "recover-tokens":
+        args = build_parser().parse_args(argv)
+        try:
+            return _run(args)
+        except CliError as err:
+            print(str(err) if err.bare else f"fencepost admin {args.command}: {err}", file=sys.stderr, flush=True)
+            return err.exit_code
+        except KeyboardInterrupt:
+            print(f"fencepost admin {args.command}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
     try:
         from fencepost.coordinator import admin
     except ImportError as err:

@@ -318,3 +318,53 @@ class ServerInfoResponse(_message.Message):
     held_locks: int
     waiters: int
     def __init__(self, version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., listen_address: _Optional[str] = ..., health_address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., key_prefix: _Optional[str] = ..., serving: _Optional[bool] = ..., etcd: _Optional[_Union[EtcdInfo, _Mapping]] = ..., keepalive_streams: _Optional[int] = ..., keepalive_leases: _Optional[int] = ..., watched_holds: _Optional[int] = ..., waiting_acquires: _Optional[int] = ..., contender_keys: _Optional[int] = ..., held_locks: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
+
+class AdminRevokeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AdminRevokeResponse(_message.Message):
+    __slots__ = ("revoked", "lease_id", "token")
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    revoked: bool
+    lease_id: int
+    token: int
+    def __init__(self, revoked: _Optional[bool] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("lease_id", "owner_identity", "ttl_seconds", "ttl_remaining_seconds", "holds", "waits")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTL_REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    owner_identity: str
+    ttl_seconds: int
+    ttl_remaining_seconds: int
+    holds: _containers.RepeatedScalarFieldContainer[str]
+    waits: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease_id: _Optional[int] = ..., owner_identity: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., ttl_remaining_seconds: _Optional[int] = ..., holds: _Optional[_Iterable[str]] = ..., waits: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions", "next_page_token", "revision")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionInfo]
+    next_page_token: str
+    revision: int
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...

@@ -82,6 +82,16 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.ServerInfoRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.ServerInfoResponse.FromString,
                 _registered_method=True)
+        self.AdminRevoke = channel.unary_unary(
+                '/fencepost.v1.LockService/AdminRevoke',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.AdminRevokeRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.AdminRevokeResponse.FromString,
+                _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/fencepost.v1.LockService/ListSessions',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class LockServiceServicer:
@@ -243,6 +253,48 @@ class LockServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdminRevoke(self, request, context):
+        """AdminRevoke ends the hold of lock `name` by revoking its holder's lease
+        in etcd (an operator's action: `fencepost admin revoke NAME`). The lease
+        ends with every key attached to it: this hold, the lease's other holds
+        and waits, and its ownership record. The holder hears it on its
+        KeepAlive stream at once (HoldEnded, reason NOT_HOLDER: its key was
+        deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
+        later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
+        next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
+        the one call that acts on a lease it does not own. The holder is read
+        just before the revoke (etcd cannot revoke a lease inside a Txn): if the
+        lock changed hands in between, the lease that held it is revoked all the
+        same, and the response names that lease and its token. A lock that is free
+        answers revoked = false and changes nothing; retrying after success
+        revokes the next holder, so it is NOT idempotent. Needs the `admin`
+        action on `name` in the access policy; without a policy (`--policy`)
+        every AdminRevoke is refused. Each call is logged (event `admin`, level
+        WARNING).
+        Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+        allowed `admin` on the name, or no access policy), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSessions(self, request, context):
+        """ListSessions lists the live leases granted by the coordinators (those
+        with an ownership record), one page at a time in lease id order: owner
+        identity, granted TTL, TTL left, and the locks each holds and waits for.
+        Read-only and idempotent. The records are read at the etcd revision of
+        the listing's first page (carried in the page token); TTLs, holds and
+        waits when each page is served. A lease that ended since is left out.
+        Needs the `admin` action on every name (a rule with names = ["*"]), since
+        it shows leases of every lock; without an access policy every
+        ListSessions is refused. Each call is logged (event `admin`, level INFO).
+        Errors: INVALID_ARGUMENT (page_size, page_token),
+        PERMISSION_DENIED/ACCESS_DENIED, UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +342,16 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.ServerInfo,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.ServerInfoRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.ServerInfoResponse.SerializeToString,
+            ),
+            'AdminRevoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdminRevoke,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.AdminRevokeRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.AdminRevokeResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ListSessionsRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ListSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -537,6 +599,60 @@ class LockService:
             '/fencepost.v1.LockService/ServerInfo',
             fencepost_dot_v1_dot_lock__pb2.ServerInfoRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.ServerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdminRevoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/AdminRevoke',
+            fencepost_dot_v1_dot_lock__pb2.AdminRevokeRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.AdminRevokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/ListSessions',
+            fencepost_dot_v1_dot_lock__pb2.ListSessionsRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ListSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

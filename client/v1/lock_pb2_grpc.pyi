@@ -213,6 +213,40 @@ class LockServiceStub:
     coordinator older than this RPC, or a server that is not a coordinator,
     answers UNIMPLEMENTED.
     """
+    AdminRevoke: _grpc.UnaryUnaryMultiCallable[_lock_pb2.AdminRevokeRequest, _lock_pb2.AdminRevokeResponse]
+    """AdminRevoke ends the hold of lock `name` by revoking its holder's lease
+    in etcd (an operator's action: `fencepost admin revoke NAME`). The lease
+    ends with every key attached to it: this hold, the lease's other holds
+    and waits, and its ownership record. The holder hears it on its
+    KeepAlive stream at once (HoldEnded, reason NOT_HOLDER: its key was
+    deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
+    later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
+    next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
+    the one call that acts on a lease it does not own. The holder is read
+    just before the revoke (etcd cannot revoke a lease inside a Txn): if the
+    lock changed hands in between, the lease that held it is revoked all the
+    same, and the response names that lease and its token. A lock that is free
+    answers revoked = false and changes nothing; retrying after success
+    revokes the next holder, so it is NOT idempotent. Needs the `admin`
+    action on `name` in the access policy; without a policy (`--policy`)
+    every AdminRevoke is refused. Each call is logged (event `admin`, level
+    WARNING).
+    Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+    allowed `admin` on the name, or no access policy), UNAVAILABLE.
+    """
+    ListSessions: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ListSessionsRequest, _lock_pb2.ListSessionsResponse]
+    """ListSessions lists the live leases granted by the coordinators (those
+    with an ownership record), one page at a time in lease id order: owner
+    identity, granted TTL, TTL left, and the locks each holds and waits for.
+    Read-only and idempotent. The records are read at the etcd revision of
+    the listing's first page (carried in the page token); TTLs, holds and
+    waits when each page is served. A lease that ended since is left out.
+    Needs the `admin` action on every name (a rule with names = ["*"]), since
+    it shows leases of every lock; without an access policy every
+    ListSessions is refused. Each call is logged (event `admin`, level INFO).
+    Errors: INVALID_ARGUMENT (page_size, page_token),
+    PERMISSION_DENIED/ACCESS_DENIED, UNAVAILABLE.
+    """
 
 @_typing.type_check_only
 class LockServiceAsyncStub(LockServiceStub):
@@ -338,6 +372,40 @@ class LockServiceAsyncStub(LockServiceStub):
     Errors: none of its own (etcd failures are in the response). A
     coordinator older than this RPC, or a server that is not a coordinator,
     answers UNIMPLEMENTED.
+    """
+    AdminRevoke: _aio.UnaryUnaryMultiCallable[_lock_pb2.AdminRevokeRequest, _lock_pb2.AdminRevokeResponse]  # type: ignore[assignment]
+    """AdminRevoke ends the hold of lock `name` by revoking its holder's lease
+    in etcd (an operator's action: `fencepost admin revoke NAME`). The lease
+    ends with every key attached to it: this hold, the lease's other holds
+    and waits, and its ownership record. The holder hears it on its
+    KeepAlive stream at once (HoldEnded, reason NOT_HOLDER: its key was
+    deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
+    later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
+    next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
+    the one call that acts on a lease it does not own. The holder is read
+    just before the revoke (etcd cannot revoke a lease inside a Txn): if the
+    lock changed hands in between, the lease that held it is revoked all the
+    same, and the response names that lease and its token. A lock that is free
+    answers revoked = false and changes nothing; retrying after success
+    revokes the next holder, so it is NOT idempotent. Needs the `admin`
+    action on `name` in the access policy; without a policy (`--policy`)
+    every AdminRevoke is refused. Each call is logged (event `admin`, level
+    WARNING).
+    Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+    allowed `admin` on the name, or no access policy), UNAVAILABLE.
+    """
+    ListSessions: _aio.UnaryUnaryMultiCallable[_lock_pb2.ListSessionsRequest, _lock_pb2.ListSessionsResponse]  # type: ignore[assignment]
+    """ListSessions lists the live leases granted by the coordinators (those
+    with an ownership record), one page at a time in lease id order: owner
+    identity, granted TTL, TTL left, and the locks each holds and waits for.
+    Read-only and idempotent. The records are read at the etcd revision of
+    the listing's first page (carried in the page token); TTLs, holds and
+    waits when each page is served. A lease that ended since is left out.
+    Needs the `admin` action on every name (a rule with names = ["*"]), since
+    it shows leases of every lock; without an access policy every
+    ListSessions is refused. Each call is logged (event `admin`, level INFO).
+    Errors: INVALID_ARGUMENT (page_size, page_token),
+    PERMISSION_DENIED/ACCESS_DENIED, UNAVAILABLE.
     """
 
 class LockServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -515,6 +583,52 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: none of its own (etcd failures are in the response). A
         coordinator older than this RPC, or a server that is not a coordinator,
         answers UNIMPLEMENTED.
+        """
+
+    @_abc_1.abstractmethod
+    def AdminRevoke(
+        self,
+        request: _lock_pb2.AdminRevokeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.AdminRevokeResponse, _abc.Awaitable[_lock_pb2.AdminRevokeResponse]]:
+        """AdminRevoke ends the hold of lock `name` by revoking its holder's lease
+        in etcd (an operator's action: `fencepost admin revoke NAME`). The lease
+        ends with every key attached to it: this hold, the lease's other holds
+        and waits, and its ownership record. The holder hears it on its
+        KeepAlive stream at once (HoldEnded, reason NOT_HOLDER: its key was
+        deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
+        later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
+        next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
+        the one call that acts on a lease it does not own. The holder is read
+        just before the revoke (etcd cannot revoke a lease inside a Txn): if the
+        lock changed hands in between, the lease that held it is revoked all the
+        same, and the response names that lease and its token. A lock that is free
+        answers revoked = false and changes nothing; retrying after success
+        revokes the next holder, so it is NOT idempotent. Needs the `admin`
+        action on `name` in the access policy; without a policy (`--policy`)
+        every AdminRevoke is refused. Each call is logged (event `admin`, level
+        WARNING).
+        Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+        allowed `admin` on the name, or no access policy), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSessions(
+        self,
+        request: _lock_pb2.ListSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.ListSessionsResponse, _abc.Awaitable[_lock_pb2.ListSessionsResponse]]:
+        """ListSessions lists the live leases granted by the coordinators (those
+        with an ownership record), one page at a time in lease id order: owner
+        identity, granted TTL, TTL left, and the locks each holds and waits for.
+        Read-only and idempotent. The records are read at the etcd revision of
+        the listing's first page (carried in the page token); TTLs, holds and
+        waits when each page is served. A lease that ended since is left out.
+        Needs the `admin` action on every name (a rule with names = ["*"]), since
+        it shows leases of every lock; without an access policy every
+        ListSessions is refused. Each call is logged (event `admin`, level INFO).
+        Errors: INVALID_ARGUMENT (page_size, page_token),
+        PERMISSION_DENIED/ACCESS_DENIED, UNAVAILABLE.
         """
 
 def add_LockServiceServicer_to_server(servicer: LockServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -339,6 +339,24 @@ class EtcdClient:
             return -1, 0
         return int(resp.TTL), int(resp.grantedTTL)
 
+    async def lease_keys(self, lease_id: int) -> tuple[int, int, list[bytes]]:
+        """Look up a lease's TTL and the keys attached to it (LeaseTimeToLive with keys = true).
+
+        Returns:
+            (seconds left, granted TTL in seconds, attached keys); (-1, 0, []) when the lease is gone.
+
+        Raises:
+            Unavailable: etcd unreachable or refused.
+        """
+        try:
+            resp = await self._unary(Op.LEASE_TTL, lambda s: s.lease.LeaseTimeToLive,
+                                     rpc_pb2.LeaseTimeToLiveRequest(ID=lease_id, keys=True), lease_id=lease_id)
+        except LeaseLost:
+            return -1, 0, []
+        if resp.TTL < 0:
+            return -1, 0, []
+        return int(resp.TTL), int(resp.grantedTTL), list(resp.keys)
+
     async def keepalive(self, lease_id: int) -> int:
         """Forward one keepalive on the shared LeaseKeepAlive stream (see :mod:`.keepalive`).
 

@@ -70,7 +70,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiVwoOQWNxdWlyZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxIPCgd3YWl0X21zGAMgASgDEhQKDHdhaXRfZm9yZXZlchgEIAEoCCJYCg9BY3F1aXJlUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDQoFdG9rZW4YAiABKAMSJAoGaG9sZGVyGAMgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlciI/Cg5SZWxlYXNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyIxCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAyJBChBXaXRoZHJhd1Jlc3BvbnNlEg0KBWZvdW5kGAEgASgIEgwKBGhlbGQYAiABKAgSEAoIcmV2aXNpb24YAyABKAMiKQoGSG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDIrwBChBLZWVwQWxpdmVSZXF1ZXN0EjEKCWtlZXBhbGl2ZRgBIAEoCzIcLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUgAEigKBXdhdGNoGAIgASgLMhcuZmVuY2Vwb3N0LnYxLldhdGNoSG9sZEgAEioKB3Vud2F0Y2gYAyABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASFAoMbGVhc2Vfc2VjcmV0GAQgASgJQgkKB3JlcXVlc3QiNgoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBCI6CglXYXRjaEhvbGQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyKEAQoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIAEIKCghyZXNwb25zZSJOChFMZWFzZUtlZXBBbGl2ZUFjaxIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEEhMKC3R0bF9zZWNvbmRzGAMgASgDImsKCUhvbGRFbmRlZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEikKBnJlYXNvbhgFIAEoDjIZLmZlbmNlcG9zdC52MS5FcnJvclJlYXNvbkoECAQQBSIfCg9EZXNjcmliZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSLJAQoQRGVzY3JpYmVSZXNwb25zZRIMCgRoZWxkGAEgASgIEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDHdhaXRlcl9jb3VudBgFIAEoAxIlCgd3YWl0ZXJzGAYgAygLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIQCghyZXZpc2lvbhgHIAEoAyJJChBMaXN0TG9ja3NSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSKeAQoITG9ja0luZm8SDAoEbmFtZRgBIAEoCRIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgxoZWxkX3NlY29uZHMYBSABKAESFAoMd2FpdGVyX2NvdW50GAYgASgDImUKEUxpc3RMb2Nrc1Jlc3BvbnNlEiUKBWxvY2tzGAEgAygLMhYuZmVuY2Vwb3N0LnYxLkxvY2tJbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyITChFTZXJ2ZXJJbmZvUmVxdWVzdCLwAQoIRXRjZEluZm8SEQoJZW5kcG9pbnRzGAEgAygJEhAKCGVtYmVkZGVkGAIgASgIEhEKCWF2YWlsYWJsZRgDIAEoCBINCgVlcnJvchgEIAEoCRIWCg5zZXJ2ZXJfdmVyc2lvbhgFIAEoCRISCgpjbHVzdGVyX2lkGAYgASgEEhEKCW1lbWJlcl9pZBgHIAEoBBIQCghyZXZpc2lvbhgIIAEoAxIRCglyYWZ0X3Rlcm0YCSABKAQSDgoGbGVhZGVyGAogASgEEhIKCnJhZnRfaW5kZXgYCyABKAQSFQoNZGJfc2l6ZV9ieXRlcxgMIAEoAyKJAwoSU2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSEwoLaW5zdGFuY2VfaWQYAiABKAkSFgoOdXB0aW1lX3NlY29uZHMYAyABKAESFgoObGlzdGVuX2FkZHJlc3MYBCABKAkSFgoOaGVhbHRoX2FkZHJlc3MYBSABKAkSFwoPbWV0cmljc19hZGRyZXNzGAYgASgJEhIKCmtleV9wcmVmaXgYByABKAkSDwoHc2VydmluZxgIIAEoCBIkCgRldGNkGAkgASgLMhYuZmVuY2Vwb3N0LnYxLkV0Y2RJbmZvEhkKEWtlZXBhbGl2ZV9zdHJlYW1zGAogASgDEhgKEGtlZXBhbGl2ZV9sZWFzZXMYCyABKAMSFQoNd2F0Y2hlZF9ob2xkcxgMIAEoAxIYChB3YWl0aW5nX2FjcXVpcmVzGA0gASgDEhYKDmNvbnRlbmRlcl9rZXlzGA4gASgDEhIKCmhlbGRfbG9ja3MYDyABKAMSDwoHd2FpdGVycxgQIAEoAyqnAgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNSU5WQUxJRF9GSUVMRBABEg4KCk5PVF9IT0xERVIQAhIPCgtTVEFMRV9UT0tFThADEhEKDUxFQVNFX0VYUElSRUQQBBITCg9BQ1FVSVJFX1RJTUVPVVQQBRIUChBFVENEX1VOQVZBSUxBQkxFEAYSFAoQVE9PX01BTllfV0FJVEVSUxAHEhEKDVNIVVRUSU5HX0RPV04QCBIUChBUT09fTUFOWV9TVFJFQU1TEAkSDQoJREFUQV9MT1NTEAoSEQoNQUNDRVNTX0RFTklFRBALEhIKDkxJTUlUX0VYQ0VFREVEEAwSEwoPTk9UX0xFQVNFX09XTkVSEA0yyQUKC0xvY2tTZXJ2aWNlEk8KCkxlYXNlR3JhbnQSHy5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlc3BvbnNlElIKC0xlYXNlUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlc3BvbnNlEkYKB0FjcXVpcmUSHC5mZW5jZXBvc3QudjEuQWNxdWlyZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuQWNxdWlyZVJlc3BvbnNlEkYKB1JlbGVhc2USHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuUmVsZWFzZVJlc3BvbnNlEkkKCFdpdGhkcmF3Eh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdBoeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlElAKCUtlZXBBbGl2ZRIeLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlc3BvbnNlKAEwARJJCghEZXNjcmliZRIdLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXNwb25zZRJMCglMaXN0TG9ja3MSHi5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVxdWVzdBofLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXNwb25zZRJPCgpTZXJ2ZXJJbmZvEh8uZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiVwoOQWNxdWlyZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxIPCgd3YWl0X21zGAMgASgDEhQKDHdhaXRfZm9yZXZlchgEIAEoCCJYCg9BY3F1aXJlUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDQoFdG9rZW4YAiABKAMSJAoGaG9sZGVyGAMgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlciI/Cg5SZWxlYXNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyIxCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAyJBChBXaXRoZHJhd1Jlc3BvbnNlEg0KBWZvdW5kGAEgASgIEgwKBGhlbGQYAiABKAgSEAoIcmV2aXNpb24YAyABKAMiKQoGSG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDIrwBChBLZWVwQWxpdmVSZXF1ZXN0EjEKCWtlZXBhbGl2ZRgBIAEoCzIcLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUgAEigKBXdhdGNoGAIgASgLMhcuZmVuY2Vwb3N0LnYxLldhdGNoSG9sZEgAEioKB3Vud2F0Y2gYAyABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASFAoMbGVhc2Vfc2VjcmV0GAQgASgJQgkKB3JlcXVlc3QiNgoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBCI6CglXYXRjaEhvbGQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyKEAQoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIAEIKCghyZXNwb25zZSJOChFMZWFzZUtlZXBBbGl2ZUFjaxIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEEhMKC3R0bF9zZWNvbmRzGAMgASgDImsKCUhvbGRFbmRlZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEikKBnJlYXNvbhgFIAEoDjIZLmZlbmNlcG9zdC52MS5FcnJvclJlYXNvbkoECAQQBSIfCg9EZXNjcmliZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSLJAQoQRGVzY3JpYmVSZXNwb25zZRIMCgRoZWxkGAEgASgIEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDHdhaXRlcl9jb3VudBgFIAEoAxIlCgd3YWl0ZXJzGAYgAygLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIQCghyZXZpc2lvbhgHIAEoAyJJChBMaXN0TG9ja3NSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSKeAQoITG9ja0luZm8SDAoEbmFtZRgBIAEoCRIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgxoZWxkX3NlY29uZHMYBSABKAESFAoMd2FpdGVyX2NvdW50GAYgASgDImUKEUxpc3RMb2Nrc1Jlc3BvbnNlEiUKBWxvY2tzGAEgAygLMhYuZmVuY2Vwb3N0LnYxLkxvY2tJbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyITChFTZXJ2ZXJJbmZvUmVxdWVzdCLwAQoIRXRjZEluZm8SEQoJZW5kcG9pbnRzGAEgAygJEhAKCGVtYmVkZGVkGAIgASgIEhEKCWF2YWlsYWJsZRgDIAEoCBINCgVlcnJvchgEIAEoCRIWCg5zZXJ2ZXJfdmVyc2lvbhgFIAEoCRISCgpjbHVzdGVyX2lkGAYgASgEEhEKCW1lbWJlcl9pZBgHIAEoBBIQCghyZXZpc2lvbhgIIAEoAxIRCglyYWZ0X3Rlcm0YCSABKAQSDgoGbGVhZGVyGAogASgEEhIKCnJhZnRfaW5kZXgYCyABKAQSFQoNZGJfc2l6ZV9ieXRlcxgMIAEoAyKJAwoSU2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSEwoLaW5zdGFuY2VfaWQYAiABKAkSFgoOdXB0aW1lX3NlY29uZHMYAyABKAESFgoObGlzdGVuX2FkZHJlc3MYBCABKAkSFgoOaGVhbHRoX2FkZHJlc3MYBSABKAkSFwoPbWV0cmljc19hZGRyZXNzGAYgASgJEhIKCmtleV9wcmVmaXgYByABKAkSDwoHc2VydmluZxgIIAEoCBIkCgRldGNkGAkgASgLMhYuZmVuY2Vwb3N0LnYxLkV0Y2RJbmZvEhkKEWtlZXBhbGl2ZV9zdHJlYW1zGAogASgDEhgKEGtlZXBhbGl2ZV9sZWFzZXMYCyABKAMSFQoNd2F0Y2hlZF9ob2xkcxgMIAEoAxIYChB3YWl0aW5nX2FjcXVpcmVzGA0gASgDEhYKDmNvbnRlbmRlcl9rZXlzGA4gASgDEhIKCmhlbGRfbG9ja3MYDyABKAMSDwoHd2FpdGVycxgQIAEoAyIiChJBZG1pblJldm9rZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJHChNBZG1pblJldm9rZVJlc3BvbnNlEg8KB3Jldm9rZWQYASABKAgSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMiPAoTTGlzdFNlc3Npb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSKJAQoLU2Vzc2lvbkluZm8SEAoIbGVhc2VfaWQYASABKAMSFgoOb3duZXJfaWRlbnRpdHkYAiABKAkSEwoLdHRsX3NlY29uZHMYAyABKAMSHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAQgASgDEg0KBWhvbGRzGAUgAygJEg0KBXdhaXRzGAYgAygJIm4KFExpc3RTZXNzaW9uc1Jlc3BvbnNlEisKCHNlc3Npb25zGAEgAygLMhkuZmVuY2Vwb3N0LnYxLlNlc3Npb25JbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyqnAgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNSU5WQUxJRF9GSUVMRBABEg4KCk5PVF9IT0xERVIQAhIPCgtTVEFMRV9UT0tFThADEhEKDUxFQVNFX0VYUElSRUQQBBITCg9BQ1FVSVJFX1RJTUVPVVQQBRIUChBFVENEX1VOQVZBSUxBQkxFEAYSFAoQVE9PX01BTllfV0FJVEVSUxAHEhEKDVNIVVRUSU5HX0RPV04QCBIUChBUT09fTUFOWV9TVFJFQU1TEAkSDQoJREFUQV9MT1NTEAoSEQoNQUNDRVNTX0RFTklFRBALEhIKDkxJTUlUX0VYQ0VFREVEEAwSEwoPTk9UX0xFQVNFX09XTkVSEA0y9AYKC0xvY2tTZXJ2aWNlEk8KCkxlYXNlR3JhbnQSHy5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlc3BvbnNlElIKC0xlYXNlUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlc3BvbnNlEkYKB0FjcXVpcmUSHC5mZW5jZXBvc3QudjEuQWNxdWlyZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuQWNxdWlyZVJlc3BvbnNlEkYKB1JlbGVhc2USHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuUmVsZWFzZVJlc3BvbnNlEkkKCFdpdGhkcmF3Eh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdBoeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlElAKCUtlZXBBbGl2ZRIeLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlc3BvbnNlKAEwARJJCghEZXNjcmliZRIdLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXNwb25zZRJMCglMaXN0TG9ja3MSHi5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVxdWVzdBofLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXNwb25zZRJPCgpTZXJ2ZXJJbmZvEh8uZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXNwb25zZRJSCgtBZG1pblJldm9rZRIgLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXNwb25zZRJVCgxMaXN0U2Vzc2lvbnMSIS5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVxdWVzdBoiLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXNwb25zZWIGcHJvdG8z");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -1087,6 +1087,180 @@ export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PUR
   messageDesc(file_fencepost_v1_lock, 24);
 
 /**
+ * @generated from message fencepost.v1.AdminRevokeRequest
+ */
+export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
+  /**
+   * name: the lock whose holder's lease is revoked (UTF-8, 1 to 256 bytes,
+   * no control characters).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message fencepost.v1.AdminRevokeRequest.
+ * Use `create(AdminRevokeRequestSchema)` to create a new message.
+ */
+export const AdminRevokeRequestSchema: GenMessage<AdminRevokeRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 25);
+
+/**
+ * @generated from message fencepost.v1.AdminRevokeResponse
+ */
+export type AdminRevokeResponse = Message<"fencepost.v1.AdminRevokeResponse"> & {
+  /**
+   * revoked: whether a lease was revoked; false when the lock was free (or
+   * its holder's lease ended before the revoke).
+   *
+   * @generated from field: bool revoked = 1;
+   */
+  revoked: boolean;
+
+  /**
+   * lease_id: the revoked lease (the holder's); 0 when the lock was free.
+   *
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+
+  /**
+   * token: the fencing token of the hold that ended; 0 when the lock was free.
+   *
+   * @generated from field: int64 token = 3;
+   */
+  token: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.AdminRevokeResponse.
+ * Use `create(AdminRevokeResponseSchema)` to create a new message.
+ */
+export const AdminRevokeResponseSchema: GenMessage<AdminRevokeResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 26);
+
+/**
+ * @generated from message fencepost.v1.ListSessionsRequest
+ */
+export type ListSessionsRequest = Message<"fencepost.v1.ListSessionsRequest"> & {
+  /**
+   * page_size: most leases in one response, 0 to 1000; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * page_token: the next_page_token of the previous response of this
+   * listing; empty for the first page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message fencepost.v1.ListSessionsRequest.
+ * Use `create(ListSessionsRequestSchema)` to create a new message.
+ */
+export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 27);
+
+/**
+ * SessionInfo is one live lease in a ListSessions page.
+ *
+ * @generated from message fencepost.v1.SessionInfo
+ */
+export type SessionInfo = Message<"fencepost.v1.SessionInfo"> & {
+  /**
+   * lease_id: the etcd lease id.
+   *
+   * @generated from field: int64 lease_id = 1;
+   */
+  leaseId: bigint;
+
+  /**
+   * owner_identity: the certificate identity of the caller that granted
+   * the lease; empty when it was granted without a client certificate.
+   *
+   * @generated from field: string owner_identity = 2;
+   */
+  ownerIdentity: string;
+
+  /**
+   * ttl_seconds: the lease's granted TTL in seconds.
+   *
+   * @generated from field: int64 ttl_seconds = 3;
+   */
+  ttlSeconds: bigint;
+
+  /**
+   * ttl_remaining_seconds: seconds left on the lease as etcd reports it when
+   * the page is served. A lower bound only: etcd resets TTLs on leader change.
+   *
+   * @generated from field: int64 ttl_remaining_seconds = 4;
+   */
+  ttlRemainingSeconds: bigint;
+
+  /**
+   * holds: the names of the locks this lease holds, sorted.
+   *
+   * @generated from field: repeated string holds = 5;
+   */
+  holds: string[];
+
+  /**
+   * waits: the names of the locks this lease waits for, sorted.
+   *
+   * @generated from field: repeated string waits = 6;
+   */
+  waits: string[];
+};
+
+/**
+ * Describes the message fencepost.v1.SessionInfo.
+ * Use `create(SessionInfoSchema)` to create a new message.
+ */
+export const SessionInfoSchema: GenMessage<SessionInfo> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 28);
+
+/**
+ * @generated from message fencepost.v1.ListSessionsResponse
+ */
+export type ListSessionsResponse = Message<"fencepost.v1.ListSessionsResponse"> & {
+  /**
+   * sessions: the live leases of this page, in lease id order (at most
+   * page_size; fewer when leases ended since the listing's revision).
+   *
+   * @generated from field: repeated fencepost.v1.SessionInfo sessions = 1;
+   */
+  sessions: SessionInfo[];
+
+  /**
+   * next_page_token: pass it as page_token for the next page; empty on the
+   * last page. Opaque; valid until etcd compacts `revision`.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+
+  /**
+   * revision: the etcd revision the ownership records are read at.
+   *
+   * @generated from field: int64 revision = 3;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.ListSessionsResponse.
+ * Use `create(ListSessionsResponseSchema)` to create a new message.
+ */
+export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 29);
+
+/**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
  * failed call's status) or why a hold ended (HoldEnded.reason).
  *
@@ -1420,6 +1594,54 @@ export const LockService: GenService<{
     methodKind: "unary";
     input: typeof ServerInfoRequestSchema;
     output: typeof ServerInfoResponseSchema;
+  },
+  /**
+   * AdminRevoke ends the hold of lock `name` by revoking its holder's lease
+   * in etcd (an operator's action: `fencepost admin revoke NAME`). The lease
+   * ends with every key attached to it: this hold, the lease's other holds
+   * and waits, and its ownership record. The holder hears it on its
+   * KeepAlive stream at once (HoldEnded, reason NOT_HOLDER: its key was
+   * deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
+   * later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
+   * next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
+   * the one call that acts on a lease it does not own. The holder is read
+   * just before the revoke (etcd cannot revoke a lease inside a Txn): if the
+   * lock changed hands in between, the lease that held it is revoked all the
+   * same, and the response names that lease and its token. A lock that is free
+   * answers revoked = false and changes nothing; retrying after success
+   * revokes the next holder, so it is NOT idempotent. Needs the `admin`
+   * action on `name` in the access policy; without a policy (`--policy`)
+   * every AdminRevoke is refused. Each call is logged (event `admin`, level
+   * WARNING).
+   * Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+   * allowed `admin` on the name, or no access policy), UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.AdminRevoke
+   */
+  adminRevoke: {
+    methodKind: "unary";
+    input: typeof AdminRevokeRequestSchema;
+    output: typeof AdminRevokeResponseSchema;
+  },
+  /**
+   * ListSessions lists the live leases granted by the coordinators (those
+   * with an ownership record), one page at a time in lease id order: owner
+   * identity, granted TTL, TTL left, and the locks each holds and waits for.
+   * Read-only and idempotent. The records are read at the etcd revision of
+   * the listing's first page (carried in the page token); TTLs, holds and
+   * waits when each page is served. A lease that ended since is left out.
+   * Needs the `admin` action on every name (a rule with names = ["*"]), since
+   * it shows leases of every lock; without an access policy every
+   * ListSessions is refused. Each call is logged (event `admin`, level INFO).
+   * Errors: INVALID_ARGUMENT (page_size, page_token),
+   * PERMISSION_DENIED/ACCESS_DENIED, UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.ListSessions
+   */
+  listSessions: {
+    methodKind: "unary";
+    input: typeof ListSessionsRequestSchema;
+    output: typeof ListSessionsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_fencepost_v1_lock, 0);
