@@ -151,7 +151,8 @@ class LockServiceStub:
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
     RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
     streams on this coordinator), INVALID_ARGUMENT (name: a
-    watch or unwatch whose name is not valid UTF-8; the stream ends).
+    watch or unwatch whose name is not valid UTF-8; no field: a message
+    that is no KeepAliveRequest at all; the stream ends).
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -268,7 +269,8 @@ class LockServiceAsyncStub(LockServiceStub):
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
     RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
     streams on this coordinator), INVALID_ARGUMENT (name: a
-    watch or unwatch whose name is not valid UTF-8; the stream ends).
+    watch or unwatch whose name is not valid UTF-8; no field: a message
+    that is no KeepAliveRequest at all; the stream ends).
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -418,7 +420,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
         RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
         streams on this coordinator), INVALID_ARGUMENT (name: a
-        watch or unwatch whose name is not valid UTF-8; the stream ends).
+        watch or unwatch whose name is not valid UTF-8; no field: a message
+        that is no KeepAliveRequest at all; the stream ends).
         """
 
     @_abc_1.abstractmethod
