@@ -38,7 +38,7 @@ sequence: the model lets their holds vanish (and only theirs).
 
 Settings: by default 60 sequences of up to 40 steps, derandomized with seed
 :data:`DEFAULT_SEED` and no example database, so that a failure in CI is the
-same failure on a laptop (about 30 s on 2 cores). A soak:
+same failure on a laptop (about 35 s on 2 cores). A soak:
 ``FENCEPOST_PROPERTY_EXAMPLES=2000 python -m pytest -q tests/test_property.py``
 (``FENCEPOST_PROPERTY_STEPS`` sets the steps per sequence,
 ``FENCEPOST_PROPERTY_SEED`` another seed, or ``random`` for a fresh one,
