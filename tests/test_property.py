@@ -637,10 +637,13 @@ class FencepostMachine(RuleBasedStateMachine):
             assert out.reason in ("NOT_HOLDER", "STALE_TOKEN", "LEASE_EXPIRED"), out
             if out.reason == "LEASE_EXPIRED":
                 self._may_have_expired(lease_id, out, "Release")
-            elif mine or (current is not None and current[0] == lease_id):
-                # The model has this lease holding: only an expiry (of a volatile lease) explains the refusal.
-                if out.reason == "STALE_TOKEN":
-                    assert current is not None and current[0] == lease_id and current[1] > token, (current, out)
+            elif current is not None and current[0] == lease_id:
+                # The model has this lease holding: an older token is stale, a newer one was never granted,
+                # and only an expiry (of a volatile lease) explains the refusal of the right one.
+                if token < current[1]:
+                    assert out.reason == "STALE_TOKEN", (current, token, out)
+                elif token > current[1]:
+                    assert out.reason == "NOT_HOLDER", (current, token, out)
                 else:
                     assert self._alive(lease_id) is None, (name, current, token, out)
                     self._lease_gone(lease_id)
