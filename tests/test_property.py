@@ -186,6 +186,17 @@ def _lease_metadata(caller: Caller, lease_id: int) -> tuple[tuple[str, str], ...
     return ()
 
 
+def _keepalive_request(caller: Caller, lease_id: int, kind: str, **fields: Any) -> lock_pb2.KeepAliveRequest:
+    """A KeepAliveRequest of ``caller``: ``kind`` "keepalive" (fields: request_id) or "watch"/"unwatch" (name, token).
+
+    With lease ownership, the secret of a lease this caller granted goes here
+    too (``KeepAliveRequest.lease_secret``, from ``caller.granted[lease_id]``).
+    """
+    inner = lock_pb2.LeaseKeepAlive(lease_id=lease_id, **fields) if kind == "keepalive" else lock_pb2.WatchHold(
+        lease_id=lease_id, **fields)
+    return lock_pb2.KeepAliveRequest(**{kind: inner})
+
+
 @dataclass
 class Outcome:
     """How one call ended: its response, or its error's code, ErrorInfo reason and field; and how long it took."""
@@ -407,8 +418,8 @@ class FencepostMachine(RuleBasedStateMachine):
         return lease.owner if lease else None
 
     def _foreign(self, caller: Caller, lease_id: int) -> bool:
-        owner = self._owner(lease_id)
-        return owner is not None and owner != caller.index
+        """Not a lease of ``caller``'s own: another caller's, or one the model does not know (no owner)."""
+        return self._owner(lease_id) != caller.index
 
     def _alive(self, lease_id: int) -> bool | None:
         """True alive, False gone, None: may have expired (volatile)."""
@@ -811,7 +822,7 @@ class FencepostMachine(RuleBasedStateMachine):
         lease_id = self._lease_for(stream.caller, data)
         self.request_id += 1
         rid = self.request_id
-        stream.send(lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease_id, request_id=rid)))
+        stream.send(_keepalive_request(stream.caller, lease_id, "keepalive", request_id=rid))
         if lease_id <= 0:
             return  # never forwarded to etcd: no answer (the client's deadline counts it as not acknowledged)
         acked = stream.wait(lambda r: r.WhichOneof("response") == "keepalive" and r.keepalive.request_id == rid)
@@ -839,8 +850,8 @@ class FencepostMachine(RuleBasedStateMachine):
             name, lease_id, token = data.draw(st.sampled_from(self.ended), label="ended hold")
         else:
             lease_id = self._lease_for(stream.caller, data)
-        hold = lock_pb2.WatchHold(name=name, lease_id=lease_id, token=token)
-        stream.send(lock_pb2.KeepAliveRequest(**{"unwatch" if kind == "unwatch" else "watch": hold}))
+        stream.send(_keepalive_request(stream.caller, lease_id, "unwatch" if kind == "unwatch" else "watch",
+                                       name=name, token=token))
         if kind == "ended" and (name, lease_id, token) in self.ended:
             def reported(r: lock_pb2.KeepAliveResponse) -> bool:
                 e = r.hold_ended
