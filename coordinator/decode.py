@@ -12,7 +12,10 @@ field holds invalid UTF-8, returns an :class:`Undecodable` in place of the
 request. The servicer refuses it with INVALID_ARGUMENT (``ErrorInfo`` with
 the field, as for every other bad field): unary calls in
 ``service._statuses``, the KeepAlive stream in ``stream.KeepAliveStream``.
-Bytes that protobuf cannot parse at all still raise DecodeError (UNKNOWN).
+Bytes that protobuf cannot parse at all (a corrupt wire format) are an
+:class:`Undecodable` without a field: INVALID_ARGUMENT / INVALID_FIELD with
+no ``field`` in the ErrorInfo (before, UNKNOWN and an ERROR traceback too;
+found by tests/test_property.py).
 """
 
 from __future__ import annotations
@@ -36,13 +39,21 @@ _SERVICE = lock_pb2.DESCRIPTOR.services_by_name["LockService"]
 
 @dataclasses.dataclass(frozen=True)
 class Undecodable:
-    """A request whose string field ``field`` holds bytes that are not UTF-8 (handed to the servicer instead)."""
+    """A request protobuf cannot parse (handed to the servicer instead).
+
+    Attributes:
+        message: The request's message type (``"AcquireRequest"``).
+        field: The string field whose bytes are not UTF-8; None when the
+            bytes are no ``message`` at all (a corrupt wire format).
+    """
 
     message: str
-    field: str
+    field: str | None
 
     def error(self) -> InvalidArgument:
-        """The refusal: InvalidArgument naming the field."""
+        """The refusal: InvalidArgument naming the field (no field for bytes that are no protobuf)."""
+        if self.field is None:
+            return InvalidArgument(f"the request is not a valid {self.message} (protobuf cannot parse it)")
         return InvalidArgument(f"{self.field} must be valid UTF-8 (a {self.message} whose {self.field} "
                                f"holds bytes that are not UTF-8)", field=self.field)
 
@@ -124,10 +135,7 @@ def _deserializer(descriptor: Descriptor) -> Callable[[bytes], Any]:
         try:
             return parse(data)
         except DecodeError:
-            field = invalid_text_field(descriptor, data)
-            if field is None:
-                raise
-            return Undecodable(descriptor.name, field)
+            return Undecodable(descriptor.name, invalid_text_field(descriptor, data))
 
     return deserialize
 

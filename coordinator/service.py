@@ -67,7 +67,8 @@ def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]
     """Turn a FencepostError raised by ``method`` into its gRPC status (and count the refusal).
 
     A request that could not be decoded (:class:`~.decode.Undecodable`: a
-    string field that is not UTF-8) is refused as InvalidArgument naming the field.
+    string field that is not UTF-8, or bytes that are no protobuf) is refused
+    as InvalidArgument naming the field (if any).
     """
 
     @functools.wraps(method)
@@ -422,13 +423,13 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()
-        ended = "error"  # a message that cannot be parsed, or a failure of the stream
+        ended = "error"  # a failure of the stream
         refused: FencepostError | None = None
         try:
             async for response in stream.serve(request_iterator, self.closing):
                 yield response
             ended = "shutdown" if self.closing.is_set() else "half_closed"
-        except FencepostError as exc:  # a message the stream refuses (a name that is not UTF-8)
+        except FencepostError as exc:  # a message the stream refuses (a name that is not UTF-8, no protobuf)
             ended = "refused"
             refused = exc
         except (asyncio.CancelledError, GeneratorExit):

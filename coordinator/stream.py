@@ -223,7 +223,7 @@ class KeepAliveStream:
 
     async def _read(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest]) -> None:
         async for request in requests:
-            if isinstance(request, Undecodable):  # a string field that is not UTF-8: the stream is refused
+            if isinstance(request, Undecodable):  # a name that is not UTF-8, or no protobuf: the stream is refused
                 raise request.error()
             kind = request.WhichOneof("request")
             if kind == "keepalive":

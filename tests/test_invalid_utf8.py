@@ -24,7 +24,7 @@ from fencepost.coordinator.decode import bytes_twin, invalid_text_field
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator
 
-from .conftest import assert_invalid_field, count_keys, wait_for
+from .conftest import assert_invalid_field, count_keys, error_info, wait_for
 from .test_metrics import scrape
 
 LOCKS = "fencepost.v1.LockService"
@@ -102,11 +102,39 @@ async def test_keepalive_stream_when_watched_name_is_not_utf8(
     assert_quiet_log(caplog)
 
 
-async def test_unparsable_bytes_when_not_a_utf8_problem(channel: grpc.aio.Channel) -> None:
-    """Bytes that protobuf cannot parse at all (not a UTF-8 problem) are still UNKNOWN, as before."""
+@pytest.mark.parametrize("method", ["Acquire", "Describe", "LeaseGrant"])
+@pytest.mark.parametrize("data", [b"\xff\xff", b"\x0a\xff", b"\x10" + b"\xff" * 11],
+                         ids=["wire-type-7", "truncated-length", "overlong-varint"])
+async def test_unparsable_bytes_when_not_a_utf8_problem(
+    channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture, method: str, data: bytes
+) -> None:
+    """Bytes that protobuf cannot parse at all are INVALID_ARGUMENT / INVALID_FIELD without a field, no traceback.
+
+    Before, UNKNOWN ("Unexpected DecodeError") and an ERROR traceback; found by tests/test_property.py.
+    """
+    caplog.set_level(logging.DEBUG)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await unary(channel, "Describe", lock_pb2.DescribeResponse)(b"\xff\xff", timeout=5)
-    assert info.value.code() == grpc.StatusCode.UNKNOWN
+        await unary(channel, method, lock_pb2.DescribeResponse)(data, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    detail = error_info(info.value)
+    assert detail is not None and detail.reason == "INVALID_FIELD" and "field" not in detail.metadata
+    assert f"not a valid {method}Request" in info.value.details()
+    assert_quiet_log(caplog)
+
+
+async def test_keepalive_stream_when_message_is_no_protobuf(
+    channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A KeepAlive message that protobuf cannot parse ends the stream with INVALID_ARGUMENT, no traceback."""
+    caplog.set_level(logging.DEBUG)
+    stream = await open_stream(channel)
+    await stream.write(b"\xff\xff")
+    assert await asyncio.wait_for(stream.code(), 10) == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await asyncio.wait_for(stream.read(), 10)
+    detail = error_info(info.value)
+    assert detail is not None and detail.reason == "INVALID_FIELD" and "field" not in detail.metadata
+    assert_quiet_log(caplog)
 
 
 def test_invalid_text_field_names_the_first_bad_string() -> None:

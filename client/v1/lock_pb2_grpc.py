@@ -196,7 +196,8 @@ class LockServiceServicer:
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
         RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
         streams on this coordinator), INVALID_ARGUMENT (name: a
-        watch or unwatch whose name is not valid UTF-8; the stream ends),
+        watch or unwatch whose name is not valid UTF-8; no field: a message
+        that is no KeepAliveRequest at all; the stream ends),
         PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
         lease the caller does not own; the stream ends, nothing is renewed).
         """

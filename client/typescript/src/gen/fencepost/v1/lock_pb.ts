@@ -1276,7 +1276,8 @@ export enum ErrorReason {
 
   /**
    * INVALID_FIELD: a request field is out of range; metadata["field"] names it.
-   * Status INVALID_ARGUMENT.
+   * Also a request that is no protobuf of its type at all (bytes that cannot
+   * be parsed); metadata["field"] is then absent. Status INVALID_ARGUMENT.
    *
    * @generated from enum value: INVALID_FIELD = 1;
    */
@@ -1526,7 +1527,8 @@ export const LockService: GenService<{
    * Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
    * RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
    * streams on this coordinator), INVALID_ARGUMENT (name: a
-   * watch or unwatch whose name is not valid UTF-8; the stream ends),
+   * watch or unwatch whose name is not valid UTF-8; no field: a message
+   * that is no KeepAliveRequest at all; the stream ends),
    * PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
    * lease the caller does not own; the stream ends, nothing is renewed).
    *
