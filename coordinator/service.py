@@ -52,7 +52,7 @@ from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
 from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
-from .validate import wait_seconds
+from .validate import validate_lease_id, validate_name, validate_token, wait_seconds
 from .watch import DeleteWatcher
 
 R = TypeVar("R")
@@ -86,6 +86,15 @@ def _statuses(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]
             raise  # unreachable: abort raises
 
     return wrapper
+
+
+def _check_fields(name: str, lease_id: int, token: int | None = None) -> None:
+    """Refuse a malformed name, lease id or token (InvalidArgument naming the field) before any policy,
+    ownership or etcd work, so that bad input is told as such whoever sends it."""
+    validate_name(name)
+    validate_lease_id(lease_id)
+    if token is not None:
+        validate_token(token)
 
 
 def _holder(holder: Holder | None) -> lock_pb2.Holder | None:
@@ -214,6 +223,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.AcquireResponse:
+        _check_fields(request.name, request.lease_id)  # a malformed request is INVALID_ARGUMENT before anything else
         self._access.check(context, ACQUIRE, request.name)
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
@@ -243,6 +253,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.ReleaseResponse:
+        _check_fields(request.name, request.lease_id, request.token)
         self._access.check(context, RELEASE, request.name)
         await self._locks.tokens.ready()
         await self._owners.check_call(context, request.lease_id, "Release")
@@ -265,6 +276,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
+        _check_fields(request.name, request.lease_id)
         self._access.check(context, ACQUIRE, request.name)
         await self._owners.check_call(context, request.lease_id, "Withdraw")
         followed = self._holds.releasing(request.name, request.lease_id)
