@@ -263,6 +263,9 @@ class Stream:
         self.end: StreamEnd | None = None
         self.half_closed = False
         self.cancelled = False
+        #: A keepalive or watch for a lease not this caller's was sent: the coordinator may end the stream
+        #: (PERMISSION_DENIED) when it has checked it, after messages sent later were queued.
+        self.sent_foreign = False
         self.events: list[lock_pb2.KeepAliveResponse] = []
         method = caller.channel.stream_stream(f"{LOCKS}/KeepAlive",
                                               response_deserializer=lock_pb2.KeepAliveResponse.FromString)
@@ -825,12 +828,14 @@ class FencepostMachine(RuleBasedStateMachine):
         self.request_id += 1
         rid = self.request_id
         stream.send(_keepalive_request(stream.caller, lease_id, "keepalive", request_id=rid))
+        stream.sent_foreign |= self._foreign(stream.caller, lease_id)
         if lease_id <= 0:
             return  # never forwarded to etcd: no answer (the client's deadline counts it as not acknowledged)
         acked = stream.wait(lambda r: r.WhichOneof("response") == "keepalive" and r.keepalive.request_id == rid)
         self._check_end(stream, {C.PERMISSION_DENIED})
-        if not acked:
-            assert self._foreign(stream.caller, lease_id), stream.end
+        if not acked:  # a foreign lease's refusal (of this message, or of an earlier one) ended the stream
+            assert self._foreign(stream.caller, lease_id) or (
+                stream.sent_foreign and stream.end is not None and stream.end.code == C.PERMISSION_DENIED), stream.end
             return
         ack = [r.keepalive for r in stream.events if r.keepalive.request_id == rid][-1]
         assert ack.lease_id == lease_id, ack
@@ -854,6 +859,7 @@ class FencepostMachine(RuleBasedStateMachine):
             lease_id = self._lease_for(stream.caller, data)
         stream.send(_keepalive_request(stream.caller, lease_id, "unwatch" if kind == "unwatch" else "watch",
                                        name=name, token=token))
+        stream.sent_foreign |= self._foreign(stream.caller, lease_id)
         if kind == "ended" and (name, lease_id, token) in self.ended:
             def reported(r: lock_pb2.KeepAliveResponse) -> bool:
                 e = r.hold_ended
@@ -863,7 +869,8 @@ class FencepostMachine(RuleBasedStateMachine):
                 return  # already reported on this stream (a watch of it before)
             got = stream.wait(reported)
             self._check_end(stream, {C.PERMISSION_DENIED})
-            assert got or self._foreign(stream.caller, lease_id), (
+            assert got or self._foreign(stream.caller, lease_id) or (
+                stream.sent_foreign and stream.end is not None and stream.end.code == C.PERMISSION_DENIED), (
                 f"no HoldEnded for ended hold {(name, lease_id, token)}: {stream.end}")
         else:
             # Nothing to wait for; a refusal of the stream (a bad name) comes as its end.
