@@ -377,6 +377,7 @@ NAME_COMMANDS = {
     "status": ["status", "{name}", "--address", "{address}"],
     "release": ["release", "{name}", "--lease-id", "0x10", "--token", "3", "--address", "{address}"],
     "run": ["run", "{name}", "--ttl", "3", "--try", "--address", "{address}", "--", "true"],
+    "admin revoke": ["admin", "revoke", "{name}", "--address", "{address}"],
 }
 
 
@@ -402,6 +403,22 @@ async def test_commands_when_name_is_bad_exit_2_with_one_wording(address: str, n
         assert_one_line_error(result, f"fencepost {command}: invalid name: {needle}")
         lines.add(result.err.strip().split(": ", 1)[1])
     assert len(lines) == 1, lines
+
+
+@pytest.mark.parametrize("secret", ["x\ny", "\u00e9", "s" * 100_000, "a b"], ids=["newline", "non-ascii", "100k", "space"])
+async def test_release_when_lease_secret_is_malformed_exits_2(address: str, secret: str) -> None:
+    """A secret gRPC cannot send as metadata is bad input (exit 2, one line), not a traceback or RESOURCE_EXHAUSTED."""
+    result = await run_cli("release", "x", "--lease-id", "0x10", "--token", "3", "--address", address,
+                           "--lease-secret", secret)
+    assert result.rc == 2, result
+    assert_one_line_error(result, "fencepost release: invalid lease secret")
+
+
+async def test_release_takes_a_lease_secret_with_a_trailing_carriage_return(address: str) -> None:
+    """``FENCEPOST_LEASE_SECRET`` from a CRLF env file: the ``\\r`` is dropped and the release is answered."""
+    result = await run_cli("release", "x", "--lease-id", "0x10", "--token", "3", "--address", address,
+                           env={"FENCEPOST_LEASE_SECRET": "abc\r"})
+    assert result.rc == 6 and "invalid lease secret" not in result.err, result  # answered: the lease is gone
 
 
 # ---------------------------------------------------------------- no coordinator needed

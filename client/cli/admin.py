@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "with a larger fencing token. A free lock is left alone (exit 0, the line says so).")
     address_flag(revoke)
     tls_flags(revoke)
-    revoke.add_argument("name", type=lock_name, metavar="NAME", help="the lock whose holder's lease is revoked")
+    revoke.add_argument("name", metavar="NAME", help="the lock whose holder's lease is revoked")
     revoke.add_argument("--json", action="store_true", help="print one JSON object")
     sessions = sub.add_parser(
         "sessions", formatter_class=Formatter, epilog=epilog(None, _NEEDS),
@@ -138,6 +138,7 @@ def _run(args: argparse.Namespace) -> int:
             print(sessions_table(found))
             print(f"{len(found)} sessions, etcd revision {revision}, from {address}", flush=True)
         return EXIT_OK
+    lock_name(args.name)
     try:  # not idempotent: a retry after success would revoke the next holder
         address, resp = asyncio.run(call(addresses, "AdminRevoke", pb.AdminRevokeRequest(name=args.name),
                                          idempotent=False, name=args.name, tls=tls))

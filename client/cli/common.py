@@ -67,6 +67,7 @@ __all__ = [
     "epilog",
     "err_text",
     "lease_hex",
+    "lease_secret",
     "lock_name",
     "parse_address",
     "parse_addresses",
@@ -124,7 +125,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_LOST: "acquire, run: the lease or the lock was lost while holding it",
     EXIT_TIMEOUT: "acquire, run: --timeout passed before the lock was granted",
     EXIT_HELD: "acquire --try, run --try: the lock is held by someone else",
-    EXIT_PRECONDITION: "release: not released (NOT_HOLDER, STALE_TOKEN or LEASE_EXPIRED)",
+    EXIT_PRECONDITION: "release: not released (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED or NOT_LEASE_OWNER)",
     EXIT_INTERRUPTED: "acquire, run: interrupted before the lock was granted",
 }
 """Exit codes of the client commands (``status``, ``acquire``, ``release``; ``run`` and ``demo`` have their own)."""
@@ -250,6 +251,33 @@ def parse_token(text: str) -> int:
     if value <= 0 or value > MAX_TOKEN:
         raise argparse.ArgumentTypeError(f"token must be > 0 and < 2**63, got {text}")
     return value
+
+
+_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
+
+
+def lease_secret(secret: str | None) -> str | None:
+    """Check a lease secret argument (``--lease-secret``, ``FENCEPOST_LEASE_SECRET``): base64url, at most 256 characters.
+
+    A coordinator's secrets are 43 base64url characters; surrounding white
+    space (a CRLF env file's ``\\r``) is dropped.
+
+    Args:
+        secret: The argument, or None for none.
+
+    Returns:
+        The secret without surrounding white space; None for None or an empty one.
+
+    Raises:
+        CliError: anything else (exit 2): it could not be sent as gRPC metadata.
+    """
+    if secret is None or not secret.strip():
+        return None
+    secret = secret.strip()
+    if not _SECRET.fullmatch(secret):
+        raise CliError(f"invalid lease secret: expected up to 256 characters of A-Z a-z 0-9 _ - (as `fencepost "
+                       f"acquire` prints it), got {len(secret)} characters", EXIT_USAGE)
+    return secret
 
 
 def lock_name(name: str) -> str:

@@ -36,6 +36,7 @@ from .common import (
     epilog,
     err_text,
     lease_hex,
+    lease_secret,
     lock_name,
     parse_lease_id,
     parse_token,
@@ -76,10 +77,11 @@ def execute(args: argparse.Namespace) -> int:
     addresses = addresses_of(args)
     tls = tls_of(args)
     lock_name(args.name)
+    secret = lease_secret(args.lease_secret)
     request = pb.ReleaseRequest(name=args.name, lease_id=args.lease_id, token=args.token)
     try:
         asyncio.run(call(addresses, "Release", request, idempotent=False, name=args.name,
-                         lease_id=args.lease_id, token=args.token, tls=tls, secret=args.lease_secret))
+                         lease_id=args.lease_id, token=args.token, tls=tls, secret=secret))
     except CallFailed as failed:
         err = failed.error
         if err.code == grpc.StatusCode.PERMISSION_DENIED:
