@@ -75,7 +75,7 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-__all__ = ["GO_CODE_NAMES", "GO_DEFAULT_BUCKETS", "GrpcServerMetrics", "is_async", "rpc_type", "split_method",
+__all__ = ["GO_CODE_NAMES", "GO_DEFAULT_BUCKETS", "GrpcServerMetrics", "WrappingInterceptor", "is_async", "rpc_type", "split_method",
            "status_of_raise", "status_of_return"]
 
 #: ``grpc_code`` label values: each status code as Go's ``codes.Code.String()`` spells it.
@@ -205,7 +205,41 @@ class _CountingRequests:
         return message
 
 
-class GrpcServerMetrics(grpc.aio.ServerInterceptor):
+class WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """A server interceptor that wraps each method's handler with :meth:`_wrap`, once per method.
+
+    The wrapped handler is cached by the method's name and reused while
+    ``continuation`` returns the same handler, so that a call costs one dict
+    lookup here. Subclasses: :class:`GrpcServerMetrics`, and
+    ``coordinator.tracing.GrpcServerTracing``.
+    """
+
+    def __init__(self) -> None:
+        # full method -> (the handler continuation returned, its wrapped handler)
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
+                                                             Awaitable[grpc.RpcMethodHandler]],
+                                handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        """Return the method's handler, wrapped (None when no service has the method)."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None  # type: ignore[return-value]  # grpc.aio answers UNIMPLEMENTED
+        method = handler_call_details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` of ``full_method`` (``/pkg.Service/Method``) wrapped: the subclass's own."""
+        raise NotImplementedError
+
+
+class GrpcServerMetrics(WrappingInterceptor):
     """Records go-grpc-prometheus's server metrics for every call (see the module's docstring).
 
     Install it with ``grpc.aio.server(interceptors=[metrics])``; call
@@ -241,8 +275,7 @@ class GrpcServerMetrics(grpc.aio.ServerInterceptor):
             "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
             _LABELS, buckets=tuple(buckets), registry=registry) if handling_time_histogram else None
         self._series: dict[tuple[str, str, str], _Series] = {}
-        # full method -> (the handler continuation returned, its wrapped handler)
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        super().__init__()
 
     def initialize(self, services: Iterable[ServiceDescriptor]) -> None:
         """Create every series of every method of ``services`` at 0 (go-grpc-prometheus's ``InitializeMetrics``).
@@ -262,22 +295,6 @@ class GrpcServerMetrics(grpc.aio.ServerInterceptor):
         if series is None:
             series = self._series[key] = _Series(self, kind, service, method)
         return series
-
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
-                                                             Awaitable[grpc.RpcMethodHandler]],
-                                handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        """Return the method's handler, wrapped to record its metrics (None when no service has the method)."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None  # type: ignore[return-value]  # grpc.aio answers UNIMPLEMENTED
-        method = handler_call_details.method
-        method = method.decode() if isinstance(method, bytes) else method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(method, handler)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
 
     def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         kind = rpc_type(handler.request_streaming, handler.response_streaming)

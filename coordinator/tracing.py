@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,7 @@ from fencepost.client._tracing import (
 )
 from fencepost.client.v1 import details
 
-from .metrics import is_async, rpc_type, split_method, status_of_raise, status_of_return
+from .metrics import WrappingInterceptor, is_async, rpc_type, split_method, status_of_raise, status_of_return
 
 __all__ = ["DEFAULT_SERVICE_NAME", "ENDPOINT_VARIABLES", "GrpcServerTracing", "TraceExport", "TracingUnavailable",
            "export_from_environment"]
@@ -76,7 +76,7 @@ _LOCK_SERVICE = "fencepost.v1.LockService"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
 
 
-class GrpcServerTracing(grpc.aio.ServerInterceptor):
+class GrpcServerTracing(WrappingInterceptor):
     """Makes a SERVER span of every call (see the module's docstring).
 
     Install it first (outermost) with ``grpc.aio.server(interceptors=[tracing, ...])``,
@@ -90,24 +90,11 @@ class GrpcServerTracing(grpc.aio.ServerInterceptor):
     def __init__(self, tracer: Tracer, *, lock_names: bool = True) -> None:
         self._tracer = tracer
         self._tracing = Tracing(lock_names=lock_names)
-        # full method -> (the handler continuation returned, its wrapped handler)
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        super().__init__()
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
-                                                             Awaitable[grpc.RpcMethodHandler]],
-                                handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        """Return the method's handler, wrapped to make its span (None when no service has the method)."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None  # type: ignore[return-value]  # grpc.aio answers UNIMPLEMENTED
-        method = handler_call_details.method
-        method = method.decode() if isinstance(method, bytes) else method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = _Call(self._tracer, self._tracing, method).wrap(handler)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` wrapped to make the call's SERVER span."""
+        return _Call(self._tracer, self._tracing, full_method).wrap(handler)
 
 
 class _Call:
