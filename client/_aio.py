@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from types import TracebackType
@@ -31,7 +30,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
 from . import _fork, _tls, _wire
-from ._info import Revoked, ServerInfo, Session
+from ._info import HeldLock, LockInfo, Revoked, ServerInfo, Session
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
 from ._metrics import client_metrics
@@ -44,97 +43,12 @@ from .errors import FencepostError, LeaseLost, Unavailable
 from .handle import AsyncLockHandle
 from .v1 import lock_pb2 as pb
 
-__all__ = ["AsyncLockClient", "LockInfo", "DEFAULT_ADDRESS"]
+__all__ = ["AsyncLockClient", "HeldLock", "LockInfo", "DEFAULT_ADDRESS"]
 
 log = logging.getLogger("fencepost.client")
 
 # Upper bound on the time close() spends releasing locks and revoking leases.
 _CLOSE_BUDGET_SECONDS = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class LockInfo:
-    """A snapshot of one lock, as returned by :meth:`AsyncLockClient.describe`.
-
-    Attributes:
-        name: The lock name.
-        held: Whether anyone holds the lock.
-        holder_lease_id: The holder's lease id (0 when not held).
-        holder_token: The holder's fencing token (0 when not held).
-        ttl_remaining: Seconds left on the holder's lease as etcd reports it
-            (a lower bound only), None when not held.
-        ttl: The holder lease's granted TTL in seconds (0 when not held).
-        waiter_count: How many contenders are queued behind the holder.
-        waiters: The first (up to 100) queued contenders as
-            ``(lease_id, queue revision)`` pairs, in grant order.
-        revision: The etcd revision of the snapshot.
-    """
-
-    name: str
-    held: bool
-    holder_lease_id: int
-    holder_token: int
-    ttl_remaining: float | None
-    ttl: int
-    waiter_count: int
-    waiters: tuple[tuple[int, int], ...]
-    revision: int
-
-    @classmethod
-    def from_response(cls, name: str, resp: pb.DescribeResponse) -> LockInfo:
-        """The snapshot of lock ``name`` in a DescribeResponse."""
-        return cls(
-            name=name,
-            held=bool(resp.held),
-            holder_lease_id=int(resp.holder.lease_id) if resp.held else 0,
-            holder_token=int(resp.holder.token) if resp.held else 0,
-            ttl_remaining=float(resp.ttl_remaining_seconds) if resp.held and resp.ttl_remaining_seconds >= 0 else None,
-            ttl=int(resp.ttl_seconds),
-            waiter_count=int(resp.waiter_count),
-            waiters=tuple((int(w.lease_id), int(w.token)) for w in resp.waiters),
-            revision=int(resp.revision),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class HeldLock:
-    """One held lock, as listed by :meth:`AsyncLockClient.list_locks`.
-
-    Attributes:
-        name: The lock name.
-        holder_lease_id: The holder's lease id.
-        token: The holder's fencing token.
-        ttl_remaining: Seconds left on the holder's lease as etcd reported it
-            (a lower bound only), None when the lease ended meanwhile.
-        ttl: The holder lease's granted TTL in seconds (0 when it ended).
-        held_for: Seconds since the grant, None when the coordinator that
-            answered did not make the grant (etcd keeps no grant times).
-        waiter_count: How many contenders are queued behind the holder.
-        revision: The etcd revision of the listing.
-    """
-
-    name: str
-    holder_lease_id: int
-    token: int
-    ttl_remaining: float | None
-    ttl: int
-    held_for: float | None
-    waiter_count: int
-    revision: int
-
-    @classmethod
-    def from_message(cls, info: pb.LockInfo, revision: int) -> HeldLock:
-        """The lock in one ListLocksResponse entry of the listing at ``revision``."""
-        return cls(
-            name=info.name,
-            holder_lease_id=int(info.holder.lease_id),
-            token=int(info.holder.token),
-            ttl_remaining=float(info.ttl_remaining_seconds) if info.ttl_remaining_seconds >= 0 else None,
-            ttl=int(info.ttl_seconds),
-            held_for=float(info.held_seconds) if info.held_seconds >= 0 else None,
-            waiter_count=int(info.waiter_count),
-            revision=int(revision),
-        )
 
 
 class AsyncLockClient:
