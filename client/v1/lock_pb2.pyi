@@ -132,16 +132,36 @@ class Holder(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("keepalive", "watch", "unwatch", "lease_secret")
+    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "lease_secret", "request_id", "timeout_ms", "traceparent")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
     UNWATCH_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     keepalive: LeaseKeepAlive
     watch: WatchHold
     unwatch: WatchHold
+    acquire: AcquireRequest
+    release: ReleaseRequest
+    withdraw: WithdrawRequest
+    cancel: CancelCall
     lease_secret: str
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., lease_secret: _Optional[str] = ...) -> None: ...
+    request_id: int
+    timeout_ms: int
+    traceparent: str
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
+
+class CancelCall(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class LeaseKeepAlive(_message.Message):
     __slots__ = ("lease_id", "request_id")
@@ -162,12 +182,32 @@ class WatchHold(_message.Message):
     def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
-    __slots__ = ("keepalive", "hold_ended")
+    __slots__ = ("keepalive", "hold_ended", "acquired", "released", "withdrawn", "failed", "request_id")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     HOLD_ENDED_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     keepalive: LeaseKeepAliveAck
     hold_ended: HoldEnded
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAliveAck, _Mapping]] = ..., hold_ended: _Optional[_Union[HoldEnded, _Mapping]] = ...) -> None: ...
+    acquired: AcquireResponse
+    released: ReleaseResponse
+    withdrawn: WithdrawResponse
+    failed: CallFailed
+    request_id: int
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAliveAck, _Mapping]] = ..., hold_ended: _Optional[_Union[HoldEnded, _Mapping]] = ..., acquired: _Optional[_Union[AcquireResponse, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., withdrawn: _Optional[_Union[WithdrawResponse, _Mapping]] = ..., failed: _Optional[_Union[CallFailed, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
+
+class CallFailed(_message.Message):
+    __slots__ = ("code", "message", "status")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    status: bytes
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., status: _Optional[bytes] = ...) -> None: ...
 
 class LeaseKeepAliveAck(_message.Message):
     __slots__ = ("lease_id", "request_id", "ttl_seconds")

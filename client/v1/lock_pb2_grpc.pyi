@@ -176,6 +176,22 @@ class LockServiceStub:
     that is no KeepAliveRequest at all; the stream ends),
     PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
     lease the caller does not own; the stream ends, nothing is renewed).
+
+    Calls on the stream: Acquire, Release and Withdraw may also be sent as
+    messages on this stream (KeepAliveRequest.acquire/.release/.withdraw
+    with a request_id), answered by one KeepAliveResponse with the same
+    request_id: `acquired`/`released`/`withdrawn`, or `failed` with the
+    status the unary call would have ended with. Same semantics, checks
+    (access policy, ownership, limits) and errors as the unary calls, one
+    gRPC message each way instead of a call: the fast path under load. A
+    coordinator that serves them says so in the stream's initial metadata
+    (`fencepost-stream-calls: acquire,release,withdraw`); a client that does
+    not see it uses the unary calls. Answers come in any order. A `cancel`
+    abandons a waiting acquire as a cancelled unary Acquire would be (its
+    key is kept for a moment for a retry, then deleted; Withdraw removes it
+    at once); a stream that ends cancels every call still running on it.
+    An invalid call message is answered `failed` (INVALID_ARGUMENT), and
+    the stream goes on.
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -337,6 +353,22 @@ class LockServiceAsyncStub(LockServiceStub):
     that is no KeepAliveRequest at all; the stream ends),
     PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
     lease the caller does not own; the stream ends, nothing is renewed).
+
+    Calls on the stream: Acquire, Release and Withdraw may also be sent as
+    messages on this stream (KeepAliveRequest.acquire/.release/.withdraw
+    with a request_id), answered by one KeepAliveResponse with the same
+    request_id: `acquired`/`released`/`withdrawn`, or `failed` with the
+    status the unary call would have ended with. Same semantics, checks
+    (access policy, ownership, limits) and errors as the unary calls, one
+    gRPC message each way instead of a call: the fast path under load. A
+    coordinator that serves them says so in the stream's initial metadata
+    (`fencepost-stream-calls: acquire,release,withdraw`); a client that does
+    not see it uses the unary calls. Answers come in any order. A `cancel`
+    abandons a waiting acquire as a cancelled unary Acquire would be (its
+    key is kept for a moment for a retry, then deleted; Withdraw removes it
+    at once); a stream that ends cancels every call still running on it.
+    An invalid call message is answered `failed` (INVALID_ARGUMENT), and
+    the stream goes on.
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -531,6 +563,22 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         that is no KeepAliveRequest at all; the stream ends),
         PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
         lease the caller does not own; the stream ends, nothing is renewed).
+
+        Calls on the stream: Acquire, Release and Withdraw may also be sent as
+        messages on this stream (KeepAliveRequest.acquire/.release/.withdraw
+        with a request_id), answered by one KeepAliveResponse with the same
+        request_id: `acquired`/`released`/`withdrawn`, or `failed` with the
+        status the unary call would have ended with. Same semantics, checks
+        (access policy, ownership, limits) and errors as the unary calls, one
+        gRPC message each way instead of a call: the fast path under load. A
+        coordinator that serves them says so in the stream's initial metadata
+        (`fencepost-stream-calls: acquire,release,withdraw`); a client that does
+        not see it uses the unary calls. Answers come in any order. A `cancel`
+        abandons a waiting acquire as a cancelled unary Acquire would be (its
+        key is kept for a moment for a retry, then deleted; Withdraw removes it
+        at once); a stream that ends cancels every call still running on it.
+        An invalid call message is answered `failed` (INVALID_ARGUMENT), and
+        the stream goes on.
         """
 
     @_abc_1.abstractmethod

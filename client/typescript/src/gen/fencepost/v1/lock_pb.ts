@@ -70,7 +70,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiVwoOQWNxdWlyZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxIPCgd3YWl0X21zGAMgASgDEhQKDHdhaXRfZm9yZXZlchgEIAEoCCJYCg9BY3F1aXJlUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDQoFdG9rZW4YAiABKAMSJAoGaG9sZGVyGAMgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlciI/Cg5SZWxlYXNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyIxCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAyJBChBXaXRoZHJhd1Jlc3BvbnNlEg0KBWZvdW5kGAEgASgIEgwKBGhlbGQYAiABKAgSEAoIcmV2aXNpb24YAyABKAMiKQoGSG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDIrwBChBLZWVwQWxpdmVSZXF1ZXN0EjEKCWtlZXBhbGl2ZRgBIAEoCzIcLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUgAEigKBXdhdGNoGAIgASgLMhcuZmVuY2Vwb3N0LnYxLldhdGNoSG9sZEgAEioKB3Vud2F0Y2gYAyABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASFAoMbGVhc2Vfc2VjcmV0GAQgASgJQgkKB3JlcXVlc3QiNgoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBCI6CglXYXRjaEhvbGQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyKEAQoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIAEIKCghyZXNwb25zZSJOChFMZWFzZUtlZXBBbGl2ZUFjaxIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEEhMKC3R0bF9zZWNvbmRzGAMgASgDImsKCUhvbGRFbmRlZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEikKBnJlYXNvbhgFIAEoDjIZLmZlbmNlcG9zdC52MS5FcnJvclJlYXNvbkoECAQQBSIfCg9EZXNjcmliZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSLJAQoQRGVzY3JpYmVSZXNwb25zZRIMCgRoZWxkGAEgASgIEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDHdhaXRlcl9jb3VudBgFIAEoAxIlCgd3YWl0ZXJzGAYgAygLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIQCghyZXZpc2lvbhgHIAEoAyJJChBMaXN0TG9ja3NSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSKeAQoITG9ja0luZm8SDAoEbmFtZRgBIAEoCRIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgxoZWxkX3NlY29uZHMYBSABKAESFAoMd2FpdGVyX2NvdW50GAYgASgDImUKEUxpc3RMb2Nrc1Jlc3BvbnNlEiUKBWxvY2tzGAEgAygLMhYuZmVuY2Vwb3N0LnYxLkxvY2tJbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyITChFTZXJ2ZXJJbmZvUmVxdWVzdCLwAQoIRXRjZEluZm8SEQoJZW5kcG9pbnRzGAEgAygJEhAKCGVtYmVkZGVkGAIgASgIEhEKCWF2YWlsYWJsZRgDIAEoCBINCgVlcnJvchgEIAEoCRIWCg5zZXJ2ZXJfdmVyc2lvbhgFIAEoCRISCgpjbHVzdGVyX2lkGAYgASgEEhEKCW1lbWJlcl9pZBgHIAEoBBIQCghyZXZpc2lvbhgIIAEoAxIRCglyYWZ0X3Rlcm0YCSABKAQSDgoGbGVhZGVyGAogASgEEhIKCnJhZnRfaW5kZXgYCyABKAQSFQoNZGJfc2l6ZV9ieXRlcxgMIAEoAyKJAwoSU2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSEwoLaW5zdGFuY2VfaWQYAiABKAkSFgoOdXB0aW1lX3NlY29uZHMYAyABKAESFgoObGlzdGVuX2FkZHJlc3MYBCABKAkSFgoOaGVhbHRoX2FkZHJlc3MYBSABKAkSFwoPbWV0cmljc19hZGRyZXNzGAYgASgJEhIKCmtleV9wcmVmaXgYByABKAkSDwoHc2VydmluZxgIIAEoCBIkCgRldGNkGAkgASgLMhYuZmVuY2Vwb3N0LnYxLkV0Y2RJbmZvEhkKEWtlZXBhbGl2ZV9zdHJlYW1zGAogASgDEhgKEGtlZXBhbGl2ZV9sZWFzZXMYCyABKAMSFQoNd2F0Y2hlZF9ob2xkcxgMIAEoAxIYChB3YWl0aW5nX2FjcXVpcmVzGA0gASgDEhYKDmNvbnRlbmRlcl9rZXlzGA4gASgDEhIKCmhlbGRfbG9ja3MYDyABKAMSDwoHd2FpdGVycxgQIAEoAyIiChJBZG1pblJldm9rZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJHChNBZG1pblJldm9rZVJlc3BvbnNlEg8KB3Jldm9rZWQYASABKAgSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMiPAoTTGlzdFNlc3Npb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSKJAQoLU2Vzc2lvbkluZm8SEAoIbGVhc2VfaWQYASABKAMSFgoOb3duZXJfaWRlbnRpdHkYAiABKAkSEwoLdHRsX3NlY29uZHMYAyABKAMSHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAQgASgDEg0KBWhvbGRzGAUgAygJEg0KBXdhaXRzGAYgAygJIm4KFExpc3RTZXNzaW9uc1Jlc3BvbnNlEisKCHNlc3Npb25zGAEgAygLMhkuZmVuY2Vwb3N0LnYxLlNlc3Npb25JbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyqnAgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNSU5WQUxJRF9GSUVMRBABEg4KCk5PVF9IT0xERVIQAhIPCgtTVEFMRV9UT0tFThADEhEKDUxFQVNFX0VYUElSRUQQBBITCg9BQ1FVSVJFX1RJTUVPVVQQBRIUChBFVENEX1VOQVZBSUxBQkxFEAYSFAoQVE9PX01BTllfV0FJVEVSUxAHEhEKDVNIVVRUSU5HX0RPV04QCBIUChBUT09fTUFOWV9TVFJFQU1TEAkSDQoJREFUQV9MT1NTEAoSEQoNQUNDRVNTX0RFTklFRBALEhIKDkxJTUlUX0VYQ0VFREVEEAwSEwoPTk9UX0xFQVNFX09XTkVSEA0y9AYKC0xvY2tTZXJ2aWNlEk8KCkxlYXNlR3JhbnQSHy5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlc3BvbnNlElIKC0xlYXNlUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlc3BvbnNlEkYKB0FjcXVpcmUSHC5mZW5jZXBvc3QudjEuQWNxdWlyZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuQWNxdWlyZVJlc3BvbnNlEkYKB1JlbGVhc2USHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuUmVsZWFzZVJlc3BvbnNlEkkKCFdpdGhkcmF3Eh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdBoeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlElAKCUtlZXBBbGl2ZRIeLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlc3BvbnNlKAEwARJJCghEZXNjcmliZRIdLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXNwb25zZRJMCglMaXN0TG9ja3MSHi5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVxdWVzdBofLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXNwb25zZRJPCgpTZXJ2ZXJJbmZvEh8uZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXNwb25zZRJSCgtBZG1pblJldm9rZRIgLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXNwb25zZRJVCgxMaXN0U2Vzc2lvbnMSIS5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVxdWVzdBoiLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiVwoOQWNxdWlyZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxIPCgd3YWl0X21zGAMgASgDEhQKDHdhaXRfZm9yZXZlchgEIAEoCCJYCg9BY3F1aXJlUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDQoFdG9rZW4YAiABKAMSJAoGaG9sZGVyGAMgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlciI/Cg5SZWxlYXNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyIxCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAyJBChBXaXRoZHJhd1Jlc3BvbnNlEg0KBWZvdW5kGAEgASgIEgwKBGhlbGQYAiABKAgSEAoIcmV2aXNpb24YAyABKAMiKQoGSG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDIroDChBLZWVwQWxpdmVSZXF1ZXN0EjEKCWtlZXBhbGl2ZRgBIAEoCzIcLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUgAEigKBXdhdGNoGAIgASgLMhcuZmVuY2Vwb3N0LnYxLldhdGNoSG9sZEgAEioKB3Vud2F0Y2gYAyABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASLwoHYWNxdWlyZRgFIAEoCzIcLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVxdWVzdEgAEi8KB3JlbGVhc2UYBiABKAsyHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3RIABIxCgh3aXRoZHJhdxgHIAEoCzIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3RIABIqCgZjYW5jZWwYCCABKAsyGC5mZW5jZXBvc3QudjEuQ2FuY2VsQ2FsbEgAEhQKDGxlYXNlX3NlY3JldBgEIAEoCRISCgpyZXF1ZXN0X2lkGAkgASgEEhIKCnRpbWVvdXRfbXMYCiABKAMSEwoLdHJhY2VwYXJlbnQYCyABKAlCCQoHcmVxdWVzdCIgCgpDYW5jZWxDYWxsEhIKCnJlcXVlc3RfaWQYASABKAQiNgoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBCI6CglXYXRjaEhvbGQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyLfAgoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIABIxCghhY3F1aXJlZBgDIAEoCzIdLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2VIABIxCghyZWxlYXNlZBgEIAEoCzIdLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2VIABIzCgl3aXRoZHJhd24YBSABKAsyHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZUgAEioKBmZhaWxlZBgGIAEoCzIYLmZlbmNlcG9zdC52MS5DYWxsRmFpbGVkSAASEgoKcmVxdWVzdF9pZBgHIAEoBEIKCghyZXNwb25zZSI7CgpDYWxsRmFpbGVkEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCRIOCgZzdGF0dXMYAyABKAwiTgoRTGVhc2VLZWVwQWxpdmVBY2sSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBITCgt0dGxfc2Vjb25kcxgDIAEoAyJrCglIb2xkRW5kZWQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxIpCgZyZWFzb24YBSABKA4yGS5mZW5jZXBvc3QudjEuRXJyb3JSZWFzb25KBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkiyQEKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMiSQoQTGlzdExvY2tzUmVxdWVzdBIOCgZwcmVmaXgYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkingEKCExvY2tJbmZvEgwKBG5hbWUYASABKAkSJAoGaG9sZGVyGAIgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYAyABKAMSEwoLdHRsX3NlY29uZHMYBCABKAMSFAoMaGVsZF9zZWNvbmRzGAUgASgBEhQKDHdhaXRlcl9jb3VudBgGIAEoAyJlChFMaXN0TG9ja3NSZXNwb25zZRIlCgVsb2NrcxgBIAMoCzIWLmZlbmNlcG9zdC52MS5Mb2NrSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMiEwoRU2VydmVySW5mb1JlcXVlc3Qi8AEKCEV0Y2RJbmZvEhEKCWVuZHBvaW50cxgBIAMoCRIQCghlbWJlZGRlZBgCIAEoCBIRCglhdmFpbGFibGUYAyABKAgSDQoFZXJyb3IYBCABKAkSFgoOc2VydmVyX3ZlcnNpb24YBSABKAkSEgoKY2x1c3Rlcl9pZBgGIAEoBBIRCgltZW1iZXJfaWQYByABKAQSEAoIcmV2aXNpb24YCCABKAMSEQoJcmFmdF90ZXJtGAkgASgEEg4KBmxlYWRlchgKIAEoBBISCgpyYWZ0X2luZGV4GAsgASgEEhUKDWRiX3NpemVfYnl0ZXMYDCABKAMiiQMKElNlcnZlckluZm9SZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEhMKC2luc3RhbmNlX2lkGAIgASgJEhYKDnVwdGltZV9zZWNvbmRzGAMgASgBEhYKDmxpc3Rlbl9hZGRyZXNzGAQgASgJEhYKDmhlYWx0aF9hZGRyZXNzGAUgASgJEhcKD21ldHJpY3NfYWRkcmVzcxgGIAEoCRISCgprZXlfcHJlZml4GAcgASgJEg8KB3NlcnZpbmcYCCABKAgSJAoEZXRjZBgJIAEoCzIWLmZlbmNlcG9zdC52MS5FdGNkSW5mbxIZChFrZWVwYWxpdmVfc3RyZWFtcxgKIAEoAxIYChBrZWVwYWxpdmVfbGVhc2VzGAsgASgDEhUKDXdhdGNoZWRfaG9sZHMYDCABKAMSGAoQd2FpdGluZ19hY3F1aXJlcxgNIAEoAxIWCg5jb250ZW5kZXJfa2V5cxgOIAEoAxISCgpoZWxkX2xvY2tzGA8gASgDEg8KB3dhaXRlcnMYECABKAMiIgoSQWRtaW5SZXZva2VSZXF1ZXN0EgwKBG5hbWUYASABKAkiRwoTQWRtaW5SZXZva2VSZXNwb25zZRIPCgdyZXZva2VkGAEgASgIEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDIjwKE0xpc3RTZXNzaW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiiQEKC1Nlc3Npb25JbmZvEhAKCGxlYXNlX2lkGAEgASgDEhYKDm93bmVyX2lkZW50aXR5GAIgASgJEhMKC3R0bF9zZWNvbmRzGAMgASgDEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgEIAEoAxINCgVob2xkcxgFIAMoCRINCgV3YWl0cxgGIAMoCSJuChRMaXN0U2Vzc2lvbnNSZXNwb25zZRIrCghzZXNzaW9ucxgBIAMoCzIZLmZlbmNlcG9zdC52MS5TZXNzaW9uSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMqpwIKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDUlOVkFMSURfRklFTEQQARIOCgpOT1RfSE9MREVSEAISDwoLU1RBTEVfVE9LRU4QAxIRCg1MRUFTRV9FWFBJUkVEEAQSEwoPQUNRVUlSRV9USU1FT1VUEAUSFAoQRVRDRF9VTkFWQUlMQUJMRRAGEhQKEFRPT19NQU5ZX1dBSVRFUlMQBxIRCg1TSFVUVElOR19ET1dOEAgSFAoQVE9PX01BTllfU1RSRUFNUxAJEg0KCURBVEFfTE9TUxAKEhEKDUFDQ0VTU19ERU5JRUQQCxISCg5MSU1JVF9FWENFRURFRBAMEhMKD05PVF9MRUFTRV9PV05FUhANMvQGCgtMb2NrU2VydmljZRJPCgpMZWFzZUdyYW50Eh8uZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXNwb25zZRJSCgtMZWFzZVJldm9rZRIgLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXNwb25zZRJGCgdBY3F1aXJlEhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZRJGCgdSZWxlYXNlEhwuZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZRJJCghXaXRoZHJhdxIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3QaHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZRJQCglLZWVwQWxpdmUSHi5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVxdWVzdBofLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXNwb25zZSgBMAESSQoIRGVzY3JpYmUSHS5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVzcG9uc2USTAoJTGlzdExvY2tzEh4uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1JlcXVlc3QaHy5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVzcG9uc2USTwoKU2VydmVySW5mbxIfLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVxdWVzdBogLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVzcG9uc2USUgoLQWRtaW5SZXZva2USIC5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXF1ZXN0GiEuZmVuY2Vwb3N0LnYxLkFkbWluUmV2b2tlUmVzcG9uc2USVQoMTGlzdFNlc3Npb25zEiEuZmVuY2Vwb3N0LnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QaIi5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -420,6 +420,40 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
      */
     value: WatchHold;
     case: "unwatch";
+  } | {
+    /**
+     * acquire: an Acquire call on the stream (see KeepAlive).
+     *
+     * @generated from field: fencepost.v1.AcquireRequest acquire = 5;
+     */
+    value: AcquireRequest;
+    case: "acquire";
+  } | {
+    /**
+     * release: a Release call on the stream.
+     *
+     * @generated from field: fencepost.v1.ReleaseRequest release = 6;
+     */
+    value: ReleaseRequest;
+    case: "release";
+  } | {
+    /**
+     * withdraw: a Withdraw call on the stream.
+     *
+     * @generated from field: fencepost.v1.WithdrawRequest withdraw = 7;
+     */
+    value: WithdrawRequest;
+    case: "withdraw";
+  } | {
+    /**
+     * cancel: abandon the acquire sent with this request_id, still waiting.
+     * Unanswered; the acquire is answered `failed` (CANCELLED) unless its
+     * answer was already sent.
+     *
+     * @generated from field: fencepost.v1.CancelCall cancel = 8;
+     */
+    value: CancelCall;
+    case: "cancel";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -428,10 +462,39 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
    * that lease on a stream (the stream remembers the leases it verified);
    * may be sent on every one. Not needed when the caller's certificate
    * identity owns the lease. Ignored on unwatch.
+   * For acquire, release and withdraw: the secret of the lease they name,
+   * as the `fencepost-lease-secret` metadata entry is for the unary call.
    *
    * @generated from field: string lease_secret = 4;
    */
   leaseSecret: string;
+
+  /**
+   * request_id: for acquire, release and withdraw: chosen by the caller,
+   * unique among its calls running on this stream, echoed in the answer.
+   *
+   * @generated from field: uint64 request_id = 9;
+   */
+  requestId: bigint;
+
+  /**
+   * timeout_ms: for acquire, release and withdraw: how long the caller
+   * waits for the answer, in milliseconds, as a unary call's deadline (the
+   * coordinator ends its etcd work for the call a little before it); 0: no
+   * bound. An acquire with wait_forever waits until granted or cancelled.
+   *
+   * @generated from field: int64 timeout_ms = 10;
+   */
+  timeoutMs: bigint;
+
+  /**
+   * traceparent: for acquire, release and withdraw: the caller's W3C trace
+   * context (https://www.w3.org/TR/trace-context/), as the `traceparent`
+   * metadata entry of a unary call; "" for none.
+   *
+   * @generated from field: string traceparent = 11;
+   */
+  traceparent: string;
 };
 
 /**
@@ -440,6 +503,25 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
  */
 export const KeepAliveRequestSchema: GenMessage<KeepAliveRequest> = /*@__PURE__*/
   messageDesc(file_fencepost_v1_lock, 11);
+
+/**
+ * @generated from message fencepost.v1.CancelCall
+ */
+export type CancelCall = Message<"fencepost.v1.CancelCall"> & {
+  /**
+   * request_id: the request_id of the acquire to abandon.
+   *
+   * @generated from field: uint64 request_id = 1;
+   */
+  requestId: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.CancelCall.
+ * Use `create(CancelCallSchema)` to create a new message.
+ */
+export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 12);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAlive
@@ -466,7 +548,7 @@ export type LeaseKeepAlive = Message<"fencepost.v1.LeaseKeepAlive"> & {
  * Use `create(LeaseKeepAliveSchema)` to create a new message.
  */
 export const LeaseKeepAliveSchema: GenMessage<LeaseKeepAlive> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 12);
+  messageDesc(file_fencepost_v1_lock, 13);
 
 /**
  * @generated from message fencepost.v1.WatchHold
@@ -499,7 +581,7 @@ export type WatchHold = Message<"fencepost.v1.WatchHold"> & {
  * Use `create(WatchHoldSchema)` to create a new message.
  */
 export const WatchHoldSchema: GenMessage<WatchHold> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 13);
+  messageDesc(file_fencepost_v1_lock, 14);
 
 /**
  * @generated from message fencepost.v1.KeepAliveResponse
@@ -524,7 +606,48 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
      */
     value: HoldEnded;
     case: "holdEnded";
+  } | {
+    /**
+     * acquired: the answer to an acquire sent on the stream.
+     *
+     * @generated from field: fencepost.v1.AcquireResponse acquired = 3;
+     */
+    value: AcquireResponse;
+    case: "acquired";
+  } | {
+    /**
+     * released: the answer to a release sent on the stream.
+     *
+     * @generated from field: fencepost.v1.ReleaseResponse released = 4;
+     */
+    value: ReleaseResponse;
+    case: "released";
+  } | {
+    /**
+     * withdrawn: the answer to a withdraw sent on the stream.
+     *
+     * @generated from field: fencepost.v1.WithdrawResponse withdrawn = 5;
+     */
+    value: WithdrawResponse;
+    case: "withdrawn";
+  } | {
+    /**
+     * failed: a call sent on the stream failed, with the status its unary
+     * twin would have ended with.
+     *
+     * @generated from field: fencepost.v1.CallFailed failed = 6;
+     */
+    value: CallFailed;
+    case: "failed";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * request_id: for acquired, released, withdrawn and failed: the
+   * KeepAliveRequest.request_id of the call answered.
+   *
+   * @generated from field: uint64 request_id = 7;
+   */
+  requestId: bigint;
 };
 
 /**
@@ -532,7 +655,42 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
  * Use `create(KeepAliveResponseSchema)` to create a new message.
  */
 export const KeepAliveResponseSchema: GenMessage<KeepAliveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 14);
+  messageDesc(file_fencepost_v1_lock, 15);
+
+/**
+ * @generated from message fencepost.v1.CallFailed
+ */
+export type CallFailed = Message<"fencepost.v1.CallFailed"> & {
+  /**
+   * code: the gRPC status code (google.rpc.Code), never OK.
+   *
+   * @generated from field: int32 code = 1;
+   */
+  code: number;
+
+  /**
+   * message: the status message.
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * status: a serialized google.rpc.Status with the ErrorInfo (and, for
+   * UNAVAILABLE or a rate limit, RetryInfo) details: the same bytes a unary
+   * call carries in its `grpc-status-details-bin` trailer.
+   *
+   * @generated from field: bytes status = 3;
+   */
+  status: Uint8Array;
+};
+
+/**
+ * Describes the message fencepost.v1.CallFailed.
+ * Use `create(CallFailedSchema)` to create a new message.
+ */
+export const CallFailedSchema: GenMessage<CallFailed> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 16);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAck
@@ -566,7 +724,7 @@ export type LeaseKeepAliveAck = Message<"fencepost.v1.LeaseKeepAliveAck"> & {
  * Use `create(LeaseKeepAliveAckSchema)` to create a new message.
  */
 export const LeaseKeepAliveAckSchema: GenMessage<LeaseKeepAliveAck> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 15);
+  messageDesc(file_fencepost_v1_lock, 17);
 
 /**
  * @generated from message fencepost.v1.HoldEnded
@@ -607,7 +765,7 @@ export type HoldEnded = Message<"fencepost.v1.HoldEnded"> & {
  * Use `create(HoldEndedSchema)` to create a new message.
  */
 export const HoldEndedSchema: GenMessage<HoldEnded> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 16);
+  messageDesc(file_fencepost_v1_lock, 18);
 
 /**
  * @generated from message fencepost.v1.DescribeRequest
@@ -626,7 +784,7 @@ export type DescribeRequest = Message<"fencepost.v1.DescribeRequest"> & {
  * Use `create(DescribeRequestSchema)` to create a new message.
  */
 export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 17);
+  messageDesc(file_fencepost_v1_lock, 19);
 
 /**
  * @generated from message fencepost.v1.DescribeResponse
@@ -691,7 +849,7 @@ export type DescribeResponse = Message<"fencepost.v1.DescribeResponse"> & {
  * Use `create(DescribeResponseSchema)` to create a new message.
  */
 export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 18);
+  messageDesc(file_fencepost_v1_lock, 20);
 
 /**
  * @generated from message fencepost.v1.ListLocksRequest
@@ -726,7 +884,7 @@ export type ListLocksRequest = Message<"fencepost.v1.ListLocksRequest"> & {
  * Use `create(ListLocksRequestSchema)` to create a new message.
  */
 export const ListLocksRequestSchema: GenMessage<ListLocksRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 19);
+  messageDesc(file_fencepost_v1_lock, 21);
 
 /**
  * LockInfo is one held lock in a ListLocks page.
@@ -788,7 +946,7 @@ export type LockInfo = Message<"fencepost.v1.LockInfo"> & {
  * Use `create(LockInfoSchema)` to create a new message.
  */
 export const LockInfoSchema: GenMessage<LockInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 20);
+  messageDesc(file_fencepost_v1_lock, 22);
 
 /**
  * @generated from message fencepost.v1.ListLocksResponse
@@ -822,7 +980,7 @@ export type ListLocksResponse = Message<"fencepost.v1.ListLocksResponse"> & {
  * Use `create(ListLocksResponseSchema)` to create a new message.
  */
 export const ListLocksResponseSchema: GenMessage<ListLocksResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 21);
+  messageDesc(file_fencepost_v1_lock, 23);
 
 /**
  * @generated from message fencepost.v1.ServerInfoRequest
@@ -835,7 +993,7 @@ export type ServerInfoRequest = Message<"fencepost.v1.ServerInfoRequest"> & {
  * Use `create(ServerInfoRequestSchema)` to create a new message.
  */
 export const ServerInfoRequestSchema: GenMessage<ServerInfoRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 22);
+  messageDesc(file_fencepost_v1_lock, 24);
 
 /**
  * EtcdInfo is the etcd a coordinator uses, as that coordinator sees it.
@@ -942,7 +1100,7 @@ export type EtcdInfo = Message<"fencepost.v1.EtcdInfo"> & {
  * Use `create(EtcdInfoSchema)` to create a new message.
  */
 export const EtcdInfoSchema: GenMessage<EtcdInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 23);
+  messageDesc(file_fencepost_v1_lock, 25);
 
 /**
  * @generated from message fencepost.v1.ServerInfoResponse
@@ -1084,7 +1242,7 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
  * Use `create(ServerInfoResponseSchema)` to create a new message.
  */
 export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 24);
+  messageDesc(file_fencepost_v1_lock, 26);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeRequest
@@ -1104,7 +1262,7 @@ export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
  * Use `create(AdminRevokeRequestSchema)` to create a new message.
  */
 export const AdminRevokeRequestSchema: GenMessage<AdminRevokeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 25);
+  messageDesc(file_fencepost_v1_lock, 27);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeResponse
@@ -1138,7 +1296,7 @@ export type AdminRevokeResponse = Message<"fencepost.v1.AdminRevokeResponse"> & 
  * Use `create(AdminRevokeResponseSchema)` to create a new message.
  */
 export const AdminRevokeResponseSchema: GenMessage<AdminRevokeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 26);
+  messageDesc(file_fencepost_v1_lock, 28);
 
 /**
  * @generated from message fencepost.v1.ListSessionsRequest
@@ -1165,7 +1323,7 @@ export type ListSessionsRequest = Message<"fencepost.v1.ListSessionsRequest"> & 
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 27);
+  messageDesc(file_fencepost_v1_lock, 29);
 
 /**
  * SessionInfo is one live lease in a ListSessions page.
@@ -1223,7 +1381,7 @@ export type SessionInfo = Message<"fencepost.v1.SessionInfo"> & {
  * Use `create(SessionInfoSchema)` to create a new message.
  */
 export const SessionInfoSchema: GenMessage<SessionInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 28);
+  messageDesc(file_fencepost_v1_lock, 30);
 
 /**
  * @generated from message fencepost.v1.ListSessionsResponse
@@ -1258,7 +1416,7 @@ export type ListSessionsResponse = Message<"fencepost.v1.ListSessionsResponse"> 
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 29);
+  messageDesc(file_fencepost_v1_lock, 31);
 
 /**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
@@ -1531,6 +1689,22 @@ export const LockService: GenService<{
    * that is no KeepAliveRequest at all; the stream ends),
    * PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
    * lease the caller does not own; the stream ends, nothing is renewed).
+   *
+   * Calls on the stream: Acquire, Release and Withdraw may also be sent as
+   * messages on this stream (KeepAliveRequest.acquire/.release/.withdraw
+   * with a request_id), answered by one KeepAliveResponse with the same
+   * request_id: `acquired`/`released`/`withdrawn`, or `failed` with the
+   * status the unary call would have ended with. Same semantics, checks
+   * (access policy, ownership, limits) and errors as the unary calls, one
+   * gRPC message each way instead of a call: the fast path under load. A
+   * coordinator that serves them says so in the stream's initial metadata
+   * (`fencepost-stream-calls: acquire,release,withdraw`); a client that does
+   * not see it uses the unary calls. Answers come in any order. A `cancel`
+   * abandons a waiting acquire as a cancelled unary Acquire would be (its
+   * key is kept for a moment for a retry, then deleted; Withdraw removes it
+   * at once); a stream that ends cancels every call still running on it.
+   * An invalid call message is answered `failed` (INVALID_ARGUMENT), and
+   * the stream goes on.
    *
    * @generated from rpc fencepost.v1.LockService.KeepAlive
    */
