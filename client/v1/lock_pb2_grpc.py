@@ -210,8 +210,12 @@ class LockServiceServicer:
         gRPC message each way instead of a call: the fast path under load. A
         coordinator that serves them says so in the stream's initial metadata
         (`fencepost-stream-calls: acquire,release,withdraw`); a client that does
-        not see it uses the unary calls. Answers come in any order. A `cancel`
-        abandons a waiting acquire as a cancelled unary Acquire would be (its
+        not see it uses the unary calls. Answers come in any order.
+        A grant on the stream is watched on that stream at once, as if a
+        `watch` had followed it (its end is told by HoldEnded), and a release
+        on the stream that succeeds drops that watch: no watch or unwatch
+        message is needed (after a reconnect, send `watch` again as usual).
+        A `cancel` abandons a waiting acquire as a cancelled unary Acquire would be (its
         key is kept for a moment for a retry, then deleted; Withdraw removes it
         at once); a stream that ends cancels every call still running on it.
         An invalid call message is answered `failed` (INVALID_ARGUMENT), and
