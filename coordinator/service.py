@@ -30,7 +30,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -56,7 +56,7 @@ from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
 from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
-from .stream_calls import CALLS_METADATA
+from .stream_calls import CALLS_METADATA, wrapped_calls
 from .validate import validate_lease_id, validate_name, validate_token, wait_seconds
 from .watch import DeleteWatcher
 
@@ -148,6 +148,12 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._holds = HoldTracker(watcher, keys.contender, locks.hold_exists, locks.lease_alive, metrics=metrics)
         self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds)
         self.closing = asyncio.Event()
+        self._stream_calls = wrapped_calls(self, ())
+
+    def intercepted_by(self, interceptors: Sequence[Any]) -> None:
+        """Serve the calls sent on KeepAlive streams through the server's ``interceptors`` (outermost first),
+        so that they are traced and counted as the unary calls are."""
+        self._stream_calls = wrapped_calls(self, interceptors)
 
     @property
     def open_streams(self) -> int:
@@ -436,7 +442,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
                                  metrics=self._metrics, released=self._released, kept=self._kept,
                                  on_keepalive=self._limits.kept_alive, owners=self._owners,
-                                 caller=caller_of(context), service=self, context=context, **who)
+                                 caller=caller_of(context), calls=self._stream_calls, context=context, **who)
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()
