@@ -299,7 +299,8 @@ class _Supervisor:
             process = worker.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", "import sys; from fencepost.coordinator.workers import worker_main; "
                                       "sys.exit(worker_main(sys.argv[1:]))",
-                str(os.getpid()), *self._argv, stdout=asyncio.subprocess.PIPE, start_new_session=True)
+                str(os.getpid()), *self._argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                start_new_session=True)
             if self._stopping:  # the signal came while it was being started
                 process.send_signal(signal.SIGTERM)
             assert process.stdout is not None

@@ -86,6 +86,14 @@ async def test_workers_serve_from_every_worker(workers: ChildProcess) -> None:
     assert len(pids) == 2 and all(_alive(pid) for pid in pids) and os.getpid() not in pids
     assert len(await _instances(address, 2)) == 2
     assert sum(1 for line in workers.output if LISTENING.search(line)) == 1, workers.output
+    for more in (["--workers", "2"], []):  # the port is theirs: another serve, with workers or not, cannot join
+        other = subprocess.run([*_serve_argv("--etcd-endpoints", "127.0.0.1:1", *more), "--listen", address],
+                               capture_output=True, text=True, timeout=30, env=child_env())
+        assert other.returncode == 1 and "address already in use" in other.stderr, other
+    workers.signal(signal.SIGHUP)  # goes to each worker
+    for _ in (1, 2):
+        await workers.await_line(r"fencepost: worker [12]: SIGHUP: no TLS files to reload", 10)
+    assert {line.split(":")[1] for line in workers.output if "SIGHUP: no TLS" in line} == {" worker 1", " worker 2"}
     assert workers.terminate(30) == 0, workers.log_tail()
 
 
