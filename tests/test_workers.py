@@ -150,6 +150,17 @@ async def _gone(pid: int, timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
+def test_workers_when_a_worker_cannot_start(etcd: EmbeddedEtcd) -> None:
+    """A worker that exits before it listens (here: etcd refuses its credentials) stops the start: exit 1."""
+    env = {**child_env(), "FENCEPOST_ETCD_PASSWORD": "not-used"}  # the test etcd has no auth: it refuses any user
+    result = subprocess.run(_serve_argv("--workers", "2", "--etcd-endpoints", etcd.endpoint, "--etcd-user", "nobody"),
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1, result
+    assert re.search(r"fencepost: worker [12] \(pid \d+\) exited with status 1 before it listened; stopping the "
+                     r"others", result.stdout), result.stdout
+    assert "listening on" not in result.stdout and "etcd refused the coordinator's credentials" in result.stderr
+
+
 def _refused(argv: list[str], env: dict[str, str] | None = None) -> str:
     """Run `fencepost serve ARGV`, expect exit 2 with one line on stderr and nothing started; returns the line."""
     result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", *argv], capture_output=True,
