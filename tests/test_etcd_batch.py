@@ -124,6 +124,19 @@ def _tracking(grant: Any, granted: list[int]) -> Any:
     return leases
 
 
+class Headers:
+    """A HeaderWatch (what the token floor implements) that keeps every revision it is shown."""
+
+    def __init__(self) -> None:
+        self.revisions: set[int] = set()
+
+    def mark(self) -> int:
+        return 0
+
+    def seen(self, mark: int, header: Any) -> None:
+        self.revisions.add(int(header.revision))
+
+
 async def create_revision(client: Etcd3Client, key: bytes) -> int:
     assert client.kv is not None
     resp = await client.kv.get(key, timeout=5)
@@ -145,6 +158,7 @@ def test_ops_needed_when_nested() -> None:
 
 async def test_lock_txns_when_concurrent_on_distinct_names_go_in_batches(lm: Locks, etcd_client: Etcd3Client) -> None:
     """40 clients acquire and release 40 names three times at once: every answer right, far fewer etcd Txns."""
+    headers = lm.etcd.headers = Headers()
     n = 40
     names = [f"n{i}" for i in range(n)]
     leases = await lm.leases(n)
@@ -163,6 +177,8 @@ async def test_lock_txns_when_concurrent_on_distinct_names_go_in_batches(lm: Loc
             assert isinstance(revision, int) and revision > tokens[name][-1], revision
     for name in names:
         assert tokens[name] == sorted(set(tokens[name])), tokens[name]  # strictly increasing per name
+    # The token floor saw the header of each batch: every token handed out is a revision it saw.
+    assert {t for ts in tokens.values() for t in ts} <= headers.revisions
     sent, carried = lm.batches[0] - sent, lm.batches[1] - carried
     assert carried == 6 * n
     assert lm.etcd_txns - txns == sent < carried / 4, (sent, carried)  # one etcd Txn per batch
@@ -293,3 +309,17 @@ async def test_lock_txn_when_its_caller_is_cancelled_or_times_out_while_queued_i
         assert await create_revision(etcd_client, lm.keys.contender(f"c{i}", leases[i])) == held[i].token
     for i in (0, 1, 4, 5):
         assert isinstance(results[i], int) and results[i] > held[i].token
+
+
+@pytest.mark.parametrize(("value", "parsed"), [("0", 0), ("64", 64), ("1024", 1024), ("-1", None), ("x", None),
+                                               ("1025", None)])
+def test_serve_etcd_batch_max_when_given(value: str, parsed: int | None, capsys: pytest.CaptureFixture[str]) -> None:
+    """`serve --etcd-batch-max` takes 0 (no batching) to 1024; anything else exits 2 naming the flag."""
+    from fencepost.coordinator.serve import build_parser
+
+    if parsed is not None:
+        assert build_parser().parse_args(["--etcd-batch-max", value]).etcd_batch_max == parsed
+        return
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--etcd-batch-max", value])
+    assert info.value.code == 2 and "--etcd-batch-max" in capsys.readouterr().err

@@ -44,7 +44,10 @@ The rules that make batching safe and invisible to the lock algorithm:
    as without batching). While a Txn or a batch is in flight, requests
    queue; when it returns, everything queued (up to ``max_requests`` and the
    ``--max-txn-ops`` budget) goes as the next batch: one Txn in flight at a
-   time, no timer anywhere.
+   time, no timer anywhere. The next batch is formed one pass of the event
+   loop after the answer (``call_soon``), so that requests whose tasks are
+   already ready to run join it (measured: larger batches and less CPU per
+   request at 64 clients than forming it at once).
 3. **Each part of the answer looks like the answer alone.** Request i gets
    ``responses[i].response_txn`` (its own ``succeeded`` and ``responses``)
    with the batch's header copied in, so its ``decide`` is unchanged. Its
@@ -216,8 +219,7 @@ class TxnBatcher:
             try:
                 return await self._alone(plan)  # type: ignore[no-any-return]
             finally:
-                self._busy = False
-                self._flush()
+                self._after()
         loop = asyncio.get_running_loop()
         left = deadline.left()
         member = _Member(plan, lock, loop.create_future(), left)
@@ -277,6 +279,12 @@ class TxnBatcher:
         self._queue = kept
         return batch
 
+    def _after(self) -> None:
+        """The lone Txn or the batch in flight returned: send what is queued, one loop pass later."""
+        self._busy = False
+        if self._queue and not self._closed:
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
         """With nothing in flight, send what is queued: alone if one request, else as one batch."""
         if self._busy or not self._queue or self._closed:
@@ -299,15 +307,14 @@ class TxnBatcher:
         try:
             await self._answer(member, self._alone(member.plan))
         finally:
-            self._busy = False
-            self._flush()
+            self._after()
 
     async def _send_batch(self, batch: list[_Member]) -> None:
         resp: rpc_pb2.TxnResponse | None = None
         refusal: FencepostError | None = None
         try:
-            ends = [member.end for member in batch]
-            limit = None if None in ends else max(ends) - time.monotonic()  # type: ignore[type-var, operator]
+            ends = [member.end for member in batch if member.end is not None]
+            limit = max(ends) - time.monotonic() if len(ends) == len(batch) else None  # the latest deadline
             request = rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_txn=m.plan.request) for m in batch])
             with deadline.unbounded(), deadline.bounded(limit):
                 resp = await self._batch(request)
@@ -318,8 +325,7 @@ class TxnBatcher:
                 member.finish(error=etcd_unavailable(f"etcd: the batch of lock Txns failed: {exc!r}"))
             raise
         finally:
-            self._busy = False
-            self._flush()
+            self._after()
         if refusal is not None:
             self._refused(batch, refusal)
         elif resp is None or len(resp.responses) != len(batch):
