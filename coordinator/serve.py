@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"etcd key prefix of all locks (env FENCEPOST_PREFIX; default {DEFAULT_PREFIX})")
     parser.add_argument("--grace-seconds", default=_env("grace-seconds", "5"),
                         help="seconds in-flight calls may take at shutdown (env FENCEPOST_GRACE_SECONDS; default 5)")
+    parser.add_argument("--etcd-batch-max", default=_env("etcd-batch-max", "64"), type=_batch_max, metavar="N",
+                        help="most lock Txns (Acquire, Release, Withdraw) of different locks sent to etcd as one "
+                             "Txn when they arrive while one is in flight; 0 sends each alone (env "
+                             "FENCEPOST_ETCD_BATCH_MAX; default 64; at most 1024, and etcd's --max-txn-ops, 128)")
     parser.add_argument("--log-level", default=_env("log-level", "INFO"),
                         help="logging level (env FENCEPOST_LOG_LEVEL; default INFO; DEBUG adds each grant, "
                              "release and lease)")
@@ -152,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_arguments(parser, _env)
     add_process_arguments(parser, _env)
     return parser
+
+
+def _batch_max(value: str) -> int:
+    """The value of --etcd-batch-max: a whole number, 0 to 1024."""
+    if not value.strip().isdigit() or int(value) > 1024:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number from 0 (no batching) to 1024")
+    return int(value)
 
 
 def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
@@ -566,7 +577,8 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
                                   etcd_embedded=settings.endpoints is None,
                                   tracer_provider=traces.provider if traces is not None else None,
                                   trace_lock_names=settings.trace_lock_names, policy=settings.policy,
-                                  limits=settings.limits, server_options=server_options)
+                                  limits=settings.limits, server_options=server_options,
+                                  etcd_batch_max=args.etcd_batch_max)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
