@@ -46,7 +46,7 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
             peers = list(next(iter(table.values())))
             rows = [[k] + [_err(table[n][k]) or f"{_num(table[n][k]['cycles_per_s'], 0)} ({_num(table[n][k]['ratio'], 2)})"
                            for n in table] for k in peers]
-            lines += [f"{title.capitalize()}:", ""] + _table(["peer", *(f"{n} users" for n in table)], rows,
+            lines += [f"{title.capitalize()}:", ""] + _table(["peer", *(f"{n} user{'s' if n != '1' else ''}" for n in table)], rows,
                                                              "l" + "r" * len(table))
         if "p1-cycles.png" in names:
             lines += ["![P1](p1-cycles.png)", ""]
@@ -62,7 +62,7 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
                 rows.append([k, _num(a["p50"], 2), _num(a["p99"], 2), _num(a["p99.9"], 2), _num(a["ratio_p50"], 2),
                              _num(r["p50"], 2), _num(r["p99"], 2), _num(r["p99.9"], 2), _num(r["ratio_p50"], 2),
                              _num(e["samples"], 0)])
-            lines += [f"{n} users:", ""] + _table(
+            lines += [f"{n} user{'s' if n != '1' else ''}:", ""] + _table(
                 ["peer", "acquire p50", "p99", "p99.9", "p50 ratio", "release p50", "p99", "p99.9", "p50 ratio",
                  "cycles"], rows, "lrrrrrrrrr")
         if "p2-latency.png" in names:
@@ -211,6 +211,8 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
         for ax, title, unit in zip(axes, ("CPU", "coordinator RSS per 1,000 leases", "keepalive round trip p99"),
                                    ("cores", "KiB", "ms"), strict=True):
             ax.set_xscale("log")
+            if unit == "ms":
+                ax.set_yscale("log")
             ax.set_xlabel("leases")
             ax.set_ylabel(unit)
             ax.set_title(f"P4 {title}")
