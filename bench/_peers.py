@@ -15,7 +15,7 @@ in threads of the bench process, so they share its GIL.
   watches it for deletion); one deletes the key if its create revision is the
   token. **The baseline of every ratio.**
 - ``etcd3aio-direct``: the same two Txns through etcd3aio's public API
-  (uncontended only; the old baseline, kept for bench/cycles.py).
+  (uncontended only; the old baseline of bench/cycles.py, not in the suite).
 - ``etcd3aio-lock``: etcd3aio's own Lock recipe (a lease granted and revoked
   per lock), all users on one Etcd3Client.
 - ``redis-lock``: redis-py's ``Lock`` (SET NX PX, a Lua release; waiters poll

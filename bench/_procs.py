@@ -10,6 +10,7 @@ all at the end.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -20,9 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-#: How the coordinator's event loop is chosen: ``FENCEPOST_LOOP=uvloop`` in its environment. The coordinator
-#: does not read it yet (issue 11, "uvloop when installed"); the bench sets it, and passes ``--loop uvloop``
-#: too once ``fencepost serve --help`` lists that flag. This is the hook the uvloop work plugs into.
+#: The environment variable of ``fencepost serve --loop``: the bench sets both, so that a coordinator whose
+#: default is ``auto`` (uvloop when installed) runs the loop the bench was asked for, and an older one
+#: without the flag is told through its environment.
 LOOP_ENV = "FENCEPOST_LOOP"
 
 
@@ -86,6 +87,7 @@ class Children:
             stop(self._procs.pop())
 
 
+@functools.cache
 def serve_flags() -> str:
     """``fencepost serve --help``, to see which flags this coordinator has."""
     return subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", "--help"],
@@ -100,8 +102,8 @@ def start_coordinator(endpoint: str, prefix: str, *extra: str, loop: str = "asyn
         endpoint: etcd ``HOST:PORT``.
         prefix: the etcd key prefix of its locks.
         extra: more ``fencepost serve`` flags.
-        loop: "asyncio" or "uvloop": with "uvloop", ``FENCEPOST_LOOP=uvloop``
-            is set in its environment (and ``--loop uvloop`` passed when serve has it).
+        loop: "asyncio", "uvloop" or "auto": set as ``FENCEPOST_LOOP`` in its
+            environment and passed as ``--loop`` when serve has that flag.
         stderr: where its stderr goes (None: inherited).
 
     Returns:
@@ -110,12 +112,8 @@ def start_coordinator(endpoint: str, prefix: str, *extra: str, loop: str = "asyn
     Raises:
         RuntimeError: it exited before saying where it listens.
     """
-    env = dict(os.environ)
-    flags = list(extra)
-    if loop != "asyncio":
-        env[LOOP_ENV] = loop
-        if "--loop" in serve_flags():
-            flags += ["--loop", loop]
+    env = {**os.environ, LOOP_ENV: loop}
+    flags = ["--loop", loop, *extra] if "--loop" in serve_flags() else list(extra)
     proc = subprocess.Popen(
         [sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
          "--etcd-endpoints", endpoint, "--prefix", prefix, "--log-level", "WARNING", *flags],

@@ -130,6 +130,8 @@ class Suite:
         if self.args.loop != "asyncio" and "--loop" not in _procs.serve_flags():
             say(f"note: {_procs.LOOP_ENV}={self.args.loop} is set for the coordinator, but this `fencepost serve` "
                 "has no --loop flag: unless it reads the variable, it runs on asyncio's loop")
+        elif self.args.loop == "asyncio":
+            say("coordinator loop: asyncio (--loop uvloop for uvloop)")
         if not need_peers:
             self.peers = {"etcd-direct": EtcdDirect(self.endpoint, self.prefix),
                           "fencepost-async": FencepostAsync(address)}
@@ -378,8 +380,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--etcd-endpoints", help="use this etcd instead of embedded ones")
     p.add_argument("--coordinator-arg", action="append", default=[],
                    help="a flag for `fencepost serve` (repeatable: --coordinator-arg=--workers --coordinator-arg=2)")
-    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
-                   help=f"the coordinator's event loop (sets {_procs.LOOP_ENV}; see bench/_procs.py)")
+    p.add_argument("--loop", choices=["asyncio", "uvloop", "auto"], default="asyncio",
+                   help="the coordinators' event loop: serve --loop (and env "
+                        f"{_procs.LOOP_ENV}); default asyncio, whatever serve's own default")
     p.add_argument("--peers", type=lambda s: s.split(","), help=f"peers to run (default all: {','.join(PEERS)})")
     p.add_argument("--seconds", type=float, help="seconds per P1 measurement (default 5; --quick 1)")
     p.add_argument("--clients", type=int, action="append", help="P1 user counts (repeatable)")
