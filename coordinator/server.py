@@ -303,6 +303,7 @@ class Coordinator:
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about,
                                     access=self._access, limits=self.limits)
         self._service.intercepted_by(interceptors)
+        self._service.loop_lag.start()
         server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
         add_lock_service(self._service, server)  # the generated registration, checking UTF-8
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -54,6 +54,7 @@ from .sessions import list_sessions
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
+from .overload import LoopLag
 from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
 from .stream_calls import CALLS_METADATA, wrapped_calls
@@ -146,7 +147,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._released = RecentReleases()
         self._kept = KeptLeases(metrics)
         self._holds = HoldTracker(watcher, keys.contender, locks.hold_exists, locks.lease_alive, metrics=metrics)
-        self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds)
+        self.loop_lag = LoopLag(metrics)  # started by the server (not started: 0, never refuses)
+        self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds,
+                                    loop_lag=lambda: self.loop_lag.seconds)
         self.closing = asyncio.Event()
         self._stream_calls = wrapped_calls(self, ())
 
@@ -165,8 +168,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self.closing.set()
 
     async def close(self) -> None:
-        """Stop following the holds granted here (after the server stopped)."""
+        """Stop following the holds granted here and measuring the loop's lag (after the server stopped)."""
         await self._holds.close()
+        await self.loop_lag.close()
 
     async def _refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError, call: str, *,
                       log: bool = True) -> None:
