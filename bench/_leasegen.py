@@ -70,6 +70,8 @@ class Generator:
         self.lag = 0.0
         self.dead_acks: set[int] = set()
         self.stop = False
+        self.refusals = 0  # LeaseGrant calls the coordinator refused (overloaded), each asked again after 1 s
+        self.grant_until = math.inf
 
     async def grant_all(self) -> None:
         n, ttl = self.args.leases, self.args.ttl
@@ -80,7 +82,18 @@ class Generator:
             fp, etcd = lock_pb2_grpc.LockServiceStub(channel), rpc_pb2_grpc.LeaseStub(channel)
             for _ in next_index:
                 if self.fencepost:
-                    r = await fp.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=ttl), timeout=60)
+                    while True:
+                        if time.monotonic() > self.grant_until:
+                            return  # the coordinator kept refusing: measure the leases it granted
+                        try:
+                            r = await fp.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=ttl), timeout=60)
+                            break
+                        except grpc.aio.AioRpcError as err:
+                            if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                                raise
+                            # Refused (overloaded: --max-lag): wait as its RetryInfo says (1 s) and ask again.
+                            self.refusals += 1
+                            await asyncio.sleep(1.0)
                     lease, secret = r.lease_id, r.lease_secret
                 else:
                     lease, secret = (await etcd.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=ttl), timeout=60)).ID, ""
@@ -159,6 +172,7 @@ class Generator:
     async def run(self) -> dict[str, Any]:
         streams = [asyncio.create_task(self.stream(s)) for s in range(self.args.streams)]
         started = time.monotonic()
+        self.grant_until = started + self.args.grant_seconds
         await self.grant_all()
         granted_in = time.monotonic() - started
         say(f"granted {len(self.leases)} {granted_in:.1f}")
@@ -183,7 +197,8 @@ class Generator:
             return round(rtts[min(len(rtts) - 1, int(q / 100 * len(rtts)))] * 1e3, 3) if rtts else None
 
         return {
-            "mode": self.args.mode, "leases": len(kept), "ttl_seconds": self.args.ttl,
+            "mode": self.args.mode, "leases": len(kept), "asked": self.args.leases,
+            "grant_refusals": self.refusals, "ttl_seconds": self.args.ttl,
             "streams": self.args.streams, "grant_seconds": round(granted_in, 1),
             "window_seconds": round(self.window, 2), "renewals_sent": self.sent,
             "renewals_per_second": round(self.sent_in_window / self.window, 1),
@@ -215,6 +230,9 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=8, help="connections (default 8)")
     parser.add_argument("--grant-concurrency", type=int, default=256, help="LeaseGrant calls in flight")
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured once steady (default 20)")
+    parser.add_argument("--grant-seconds", type=float, default=120.0,
+                        help="stop granting after this long (a coordinator refusing new leases while overloaded); "
+                             "the leases granted by then are measured (default 120)")
     args = parser.parse_args()
 
     async def go() -> dict[str, Any]:

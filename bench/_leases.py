@@ -32,7 +32,7 @@ from fencepost.coordinator.embedded import EmbeddedEtcd
 
 GENERATOR = str(Path(__file__).with_name("_leasegen.py"))
 #: The coordinator flags of this figure: no per-caller or total lease limit, no LeaseGrant rate limit.
-LIMITS_OFF = ["--max-leases-per-caller", "0", "--max-leases", "0", "--max-lease-grant-rate", "0"]
+LIMITS_OFF = ["--max-leases-per-caller", "0", "--max-leases", "0", "--max-lease-grant-rate", "0"]  # not --max-lag
 
 
 async def leases_kept(mode: str, n: int, window: float, ttl: int, endpoint: str | None, coordinator_args: list[str],

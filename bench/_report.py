@@ -84,12 +84,17 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
                     rows.append([_num(int(n), 0), mode, _err(e) or ""] + [""] * 9)
                     continue
                 c = e["cores"]
-                rows.append([_num(int(n), 0), mode, _num(e["renewals_per_second"], 0), _num(c.get("coordinator"), 3),
+                kept = e.get("leases", int(n))
+                leases = _num(int(n), 0) if kept == int(n) else f"{_num(kept, 0)} of {_num(int(n), 0)} asked"
+                grant = _num(e["grant_seconds"], 1)
+                if e.get("grant_refusals"):
+                    grant += f" ({_num(e['grant_refusals'], 0)} refused: overloaded)"
+                rows.append([leases, mode, _num(e["renewals_per_second"], 0), _num(c.get("coordinator"), 3),
                              _num(c.get("etcd"), 3), _num(c.get("generator"), 3),
                              _num(e.get("coordinator_rss_kib_per_1000_leases"), 0),
                              f"{_num(e['rtt_ms']['p50'], 1)} / {_num(e['rtt_ms']['p99'], 1)}",
                              _num(e.get("ratio_rtt_p99"), 2), _num(e.get("ratio_server_cores"), 2),
-                             str(e["spurious_expiries"]), _num(e["grant_seconds"], 1)])
+                             str(e["spurious_expiries"]), grant])
         lines += _table(["leases", "kept by", "renewals/s", "coordinator cores", "etcd cores", "generator cores",
                          "coordinator RSS KiB / 1,000 leases", "keepalive RTT p50 / p99 ms", "RTT p99 ratio",
                          "server cores ratio", "spurious expiries", "grant s"], rows, "llrrrrrrrrrr")

@@ -32,8 +32,9 @@ fencepost_etcd_errors_total         counter    operation, code     etcd requests
 fencepost_etcd_batch_size           histogram                      lock Txns per etcd Txn sent for them (1:
                                                                    alone; see etcd/batch.py)
 fencepost_watch_restarts_total      counter                        restarts of the lock watch
-fencepost_event_loop_lag_seconds    gauge                          how late the event loop ran, the largest in
-                                                                   the last 2 s (see overload.py)
+fencepost_lag_seconds               gauge                          how far behind: the event loop's lateness or
+                                                                   the oldest keepalive's wait for etcd, the
+                                                                   largest in the last 2 s (see overload.py)
 ==================================  =========  ==================  ==============================================
 
 ``docs/operations.md`` ("Metrics") explains each one. :data:`NO_METRICS`
@@ -199,9 +200,10 @@ class LockMetrics:
         self._watch_restarts = Counter("fencepost_watch_restarts_total",
                                        "Restarts of the coordinator's watch of the lock prefix (etcd failure or "
                                        "compaction).", registry=registry)
-        self._loop_lag = Gauge("fencepost_event_loop_lag_seconds",
-                               "How much later than asked the coordinator's event loop ran a timer, the largest "
-                               "in the last 2 s: above --max-loop-lag, LeaseGrant is refused.", registry=registry)
+        self._loop_lag = Gauge("fencepost_lag_seconds",
+                               "How far behind the coordinator is: the larger of its event loop's lateness and the "
+                               "wait of the oldest keepalive forwarded to etcd, the largest in the last 2 s; above "
+                               "--max-lag, LeaseGrant is refused.", registry=registry)
 
     def prefix_of(self, name: str) -> str:
         """The ``prefix`` label of lock ``name``: the longest configured prefix it starts with, else ""."""
@@ -288,7 +290,7 @@ class LockMetrics:
         self._watch_restarts.inc()
 
     def loop_lag(self, seconds: float) -> None:
-        """The event loop's lateness is now ``seconds`` (see :mod:`.overload`)."""
+        """The coordinator is now ``seconds`` behind (see :mod:`.overload`)."""
         self._loop_lag.set(seconds)
 
 

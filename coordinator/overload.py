@@ -1,18 +1,22 @@
-"""How late the coordinator's event loop runs: the sign that it cannot keep up.
+"""How far behind the coordinator is: the sign that it cannot keep up.
 
-A coordinator is one Python process: past what one core can do, work waits
-in its event loop, and the first victims are the keepalives of live leases
-(a keepalive answered after its lease's TTL is a lease lost, a spurious
-expiry). :class:`LoopLag` wakes every :data:`INTERVAL` seconds and measures
-how much later than asked it ran: near 0 while the loop keeps up, growing
-while work piles up. The limit ``--max-loop-lag`` (:mod:`.limits`) refuses
-new leases (LeaseGrant, RESOURCE_EXHAUSTED / LIMIT_EXCEEDED with a
-RetryInfo) while the lag is above it, so that the leases already granted
-keep being renewed: under overload, new work is refused and live leases
-do not die. Keepalives, releases and revokes are always served.
+A coordinator is one Python process: past what one core can do, work waits,
+and the first victims are the keepalives of live leases (a keepalive
+answered after its lease's TTL is a lease lost, a spurious expiry).
+:class:`LoopLag` wakes every :data:`INTERVAL` seconds and measures two
+things: how much later than asked it ran (the event loop's lateness), and
+how long the oldest keepalive forwarded to etcd has waited for its answer
+(a backlog of keepalives, queued here or at a slow etcd; the loop can be on
+time while thousands of them wait). Both stay near 0 while the coordinator
+keeps up and grow while work piles up. The limit ``--max-lag``
+(:mod:`.limits`) refuses new leases (LeaseGrant, RESOURCE_EXHAUSTED /
+LIMIT_EXCEEDED with a RetryInfo) while the larger of the two is above it,
+so that the leases already granted keep being renewed: under overload, new
+work is refused and live leases do not die. Keepalives, releases and
+revokes are always served.
 
-The figure is the largest lateness seen in the last :data:`WINDOW` seconds
-(a single late wake-up counts for that long), in ``fencepost_event_loop_lag_seconds``.
+The figure is the largest seen in the last :data:`WINDOW` seconds (a single
+late wake-up counts for that long), in ``fencepost_lag_seconds``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 
 from .lock_metrics import NO_METRICS, LockMetrics
 
@@ -33,17 +38,20 @@ WINDOW = 2.0
 
 
 class LoopLag:
-    """Measures the event loop's lateness in a background task.
+    """Measures how far behind the coordinator is, in a background task.
 
     Args:
-        metrics: where the figure is set (``fencepost_event_loop_lag_seconds``).
+        metrics: where the figure is set (``fencepost_lag_seconds``).
+        waiting: the age of the oldest keepalive waiting for etcd, seconds
+            (:attr:`.etcd.EtcdClient.keepalive_waiting_seconds`); none: only the loop's lateness.
         interval: seconds between measurements.
         window: seconds a measured lateness counts for.
     """
 
-    def __init__(self, metrics: LockMetrics = NO_METRICS, *, interval: float = INTERVAL,
-                 window: float = WINDOW) -> None:
+    def __init__(self, metrics: LockMetrics = NO_METRICS, *, waiting: Callable[[], float] = lambda: 0.0,
+                 interval: float = INTERVAL, window: float = WINDOW) -> None:
         self._metrics = metrics
+        self._waiting = waiting
         self._interval = interval
         self._window = window
         self._samples: deque[tuple[float, float]] = deque()  # (when, lateness), lateness decreasing
@@ -51,7 +59,7 @@ class LoopLag:
 
     @property
     def seconds(self) -> float:
-        """The largest lateness of the loop in the last ``window`` seconds (0.0 before the first measurement)."""
+        """The largest lag measured in the last ``window`` seconds (0.0 before the first measurement)."""
         self._expire(time.monotonic())
         return self._samples[0][1] if self._samples else 0.0
 
@@ -86,4 +94,4 @@ class LoopLag:
         while True:
             asked = loop.time() + self._interval
             await asyncio.sleep(self._interval)
-            self.record(max(0.0, loop.time() - asked))
+            self.record(max(0.0, loop.time() - asked, self._waiting()))

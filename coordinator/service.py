@@ -147,7 +147,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._released = RecentReleases()
         self._kept = KeptLeases(metrics)
         self._holds = HoldTracker(watcher, keys.contender, locks.hold_exists, locks.lease_alive, metrics=metrics)
-        self.loop_lag = LoopLag(metrics)  # started by the server (not started: 0, never refuses)
+        # started by the server (not started: 0, never refuses)
+        self.loop_lag = LoopLag(metrics, waiting=lambda: locks.etcd.keepalive_waiting_seconds)
         self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds,
                                     loop_lag=lambda: self.loop_lag.seconds)
         self.closing = asyncio.Event()

@@ -405,6 +405,11 @@ class EtcdClient:
             return -1, 0, []
         return int(resp.TTL), int(resp.grantedTTL), list(resp.keys)
 
+    @property
+    def keepalive_waiting_seconds(self) -> float:
+        """How long the oldest keepalive forwarded to etcd and not yet answered has waited, in seconds (0.0: none)."""
+        return self._keepalives.waiting_seconds
+
     async def keepalive(self, lease_id: int) -> int:
         """Forward one keepalive on the shared LeaseKeepAlive stream (see :mod:`.keepalive`).
 

@@ -124,6 +124,18 @@ class KeepAlives:
         failure = last.failure if last is not None else Failure.TIMEOUT
         raise error_for(failure, last.exc if last else None, Op.KEEPALIVE, lease_id=lease_id)
 
+    @property
+    def waiting_seconds(self) -> float:
+        """How long the oldest keepalive still waiting for etcd's answer has waited, in seconds (0.0: none waits).
+
+        Counted from when it was queued: a backlog in this process counts, as
+        well as a slow etcd.
+        """
+        sent = self._sent
+        while sent and sent[0][1].done():
+            sent.popleft()
+        return time.monotonic() - sent[0][0] if sent else 0.0
+
     async def close(self) -> None:
         """Stop the stream (leases are left alone)."""
         if self._task is not None:
