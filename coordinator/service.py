@@ -14,6 +14,10 @@ caller's identity may take the call's action (on its lock name), and is
 refused with PERMISSION_DENIED / ACCESS_DENIED otherwise; ListLocks shows
 only the locks the caller may describe.
 
+Acquire, Release and Withdraw are also served as messages on a KeepAlive
+stream (:mod:`.stream_calls`): the same methods below, given a context made
+from the stream and the message, answered on the stream.
+
 The admin calls (AdminRevoke, ListSessions) need the ``admin`` action, and
 an access policy: without one they are refused (PERMISSION_DENIED /
 ACCESS_DENIED), since a coordinator open to every caller would let anyone
@@ -52,6 +56,7 @@ from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
 from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
+from .stream_calls import CALLS_METADATA
 from .validate import validate_lease_id, validate_name, validate_token, wait_seconds
 from .watch import DeleteWatcher
 
@@ -431,13 +436,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
                                  metrics=self._metrics, released=self._released, kept=self._kept,
                                  on_keepalive=self._limits.kept_alive, owners=self._owners,
-                                 caller=caller_of(context), **who)
+                                 caller=caller_of(context), service=self, context=context, **who)
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()
         ended = "error"  # a failure of the stream
         refused: FencepostError | None = None
         try:
+            await context.send_initial_metadata((CALLS_METADATA,))  # Acquire, Release, Withdraw served on the stream
             async for response in stream.serve(request_iterator, self.closing):
                 yield response
             ended = "shutdown" if self.closing.is_set() else "half_closed"

@@ -16,6 +16,15 @@ lease (its certificate identity, or ``KeepAliveRequest.lease_secret``); the
 stream remembers the leases it verified. A lease that is not the caller's
 ends the stream with PERMISSION_DENIED / NOT_LEASE_OWNER, before anything is
 forwarded for it.
+
+Calls on the stream (:mod:`.stream_calls`): an ``acquire``, ``release`` or
+``withdraw`` message is served as its unary call would be, by the same
+servicer method, in a task of its own, and answered on the stream with its
+request id (``failed`` carrying the unary call's status). A grant on the
+stream is watched on it at once; a release on it that succeeds drops the
+watch without a HoldEnded (a deletion seen while the release runs is told
+only if the release then fails). ``cancel`` cancels a running acquire; the
+end of the stream cancels every call still running.
 """
 
 from __future__ import annotations
@@ -24,8 +33,11 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable
+from typing import Any
 
-from fencepost.client.errors import FencepostError, PermissionDenied
+import grpc
+
+from fencepost.client.errors import FencepostError, InvalidArgument, PermissionDenied
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold
@@ -38,6 +50,7 @@ from .lease import Leases
 from .lock import LockManager
 from .lock_metrics import NO_METRICS, LockMetrics
 from .ownership import Ownership
+from .stream_calls import CALLS, CallAborted, call_context, failed, invalid
 from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
@@ -136,6 +149,9 @@ class KeepAliveStream:
         trace_id: the stream call's trace id, for the log; None for none.
         owners: checks that the caller owns each lease it names; None to check nothing.
         caller: the stream's caller (its certificate identity), for ``owners``.
+        service: serves the calls sent on the stream (its ``Acquire``, ``Release``
+            and ``Withdraw`` methods: the LockService servicer); None to ignore them.
+        context: the stream's ``grpc.aio.ServicerContext`` (its certificate), for those calls.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
@@ -143,8 +159,14 @@ class KeepAliveStream:
                  released: RecentReleases | None = None, kept: KeptLeases | None = None,
                  on_keepalive: Callable[[int, int], None] | None = None,
                  peer: str | None = None, trace_id: str | None = None, owners: Ownership | None = None,
-                 caller: Caller | None = None) -> None:
+                 caller: Caller | None = None, service: Any = None, context: Any = None) -> None:
         self._on_keepalive = on_keepalive
+        self._service = service
+        self._context = context
+        self._peer = peer or ""
+        self._running: dict[int, tuple[str, asyncio.Task[None]]] = {}  # request id -> a call on the stream
+        self._releasing: dict[Hold, bool] = {}  # holds being released on the stream -> deletion seen meanwhile
+        self._ending = False
         self._owners = owners
         self._who = caller if caller is not None else Caller(None, peer or "")
         self._checks: dict[int, asyncio.Task[bool]] = {}  # lease id -> its ownership check on this stream
@@ -186,6 +208,8 @@ class KeepAliveStream:
                     self._refused.result()  # a lease the caller does not own: the stream is refused
                 if get in done:
                     yield get.result()
+                    while not self._out.empty():  # what else is ready goes without a wait each
+                        yield self._out.get_nowait()
                     continue
                 if reader in done:
                     reader.result()  # re-raise a reader failure
@@ -207,7 +231,11 @@ class KeepAliveStream:
         return len(self._holds)
 
     def close(self) -> None:
-        """Drop every hold watch and cancel pending forwards."""
+        """Drop every hold watch and cancel pending forwards and the calls still running on the stream."""
+        self._ending = True
+        for _, task in self._running.values():
+            task.cancel()
+        self._running.clear()
         for unsubscribe in self._holds.values():
             unsubscribe()
         self._metrics.watched_holds(-len(self._holds))
@@ -241,6 +269,12 @@ class KeepAliveStream:
                 else:
                     self._watching.add(hold)
                     self._spawn(self._watch_when_owned(hold, check))
+            elif kind in CALLS:
+                self._start_call(kind, request)
+            elif kind == "cancel":
+                running = self._running.get(request.cancel.request_id)
+                if running is not None and running[0] == "acquire":
+                    running[1].cancel()
             elif kind == "unwatch":
                 w = request.unwatch
                 hold = Hold(w.name, w.lease_id, w.token)
@@ -250,6 +284,75 @@ class KeepAliveStream:
                 if unsubscribe is not None:
                     self._metrics.watched_holds(-1)
                     unsubscribe()
+
+    def _start_call(self, kind: str, request: lock_pb2.KeepAliveRequest) -> None:
+        """Serve the call ``request`` carries in a task of its own (its answer goes on the stream)."""
+        request_id = request.request_id
+        if self._service is None:
+            return
+        if request_id in self._running:
+            self._out.put_nowait(invalid(request_id, InvalidArgument(
+                f"request_id {request_id} is in use by a call still running on this stream", field="request_id")))
+            return
+        try:
+            context = call_context(self._context, self._peer, request)
+        except InvalidArgument as exc:
+            self._out.put_nowait(invalid(request_id, exc))
+            return
+        task = asyncio.ensure_future(self._serve_call(kind, request_id, getattr(request, kind), context))
+        self._running[request_id] = (kind, task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            running = self._running.get(request_id)
+            if running is not None and running[1] is finished:
+                del self._running[request_id]
+
+        task.add_done_callback(done)
+
+    async def _serve_call(self, kind: str, request_id: int, message: Any, context: Any) -> None:
+        method, answer = CALLS[kind]
+        hold = Hold(message.name, message.lease_id, message.token) if kind == "release" else None
+        if hold is not None:
+            self._releasing[hold] = False
+        try:
+            response = await getattr(self._service, method)(message, context)
+        except CallAborted as exc:
+            self._release_failed(hold)
+            self._out.put_nowait(failed(request_id, exc.status))
+            return
+        except asyncio.CancelledError:
+            self._release_failed(hold)
+            if self._ending:
+                raise  # the stream ended: nobody to answer
+            self._out.put_nowait(lock_pb2.KeepAliveResponse(request_id=request_id, failed=lock_pb2.CallFailed(
+                code=grpc.StatusCode.CANCELLED.value[0], message="cancelled by the client")))
+            return
+        except BaseException:
+            self._release_failed(hold)
+            raise
+        if kind == "acquire" and response.acquired:
+            self._owned_here(message.lease_id)
+            self._watch(Hold(message.name, message.lease_id, response.token))
+        elif hold is not None:
+            del self._releasing[hold]
+            unsubscribe = self._holds.pop(hold, None)  # released: its end needs no HoldEnded
+            if unsubscribe is not None:
+                self._metrics.watched_holds(-1)
+                unsubscribe()
+                self._released.discard(hold)
+        self._out.put_nowait(lock_pb2.KeepAliveResponse(request_id=request_id, **{answer: response}))
+
+    def _release_failed(self, hold: Hold | None) -> None:
+        """A release on the stream failed: a deletion of its hold seen meanwhile is told now."""
+        if hold is not None and self._releasing.pop(hold, False):
+            self._ended(hold, ErrorReason.NOT_HOLDER)
+
+    def _owned_here(self, lease_id: int) -> None:
+        """``lease_id`` passed a call's ownership check: keepalives and watches of it on this stream are served."""
+        if self._owners is not None and lease_id not in self._checks:
+            passed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            passed.set_result(True)
+            self._checks[lease_id] = passed  # type: ignore[assignment]
 
     def _spawn(self, step: object) -> None:
         task = asyncio.ensure_future(step)  # type: ignore[arg-type]
@@ -340,7 +443,10 @@ class KeepAliveStream:
             if revision is None:
                 self._spawn(self._recheck(hold))
             elif revision > created:
-                self._ended(hold, ErrorReason.NOT_HOLDER)
+                if hold in self._releasing:
+                    self._releasing[hold] = True  # its release on this stream tells how it ended
+                else:
+                    self._ended(hold, ErrorReason.NOT_HOLDER)
 
         self._holds[hold] = self._watcher.subscribe(key, on_delete)
         self.hold_count += 1

@@ -5,12 +5,18 @@ The limits are the wire contract's (:mod:`fencepost.client.v1.keys`).
 
 from __future__ import annotations
 
+import re
+
 from fencepost.client.errors import InvalidArgument
 from fencepost.client.v1.keys import MAX_LEASE_ID, MAX_NAME_BYTES, MAX_TOKEN, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
 
 
 def _invalid(field: str, problem: str) -> InvalidArgument:
     return InvalidArgument(f"{field} {problem}", field=field)
+
+
+#: A control character (C0 or DEL), forbidden in lock names.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def validate_name(name: str) -> str:
@@ -30,7 +36,7 @@ def validate_name(name: str) -> str:
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > MAX_NAME_BYTES:
         raise _invalid("name", f"is {size} bytes; at most {MAX_NAME_BYTES} bytes of UTF-8")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+    if _CONTROL.search(name):
         raise _invalid("name", "must not contain control characters (NUL, newline, ...)")
     return name
 

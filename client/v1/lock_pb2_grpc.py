@@ -218,8 +218,10 @@ class LockServiceServicer:
         A `cancel` abandons a waiting acquire as a cancelled unary Acquire would be (its
         key is kept for a moment for a retry, then deleted; Withdraw removes it
         at once); a stream that ends cancels every call still running on it.
-        An invalid call message is answered `failed` (INVALID_ARGUMENT), and
-        the stream goes on.
+        An invalid call (a bad field, a request_id in use) is answered `failed`
+        (INVALID_ARGUMENT naming the field), and the stream goes on; a message
+        protobuf cannot decode (a string that is not UTF-8) ends the stream
+        with INVALID_ARGUMENT, as for a keepalive or watch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -194,8 +194,10 @@ class LockServiceStub:
     A `cancel` abandons a waiting acquire as a cancelled unary Acquire would be (its
     key is kept for a moment for a retry, then deleted; Withdraw removes it
     at once); a stream that ends cancels every call still running on it.
-    An invalid call message is answered `failed` (INVALID_ARGUMENT), and
-    the stream goes on.
+    An invalid call (a bad field, a request_id in use) is answered `failed`
+    (INVALID_ARGUMENT naming the field), and the stream goes on; a message
+    protobuf cannot decode (a string that is not UTF-8) ends the stream
+    with INVALID_ARGUMENT, as for a keepalive or watch.
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -375,8 +377,10 @@ class LockServiceAsyncStub(LockServiceStub):
     A `cancel` abandons a waiting acquire as a cancelled unary Acquire would be (its
     key is kept for a moment for a retry, then deleted; Withdraw removes it
     at once); a stream that ends cancels every call still running on it.
-    An invalid call message is answered `failed` (INVALID_ARGUMENT), and
-    the stream goes on.
+    An invalid call (a bad field, a request_id in use) is answered `failed`
+    (INVALID_ARGUMENT naming the field), and the stream goes on; a message
+    protobuf cannot decode (a string that is not UTF-8) ends the stream
+    with INVALID_ARGUMENT, as for a keepalive or watch.
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -589,8 +593,10 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         A `cancel` abandons a waiting acquire as a cancelled unary Acquire would be (its
         key is kept for a moment for a retry, then deleted; Withdraw removes it
         at once); a stream that ends cancels every call still running on it.
-        An invalid call message is answered `failed` (INVALID_ARGUMENT), and
-        the stream goes on.
+        An invalid call (a bad field, a request_id in use) is answered `failed`
+        (INVALID_ARGUMENT naming the field), and the stream goes on; a message
+        protobuf cannot decode (a string that is not UTF-8) ends the stream
+        with INVALID_ARGUMENT, as for a keepalive or watch.
         """
 
     @_abc_1.abstractmethod
