@@ -98,8 +98,9 @@ class AsyncLockClient:
     ``fencepost.lease_id``, ``fencepost.token``, ``fencepost.outcome``), with
     a CLIENT span ``fencepost.v1.LockService/<Method>`` per call attempt
     under them, whose W3C trace context goes to the coordinator in the call
-    metadata: one trace from the caller's span through the coordinator to
-    its etcd requests.
+    metadata (or, for a call on the KeepAlive stream, in its message): one
+    trace from the caller's span through the coordinator to its etcd
+    requests (a coordinator makes its SERVER span for unary calls only).
 
     TLS: with ``tls`` set, every channel is TLS. A connection whose TLS
     handshake fails is not retried until ``connect_timeout``: once every
