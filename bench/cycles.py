@@ -98,9 +98,20 @@ def start_coordinator(endpoint: str, prefix: str, *extra: str) -> tuple[subproce
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds so far of process ``pid`` and its live descendants (``serve --workers``; Linux /proc)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in tasks:
+        try:
+            children = open(f"/proc/{pid}/task/{task}/children").read().split()
+        except OSError:
+            continue
+        total += sum(cpu_seconds(int(child)) for child in children)
+    return total
 
 
 #: The kinds run when ``--kind`` is not given.
@@ -109,11 +120,17 @@ DEFAULT_KINDS = ["etcd-direct", "etcd3aio-direct", "etcd3aio-lock", "coordinator
 ON_REQUEST_KINDS = ["coordinator-client-unary", "coordinator-stub-metrics"]
 
 
-async def bench(endpoint: str, clients: list[int], seconds: float, only: list[str] | None = None
+async def bench(endpoint: str, clients: list[int], seconds: float, only: list[str] | None = None,
+                serve_args: list[str] | None = None, own_connections: bool = False
                 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Cycles per second by client count and kind, and the coordinator's CPU microseconds per cycle."""
+    """Cycles per second by client count and kind, and the coordinator's CPU microseconds per cycle.
+
+    ``serve_args`` go to ``fencepost serve`` (e.g. ``--workers 2``, ``--loop asyncio``); with
+    ``own_connections`` each stub client opens a connection of its own (else gRPC shares one between
+    channels to the same address, and so one ``--workers`` worker would serve them all).
+    """
     prefix = f"/bench/{uuid.uuid4().hex}/"
-    coordinator, address = start_coordinator(endpoint, prefix)
+    coordinator, address = start_coordinator(endpoint, prefix, *(serve_args or []))
     metered, metered_address = None, ""
     if only and "coordinator-stub-metrics" in only:
         metered, metered_address = start_coordinator(endpoint, prefix, "--metrics-listen", "127.0.0.1:0")
@@ -177,7 +194,8 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
         return cycle, close
 
     async def stub(i: int, target: str = address, kind: str = "stub") -> tuple[Cycle, Callable[[], Awaitable[None]]]:
-        channel = grpc.aio.insecure_channel(target)
+        channel = grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]
+                                            if own_connections else None)
         s = lock_pb2_grpc.LockServiceStub(channel)
         granted = await s.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=30))
         lease = granted.lease_id
@@ -252,13 +270,21 @@ def main() -> None:
     parser.add_argument("--kind", action="append", choices=[*DEFAULT_KINDS, *ON_REQUEST_KINDS],
                         help="run only this kind (repeatable; etcd-direct, the baseline, always runs; default: "
                              f"all but {' and '.join(ON_REQUEST_KINDS)})")
+    parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                        help="an argument for the coordinator's fencepost serve (repeatable), e.g. "
+                             "--serve-arg=--workers=2 or --serve-arg=--loop=asyncio")
+    parser.add_argument("--own-connections", action="store_true",
+                        help="give each coordinator-stub client a connection of its own (needed for serve --workers "
+                             "to spread them; by default gRPC shares one connection between the stub clients)")
     args = parser.parse_args()
     clients = args.clients or [1, 64]
     if args.etcd_endpoints:
-        results, cpu = asyncio.run(bench(args.etcd_endpoints, clients, args.seconds, args.kind))
+        results, cpu = asyncio.run(bench(args.etcd_endpoints, clients, args.seconds, args.kind, args.serve_arg,
+                                         args.own_connections))
     else:
         with tempfile.TemporaryDirectory() as tmp, EmbeddedEtcd(tmp) as etcd:
-            results, cpu = asyncio.run(bench(etcd.endpoint, clients, args.seconds, args.kind))
+            results, cpu = asyncio.run(bench(etcd.endpoint, clients, args.seconds, args.kind, args.serve_arg,
+                                             args.own_connections))
     print(f"{'clients':>7} {'kind':<24} {'cycles/s':>10} {'vs etcd-direct':>15} {'vs etcd3aio-direct':>18} "
           f"{'coordinator CPU us/cycle':>24}")
     for n, row in results.items():

@@ -100,7 +100,7 @@ class AsyncLockClient:
     under them, whose W3C trace context goes to the coordinator in the call
     metadata (or, for a call on the KeepAlive stream, in its message): one
     trace from the caller's span through the coordinator to its etcd
-    requests (a coordinator makes its SERVER span for unary calls only).
+    requests.
 
     TLS: with ``tls`` set, every channel is TLS. A connection whose TLS
     handshake fails is not retried until ``connect_timeout``: once every

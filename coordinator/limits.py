@@ -103,6 +103,10 @@ class Limits:
             (``--max-acquire-rate``).
         acquire_burst: Acquire calls one caller may make at once after a pause
             (``--max-acquire-burst``).
+        max_loop_lag: LeaseGrant is refused while this coordinator's event loop
+            runs later than this, in seconds (``--max-loop-lag``; see
+            :mod:`.overload`): past what its core can do, the keepalives of the
+            live leases come first. RetryInfo: 1 s.
         max_message_bytes: the largest request message the coordinator reads,
             in bytes, 1024 to 2**31 - 1 (``--max-message-bytes``); gRPC refuses a larger one with
             RESOURCE_EXHAUSTED before it reaches the service. The largest
@@ -120,6 +124,7 @@ class Limits:
     lease_grant_burst: int = 200
     acquire_rate: float = 10000.0
     acquire_burst: int = 20000
+    max_loop_lag: float = 0.5
     max_message_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
@@ -153,6 +158,7 @@ FLAGS: dict[str, str] = {
     "lease_grant_burst": "max-lease-grant-burst",
     "acquire_rate": "max-acquire-rate",
     "acquire_burst": "max-acquire-burst",
+    "max_loop_lag": "max-loop-lag",
     "max_message_bytes": "max-message-bytes",
 }
 
@@ -172,6 +178,8 @@ _HELP: dict[str, str] = {
     "lease_grant_burst": "LeaseGrant calls one caller may make at once after a pause; 1 or more",
     "acquire_rate": "Acquire calls per second of one caller, on average (RetryInfo says when to retry)",
     "acquire_burst": "Acquire calls one caller may make at once after a pause; 1 or more",
+    "max_loop_lag": "seconds: LeaseGrant refused while the event loop runs later than this (overloaded: the "
+                    "keepalives of live leases first; RetryInfo 1 s)",
     "max_message_bytes": "largest request message read, in bytes (gRPC refuses a larger one with "
                          "RESOURCE_EXHAUSTED); 1024 or more",
 }
@@ -313,12 +321,14 @@ class LimitTracker:
         holds: whether (lock name, lease id) is a hold granted here and not yet
             ended (:meth:`.holds.HoldTracker.holds`).
         clock: the monotonic clock, seconds (injected in tests).
+        loop_lag: how late the event loop runs now, seconds (:attr:`.overload.LoopLag.seconds`).
     """
 
     def __init__(self, limits: Limits, *, holds_of: Callable[[int], int] = lambda _lease_id: 0,
                  holds: Callable[[str, int], bool] = lambda _name, _lease_id: False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, loop_lag: Callable[[], float] = lambda: 0.0) -> None:
         self.limits = limits
+        self._loop_lag = loop_lag
         self._holds_of = holds_of
         self._holds = holds
         self._clock = clock
@@ -366,9 +376,17 @@ class LimitTracker:
 
         Raises:
             LimitExceeded: ``max-leases-per-caller``, ``max-leases``, or (with a
-                ``retry_delay``) ``max-lease-grant-rate``.
+                ``retry_delay``) ``max-lease-grant-rate`` or ``max-loop-lag``.
         """
         limits = self.limits
+        if limits.max_loop_lag:
+            lag = self._loop_lag()
+            if lag > limits.max_loop_lag:
+                exc = _exceeded("max_loop_lag", limits.max_loop_lag,
+                                f"this coordinator's event loop runs {lag:.3f} s late (overloaded); new leases "
+                                f"wait, the live ones are kept alive")
+                exc.retry_delay = OVERLOAD_RETRY_SECONDS
+                raise exc
         if not limits.max_leases_per_caller and not limits.max_leases:  # nothing to count: keep nothing
             self._rate(self._lease_rate, caller, "LeaseGrant")
             yield lambda _lease_id, _ttl_seconds: None
@@ -537,6 +555,10 @@ class LimitTracker:
 
 def _number(value: float) -> str:
     return f"{value:g}"
+
+
+#: The RetryInfo of a LeaseGrant refused for overload (``max-loop-lag``), in seconds.
+OVERLOAD_RETRY_SECONDS = 1.0
 
 
 def _exceeded(field: str, value: float, why: str, *, name: str | None = None,

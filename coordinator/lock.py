@@ -15,7 +15,10 @@ Costs with a lease granted beforehand: an uncontended acquire is one etcd
 Txn, a release one Txn. Every "is this still the holder" decision is made by
 a compare inside one Txn (:func:`fencepost.client.v1.etcdops.is_owner`),
 never by a read followed by a write. Every Txn goes through the etcd layer
-with a read-back that resolves it when its outcome is unknown.
+with a read-back that resolves it when its outcome is unknown. Each Txn of
+one lock (all its ops in that lock's key range) goes through
+:meth:`~.etcd.EtcdClient.lock_txn`, which sends concurrent ones of different
+locks to etcd as one Txn (:mod:`.etcd.batch`).
 """
 
 from __future__ import annotations
@@ -248,10 +251,10 @@ class LockManager:
         # The whole range compares to create revision 0 only when it is empty.
         # A cancelled call's Txn goes on (tracked: a Withdraw waits for it); a grant that reaches
         # nobody is withdrawn REATTACH_SECONDS later, unless the caller Acquires again meanwhile.
-        step = self._writing_step(key, self._etcd.txn(TxnPlan(
+        step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
             etcdops.txn([etcdops.is_free(lock)], [etcdops.put(key, lease_id=lease_id)], [etcdops.holder_of(lock)]),
             decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
-            name=name, lease_id=lease_id)))
+            name=name, lease_id=lease_id), lock))
         try:
             return await asyncio.shield(step)
         except asyncio.CancelledError:
@@ -291,10 +294,10 @@ class LockManager:
         # coordinator that stopped) is kept with its create revision, its place in the queue, and
         # written again: the new mod revision tells a pending deferred withdrawal that it was reattached.
         reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]
-        step = self._writing_step(key, self._etcd.txn(TxnPlan(
+        step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
             etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, lease_id=lease_id), etcdops.holder_of(lock)],
                         [etcdops.put(key, lease_id=lease_id), *reads]),
-            decide, reads, resolve, name=name, lease_id=lease_id)))
+            decide, reads, resolve, name=name, lease_id=lease_id), lock))
         try:
             my_rev, mod_rev, owner_rev = await asyncio.shield(step)
         except asyncio.CancelledError:
@@ -346,7 +349,7 @@ class LockManager:
                                        [etcdops.delete(key)]),
                            lambda resp: bool(resp.succeeded), [], lambda resp: True)
             try:
-                if await self._etcd.txn(plan):
+                if await self._etcd.lock_txn(plan, _lock_of(key)):
                     _log.debug("withdrew waiter key %r of an Acquire that ended without an answer", key)
             except FencepostError as exc:
                 _log.warning("could not withdraw waiter key %r: %s", key, exc)
@@ -393,9 +396,9 @@ class LockManager:
                 return NOT_APPLIED  # type: ignore[no-any-return]  # still there: send again
             return False, False, int(resp.header.revision)
 
-        return await self._etcd.txn(TxnPlan(
+        return await self._etcd.lock_txn(TxnPlan(
             etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), etcdops.delete(key)]),
-            decide, [etcdops.get(key, keys_only=True)], resolve, name=name, lease_id=lease_id))
+            decide, [etcdops.get(key, keys_only=True)], resolve, name=name, lease_id=lease_id), lock)
 
     async def close(self) -> None:
         """Stop the deferred withdrawals still waiting (their keys end with their leases)."""
@@ -444,7 +447,7 @@ class LockManager:
                        lambda resp: True, [etcdops.get(key, keys_only=True)], gone)
         try:
             with unbounded():  # not bounded by the deadline of the call that ends
-                await _finish_even_if_cancelled(self._etcd.txn(plan))
+                await _finish_even_if_cancelled(self._etcd.lock_txn(plan, _lock_of(key)))
         except FencepostError as exc:
             # The key stays until its lease ends; log it so an operator can see it.
             _log.warning("could not withdraw waiter key %r: %s", key, exc)
@@ -486,10 +489,10 @@ class LockManager:
                 return NOT_APPLIED  # type: ignore[no-any-return]  # a key is there: send again for the real answer
             return int(resp.header.revision), None, None
 
-        revision, mine, holder = await self._etcd.txn(TxnPlan(
+        revision, mine, holder = await self._etcd.lock_txn(TxnPlan(
             etcdops.txn([etcdops.is_owner(key, created)], [etcdops.delete(key)],
                         [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]),
-            decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id))
+            decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id), lock)
         if revision:
             return revision
         alive = True if mine is not None else await self.lease_alive(lease_id)
@@ -548,6 +551,11 @@ class LockManager:
         """The contender of key ``kv`` with its fencing token, to report."""
         contender = self._contender(kv)
         return Holder(contender.lease_id, self._tokens.reported(contender.token))
+
+
+def _lock_of(key: bytes) -> bytes:
+    """The lock key prefix of a contender key (``<prefix><encoded name>/<lease id>``: no "/" after the name's)."""
+    return key[:key.rindex(b"/") + 1]
 
 
 async def _finish_even_if_cancelled(step: Awaitable[T]) -> T:

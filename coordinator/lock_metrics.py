@@ -29,7 +29,11 @@ fencepost_watched_holds             gauge                          holds watched
 fencepost_keepalives_total          counter                        keepalives received on KeepAlive streams
 fencepost_etcd_request_seconds      histogram  operation           each etcd request, answered or failed
 fencepost_etcd_errors_total         counter    operation, code     etcd requests that failed, by gRPC code
+fencepost_etcd_batch_size           histogram                      lock Txns per etcd Txn sent for them (1:
+                                                                   alone; see etcd/batch.py)
 fencepost_watch_restarts_total      counter                        restarts of the lock watch
+fencepost_event_loop_lag_seconds    gauge                          how late the event loop ran, the largest in
+                                                                   the last 2 s (see overload.py)
 ==================================  =========  ==================  ==============================================
 
 ``docs/operations.md`` ("Metrics") explains each one. :data:`NO_METRICS`
@@ -48,7 +52,7 @@ from fencepost.client.v1.keys import MAX_NAME_BYTES
 
 from .metrics import GO_CODE_NAMES
 
-__all__ = ["ACQUIRE_WAIT_BUCKETS", "END_REASONS", "ETCD_BUCKETS", "ETCD_OPERATIONS", "HANDOFF_BUCKETS", "HOLD_BUCKETS",
+__all__ = ["ACQUIRE_WAIT_BUCKETS", "BATCH_BUCKETS", "END_REASONS", "ETCD_BUCKETS", "ETCD_OPERATIONS", "HANDOFF_BUCKETS", "HOLD_BUCKETS",
            "LOCK_HELD", "MAX_NAME_PREFIXES", "NO_METRICS", "LockMetrics", "REFUSAL_REASONS", "check_name_prefixes"]
 
 #: The refusal reason of a try-acquire (wait 0) that finds the lock held: not an
@@ -91,6 +95,9 @@ MAX_NAME_PREFIXES = 100
 #: ``fencepost_etcd_request_seconds`` upper bounds, seconds (the per-request
 #: deadlines are 0.5 s for a keepalive, 1 s for the health read, 5 s otherwise).
 ETCD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+#: ``fencepost_etcd_batch_size`` upper bounds, lock Txns per etcd Txn (at most ``serve --etcd-batch-max``, 64).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def check_name_prefixes(prefixes: Iterable[str]) -> tuple[str, ...]:
@@ -186,9 +193,15 @@ class LockMetrics:
         self._etcd_errors = Counter("fencepost_etcd_errors_total",
                                     "etcd requests that failed, by operation and gRPC status code.",
                                     ["operation", "code"], registry=registry)
+        self._etcd_batch = Histogram("fencepost_etcd_batch_size",
+                                     "Lock Txns (Acquire, Release, Withdraw) sent to etcd in one Txn: 1 when sent "
+                                     "alone, more when batched.", buckets=BATCH_BUCKETS, registry=registry)
         self._watch_restarts = Counter("fencepost_watch_restarts_total",
                                        "Restarts of the coordinator's watch of the lock prefix (etcd failure or "
                                        "compaction).", registry=registry)
+        self._loop_lag = Gauge("fencepost_event_loop_lag_seconds",
+                               "How much later than asked the coordinator's event loop ran a timer, the largest "
+                               "in the last 2 s: above --max-loop-lag, LeaseGrant is refused.", registry=registry)
 
     def prefix_of(self, name: str) -> str:
         """The ``prefix`` label of lock ``name``: the longest configured prefix it starts with, else ""."""
@@ -266,9 +279,17 @@ class LockMetrics:
         """An etcd call failed without a request time to record (the watch stream broke)."""
         self._etcd_errors.labels(operation, GO_CODE_NAMES.get(code, str(code))).inc()  # type: ignore[call-overload]
 
+    def etcd_batch(self, size: int) -> None:
+        """One etcd Txn was sent for ``size`` lock Txns (1: alone)."""
+        self._etcd_batch.observe(size)
+
     def watch_restarted(self) -> None:
         """The lock watch is restarting after a failure or a compaction."""
         self._watch_restarts.inc()
+
+    def loop_lag(self, seconds: float) -> None:
+        """The event loop's lateness is now ``seconds`` (see :mod:`.overload`)."""
+        self._loop_lag.set(seconds)
 
 
 class _NoMetrics(LockMetrics):
@@ -316,7 +337,13 @@ class _NoMetrics(LockMetrics):
     def etcd_failed(self, operation: str, code: object) -> None:
         pass
 
+    def etcd_batch(self, size: int) -> None:
+        pass
+
     def watch_restarted(self) -> None:
+        pass
+
+    def loop_lag(self, seconds: float) -> None:
         pass
 
 

@@ -238,6 +238,15 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):
         """``handler`` of ``full_method`` (``/pkg.Service/Method``) wrapped: the subclass's own."""
         raise NotImplementedError
 
+    def wrapped_handler(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` of ``full_method`` wrapped as a call of it would be, outside a server's dispatch.
+
+        For calls the coordinator serves itself from another call's messages
+        (Acquire, Release and Withdraw sent on a KeepAlive stream: see
+        :mod:`.stream_calls`), so that they are counted and traced as their unary twins.
+        """
+        return self._wrap(full_method, handler)
+
 
 class GrpcServerMetrics(WrappingInterceptor):
     """Records go-grpc-prometheus's server metrics for every call (see the module's docstring).

@@ -24,6 +24,9 @@ is set and ``OTEL_SDK_DISABLED`` is not ``true`` (:func:`~.tracing.export_from_e
 the spans still queued are sent at shutdown. Set without the ``tracing``
 extra installed, it exits 2. ``--no-trace-lock-names`` keeps lock names out
 of the spans.
+
+``--workers N`` serves with N coordinator processes on one port (:mod:`.workers`); ``--loop`` picks
+uvloop or the standard asyncio loop (:mod:`.eventloop`).
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from .etcd import EtcdAuth, EtcdTls, check_endpoints
+from .eventloop import describe as describe_loop
+from .eventloop import run as run_loop
 from .events import LOG_FORMATS
 from .events import configure as configure_logging
 from .events import log_event
@@ -51,6 +57,7 @@ from .policy import Policy, PolicyError
 from .server import DEFAULT_LISTEN, DEFAULT_PREFIX, Coordinator, check_listen
 from .tls import ServerTls, TlsFileError, check_pem_files
 from .tracing import TraceExport, TracingUnavailable, export_from_environment
+from .workers import Processes, ProcessesRefused, add_process_arguments, check_processes, run_workers
 
 __all__ = ["PASSWORD_ENV", "BadFlag", "add_etcd_arguments", "build_parser", "default_data_dir", "etcd_settings", "main"]
 
@@ -122,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"etcd key prefix of all locks (env FENCEPOST_PREFIX; default {DEFAULT_PREFIX})")
     parser.add_argument("--grace-seconds", default=_env("grace-seconds", "5"),
                         help="seconds in-flight calls may take at shutdown (env FENCEPOST_GRACE_SECONDS; default 5)")
+    parser.add_argument("--etcd-batch-max", default=_env("etcd-batch-max", "64"), type=_batch_max, metavar="N",
+                        help="most lock Txns (Acquire, Release, Withdraw) of different locks sent to etcd as one "
+                             "Txn when they arrive while one is in flight; 0 sends each alone (env "
+                             "FENCEPOST_ETCD_BATCH_MAX; default 64; at most 1024, and etcd's --max-txn-ops, 128)")
     parser.add_argument("--log-level", default=_env("log-level", "INFO"),
                         help="logging level (env FENCEPOST_LOG_LEVEL; default INFO; DEBUG adds each grant, "
                              "release and lease)")
@@ -143,7 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT or "
                              "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (the standard OTEL_* variables apply)")
     add_limit_arguments(parser, _env)
+    add_process_arguments(parser, _env)
     return parser
+
+
+def _batch_max(value: str) -> int:
+    """The value of --etcd-batch-max: a whole number, 0 to 1024."""
+    if not value.strip().isdigit() or int(value) > 1024:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number from 0 (no batching) to 1024")
+    return int(value)
 
 
 def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
@@ -455,19 +474,23 @@ def main(argv: list[str] | None = None) -> int:
         settings = _settings(args)
         _check_metrics_listen(args.metrics_listen)
         name_prefixes = _metrics_name_prefixes(args)
+        processes = check_processes(args, embedded=settings.endpoints is None, health_listen=settings.health_listen)
         traces = export_from_environment(os.environ)
-    except (_BadFlag, TracingUnavailable) as exc:
+    except (_BadFlag, TracingUnavailable, ProcessesRefused) as exc:
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
     try:
-        return _run(args, settings, traces, name_prefixes)
+        if processes.workers > 1:
+            return run_workers(argv if argv is not None else sys.argv[1:], args, processes,
+                               health_listen=settings.health_listen, grace_seconds=settings.grace)
+        return _run(args, settings, traces, name_prefixes, processes)
     finally:
         if traces is not None:
             traces.shutdown()  # sends the spans still queued
 
 
 def _run(args: argparse.Namespace, settings: _Settings, traces: TraceExport | None,
-         name_prefixes: tuple[str, ...] = ()) -> int:
+         name_prefixes: tuple[str, ...] = (), processes: Processes = Processes()) -> int:
     """Start the embedded etcd if needed, then serve until SIGTERM or SIGINT (see :func:`main`)."""
     # The addresses before anything starts (the embedded etcd takes seconds, and would be started for nothing).
     for flag, address in (("--listen", args.listen), ("--health-listen", settings.health_listen),
@@ -505,8 +528,9 @@ def _run(args: argparse.Namespace, settings: _Settings, traces: TraceExport | No
             print(f"fencepost: cannot start the embedded etcd: {exc}", file=sys.stderr)
             return 1
         endpoints = [embedded.endpoint]
+    print(f"fencepost: event loop {describe_loop(processes.loop)}", flush=True)
     try:
-        return asyncio.run(_serve(endpoints, args, settings, traces, name_prefixes))
+        return run_loop(_serve(endpoints, args, settings, traces, name_prefixes), processes.loop)
     finally:
         if embedded is not None:
             embedded.stop()
@@ -542,7 +566,8 @@ def _lock_data_dir(data_dir: Path) -> IO[str] | None:
 
 
 async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Settings,
-                 traces: TraceExport | None, name_prefixes: tuple[str, ...] = ()) -> int:
+                 traces: TraceExport | None, name_prefixes: tuple[str, ...] = (),
+                 server_options: Sequence[tuple[str, int]] = ()) -> int:
     tls, auth = settings.etcd_tls, settings.auth
     try:
         coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
@@ -552,7 +577,8 @@ async def _serve(endpoints: list[str], args: argparse.Namespace, settings: _Sett
                                   etcd_embedded=settings.endpoints is None,
                                   tracer_provider=traces.provider if traces is not None else None,
                                   trace_lock_names=settings.trace_lock_names, policy=settings.policy,
-                                  limits=settings.limits)
+                                  limits=settings.limits, server_options=server_options,
+                                  etcd_batch_max=args.etcd_batch_max)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2

@@ -135,6 +135,9 @@ class Coordinator:
             size (:mod:`.limits`); None for the defaults. Its
             ``max_message_bytes`` is the server's ``grpc.max_receive_message_length``
             unless ``server_options`` sets that.
+        etcd_batch_max: most lock Txns of different locks sent to etcd as one
+            Txn when they arrive while one is in flight (:mod:`.etcd.batch`);
+            0 sends each alone.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -152,7 +155,7 @@ class Coordinator:
                  health_listen: str | None = None, metrics_listen: str | None = None,
                  metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
                  tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
-                 policy: Policy | None = None, limits: Limits | None = None) -> None:
+                 policy: Policy | None = None, limits: Limits | None = None, etcd_batch_max: int = 64) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -172,6 +175,7 @@ class Coordinator:
         self._endpoints = list(etcd_endpoints)
         self._etcd_tls = etcd_tls
         self._etcd_auth = etcd_auth
+        self._etcd_batch_max = etcd_batch_max
         self._listen = listen
         self._keys = Keys(prefix)
         #: What ServerInfo reports of this coordinator (instance id, addresses, readiness, ...).
@@ -285,7 +289,7 @@ class Coordinator:
         if self._metrics is not None:
             interceptors.append(self._metrics.grpc)
         self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth, metrics=counted,
-                                tracer=tracer)
+                                tracer=tracer, batch_max=self._etcd_batch_max)
         try:
             await self._etcd.connect()
         except FencepostError as exc:
@@ -298,6 +302,8 @@ class Coordinator:
                                           tokens=self._tokens, max_waiters=self.limits.max_waiters or 2**63)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about,
                                     access=self._access, limits=self.limits)
+        self._service.intercepted_by(interceptors)
+        self._service.loop_lag.start()
         server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
         add_lock_service(self._service, server)  # the generated registration, checking UTF-8
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -30,7 +30,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -54,9 +54,10 @@ from .sessions import list_sessions
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
+from .overload import LoopLag
 from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
-from .stream_calls import CALLS_METADATA
+from .stream_calls import CALLS_METADATA, wrapped_calls
 from .validate import validate_lease_id, validate_name, validate_token, wait_seconds
 from .watch import DeleteWatcher
 
@@ -146,8 +147,16 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._released = RecentReleases()
         self._kept = KeptLeases(metrics)
         self._holds = HoldTracker(watcher, keys.contender, locks.hold_exists, locks.lease_alive, metrics=metrics)
-        self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds)
+        self.loop_lag = LoopLag(metrics)  # started by the server (not started: 0, never refuses)
+        self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds,
+                                    loop_lag=lambda: self.loop_lag.seconds)
         self.closing = asyncio.Event()
+        self._stream_calls = wrapped_calls(self, ())
+
+    def intercepted_by(self, interceptors: Sequence[Any]) -> None:
+        """Serve the calls sent on KeepAlive streams through the server's ``interceptors`` (outermost first),
+        so that they are traced and counted as the unary calls are."""
+        self._stream_calls = wrapped_calls(self, interceptors)
 
     @property
     def open_streams(self) -> int:
@@ -159,8 +168,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self.closing.set()
 
     async def close(self) -> None:
-        """Stop following the holds granted here (after the server stopped)."""
+        """Stop following the holds granted here and measuring the loop's lag (after the server stopped)."""
         await self._holds.close()
+        await self.loop_lag.close()
 
     async def _refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError, call: str, *,
                       log: bool = True) -> None:
@@ -436,7 +446,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
                                  metrics=self._metrics, released=self._released, kept=self._kept,
                                  on_keepalive=self._limits.kept_alive, owners=self._owners,
-                                 caller=caller_of(context), service=self, context=context, **who)
+                                 caller=caller_of(context), calls=self._stream_calls, context=context, **who)
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()

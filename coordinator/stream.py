@@ -149,8 +149,10 @@ class KeepAliveStream:
         trace_id: the stream call's trace id, for the log; None for none.
         owners: checks that the caller owns each lease it names; None to check nothing.
         caller: the stream's caller (its certificate identity), for ``owners``.
-        service: serves the calls sent on the stream (its ``Acquire``, ``Release``
-            and ``Withdraw`` methods: the LockService servicer); None to ignore them.
+        calls: serves the calls sent on the stream: method name (``Acquire``,
+            ``Release``, ``Withdraw``) -> ``async (request, context) -> response``,
+            the LockService servicer's methods as the interceptors wrap them
+            (:func:`.stream_calls.wrapped_calls`); None to ignore them.
         context: the stream's ``grpc.aio.ServicerContext`` (its certificate), for those calls.
     """
 
@@ -159,9 +161,10 @@ class KeepAliveStream:
                  released: RecentReleases | None = None, kept: KeptLeases | None = None,
                  on_keepalive: Callable[[int, int], None] | None = None,
                  peer: str | None = None, trace_id: str | None = None, owners: Ownership | None = None,
-                 caller: Caller | None = None, service: Any = None, context: Any = None) -> None:
+                 caller: Caller | None = None, calls: dict[str, Any] | None = None,
+                 context: Any = None) -> None:
         self._on_keepalive = on_keepalive
-        self._service = service
+        self._calls = calls
         self._context = context
         self._peer = peer or ""
         self._running: dict[int, tuple[str, asyncio.Task[None]]] = {}  # request id -> a call on the stream
@@ -288,7 +291,7 @@ class KeepAliveStream:
     def _start_call(self, kind: str, request: lock_pb2.KeepAliveRequest) -> None:
         """Serve the call ``request`` carries in a task of its own (its answer goes on the stream)."""
         request_id = request.request_id
-        if self._service is None:
+        if self._calls is None:
             return
         if request_id in self._running:
             self._out.put_nowait(invalid(request_id, InvalidArgument(
@@ -315,7 +318,7 @@ class KeepAliveStream:
         if hold is not None:
             self._releasing[hold] = False
         try:
-            response = await getattr(self._service, method)(message, context)
+            response = await self._calls[method](message, context)
         except CallAborted as exc:
             self._release_failed(hold)
             self._out.put_nowait(failed(request_id, exc.status))

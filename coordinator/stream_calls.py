@@ -22,7 +22,7 @@ announces the calls, and the watch a grant on the stream starts.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -32,7 +32,11 @@ from fencepost.client.v1 import lock_pb2
 
 from .ownership import SECRET_METADATA
 
-__all__ = ["CALLS", "CALLS_METADATA", "CallAborted", "StreamCallContext", "failed", "invalid"]
+__all__ = ["CALLS", "CALLS_METADATA", "CallAborted", "StreamCallContext", "call_context", "failed", "invalid",
+           "wrapped_calls"]
+
+#: The service whose methods the calls on the stream are.
+SERVICE = "fencepost.v1.LockService"
 
 #: The initial metadata entry by which a coordinator announces the calls it serves on the stream.
 CALLS_METADATA = ("fencepost-stream-calls", "acquire,release,withdraw")
@@ -69,13 +73,16 @@ class StreamCallContext:
             waiting for the answer; None for no bound.
     """
 
-    __slots__ = ("_auth", "_deadline", "_metadata", "_peer")
+    __slots__ = ("_auth", "_code", "_deadline", "_details", "_metadata", "_peer", "_trailing")
 
     def __init__(self, peer: str, auth: Any, metadata: Sequence[tuple[str, str]], deadline: float | None) -> None:
         self._peer = peer
         self._auth = auth
         self._metadata = tuple(metadata)
         self._deadline = deadline
+        self._code: grpc.StatusCode | None = None
+        self._details: str | None = None
+        self._trailing: tuple[tuple[str, Any], ...] = ()
 
     def peer(self) -> str:
         """The client's address, as the stream's context gives it."""
@@ -95,7 +102,50 @@ class StreamCallContext:
 
     async def abort_with_status(self, status: grpc.Status) -> None:
         """End the call with ``status``: raises :class:`CallAborted`, answered as ``failed`` on the stream."""
+        self._code, self._details, self._trailing = status.code, status.details, tuple(status.trailing_metadata or ())
         raise CallAborted(status)
+
+    def code(self) -> grpc.StatusCode | None:
+        """The status code the call was aborted with; None while it was not (the interceptors read it)."""
+        return self._code
+
+    def details(self) -> str | None:
+        """The status message the call was aborted with, or None."""
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, Any], ...]:
+        """The trailing metadata of the abort (``grpc-status-details-bin``), or ()."""
+        return self._trailing
+
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+def wrapped_calls(service: Any, interceptors: Sequence[Any]) -> dict[str, Handler]:
+    """The servicer's methods for the calls on the stream, each wrapped by the server's interceptors.
+
+    So that a call on the stream is traced (a SERVER span, child of its
+    ``traceparent``) and counted (``grpc_server_*`` under its unary twin's
+    method) exactly as the unary call would be.
+
+    Args:
+        service: the LockService servicer.
+        interceptors: the server's interceptors, outermost first
+            (:class:`~.metrics.WrappingInterceptor` subclasses; others are skipped).
+
+    Returns:
+        Method name (``"Acquire"``, ...) -> ``async (request, context) -> response``.
+    """
+    from .metrics import WrappingInterceptor
+
+    calls: dict[str, Handler] = {}
+    for method, _ in CALLS.values():
+        handler = grpc.unary_unary_rpc_method_handler(getattr(service, method))
+        for interceptor in reversed(interceptors):
+            if isinstance(interceptor, WrappingInterceptor):
+                handler = interceptor.wrapped_handler(f"/{SERVICE}/{method}", handler)
+        calls[method] = handler.unary_unary
+    return calls
 
 
 def call_context(stream_context: Any, peer: str, request: lock_pb2.KeepAliveRequest) -> StreamCallContext:

@@ -5,8 +5,8 @@ stream's dispatch: the message sent, the answer or failure returned as the
 unary call's error, a stream that ends before the answer, a cancelled or
 timed-out acquire (``cancel``), and the watch/unwatch messages a call on the
 stream makes unnecessary. The rest run a real coordinator on a real etcd:
-a lock cycle makes no unary Acquire or Release (the coordinator's gRPC
-metrics), every failure maps to the exception class and reason the unary
+a lock cycle makes no unary Acquire or Release (the clients' stubs count
+them), every failure maps to the exception class and reason the unary
 call gives, a cancelled wait leaves no key, a stream cut in the middle of
 an acquire ends in one grant and no leftover key, and ``stream_calls=False``
 keeps the calls unary.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -41,18 +41,19 @@ from fencepost.client import (
     Unavailable,
 )
 from fencepost.client._calls import CALLS_METADATA, Outbox, StreamCalls
+from fencepost.client import _transport as transport_module
 from fencepost.client._lease import Lease
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.handle import AsyncLockHandle
 from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
+from fencepost.client.v1 import lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.server import Coordinator
 
 from .client_fakes import Parts, failed_call
 from .conftest import list_keys, wait_for
-from .test_metrics import scrape
 
 ANNOUNCED = ((CALLS_METADATA, "acquire,release,withdraw"),)
 
@@ -233,21 +234,29 @@ async def test_unwatch_when_released_on_the_current_stream() -> None:
 # ---------------------------------------------------------------- a real coordinator and etcd
 
 
+UnaryCounts = dict[str, int]
+
+
 @pytest.fixture
-async def metered(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[Coordinator]:
-    """A coordinator with gRPC metrics (``/metrics``), to count the unary calls that reached it."""
-    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0")
-    await asyncio.wait_for(coord.start(), 20)
-    try:
-        yield coord
-    finally:
-        await asyncio.wait_for(coord.stop(grace=0), 20)
+def unary_calls(monkeypatch: pytest.MonkeyPatch) -> UnaryCounts:
+    """How many unary Acquire, Release and Withdraw calls the clients made during the test (their stub counts)."""
+    counts: UnaryCounts = {"Acquire": 0, "Release": 0, "Withdraw": 0}
 
+    class CountingStub(lock_pb2_grpc.LockServiceStub):
+        def __init__(self, channel: grpc.aio.Channel) -> None:
+            super().__init__(channel)
+            for method in counts:
+                setattr(self, method, self._counted(method, getattr(self, method)))
 
-async def unary_calls(coord: Coordinator) -> dict[str, float]:
-    """How many unary Acquire, Release and Withdraw calls the coordinator has started."""
-    s = await scrape(coord.metrics_address)
-    return {m: s.call("grpc_server_started_total", m) or 0.0 for m in ("Acquire", "Release", "Withdraw")}
+        @staticmethod
+        def _counted(method: str, inner: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                counts[method] += 1
+                return inner(*args, **kwargs)
+            return call
+
+    monkeypatch.setattr(transport_module.pb_grpc, "LockServiceStub", CountingStub)
+    return counts
 
 
 async def stream_ready(client: AsyncLockClient) -> None:
@@ -255,10 +264,10 @@ async def stream_ready(client: AsyncLockClient) -> None:
     await wait_for(lambda: client._stream.calls.serves("Acquire"), 5, what="stream calls announced")
 
 
-async def test_cycle_when_the_coordinator_serves_calls_on_the_stream(metered: Coordinator, etcd_client: Etcd3Client,
-                                                                      prefix: str) -> None:
+async def test_cycle_when_the_coordinator_serves_calls_on_the_stream(
+        coordinator: Coordinator, unary_calls: UnaryCounts, etcd_client: Etcd3Client, prefix: str) -> None:
     """Acquire and release over the stream: no unary Acquire or Release, tokens grow, no watch left, no key left."""
-    async with AsyncLockClient(metered.address) as client:
+    async with AsyncLockClient(coordinator.address) as client:
         await stream_ready(client)
         tokens = []
         for _ in range(3):
@@ -268,31 +277,31 @@ async def test_cycle_when_the_coordinator_serves_calls_on_the_stream(metered: Co
         assert tokens == sorted(set(tokens))
         assert await list_keys(etcd_client, prefix) == []
         assert (await client.server_info()).watched_holds == 0  # granted and released on the stream: no watch left
-    assert await unary_calls(metered) == {"Acquire": 0, "Release": 0, "Withdraw": 0}
+    assert unary_calls == {"Acquire": 0, "Release": 0, "Withdraw": 0}
 
 
-async def test_cycle_when_stream_calls_are_off(metered: Coordinator) -> None:
+async def test_cycle_when_stream_calls_are_off(coordinator: Coordinator, unary_calls: UnaryCounts) -> None:
     """``stream_calls=False``: every Acquire and Release is a unary call, as before."""
-    async with AsyncLockClient(metered.address, stream_calls=False) as client:
+    async with AsyncLockClient(coordinator.address, stream_calls=False) as client:
         await wait_for(lambda: client._stream.outbox is not None, 5, what="the stream")
         for _ in range(2):
             async with client.lock("unary", ttl=5, timeout=5):
                 pass
         assert not client._stream.calls.serves("Acquire")
-    assert await unary_calls(metered) == {"Acquire": 2, "Release": 2, "Withdraw": 0}
+    assert unary_calls == {"Acquire": 2, "Release": 2, "Withdraw": 0}
 
 
-async def test_sync_client_cycle_on_the_stream(metered: Coordinator) -> None:
+async def test_sync_client_cycle_on_the_stream(coordinator: Coordinator, unary_calls: UnaryCounts) -> None:
     """The sync LockClient runs the same machinery: its cycle goes on the stream too."""
     def job() -> int:
-        with LockClient(metered.address) as client:
+        with LockClient(coordinator.address) as client:
             wait = client._run(stream_ready(client._aio))
             assert wait is None
             with client.lock("sync", ttl=5, timeout=5) as handle:
                 return handle.token
 
     assert await asyncio.to_thread(job) > 0
-    assert await unary_calls(metered) == {"Acquire": 0, "Release": 0, "Withdraw": 0}
+    assert unary_calls == {"Acquire": 0, "Release": 0, "Withdraw": 0}
 
 
 Outcome = tuple[type, str | None, Any]
@@ -307,10 +316,12 @@ async def outcome(attempt: Callable[[], Awaitable[Any]]) -> Outcome:
     raise AssertionError("did not fail")
 
 
-async def test_errors_on_the_stream_when_compared_with_unary(metered: Coordinator) -> None:
+async def test_errors_on_the_stream_when_compared_with_unary(coordinator: Coordinator,
+                                                             unary_calls: UnaryCounts) -> None:
     """Each refusal raises the same class, reason and code on the stream as by unary call."""
-    async with AsyncLockClient(metered.address) as holder, AsyncLockClient(metered.address) as streamed, \
-            AsyncLockClient(metered.address, stream_calls=False) as unary:
+    address = coordinator.address
+    async with AsyncLockClient(address) as holder, AsyncLockClient(address) as streamed, \
+            AsyncLockClient(address, stream_calls=False) as unary:
         await stream_ready(holder)
         await stream_ready(streamed)
         held = await holder.acquire("busy", ttl=5)
@@ -339,7 +350,7 @@ async def test_errors_on_the_stream_when_compared_with_unary(metered: Coordinato
         (StaleTokenError, "STALE_TOKEN"), (NotLeaseOwner, "NOT_LEASE_OWNER")]
     # The unary client's calls only: 3 acquires of its own (mine, the try, the timed-out wait), the foreign one,
     # and its 3 releases (two refused).
-    assert await unary_calls(metered) == {"Acquire": 4, "Release": 3, "Withdraw": 0}
+    assert unary_calls == {"Acquire": 4, "Release": 3, "Withdraw": 0}
 
 
 async def test_acquire_on_the_stream_when_cancelled_while_waiting(coordinator: Coordinator,

@@ -226,7 +226,11 @@ async def test_many_calls_at_once_on_one_stream(stub: OwnedStub, session: Sessio
     answers = await asyncio.gather(*(session.ask("acquire", lock_pb2.AcquireRequest(name=f"m{i}", lease_id=lease))
                                      for i in range(50)))
     tokens = [a.acquired.token for a in answers]
-    assert all(a.acquired.acquired for a in answers) and len(set(tokens)) == 50
+    assert all(a.acquired.acquired for a in answers) and all(t > 0 for t in tokens)
+    # (Tokens of different names may be equal: concurrent grants share one etcd Txn.)
+    for i, token in enumerate(tokens[:5]):
+        held = await describe(stub, f"m{i}")
+        assert (held.holder.lease_id, held.holder.token) == (lease, token)
     released = await asyncio.gather(*(session.ask("release", lock_pb2.ReleaseRequest(
         name=f"m{i}", lease_id=lease, token=t)) for i, t in enumerate(tokens)))
     assert all(r.WhichOneof("response") == "released" for r in released)
@@ -235,3 +239,51 @@ async def test_many_calls_at_once_on_one_stream(stub: OwnedStub, session: Sessio
 
 async def describe_waiters(stub: lock_pb2_grpc.LockServiceStub, name: str, n: int) -> bool:
     return (await describe(stub, name)).waiter_count == n
+
+
+async def test_calls_on_the_stream_are_traced_and_counted_as_unary_calls(etcd: Any, prefix: str) -> None:
+    """Each call on the stream gets the SERVER span and the grpc_server_* counts of its unary twin: operators'
+    dashboards and traces do not change when clients move their calls onto the stream."""
+    from fencepost.coordinator.server import Coordinator
+
+    from .test_metrics import scrape
+    from .test_tracing import LOCKS, PARENT_ID, TRACE_ID, TRACEPARENT, Spans, parent_of, trace_id
+
+    spans = Spans()
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0",
+                        tracer_provider=spans.provider)
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        async with grpc.aio.insecure_channel(coord.address) as channel:
+            stub = OwnedStub(channel)
+            lease = await grant(stub)
+            session = Session(stub)
+            try:
+                future = await session.send("acquire", lock_pb2.AcquireRequest(name="traced", lease_id=lease))
+                token = (await asyncio.wait_for(future, 10)).acquired.token
+                session.next_id += 1
+                future = asyncio.get_running_loop().create_future()
+                session.answers[session.next_id] = future
+                async with session.writing:
+                    await session.call.write(lock_pb2.KeepAliveRequest(
+                        request_id=session.next_id, lease_secret=SECRETS[lease], traceparent=TRACEPARENT,
+                        release=lock_pb2.ReleaseRequest(name="traced", lease_id=lease, token=token - 1)))
+                refused = await asyncio.wait_for(future, 10)
+                assert reason_of(refused.failed) == "STALE_TOKEN"
+            finally:
+                await session.close()
+        granted = await spans.one(f"{LOCKS}/Acquire", **{"fencepost.lock.name": "traced"})
+        assert granted.attributes["fencepost.outcome"] == "granted"  # type: ignore[index]
+        stale = await spans.one(f"{LOCKS}/Release", **{"rpc.grpc.status_code": 9})
+        assert stale.attributes["fencepost.outcome"] == "STALE_TOKEN"  # type: ignore[index]
+        assert format(trace_id(stale), "032x") == TRACE_ID and format(parent_of(stale) or 0, "016x") == PARENT_ID
+
+        async def counted() -> bool:
+            metrics = await scrape(coord.metrics_address)
+            return (metrics.handled("Acquire").get("OK") == 1
+                    and metrics.handled("Release").get("FailedPrecondition") == 1)
+
+        await wait_for(counted, 10, 0.02, "the stream's calls counted under Acquire and Release")
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+        spans.shutdown()

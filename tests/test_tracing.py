@@ -44,11 +44,6 @@ from .test_metrics import scrape
 from .owned_stub import OwnedStub
 
 LOCKS = "fencepost.v1.LockService"
-
-#: Client arguments of the tests that follow a call into the coordinator's SERVER span: unary calls. The
-#: coordinator's tracing interceptor makes SERVER spans for unary calls only, not for the calls its KeepAlive
-#: streams serve (tests/test_client_stream_calls.py checks the client's spans of those).
-UNARY: dict[str, Any] = {"stream_calls": False}
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
@@ -146,7 +141,7 @@ async def test_one_trace_from_a_client_acquire_through_the_coordinator_to_its_et
         traced: Coordinator, server_spans: Spans, client_spans: Spans) -> None:
     """An acquire is one trace: fencepost.acquire -> the client's Acquire -> the coordinator's Acquire -> its
     etcd Txn; the lease grant and the release likewise, each span with its attributes."""
-    async with AsyncLockClient(traced.address, tracer_provider=client_spans.provider, **UNARY) as client:
+    async with AsyncLockClient(traced.address, tracer_provider=client_spans.provider) as client:
         handle = await client.acquire("inv:42", ttl=10.0, timeout=5.0)
         await handle.release()
     lease, token = handle.lease_id, handle.token
@@ -213,8 +208,8 @@ async def test_spans_when_calls_are_refused(traced: Coordinator, server_spans: S
     """A refused call's spans carry the status the caller received and the refusal's reason, never OK: an
     acquire that ran out of time (client and server), a Release with a stale token (server; counted by the
     metrics interceptor too), a try_acquire of a held lock (``held``, not an error)."""
-    async with AsyncLockClient(traced.address, tracer_provider=client_spans.provider, **UNARY) as holder_client, \
-            AsyncLockClient(traced.address, tracer_provider=client_spans.provider, **UNARY) as other:
+    async with AsyncLockClient(traced.address, tracer_provider=client_spans.provider) as holder_client, \
+            AsyncLockClient(traced.address, tracer_provider=client_spans.provider) as other:
         held = await holder_client.acquire("busy", ttl=10.0)
         with pytest.raises(LockTimeout):
             await other.acquire("busy", ttl=10.0, timeout=0.3)
@@ -267,7 +262,7 @@ async def test_sync_client_spans_are_children_of_the_calling_threads_span(
     tracer = client_spans.provider.get_tracer("test")
 
     def job() -> tuple[int, int]:
-        with LockClient(traced.address, tracer_provider=client_spans.provider, **UNARY) as client:
+        with LockClient(traced.address, tracer_provider=client_spans.provider) as client:
             with tracer.start_as_current_span("job") as span:
                 with client.lock("sync-job", ttl=5.0, timeout=5.0) as handle:
                     token = handle.token
@@ -307,7 +302,7 @@ async def test_spans_when_lock_names_are_not_traced(etcd: EmbeddedEtcd, prefix: 
     await asyncio.wait_for(coord.start(), 20)
     try:
         async with AsyncLockClient(coord.address, tracer_provider=client_spans.provider,
-                                   trace_lock_names=False, **UNARY) as client:
+                                   trace_lock_names=False) as client:
             async with client.lock("customer-1234", ttl=5.0, timeout=5.0) as handle:
                 pass
         server_release = await server_spans.one(f"{LOCKS}/Release")
@@ -327,7 +322,7 @@ async def test_no_spans_and_no_metadata_when_the_client_does_not_trace(
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # nobody set a global provider
     assert Tracing().tracer() is None
     caplog.set_level(logging.DEBUG, logger="fencepost.coordinator")
-    async with AsyncLockClient(traced.address, **UNARY) as client:
+    async with AsyncLockClient(traced.address) as client:
         handle = await client.acquire("untraced", ttl=5.0, timeout=5.0)
         await handle.release()
     server_acquire = await server_spans.one(f"{LOCKS}/Acquire")

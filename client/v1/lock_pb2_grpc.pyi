@@ -20,7 +20,9 @@ Model in short:
   holder's key was created, plus the token floor (0 until an operator
   recovers from an etcd restore, see ErrorReason DATA_LOSS). Tokens of
   successive holders of one name strictly increase, across coordinator
-  restarts, etcd leader changes and etcd restores.
+  restarts, etcd leader changes and etcd restores. Tokens are ordered
+  per name only: grants of different names may carry the same token
+  (a coordinator writes concurrent grants in one etcd transaction).
   A TTL alone is not mutual exclusion: pass the token to the storage and
   let it reject writes that carry a token lower than one it has accepted.
 - A *hold* is one grant of one lock: the triple (name, lease_id, token).

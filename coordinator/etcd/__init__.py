@@ -8,6 +8,8 @@
 - :mod:`.client`: :class:`EtcdClient`, every etcd call (Range, Txn with
   read-back resolution, leases, the deletion watch, auth).
 - :mod:`.keepalive`: the shared multi-lease LeaseKeepAlive stream.
+- :mod:`.batch`: concurrent lock Txns of different locks sent as one etcd
+  Txn of nested Txns (``EtcdClient.lock_txn``).
 - :mod:`.deadline`: the caller's deadline, carried to each etcd call.
 
 The compares and ops of the lock algorithm are built by

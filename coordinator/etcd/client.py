@@ -6,7 +6,8 @@ credentials, under the per-call deadline and retry rule of its operation
 (:data:`~.policy.RULES`), and turns a failure that ends the call into the
 coordinator's error (:func:`~.policy.error_for`). A Txn whose outcome is
 unknown is resolved by its :class:`TxnPlan`'s read-back, never re-sent
-blindly.
+blindly. The lock Txns (:meth:`EtcdClient.lock_txn`) that arrive while one
+is in flight go to etcd together as one Txn (:mod:`.batch`).
 
 Traces: with a tracer, each unary request sent for a traced call (a
 recording span is current: the coordinator's SERVER span) is a CLIENT span
@@ -44,6 +45,7 @@ from fencepost.client.v1.retry import ETCD_BACKOFF, Backoff
 from ..errors import etcd_unavailable
 from ..lock_metrics import NO_METRICS, LockMetrics
 from . import deadline
+from .batch import DEFAULT_MAX_REQUESTS, DEFAULT_MAX_TXN_OPS, TxnBatcher
 from .keepalive import KeepAlives
 from .members import EtcdAuth, EtcdTls, Members
 from .policy import RULES, UNKNOWN_OUTCOME, Failure, Op, Rule, classify, error_for
@@ -154,15 +156,18 @@ class EtcdClient:
             (``fencepost_etcd_request_seconds``, ``fencepost_etcd_errors_total``).
         tracer: Makes a span of each request sent for a traced call; None
             traces nothing.
+        batch_max: Most lock Txns sent as one etcd Txn (:mod:`.batch`); 0 sends each alone.
+        max_txn_ops: etcd's ``--max-txn-ops``, which bounds a batch.
 
     Raises:
-        ValueError: bad endpoints or TLS settings.
+        ValueError: bad endpoints or TLS settings; a negative ``batch_max``.
     """
 
     def __init__(self, endpoints: Sequence[str], *, tls: EtcdTls | None = None, auth: EtcdAuth | None = None,
                  stubs: Callable[[grpc.aio.Channel], Stubs] = Stubs.on, rules: dict[Op, Rule] | None = None,
                  backoff: Backoff = ETCD_BACKOFF, metrics: LockMetrics = NO_METRICS,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, batch_max: int = DEFAULT_MAX_REQUESTS,
+                 max_txn_ops: int = DEFAULT_MAX_TXN_OPS) -> None:
         self.members = Members(endpoints, tls=tls)
         self._stubs = [stubs(self.members.channel(i)) for i in range(len(self.members))]
         self._auth = auth
@@ -178,6 +183,8 @@ class EtcdClient:
         self._keepalives = KeepAlives(self._open_keepalive, self._stream_broken, metrics)
         #: Sees the header of every Range and Txn answer (the token floor's watch for etcd going back).
         self.headers: HeaderWatch | None = None
+        self._batcher = TxnBatcher(self.txn, self._batch_txn, self._settle, max_requests=batch_max,
+                                   max_txn_ops=max_txn_ops, metrics=metrics)
 
     @property
     def user(self) -> str | None:
@@ -204,6 +211,7 @@ class EtcdClient:
 
     async def close(self) -> None:
         """Stop the keepalive stream and close every channel (leases are left alone)."""
+        await self._batcher.close()
         await self._keepalives.close()
         await self.members.close()
 
@@ -264,6 +272,46 @@ class EtcdClient:
         result = await self._unary(Op.TXN, lambda s: s.kv.Txn, plan.request, name=plan.name,
                                    lease_id=plan.lease_id, read_back=read_back)
         return result.value if isinstance(result, _ReadBack) else plan.decide(result)
+
+    async def lock_txn(self, plan: TxnPlan[T], lock: bytes) -> T:
+        """A lock's Txn, sent with the other lock Txns that wait for the one in flight (:mod:`.batch`).
+
+        Like :meth:`txn` (alone at once when nothing is in flight), for a Txn
+        whose compares and ops all lie in one lock's key range.
+
+        Args:
+            plan: The Txn and how to read its answer.
+            lock: The lock's key prefix (``Keys.lock_prefix``): never two Txns of one lock in a batch.
+
+        Returns:
+            ``plan.decide`` of its answer, or ``plan.resolve`` of its read-back.
+
+        Raises:
+            LeaseLost: the Txn puts a key on a lease that etcd does not know.
+            Unavailable: etcd unreachable, or refused the coordinator; or the
+                caller's deadline passed first.
+        """
+        return await self._batcher.txn(plan, lock)
+
+    async def _batch_txn(self, request: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse | None:
+        """Send a batch of lock Txns (the TXN rule: re-sent only after a refusal before applying).
+
+        Returns:
+            Its response; None when its outcome is unknown (each request is then read back).
+
+        Raises:
+            LeaseLost, Unavailable: etcd refused it (or the deadline passed before it was sent).
+        """
+        async def unknown() -> Any:
+            return None  # not NOT_APPLIED: _unary returns _ReadBack(None) instead of sending it again
+
+        result = await self._unary(Op.TXN, lambda s: s.kv.Txn, request, read_back=unknown)
+        return None if isinstance(result, _ReadBack) else result
+
+    async def _settle(self, plan: TxnPlan[T]) -> T:
+        """The answer of ``plan``'s Txn after its outcome was lost: its read-back, or (not applied) sent alone."""
+        outcome = plan.resolve(await self.read(plan.read_back, name=plan.name, lease_id=plan.lease_id))
+        return await self.txn(plan) if outcome is NOT_APPLIED else outcome
 
     async def healthy(self, key: bytes) -> bool:
         """Whether etcd answers a linearizable count of ``key``'s range (the HEALTH rule: 2 tries of 1 s)."""

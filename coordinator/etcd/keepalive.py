@@ -7,11 +7,21 @@ on a timer.
 
 A member that stops answering (SIGSTOPped, cut off without FIN or RST) keeps
 its TCP connection open, so gRPC would only notice at its ping timeout
-(15 s); so a keepalive unanswered for ``RULES[Op.KEEPALIVE].timeout``
-(0.5 s) ends the stream, and the keepalive is sent again on a new stream on
-the next member, ``RULES[Op.KEEPALIVE].attempts`` (3) times at most: all
-attempts together stay under K = TTL/3 for the shortest TTLs clients use,
-so the keepalive is still acknowledged before the client's deadline.
+(15 s); so a stream on which a keepalive waits while nothing at all was
+answered for ``RULES[Op.KEEPALIVE].timeout`` (0.5 s) is ended, and its
+keepalives are sent again on a new stream on the next member,
+``RULES[Op.KEEPALIVE].attempts`` (3) times at most: all attempts together
+stay under K = TTL/3 for the shortest TTLs clients use, so the keepalive is
+still acknowledged before the client's deadline.
+
+One watchdog per stream checks this every quarter of the timeout, instead
+of a timer per keepalive (thousands a second with many leases). It judges
+only while this process keeps up: when its own check ran late by more than
+its interval (the event loop is overloaded, so answers that did arrive may
+not have been read yet), it does not blame etcd, unless the silence has
+lasted :data:`SILENCE_CAP` timeouts. Ending a working stream under load
+would throw away every answer in flight on it and make the overload worse:
+live leases must not die because the coordinator is busy.
 """
 
 from __future__ import annotations
@@ -36,6 +46,11 @@ __all__ = ["BrokenHandler", "KeepAlives", "StreamOpener"]
 _log = logging.getLogger(__name__)
 
 _Pending = dict[int, collections.deque[asyncio.Future[int]]]
+#: Keepalives sent on one stream, oldest first: (time.monotonic() when sent, its answer).
+_Sent = collections.deque[tuple[float, asyncio.Future[int]]]
+
+#: A stream silent this many timeouts is ended even while this process runs late.
+SILENCE_CAP = 4
 
 #: Opens a LeaseKeepAlive stream on the current member: (member index, the call).
 StreamOpener = Callable[[AsyncIterator[rpc_pb2.LeaseKeepAliveRequest]],
@@ -75,6 +90,8 @@ class KeepAlives:
         self._outbox: asyncio.Queue[rpc_pb2.LeaseKeepAliveRequest] | None = None
         # Answers awaited on the current stream, by lease id, oldest first.
         self._pending: _Pending = collections.defaultdict(collections.deque)
+        self._sent: _Sent = collections.deque()
+        self._heard = 0.0  # time.monotonic() of the current stream's last answer (or its start)
         self._task: asyncio.Task[None] | None = None
 
     async def keepalive(self, lease_id: int) -> int:
@@ -88,22 +105,18 @@ class KeepAlives:
         """
         last: _StreamBroke | None = None
         for _ in range(self._rule.attempts):
-            task, outbox, pending = self._ensure_stream()
+            outbox, pending, sent_here = self._ensure_stream()
             answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             answer.add_done_callback(_retrieve)
             pending[lease_id].append(answer)
+            sent_here.append((time.monotonic(), answer))
             outbox.put_nowait(rpc_pb2.LeaseKeepAliveRequest(ID=lease_id))
             sent = time.perf_counter()
             try:
-                ttl = await asyncio.wait_for(asyncio.shield(answer), self._rule.timeout)
+                ttl = await answer  # a silent stream is ended by its watchdog: the answer then fails
                 self._metrics.etcd_request("keepalive", time.perf_counter() - sent)
                 return ttl
-            except TimeoutError:
-                # The stream's member is stuck: replace the stream, retry on the next member.
-                self._metrics.etcd_request("keepalive", time.perf_counter() - sent, grpc.StatusCode.DEADLINE_EXCEEDED)
-                last = _StreamBroke(Failure.TIMEOUT, None)
-                self._restart(task)
-            except _StreamBroke as exc:  # the stream broke under the answer: retry on a new one
+            except _StreamBroke as exc:  # the stream broke (or went silent) under the answer: retry on a new one
                 self._metrics.etcd_request("keepalive", time.perf_counter() - sent, _code(exc))
                 last = exc
                 if exc.failure not in self._rule.resend:
@@ -119,32 +132,59 @@ class KeepAlives:
                 await self._task
             self._task = None
 
-    def _ensure_stream(self) -> tuple[asyncio.Task[None], asyncio.Queue[rpc_pb2.LeaseKeepAliveRequest], _Pending]:
-        """The current stream (task, outbox, awaited answers), opened if there is none."""
+    def _ensure_stream(self) -> tuple[asyncio.Queue[rpc_pb2.LeaseKeepAliveRequest], _Pending, _Sent]:
+        """The current stream (outbox, awaited answers by lease, keepalives in send order), opened if there is none."""
         if self._task is None or self._task.done() or self._outbox is None:
             self._outbox = asyncio.Queue()
             self._pending = collections.defaultdict(collections.deque)
-            self._task = asyncio.create_task(self._run(self._outbox, self._pending),
+            self._sent = collections.deque()
+            self._heard = time.monotonic()
+            self._task = asyncio.create_task(self._run(self._outbox, self._pending, self._sent),
                                              name="fencepost-lease-keepalive")
-        return self._task, self._outbox, self._pending
+        return self._outbox, self._pending, self._sent
 
-    def _restart(self, task: asyncio.Task[None]) -> None:
+    def _restart(self, task: asyncio.Task[None], silent: float) -> None:
         """End ``task``'s stream (its awaited answers fail) so the next keepalive opens a new one."""
         if self._task is task:
-            _log.warning("etcd keepalive stream unanswered for %.1f s; opening a new one", self._rule.timeout)
+            _log.warning("etcd keepalive stream unanswered for %.1f s; opening a new one", silent)
             self._task = None
             task.cancel()
 
-    async def _run(self, outbox: asyncio.Queue[rpc_pb2.LeaseKeepAliveRequest], pending: _Pending) -> None:
+    async def _watchdog(self, task: asyncio.Task[None], sent: _Sent) -> None:
+        """End ``task``'s stream once a keepalive waits on it and nothing was answered for the timeout."""
+        loop = asyncio.get_running_loop()
+        timeout = self._rule.timeout
+        interval = timeout / 4
+        while True:
+            before = loop.time()
+            await asyncio.sleep(interval)
+            late = loop.time() - before - interval > interval  # this process is behind: answers may be unread
+            while sent and sent[0][1].done():
+                sent.popleft()
+            if not sent:
+                continue
+            now = time.monotonic()
+            silent = now - max(self._heard, sent[0][0])  # since the last answer, or since the oldest waiting was sent
+            if silent > timeout * (SILENCE_CAP if late else 1):
+                self._restart(task, silent)
+                return
+
+    async def _run(self, outbox: asyncio.Queue[rpc_pb2.LeaseKeepAliveRequest], pending: _Pending,
+                   sent: _Sent) -> None:
         async def requests() -> AsyncIterator[rpc_pb2.LeaseKeepAliveRequest]:
             while True:
                 yield await outbox.get()
 
         broke = _StreamBroke(Failure.TIMEOUT, None)  # unless it breaks otherwise: cancelled when silent
         index, call = -1, None
+        task = asyncio.current_task()
+        assert task is not None
+        watchdog = asyncio.ensure_future(self._watchdog(task, sent))
         try:
             index, call = await self._open(requests())
             async for resp in call:
+                if self._task is task:
+                    self._heard = time.monotonic()
                 waiting = pending.get(int(resp.ID))
                 if waiting:
                     answer = waiting.popleft()
@@ -158,6 +198,7 @@ class KeepAlives:
         except FencepostError as exc:  # could not open a stream (authentication failed)
             broke = _StreamBroke(Failure.AUTH_FAILED, exc)
         finally:
+            watchdog.cancel()
             if call is not None:
                 call.cancel()
                 self._on_broken(index, broke.failure)

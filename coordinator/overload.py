@@ -1,0 +1,89 @@
+"""How late the coordinator's event loop runs: the sign that it cannot keep up.
+
+A coordinator is one Python process: past what one core can do, work waits
+in its event loop, and the first victims are the keepalives of live leases
+(a keepalive answered after its lease's TTL is a lease lost, a spurious
+expiry). :class:`LoopLag` wakes every :data:`INTERVAL` seconds and measures
+how much later than asked it ran: near 0 while the loop keeps up, growing
+while work piles up. The limit ``--max-loop-lag`` (:mod:`.limits`) refuses
+new leases (LeaseGrant, RESOURCE_EXHAUSTED / LIMIT_EXCEEDED with a
+RetryInfo) while the lag is above it, so that the leases already granted
+keep being renewed: under overload, new work is refused and live leases
+do not die. Keepalives, releases and revokes are always served.
+
+The figure is the largest lateness seen in the last :data:`WINDOW` seconds
+(a single late wake-up counts for that long), in ``fencepost_event_loop_lag_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+
+from .lock_metrics import NO_METRICS, LockMetrics
+
+__all__ = ["INTERVAL", "WINDOW", "LoopLag"]
+
+#: Seconds between two measurements.
+INTERVAL = 0.05
+#: Seconds a lateness counts for.
+WINDOW = 2.0
+
+
+class LoopLag:
+    """Measures the event loop's lateness in a background task.
+
+    Args:
+        metrics: where the figure is set (``fencepost_event_loop_lag_seconds``).
+        interval: seconds between measurements.
+        window: seconds a measured lateness counts for.
+    """
+
+    def __init__(self, metrics: LockMetrics = NO_METRICS, *, interval: float = INTERVAL,
+                 window: float = WINDOW) -> None:
+        self._metrics = metrics
+        self._interval = interval
+        self._window = window
+        self._samples: deque[tuple[float, float]] = deque()  # (when, lateness), lateness decreasing
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def seconds(self) -> float:
+        """The largest lateness of the loop in the last ``window`` seconds (0.0 before the first measurement)."""
+        self._expire(time.monotonic())
+        return self._samples[0][1] if self._samples else 0.0
+
+    def start(self) -> None:
+        """Start measuring (in a task of the running loop)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="fencepost-loop-lag")
+
+    async def close(self) -> None:
+        """Stop measuring."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def record(self, lateness: float, now: float | None = None) -> None:
+        """Count one measured ``lateness`` in seconds (what the task does each wake-up; tests call it too)."""
+        now = time.monotonic() if now is None else now
+        while self._samples and self._samples[-1][1] <= lateness:
+            self._samples.pop()  # a larger, newer lateness hides the smaller, older ones
+        self._samples.append((now, lateness))
+        self._expire(now)
+        self._metrics.loop_lag(self._samples[0][1])
+
+    def _expire(self, now: float) -> None:
+        while self._samples and self._samples[0][0] < now - self._window:
+            self._samples.popleft()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time() + self._interval
+            await asyncio.sleep(self._interval)
+            self.record(max(0.0, loop.time() - asked))
