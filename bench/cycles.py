@@ -15,7 +15,12 @@ Runs in one process against one etcd (embedded, or --etcd-endpoints):
 - ``coordinator-stub``: Acquire + Release through a coordinator (``fencepost
   serve`` in a child process, as deployed), over the generated grpc.aio stub,
   one session lease per client.
-- ``coordinator-client``: the same through fencepost.client.AsyncLockClient.
+- ``coordinator-client``: the same through fencepost.client.AsyncLockClient
+  (Acquire and Release as messages on its KeepAlive stream, which the
+  coordinator serves).
+- ``coordinator-client-unary``: ``coordinator-client`` with
+  ``stream_calls=False``: Acquire and Release as unary calls. Only run when
+  asked for with ``--kind``.
 - ``coordinator-stub-metrics``: ``coordinator-stub`` on a second coordinator
   started with ``--metrics-listen`` (the gRPC metrics interceptor and the
   ``fencepost_*`` metrics on): the cost of metrics is its ratio to
@@ -30,6 +35,7 @@ machine is saturated.
 Usage:
     python bench/cycles.py --clients 1 --clients 64 --seconds 5
     python bench/cycles.py --kind coordinator-stub --kind coordinator-stub-metrics
+    python bench/cycles.py --kind coordinator-client --kind coordinator-client-unary
 """
 
 from __future__ import annotations
@@ -110,6 +116,8 @@ def cpu_seconds(pid: int) -> float:
 
 #: The kinds run when ``--kind`` is not given.
 DEFAULT_KINDS = ["etcd-direct", "etcd3aio-direct", "etcd3aio-lock", "coordinator-stub", "coordinator-client"]
+#: The kinds run only when asked for with ``--kind``.
+ON_REQUEST_KINDS = ["coordinator-client-unary", "coordinator-stub-metrics"]
 
 
 async def bench(endpoint: str, clients: list[int], seconds: float, only: list[str] | None = None,
@@ -204,10 +212,10 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
 
         return cycle, close
 
-    async def client(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
-        c = AsyncLockClient(address)
+    async def client(i: int, stream_calls: bool = True) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        c = AsyncLockClient(address, stream_calls=stream_calls)
         await c.__aenter__()
-        name = f"client/{i}"
+        name = f"client/{i}" if stream_calls else f"client-unary/{i}"
 
         async def cycle(_: int) -> None:
             async with c.lock(name, ttl=30):
@@ -218,14 +226,19 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
 
         return cycle, close
 
+    async def client_unary(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        return await client(i, stream_calls=False)
+
     async def stub_metrics(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
         return await stub(i, metered_address, "stub-metrics")
 
     kinds = {"etcd-direct": direct, "etcd3aio-direct": direct_etcd3aio, "etcd3aio-lock": recipe,
-             "coordinator-stub": stub, "coordinator-client": client, "coordinator-stub-metrics": stub_metrics}
+             "coordinator-stub": stub, "coordinator-client": client, "coordinator-client-unary": client_unary,
+             "coordinator-stub-metrics": stub_metrics}
     # etcd-direct first: the baseline of every ratio.
     chosen = ["etcd-direct", *(k for k in (only or DEFAULT_KINDS) if k != "etcd-direct")]
     serving = {"coordinator-stub": coordinator, "coordinator-client": coordinator,
+               "coordinator-client-unary": coordinator,
                "coordinator-stub-metrics": metered}
     cpu: dict[str, dict[str, float]] = {}
     for n in clients:
@@ -254,9 +267,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, action="append", help="concurrent clients (repeatable; default 1 and 64)")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default 5)")
     parser.add_argument("--etcd-endpoints", help="use this etcd instead of an embedded one")
-    parser.add_argument("--kind", action="append", choices=[*DEFAULT_KINDS, "coordinator-stub-metrics"],
+    parser.add_argument("--kind", action="append", choices=[*DEFAULT_KINDS, *ON_REQUEST_KINDS],
                         help="run only this kind (repeatable; etcd-direct, the baseline, always runs; default: "
-                             "all but coordinator-stub-metrics)")
+                             f"all but {' and '.join(ON_REQUEST_KINDS)})")
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                         help="an argument for the coordinator's fencepost serve (repeatable), e.g. "
                              "--serve-arg=--workers=2 or --serve-arg=--loop=asyncio")

@@ -78,6 +78,11 @@ class AsyncLockClient:
     shortest lease's keepalive period, trying the addresses in turn);
     leases and tokens are unchanged by a reconnect.
 
+    Calls on the stream: a coordinator that serves them gets Acquire,
+    Release and Withdraw as messages on the KeepAlive stream (the fast path;
+    see ``stream_calls``). A call whose stream breaks before its answer is
+    treated as a unary call whose connection broke.
+
     Retries: idempotent calls (Acquire, LeaseRevoke, Describe) that fail with
     UNAVAILABLE are retried on the next address. LeaseGrant and Release are
     not idempotent: they are retried only while no connection could be made
@@ -93,8 +98,9 @@ class AsyncLockClient:
     ``fencepost.lease_id``, ``fencepost.token``, ``fencepost.outcome``), with
     a CLIENT span ``fencepost.v1.LockService/<Method>`` per call attempt
     under them, whose W3C trace context goes to the coordinator in the call
-    metadata: one trace from the caller's span through the coordinator to
-    its etcd requests.
+    metadata (or, for a call on the KeepAlive stream, in its message): one
+    trace from the caller's span through the coordinator to its etcd
+    requests.
 
     TLS: with ``tls`` set, every channel is TLS. A connection whose TLS
     handshake fails is not retried until ``connect_timeout``: once every
@@ -147,6 +153,12 @@ class AsyncLockClient:
             with; None (the default) for the global one, looked up at each call.
         trace_lock_names: Record lock names on spans (``fencepost.lock.name``);
             False leaves them out (names that carry customer ids, ...).
+        stream_calls: Send Acquire, Release and Withdraw as messages on the
+            KeepAlive stream when the coordinator serves them there (it says
+            so as each stream opens; older coordinators do not, and get unary
+            calls): one message each way instead of a gRPC call, with the
+            same results, errors, retries and spans. False (for comparisons
+            and tests) always makes unary calls.
 
     Raises:
         InvalidArgument: an argument is out of range, an address is none of
@@ -170,6 +182,7 @@ class AsyncLockClient:
         metrics: Any = None,
         tracer_provider: TracerProvider | None = None,
         trace_lock_names: bool = True,
+        stream_calls: bool = True,
     ) -> None:
         _fork.check_new_client()
         self._generation = _fork.generation()
@@ -188,6 +201,7 @@ class AsyncLockClient:
         self._stream = KeepAliveStream(
             self._transport, self._leases, fraction=fraction, spawn=self._spawn, metrics=self._metrics,
             on_open=self._resend_all, on_response=self._on_response, send_keepalive=self._send_keepalive,
+            stream_calls=bool(stream_calls),
         )
         self._deadlines = DeadlineWatcher(self._leases, on_retired=self._revoke_retired)
         self._locker = Locker(self._transport, self._leases, self._stream, spawn=self._spawn,

@@ -1,8 +1,10 @@
 """The lock recipe, client side: grant leases, acquire and release holds over the transport.
 
 :class:`Locker` makes the calls of the lock protocol (LeaseGrant,
-LeaseRevoke, Acquire, Release) through the
-:class:`~fencepost.client._transport.Transport` and keeps the
+LeaseRevoke, Acquire, Release, Withdraw) through the
+:class:`~fencepost.client._transport.Transport` (Acquire, Release and
+Withdraw as messages on the KeepAlive stream when it serves them, see
+:mod:`~fencepost.client._calls`; the same rules either way) and keeps the
 :class:`~fencepost.client._lease.LeasePool` in step with their answers:
 
 - a lease is granted once per requested TTL and shared by every lock taken
@@ -303,7 +305,8 @@ class Locker:
                     resp = await self.transport.call(
                         "Withdraw", lambda _left: (pb.WithdrawRequest(name=name, lease_id=lease.lease_id),
                                                    self._call_timeout),
-                        until=None, idempotent=True, name=name, lease_id=lease.lease_id, secret=lease.secret)
+                        until=None, idempotent=True, name=name, lease_id=lease.lease_id, secret=lease.secret,
+                        stream=self.stream.calls)
                 except LeaseLost:
                     return  # the lease is gone, and its keys with it
                 except (Unavailable, TlsError) as err:
@@ -333,7 +336,7 @@ class Locker:
             return request, wait_ms / 1000 + ACQUIRE_SLACK_SECONDS
 
         resp = await self.transport.call("Acquire", make, until=until, idempotent=True, name=name,
-                                         lease_id=lease.lease_id, secret=lease.secret)
+                                         lease_id=lease.lease_id, secret=lease.secret, stream=self.stream.calls)
         if not resp.acquired:
             holder_lease = int(resp.holder.lease_id) if resp.HasField("holder") else 0
             holder_token = int(resp.holder.token) if resp.HasField("holder") else 0
@@ -353,7 +356,7 @@ class Locker:
             raise LeaseLost("the lease was lost while acquiring", name=name, lease_id=lease.lease_id,
                             reason=lease.lost_reason or LEASE_EXPIRED)
         lease.holds[name] = handle
-        self.stream.watch(handle)
+        self.stream.watch(handle)  # sends nothing when the grant came on the current stream: it is watched there
         return handle
 
     # ------------------------------------------------------------------ release
@@ -418,7 +421,7 @@ class Locker:
         err = done.exception()
         if err is None:
             self.pool.finish_release(handle)
-            self.stream.unwatch(handle)
+            self.stream.unwatch(handle)  # sends nothing when released on the current stream: that dropped the watch
             self._on_idle()
             return
         if isinstance(err, (NotHolder, StaleTokenError, LeaseLost)):
@@ -446,7 +449,7 @@ class Locker:
         request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token)
         await self.transport.call("Release", lambda left: (request, _bounded(self._call_timeout, left)),
                                   until=until, idempotent=False, name=handle.name, lease_id=handle.lease_id,
-                                  token=handle.token, secret=handle._lease.secret)
+                                  token=handle.token, secret=handle._lease.secret, stream=self.stream.calls)
 
     async def _release_lost(self, handle: AsyncLockHandle, until: float) -> None:
         """Best-effort Release of a hold already reported lost."""

@@ -19,6 +19,14 @@ the hold's Release is in flight is left to the release to interpret.
 local deadline passes, even if no message arrives (a partition, a half-open
 TCP stream).
 
+Calls on the stream: when the coordinator announces them (initial metadata,
+see :mod:`fencepost.client._calls`), Acquire, Release and Withdraw go as
+messages on the stream (:attr:`KeepAliveStream.calls`) and their answers are
+dispatched here. A grant answered on the stream is watched there by the
+coordinator, and a release answered there drops that watch: :meth:`watch`
+and :meth:`unwatch` then send nothing for that hold (until the next stream,
+on which :meth:`resend_all` watches every hold again).
+
 A stream that cannot be opened because the TLS handshake fails is retried
 like any other (the coordinator's certificate may be replaced, or the
 client's files on disk may not matter: the server's may), but the cause is
@@ -37,6 +45,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from ._calls import Outbox, StreamCalls
 from ._lease import Lease, LeasePool
 from ._metrics import NO_CLIENT_METRICS, ClientMetrics
 from ._transport import Transport, current_task_cancelling
@@ -54,7 +63,8 @@ LEASE_EXPIRED = reason_name(ErrorReason.LEASE_EXPIRED)
 NOT_HOLDER = reason_name(ErrorReason.NOT_HOLDER)
 SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
 
-Outbox = asyncio.Queue[pb.KeepAliveRequest | None]
+#: (lease id, lock name, fencing token) of one hold.
+HoldKey = tuple[int, str, int]
 #: Starts a background task: (coroutine, task name) -> the task.
 Spawn = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
 
@@ -82,6 +92,8 @@ class KeepAliveStream:
         send_keepalive: Called to send one keepalive of a lease;
             :meth:`send_keepalive` by default.
         metrics: Observes each keepalive's round trip (``fencepost_client_keepalive_rtt_seconds``).
+        stream_calls: Send Acquire, Release and Withdraw on the stream when it
+            serves them (see :attr:`calls`); False keeps them unary.
 
     The three callbacks let the client route the stream's events through
     methods of its own, which a subclass may observe.
@@ -98,8 +110,11 @@ class KeepAliveStream:
         on_response: Callable[[pb.KeepAliveResponse], None] | None = None,
         send_keepalive: Callable[[Lease], None] | None = None,
         metrics: ClientMetrics = NO_CLIENT_METRICS,
+        stream_calls: bool = True,
     ) -> None:
         self.transport = transport
+        #: The calls sent on the stream (given to Transport.call by the lock recipe).
+        self.calls = StreamCalls(enabled=stream_calls)
         self.metrics = metrics
         self.pool = pool
         self.fraction = fraction
@@ -113,6 +128,10 @@ class KeepAliveStream:
         self._request_ids = itertools.count(1)
         self._closing = False
         self._tls_told: set[str] = set()  # TLS failures logged since a stream last answered
+        # Holds the current stream watches without a watch message (granted on it), and holds whose
+        # release on it dropped their watch: watch() and unwatch() send nothing for them.
+        self._watched_by_grant: set[HoldKey] = set()
+        self._unwatched_by_release: set[HoldKey] = set()
 
     # ------------------------------------------------------------------ sending
 
@@ -137,11 +156,19 @@ class KeepAliveStream:
                                       lease_secret=lease.secret))
 
     def watch(self, handle: AsyncLockHandle) -> None:
-        """Ask to be told (HoldEnded) when ``handle``'s hold ends."""
+        """Ask to be told (HoldEnded) when ``handle``'s hold ends (nothing to send when granted on this stream)."""
+        key = _key(handle)
+        if key in self._watched_by_grant:
+            self._watched_by_grant.discard(key)
+            return
         self.send(pb.KeepAliveRequest(watch=_hold(handle), lease_secret=handle._lease.secret))
 
     def unwatch(self, handle: AsyncLockHandle) -> None:
-        """Stop hearing about ``handle``'s hold (after its release)."""
+        """Stop hearing about ``handle``'s hold after its release (nothing to send when released on this stream)."""
+        key = _key(handle)
+        if key in self._unwatched_by_release:
+            self._unwatched_by_release.discard(key)
+            return
         self.send(pb.KeepAliveRequest(unwatch=_hold(handle)))
 
     def resend_all(self) -> None:
@@ -164,12 +191,24 @@ class KeepAliveStream:
     # ------------------------------------------------------------------ receiving
 
     def dispatch(self, response: pb.KeepAliveResponse) -> None:
-        """Apply one message from the coordinator: an acknowledgement or a HoldEnded event."""
+        """Apply one message from the coordinator: an acknowledgement, a HoldEnded event, or a call's answer."""
         kind = response.WhichOneof("response")
         if kind == "keepalive":
             self._on_ack(response.keepalive)
         elif kind == "hold_ended":
             self._on_hold_ended(response.hold_ended)
+        elif kind in ("acquired", "released", "withdrawn", "failed"):
+            self._on_answer(response, kind)
+
+    def _on_answer(self, response: pb.KeepAliveResponse, kind: str) -> None:
+        call = self.calls.answer(response)
+        if call is None:
+            return
+        _method, request = call
+        if kind == "acquired" and response.acquired.acquired:
+            self._watched_by_grant.add((request.lease_id, request.name, response.acquired.token))
+        elif kind == "released":
+            self._unwatched_by_release.add((request.lease_id, request.name, request.token))
 
     def _on_ack(self, ack: pb.LeaseKeepAliveAck) -> None:
         entry = self.pending.pop(ack.request_id, None)
@@ -185,6 +224,7 @@ class KeepAliveStream:
             self.pool.lose(lease, LEASE_EXPIRED)
 
     def _on_hold_ended(self, event: pb.HoldEnded) -> None:
+        self._watched_by_grant.discard((event.lease_id, event.name, event.token))  # a grant its caller never took
         handle = self.pool.find_hold(event.lease_id, event.name, event.token)
         if handle is None:
             return
@@ -234,6 +274,7 @@ class KeepAliveStream:
             assert channel is not None and stub is not None
             outbox: Outbox = asyncio.Queue()
             call = None
+            listening: asyncio.Task[None] | None = None
             force = False
             answered = False
             unreachable: str | None = None  # gRPC's details when the stream found no connection
@@ -241,6 +282,11 @@ class KeepAliveStream:
                 call = stub.KeepAlive(_drain(outbox))
                 self.outbox = outbox
                 self.pending.clear()
+                self._watched_by_grant.clear()
+                self._unwatched_by_release.clear()
+                self.calls.opened(outbox)
+                if self.calls.enabled:
+                    listening = self._spawn(self.calls.listen(call, outbox), "fencepost-stream-calls-metadata")
                 self._on_open()
                 async for response in call:
                     if not answered:
@@ -268,6 +314,9 @@ class KeepAliveStream:
             finally:
                 if self.outbox is outbox:
                     self.outbox = None
+                self.calls.ended(outbox)
+                if listening is not None:
+                    listening.cancel()
                 outbox.put_nowait(None)
                 if call is not None:
                     call.cancel()
@@ -328,6 +377,10 @@ async def _drain(outbox: Outbox) -> AsyncIterator[pb.KeepAliveRequest]:
         if message is None:
             return
         yield message
+
+
+def _key(handle: AsyncLockHandle) -> HoldKey:
+    return handle.lease_id, handle.name, handle.token
 
 
 def _hold(handle: AsyncLockHandle) -> pb.WatchHold:

@@ -220,6 +220,9 @@ class LockClient:
             global one (as for :class:`AsyncLockClient`: the client never sets
             one up; without an SDK no span is made).
         trace_lock_names: Record lock names on spans; False leaves them out.
+        stream_calls: Send Acquire, Release and Withdraw as messages on the
+            KeepAlive stream when the coordinator serves them there (as for
+            :class:`AsyncLockClient`); False always makes unary calls.
 
     Raises:
         InvalidArgument: an argument is out of range, or a TLS file is bad
@@ -241,12 +244,14 @@ class LockClient:
         metrics: Any = None,
         tracer_provider: TracerProvider | None = None,
         trace_lock_names: bool = True,
+        stream_calls: bool = True,
     ) -> None:
         self._generation = _fork.generation()
         self._aio = AsyncLockClient(address, tls=tls, keepalive_fraction=keepalive_fraction,
                                     connect_timeout=connect_timeout, idle_lease_timeout=idle_lease_timeout,
                                     max_idle_leases=max_idle_leases, metrics=metrics,
-                                    tracer_provider=tracer_provider, trace_lock_names=trace_lock_names)
+                                    tracer_provider=tracer_provider, trace_lock_names=trace_lock_names,
+                                    stream_calls=stream_calls)
         self._mutex = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -28,10 +28,18 @@ call, and once every address has, the call raises
 :class:`~fencepost.client.errors.TlsError` at once: a certificate that does
 not verify will not verify on the next try.
 
+Calls on the stream: a call given the client's
+:class:`~fencepost.client._calls.StreamCalls` (Acquire, Release, Withdraw)
+makes each attempt a message on the KeepAlive stream when the stream serves
+it, else a unary call. A stream attempt fails with the ``AioRpcError`` the
+unary call would have raised (a stream that ends before the answer: a lost
+connection, UNAVAILABLE), so the retry rule above is the same for both.
+
 Traces: with tracing on (see :mod:`fencepost.client._tracing`), each attempt
 of a call is a CLIENT span ``fencepost.v1.LockService/<Method>``, child of
 the caller's current span, whose W3C context goes to the coordinator in the
-call's metadata (``traceparent``); without it, no span and no metadata.
+call's metadata (``traceparent``; on the stream, the message's
+``traceparent`` field); without it, no span and no metadata.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from google.protobuf.message import Message
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import _handshake
+from ._calls import StreamCalls
 from ._tls import PLAINTEXT, Security
 from ._tracing import OUTCOME, Tracing, error_outcome, inject, response_facts, rpc_attributes, set_rpc_status
 from .errors import LOCK_SERVICE, FencepostError, LimitExceeded, TlsError, Unavailable, from_rpc_error
@@ -81,6 +90,9 @@ READY, FAILED, STALE = "ready", "failed", "stale"
 _PROBE_METHOD = "/grpc.health.v1.Health/Check"
 
 SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
+
+#: The W3C trace context header, sent in a stream call's ``traceparent`` field.
+TRACEPARENT = "traceparent"
 
 #: Builds one attempt of a call: given the seconds left before the call's
 #: ``until`` (None when unbounded), returns (request, gRPC timeout in seconds or None).
@@ -309,8 +321,9 @@ class Transport:
         lease_id: int | None = None,
         token: int | None = None,
         secret: str | None = None,
+        stream: StreamCalls | None = None,
     ) -> Any:
-        """Run one unary RPC with connection handling, retries and error mapping.
+        """Run one RPC with connection handling, retries and error mapping.
 
         Args:
             method: The stub method name (``"Acquire"``, ...).
@@ -322,6 +335,8 @@ class Transport:
             token: The fencing token of the call, for the error.
             secret: The secret of the lease the call names, sent as the
                 ``fencepost-lease-secret`` metadata entry; None or "" for none.
+            stream: The KeepAlive stream's calls: each attempt goes there when
+                the stream is up and serves ``method``; None: always unary.
 
         Returns:
             The RPC's response message.
@@ -391,7 +406,7 @@ class Transport:
                     continue
             request, timeout = make(None if until is None else until - loop.time())
             try:
-                return await self._send(stub, method, request, timeout, name, lease_id, token, secret)
+                return await self._send(stub, method, request, timeout, name, lease_id, token, secret, stream)
             except grpc.aio.AioRpcError as err:
                 mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answered is not None:
@@ -420,18 +435,33 @@ class Transport:
             await asyncio.sleep(min(next(delays), max(0.0, budget())))
 
     async def _send(self, stub: pb_grpc.LockServiceStub, method: str, request: Message, timeout: float | None,
-                    name: str | None, lease_id: int | None, token: int | None, secret: str | None = None) -> Any:
-        """Send one attempt of a call: in a CLIENT span carrying its context to the server, when tracing is on."""
+                    name: str | None, lease_id: int | None, token: int | None, secret: str | None = None,
+                    stream: StreamCalls | None = None) -> Any:
+        """Send one attempt of a call: in a CLIENT span carrying its context to the server, when tracing is on.
+
+        The attempt is a message on the KeepAlive stream when ``stream`` serves ``method`` now, else a unary call.
+        """
+        on_stream = stream is not None and stream.serves(method)
         owned = ((LEASE_SECRET_METADATA, secret),) if secret else ()
         tracer = self.tracing.tracer()
         if tracer is None:
+            if on_stream:
+                assert stream is not None
+                return await stream.call(method, request, timeout=timeout, secret=secret or "")
             return await getattr(stub, method)(request, timeout=timeout, metadata=owned or None)
         attributes = rpc_attributes(LOCK_SERVICE, method)
         attributes.update(self.tracing.lock_attributes(name, lease_id, token))
         with tracer.start_as_current_span(f"{LOCK_SERVICE}/{method}", kind=SpanKind.CLIENT, attributes=attributes,
                                           record_exception=False, set_status_on_exception=False) as span:
             try:
-                response = await getattr(stub, method)(request, timeout=timeout, metadata=tuple(inject()) + owned)
+                if on_stream:
+                    assert stream is not None
+                    traceparent = dict(inject()).get(TRACEPARENT, "")
+                    response = await stream.call(method, request, timeout=timeout, secret=secret or "",
+                                                 traceparent=traceparent)
+                else:
+                    response = await getattr(stub, method)(request, timeout=timeout,
+                                                           metadata=tuple(inject()) + owned)
             except grpc.aio.AioRpcError as err:
                 set_rpc_status(span, err.code(), server=False, message=err.details())
                 span.set_attribute(OUTCOME, error_outcome(details.parse(err).reason, err.code()))

@@ -34,7 +34,10 @@ COMMON = r'''
 import json, os, signal, sys, time
 
 def report(**fields):
-    print(json.dumps(fields), flush=True)
+    # One write per line: a child that gRPC kills (SIGSEGV, see below) between print's two writes (the text,
+    # then "\n") would glue its half line to the parent's next one.
+    sys.stdout.flush()
+    os.write(1, (json.dumps(fields) + "\n").encode())
 
 def attempt(what, call):
     """Run call() in the child: report what it returned or raised, and how long it took."""
