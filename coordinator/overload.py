@@ -7,10 +7,12 @@ answered after its lease's TTL is a lease lost, a spurious expiry).
 things: how much later than asked it ran (the event loop's lateness), and
 how long the oldest keepalive forwarded to etcd has waited for its answer
 (a backlog of keepalives, queued here or at a slow etcd; the loop can be on
-time while thousands of them wait). Both stay near 0 while the coordinator
-keeps up and grow while work piles up. The limit ``--max-lag``
+time while thousands of them wait). The KeepAlive streams add a third: how
+long an answer waited in a stream's queue to be sent to its client (a
+backlog on the way out; told by the stream itself as it sends). All stay
+near 0 while the coordinator keeps up and grow while work piles up. The limit ``--max-lag``
 (:mod:`.limits`) refuses new leases (LeaseGrant, RESOURCE_EXHAUSTED /
-LIMIT_EXCEEDED with a RetryInfo) while the larger of the two is above it,
+LIMIT_EXCEEDED with a RetryInfo) while the largest of them is above it,
 so that the leases already granted keep being renewed: under overload, new
 work is refused and live leases do not die. Keepalives, releases and
 revokes are always served.

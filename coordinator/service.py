@@ -447,7 +447,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         stream = KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender,
                                  metrics=self._metrics, released=self._released, kept=self._kept,
                                  on_keepalive=self._limits.kept_alive, owners=self._owners,
-                                 caller=caller_of(context), calls=self._stream_calls, context=context, **who)
+                                 caller=caller_of(context), calls=self._stream_calls, context=context,
+                                 on_late=self.loop_lag.record, **who)
         self._open.add(stream)
         log_event(_log, logging.INFO, "stream_open", f"KeepAlive stream opened by {who['peer']}", **who)
         started = time.monotonic()

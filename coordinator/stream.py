@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
@@ -54,6 +55,9 @@ from .stream_calls import CALLS, CallAborted, call_context, failed, invalid
 from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
+
+#: A response that waited longer than this to be sent, in seconds, is told to ``on_late``.
+LATE_SECONDS = 0.05
 
 
 class RecentReleases:
@@ -154,6 +158,8 @@ class KeepAliveStream:
             the LockService servicer's methods as the interceptors wrap them
             (:func:`.stream_calls.wrapped_calls`); None to ignore them.
         context: the stream's ``grpc.aio.ServicerContext`` (its certificate), for those calls.
+        on_late: told the seconds a response waited to be sent, when more than
+            :data:`LATE_SECONDS` (a backlog of answers: the coordinator is behind, see :mod:`.overload`).
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
@@ -162,8 +168,9 @@ class KeepAliveStream:
                  on_keepalive: Callable[[int, int], None] | None = None,
                  peer: str | None = None, trace_id: str | None = None, owners: Ownership | None = None,
                  caller: Caller | None = None, calls: dict[str, Any] | None = None,
-                 context: Any = None) -> None:
+                 context: Any = None, on_late: Callable[[float], None] | None = None) -> None:
         self._on_keepalive = on_keepalive
+        self._on_late = on_late
         self._calls = calls
         self._context = context
         self._peer = peer or ""
@@ -188,7 +195,8 @@ class KeepAliveStream:
         self._locks = locks
         self._watcher = watcher
         self._keys_for = keys_for
-        self._out: asyncio.Queue[lock_pb2.KeepAliveResponse] = asyncio.Queue()
+        # Responses to send, each with the time.monotonic() it was queued at (see ``on_late``).
+        self._out: asyncio.Queue[tuple[float, lock_pb2.KeepAliveResponse]] = asyncio.Queue()
         self._holds: dict[Hold, Callable[[], None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -210,9 +218,9 @@ class KeepAliveStream:
                 if self._refused in done:
                     self._refused.result()  # a lease the caller does not own: the stream is refused
                 if get in done:
-                    yield get.result()
+                    yield self._sent(*get.result())
                     while not self._out.empty():  # what else is ready goes without a wait each
-                        yield self._out.get_nowait()
+                        yield self._sent(*self._out.get_nowait())
                     continue
                 if reader in done:
                     reader.result()  # re-raise a reader failure
@@ -222,6 +230,17 @@ class KeepAliveStream:
                 if task is not None:
                     task.cancel()
             self.close()
+
+    def _send(self, response: lock_pb2.KeepAliveResponse) -> None:
+        """Queue ``response`` for the client."""
+        self._out.put_nowait((time.monotonic(), response))
+
+    def _sent(self, queued: float, response: lock_pb2.KeepAliveResponse) -> lock_pb2.KeepAliveResponse:
+        """``response``, about to be sent: a long wait in the queue is told to ``on_late`` (the coordinator is behind)."""
+        waited = time.monotonic() - queued
+        if waited > LATE_SECONDS and self._on_late is not None:
+            self._on_late(waited)
+        return response
 
     @property
     def lease_count(self) -> int:
@@ -294,13 +313,13 @@ class KeepAliveStream:
         if self._calls is None:
             return
         if request_id in self._running:
-            self._out.put_nowait(invalid(request_id, InvalidArgument(
+            self._send(invalid(request_id, InvalidArgument(
                 f"request_id {request_id} is in use by a call still running on this stream", field="request_id")))
             return
         try:
             context = call_context(self._context, self._peer, request)
         except InvalidArgument as exc:
-            self._out.put_nowait(invalid(request_id, exc))
+            self._send(invalid(request_id, exc))
             return
         task = asyncio.ensure_future(self._serve_call(kind, request_id, getattr(request, kind), context))
         self._running[request_id] = (kind, task)
@@ -321,13 +340,13 @@ class KeepAliveStream:
             response = await self._calls[method](message, context)
         except CallAborted as exc:
             self._release_failed(hold)
-            self._out.put_nowait(failed(request_id, exc.status))
+            self._send(failed(request_id, exc.status))
             return
         except asyncio.CancelledError:
             self._release_failed(hold)
             if self._ending:
                 raise  # the stream ended: nobody to answer
-            self._out.put_nowait(lock_pb2.KeepAliveResponse(request_id=request_id, failed=lock_pb2.CallFailed(
+            self._send(lock_pb2.KeepAliveResponse(request_id=request_id, failed=lock_pb2.CallFailed(
                 code=grpc.StatusCode.CANCELLED.value[0], message="cancelled by the client")))
             return
         except BaseException:
@@ -343,7 +362,7 @@ class KeepAliveStream:
                 self._metrics.watched_holds(-1)
                 unsubscribe()
                 self._released.discard(hold)
-        self._out.put_nowait(lock_pb2.KeepAliveResponse(request_id=request_id, **{answer: response}))
+        self._send(lock_pb2.KeepAliveResponse(request_id=request_id, **{answer: response}))
 
     def _release_failed(self, hold: Hold | None) -> None:
         """A release on the stream failed: a deletion of its hold seen meanwhile is told now."""
@@ -415,7 +434,7 @@ class KeepAliveStream:
         except FencepostError as exc:
             _log.info("keepalive for lease %#x not answered: %s", lease_id, exc)
             return  # no answer: the client's deadline counts it as not acknowledged
-        self._out.put_nowait(lock_pb2.KeepAliveResponse(
+        self._send(lock_pb2.KeepAliveResponse(
             keepalive=lock_pb2.LeaseKeepAliveAck(lease_id=lease_id, request_id=request_id, ttl_seconds=ttl)))
         if self._on_keepalive is not None:
             self._on_keepalive(lease_id, ttl)
@@ -481,5 +500,5 @@ class KeepAliveStream:
             log_event(_log, logging.INFO, "hold_ended", f"hold of {hold.name!r} by lease {hold.lease_id:#x} "
                       f"ended: {reason_name(reason)}", name=hold.name, lease_id=hold.lease_id, token=hold.token,
                       reason=reason_name(reason), **self._caller)
-        self._out.put_nowait(lock_pb2.KeepAliveResponse(
+        self._send(lock_pb2.KeepAliveResponse(
             hold_ended=lock_pb2.HoldEnded(name=hold.name, lease_id=hold.lease_id, token=hold.token, reason=reason)))
