@@ -56,6 +56,9 @@ from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
 
+#: Queued behind the responses when the stream must end (see KeepAliveStream.serve).
+_END = object()
+
 #: A response that waited longer than this to be sent, in seconds, is told to ``on_late``.
 LATE_SECONDS = 0.05
 
@@ -195,8 +198,8 @@ class KeepAliveStream:
         self._locks = locks
         self._watcher = watcher
         self._keys_for = keys_for
-        # Responses to send, each with the time.monotonic() it was queued at (see ``on_late``).
-        self._out: asyncio.Queue[tuple[float, lock_pb2.KeepAliveResponse]] = asyncio.Queue()
+        # Responses to send, each with the time.monotonic() it was queued at (see ``on_late``); _END: see serve().
+        self._out: asyncio.Queue[Any] = asyncio.Queue()
         self._holds: dict[Hold, Callable[[], None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -210,26 +213,34 @@ class KeepAliveStream:
         """
         reader = asyncio.create_task(self._read(requests))
         stop = asyncio.create_task(closing.wait())
-        get: asyncio.Task[lock_pb2.KeepAliveResponse] | None = None
+        # The end of the reader, the coordinator's shutdown and a refusal each queue an _END behind the
+        # responses queued before them: the loop waits on the queue alone (no task and no wait() per message).
+        for ending in (reader, stop, self._refused):
+            ending.add_done_callback(self._end)
         try:
             while True:
-                get = asyncio.create_task(self._out.get())
-                done, _ = await asyncio.wait([get, reader, stop, self._refused], return_when=asyncio.FIRST_COMPLETED)
-                if self._refused in done:
-                    self._refused.result()  # a lease the caller does not own: the stream is refused
-                if get in done:
-                    yield self._sent(*get.result())
-                    while not self._out.empty():  # what else is ready goes without a wait each
-                        yield self._sent(*self._out.get_nowait())
+                item = await self._out.get()
+                while item is not _END:
+                    yield self._sent(*item)
+                    if self._out.empty():
+                        break
+                    item = self._out.get_nowait()  # what else is ready goes without a wait each
+                if item is not _END:
                     continue
-                if reader in done:
+                if self._refused.done():
+                    self._refused.result()  # a lease the caller does not own: the stream is refused
+                if reader.done():
                     reader.result()  # re-raise a reader failure
-                return
+                    return
+                if stop.done():
+                    return
         finally:
-            for task in (reader, stop, get):
-                if task is not None:
-                    task.cancel()
+            for task in (reader, stop):
+                task.cancel()
             self.close()
+
+    def _end(self, _: object) -> None:
+        self._out.put_nowait(_END)
 
     def _send(self, response: lock_pb2.KeepAliveResponse) -> None:
         """Queue ``response`` for the client."""
