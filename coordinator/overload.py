@@ -10,33 +10,35 @@ how long the oldest keepalive forwarded to etcd has waited for its answer
 time while thousands of them wait). The KeepAlive streams add a third: how
 long an answer waited in a stream's queue to be sent to its client (a
 backlog on the way out; told by the stream itself as it sends). All stay
-near 0 while the coordinator keeps up and grow while work piles up. The limit ``--max-lag``
-(:mod:`.limits`) refuses new leases (LeaseGrant, RESOURCE_EXHAUSTED /
-LIMIT_EXCEEDED with a RetryInfo) while the largest of them is above it,
-so that the leases already granted keep being renewed: under overload, new
+near 0 while the coordinator keeps up and grow while work piles up. The
+limit ``--max-lag`` (:mod:`.limits`) refuses new leases (LeaseGrant,
+RESOURCE_EXHAUSTED / LIMIT_EXCEEDED with a RetryInfo) while the figure
+below is above it, so that the leases already granted keep being renewed: under overload, new
 work is refused and live leases do not die. Keepalives, releases and
 revokes are always served.
 
-The figure is the largest seen in the last :data:`WINDOW` seconds (a single
-late wake-up counts for that long), in ``fencepost_lag_seconds``.
+Overload is what lasts: the figure is the smallest of the last :data:`TICKS`
+measurements (each the largest of the three seen since the one before), so
+that a single pause (a coordinator SIGSTOPped and continued, a machine that
+stalled for a moment) does not count, while a coordinator that was late at
+every wake-up for a while does. In ``fencepost_lag_seconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import deque
 from collections.abc import Callable
 
 from .lock_metrics import NO_METRICS, LockMetrics
 
-__all__ = ["INTERVAL", "WINDOW", "LoopLag"]
+__all__ = ["INTERVAL", "TICKS", "LoopLag"]
 
 #: Seconds between two measurements.
 INTERVAL = 0.05
-#: Seconds a lateness counts for.
-WINDOW = 2.0
+#: Measurements the figure is the smallest of (0.25 s at INTERVAL while the loop keeps up).
+TICKS = 5
 
 
 class LoopLag:
@@ -47,23 +49,26 @@ class LoopLag:
         waiting: the age of the oldest keepalive waiting for etcd, seconds
             (:attr:`.etcd.EtcdClient.keepalive_waiting_seconds`); none: only the loop's lateness.
         interval: seconds between measurements.
-        window: seconds a measured lateness counts for.
+        ticks: measurements the figure is the smallest of.
     """
 
     def __init__(self, metrics: LockMetrics = NO_METRICS, *, waiting: Callable[[], float] = lambda: 0.0,
-                 interval: float = INTERVAL, window: float = WINDOW) -> None:
+                 interval: float = INTERVAL, ticks: int = TICKS) -> None:
         self._metrics = metrics
         self._waiting = waiting
         self._interval = interval
-        self._window = window
-        self._samples: deque[tuple[float, float]] = deque()  # (when, lateness), lateness decreasing
+        self._ticks: deque[float] = deque(maxlen=ticks)
+        self._since = 0.0  # the largest lag told (record) since the last measurement
+        #: Measurements made so far.
+        self.measurements = 0
         self._task: asyncio.Task[None] | None = None
 
     @property
     def seconds(self) -> float:
-        """The largest lag measured in the last ``window`` seconds (0.0 before the first measurement)."""
-        self._expire(time.monotonic())
-        return self._samples[0][1] if self._samples else 0.0
+        """How far behind the coordinator has been at each of the last measurements, in seconds (0.0 before
+        there are as many as the figure needs)."""
+        ticks = self._ticks
+        return min(ticks) if len(ticks) == ticks.maxlen else 0.0
 
     def start(self) -> None:
         """Start measuring (in a task of the running loop)."""
@@ -78,22 +83,21 @@ class LoopLag:
                 await self._task
             self._task = None
 
-    def record(self, lateness: float, now: float | None = None) -> None:
-        """Count one measured ``lateness`` in seconds (what the task does each wake-up; tests call it too)."""
-        now = time.monotonic() if now is None else now
-        while self._samples and self._samples[-1][1] <= lateness:
-            self._samples.pop()  # a larger, newer lateness hides the smaller, older ones
-        self._samples.append((now, lateness))
-        self._expire(now)
-        self._metrics.loop_lag(self._samples[0][1])
+    def record(self, seconds: float) -> None:
+        """Tell a lag seen elsewhere (an answer that waited ``seconds`` to be sent): part of the next measurement."""
+        if seconds > self._since:
+            self._since = seconds
 
-    def _expire(self, now: float) -> None:
-        while self._samples and self._samples[0][0] < now - self._window:
-            self._samples.popleft()
+    def tick(self, lateness: float) -> None:
+        """One measurement: the loop's ``lateness`` in seconds, with the keepalive wait and what was told since."""
+        self._ticks.append(max(lateness, self._waiting(), self._since))
+        self._since = 0.0
+        self.measurements += 1
+        self._metrics.loop_lag(self.seconds)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             asked = loop.time() + self._interval
             await asyncio.sleep(self._interval)
-            self.record(max(0.0, loop.time() - asked, self._waiting()))
+            self.tick(max(0.0, loop.time() - asked))

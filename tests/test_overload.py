@@ -1,8 +1,11 @@
-"""Overload: while the coordinator's event loop runs late, new leases are refused and live ones kept alive.
+"""Overload: while the coordinator stays behind, new leases are refused and live ones kept alive.
 
-The in-process coordinator shares the test's event loop, so blocking that
-loop (``time.sleep`` in it) is exactly a coordinator that could not keep up
-for that long. Real etcd.
+Overload is what lasts (coordinator/overload.py): the figure is the smallest
+of the last few measurements, so a single pause does not count. The
+in-process coordinator shares the test's event loop: blocking that loop
+once (``time.sleep`` in it) is a coordinator SIGSTOPped and continued; a
+lasting backlog is made by telling the monitor that the oldest keepalive has
+waited long (what thousands of keepalives queued for etcd look like). Real etcd.
 """
 
 from __future__ import annotations
@@ -17,24 +20,31 @@ import pytest
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2
 from fencepost.coordinator.limits import FLAGS, Limits, limits_from_args
-from fencepost.coordinator.overload import LoopLag
+from fencepost.coordinator.overload import TICKS, LoopLag
 
 from .conftest import error_info, wait_for
 from .owned_stub import OwnedStub
 
 
-def test_the_lag_is_the_largest_lateness_in_the_window() -> None:
-    lag = LoopLag(window=2.0)
+def test_overload_is_what_lasts() -> None:
+    lag = LoopLag(ticks=3)
     assert lag.seconds == 0.0
-    now = time.monotonic()
-    lag.record(0.3, now - 1.5)
-    lag.record(0.1, now - 1.0)
-    assert lag.seconds == 0.3  # the larger, older one still counts
-    lag.record(0.5, now - 0.5)
-    lag.record(0.0, now)
-    assert lag.seconds == 0.5
-    lag.record(0.0, now + 1.6)  # 0.5 was measured 2.1 s before: it no longer counts
+    lag.tick(0.9)
+    lag.tick(0.9)
+    assert lag.seconds == 0.0  # not yet as many measurements as the figure needs
+    lag.tick(0.7)
+    assert lag.seconds == 0.7  # behind at each of the last three
+    lag.tick(0.0)
+    assert lag.seconds == 0.0  # caught up
+    for _ in range(3):
+        lag.tick(0.0)
+    lag.tick(2.0)  # one pause (SIGSTOP and SIGCONT, a stall)
     assert lag.seconds == 0.0
+    lag.record(0.6)  # an answer that waited 0.6 s to be sent counts in the next measurement
+    lag.tick(0.0)
+    lag.record(0.8)
+    lag.tick(0.1)
+    assert lag.seconds == 0.6
 
 
 def test_max_lag_is_a_limit_flag() -> None:
@@ -48,18 +58,26 @@ def test_max_lag_is_a_limit_flag() -> None:
         Limits(max_lag=-1)
 
 
-async def block(seconds: float) -> None:
-    """Hold the event loop (and so the in-process coordinator) for ``seconds``; then let the lag be measured."""
-    time.sleep(seconds)  # noqa: ASYNC251 - on purpose: an overloaded coordinator
-    await asyncio.sleep(0.1)  # the lag monitor's next wake-up (every 0.05 s) records the lateness
+async def measured(lag: LoopLag) -> None:
+    """Wait until the monitor has measured TICKS more times (it wakes every 0.05 s)."""
+    until = lag.measurements + TICKS
+    await wait_for(lambda: lag.measurements >= until, 10, 0.01, "the monitor's measurements")
 
 
-async def test_new_leases_wait_while_the_loop_is_late_and_live_ones_are_kept(coordinator: Any,
-                                                                             stub: OwnedStub) -> None:
+async def test_a_single_pause_refuses_nothing(coordinator: Any, stub: OwnedStub) -> None:
+    """A coordinator stopped for a moment and continued (SIGSTOP, a stall) serves LeaseGrant at once."""
+    time.sleep(0.8)  # noqa: ASYNC251 - on purpose: the coordinator (this loop) stalls once
+    granted = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))
+    assert granted.lease_id > 0
+
+
+async def test_new_leases_wait_while_behind_and_live_ones_are_kept(coordinator: Any, stub: OwnedStub) -> None:
+    lag = coordinator._service.loop_lag
     granted = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))
     stream = stub.KeepAlive()
-    await block(0.8)
-    assert coordinator._service.loop_lag.seconds > 0.5
+    lag._waiting = lambda: 0.9  # the oldest keepalive has waited 0.9 s for etcd, at every measurement
+    await measured(lag)
+    assert lag.seconds == 0.9
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -72,35 +90,36 @@ async def test_new_leases_wait_while_the_loop_is_late_and_live_ones_are_kept(coo
     ack = await asyncio.wait_for(stream.read(), 10)
     assert ack.keepalive.lease_id == granted.lease_id and ack.keepalive.ttl_seconds > 0
     stream.cancel()
-
-    async def grants() -> bool:
-        try:
-            await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))
-            return True
-        except grpc.aio.AioRpcError:
-            return False
-
-    await wait_for(grants, 10, 0.1, "LeaseGrant served again once the loop keeps up")
+    lag._waiting = lambda: 0.0  # caught up
+    await measured(lag)
+    assert (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))).lease_id > 0
 
 
 async def test_the_client_waits_out_an_overload_refusal(coordinator: Any, address: str) -> None:
+    lag = coordinator._service.loop_lag
     async with AsyncLockClient(address) as client:
-        await block(0.8)
+        lag._waiting = lambda: 0.9
+        await measured(lag)
+
+        def caught_up() -> None:
+            lag._waiting = lambda: 0.0
+
+        asyncio.get_running_loop().call_later(1.2, caught_up)
         started = time.monotonic()
         handle = await client.acquire("after-overload", ttl=10, timeout=15)
         assert handle.token > 0
-        assert time.monotonic() - started >= 0.9  # refused first (RetryInfo 1 s), then granted
+        assert time.monotonic() - started >= 1.0  # refused (RetryInfo 1 s) until caught up, then granted
         await handle.release()
 
 
-async def test_a_keepalive_backlog_counts_as_lag_while_the_loop_is_on_time() -> None:
+async def test_the_monitor_measures_a_keepalive_backlog() -> None:
     """Thousands of keepalives waiting for etcd (queued here, or a slow etcd) while every timer fires on time:
     the coordinator is behind all the same."""
     waited = 0.0
     lag = LoopLag(waiting=lambda: waited, interval=0.01)
     lag.start()
     try:
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: len(lag._ticks) == TICKS, 5, 0.01, "the first measurements")
         assert lag.seconds < 0.5
         waited = 0.9
         await wait_for(lambda: lag.seconds >= 0.9, 5, 0.01, "the backlog measured")
