@@ -3,8 +3,10 @@
 Never an absolute time: each figure is compared with the same work done
 directly on etcd in the same test, on the same etcd, so that a slow or busy
 machine moves both. The thresholds sit well under the ratios measured when
-they were set (docs/benchmarks.md, "Regression guard"): the test fails on a
-change that makes the coordinator several times slower, not on noise.
+they were set: the test fails on a change that makes the coordinator
+several times slower, not on noise. Set on 2026-12-01 from runs on the 2-core
+machine: P1 0.36 to 0.41 (AsyncLockClient over calls on the stream; 0.15
+when its calls were unary), P3 2.3 to 3.3.
 
 - P1: acquire + release cycles per second of 16 AsyncLockClient users, each
   on its own lock name, through a ``fencepost serve`` child process, against
@@ -37,7 +39,7 @@ from fencepost.coordinator.embedded import EmbeddedEtcd
 from .conftest import CoordinatorProcess
 
 #: P1: the coordinator's cycles/s must stay above this fraction of etcd-direct's (measured: see the docstring).
-P1_MIN_RATIO = 0.10
+P1_MIN_RATIO = 0.2
 #: P3: the coordinator's hand-off p50 must stay below this multiple of etcd-direct's.
 P3_MAX_RATIO = 10.0
 #: Concurrent users in P1.
