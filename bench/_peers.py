@@ -275,7 +275,8 @@ class _Described:
 
 
 class FencepostStub(_Described):
-    """Acquire + Release over the generated grpc.aio stub: one channel and one session lease per user."""
+    """Acquire + Release over the generated grpc.aio stub (unary calls): one connection and one session lease
+    per user."""
 
     kind = "fencepost-stub"
     sync = False
@@ -284,7 +285,9 @@ class FencepostStub(_Described):
         self.address = address
 
     async def user(self, i: int) -> Any:
-        channel = grpc.aio.insecure_channel(self.address)
+        # Its own connection, as a separate client has (and as the client library does): the coordinator's
+        # per-caller limits (LeaseGrant rate, streams) count a connection as one caller.
+        channel = grpc.aio.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
         stub = lock_pb2_grpc.LockServiceStub(channel)
         granted = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=TTL), timeout=30)
         lease = granted.lease_id
