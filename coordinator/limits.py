@@ -178,8 +178,9 @@ _HELP: dict[str, str] = {
     "lease_grant_burst": "LeaseGrant calls one caller may make at once after a pause; 1 or more",
     "acquire_rate": "Acquire calls per second of one caller, on average (RetryInfo says when to retry)",
     "acquire_burst": "Acquire calls one caller may make at once after a pause; 1 or more",
-    "max_lag": "seconds: LeaseGrant refused while this coordinator is this far behind (its event loop late, "
-               "or a keepalive waiting for etcd that long: the keepalives of live leases first; RetryInfo 1 s)",
+    "max_lag": "seconds: new leases (LeaseGrant) are refused, with a RetryInfo of 1 s, while this coordinator "
+               "stays this far behind (its event loop running late, or keepalives or answers queued that long), "
+               "so that the leases it already keeps are renewed in time",
     "max_message_bytes": "largest request message read, in bytes (gRPC refuses a larger one with "
                          "RESOURCE_EXHAUSTED); 1024 or more",
 }
@@ -201,7 +202,8 @@ def add_limit_arguments(parser: argparse.ArgumentParser, env: Callable[[str, str
         flag = FLAGS[f.name]
         default = getattr(defaults, f.name)
         off = "" if f.name in ("lease_grant_burst", "acquire_burst", "max_message_bytes") else "; 0: no limit"
-        group.add_argument(f"--{flag}", dest=f.name, default=env(flag, None), metavar="N",
+        group.add_argument(f"--{flag}", dest=f.name, default=env(flag, None),
+                           metavar="S" if f.name == "max_lag" else "N",
                            help=f"{_HELP[f.name]} (env FENCEPOST_{flag.upper().replace('-', '_')}; "
                                 f"default {_number(default)}{off})")
 

@@ -63,8 +63,15 @@ CACHE_SIZE = 100_000
 
 
 def new_secret() -> str:
-    """A new lease secret: 32 random bytes from :mod:`secrets`, base64url without padding (43 characters)."""
-    return base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+    """A new lease secret: 32 random bytes from :mod:`secrets`, base64url without padding (43 characters).
+
+    Never one that starts with ``-`` (1 in 64 would): passed as a command-line
+    argument (``fencepost release --lease-secret SECRET``), it would read as an option.
+    """
+    while True:
+        secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+        if not secret.startswith("-"):
+            return secret
 
 
 def _digest(secret: str) -> bytes:

@@ -125,3 +125,4 @@ async def test_the_monitor_measures_a_keepalive_backlog() -> None:
         await wait_for(lambda: lag.seconds >= 0.9, 5, 0.01, "the backlog measured")
     finally:
         await lag.close()
+
