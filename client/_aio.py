@@ -39,13 +39,16 @@ from ._tls import TlsConfig
 from ._tracing import LEASE_ID, OUTCOME, TOKEN, Tracing, failed
 from ._transport import Transport
 from ._wire import DEFAULT_ADDRESS
-from .errors import FencepostError, LeaseLost, Unavailable
+from .errors import FencepostError, LeaseLost, LockHeld, LockTimeout, Unavailable
 from .handle import AsyncLockHandle
 from .v1 import lock_pb2 as pb
 
 __all__ = ["AsyncLockClient", "HeldLock", "LockInfo", "DEFAULT_ADDRESS"]
 
 log = logging.getLogger("fencepost.client")
+
+# An acquire with less than this left to wait (timeout=0) makes one try (the wire's wait_ms counts in ms).
+_ONE_MS = 0.001
 
 # Upper bound on the time close() spends releasing locks and revoking leases.
 _CLOSE_BUDGET_SECONDS = 5.0
@@ -511,6 +514,8 @@ class AsyncLockClient:
     async def _acquire_or_closed(self, name: str, ttl_s: int, until: float | None, try_once: bool
                                  ) -> AsyncLockHandle:
         try:
+            if until is not None and not try_once and until - asyncio.get_running_loop().time() < _ONE_MS:
+                return await self._acquire_now(name, ttl_s)  # no time to wait (the wire counts in ms): one try
             return await self._locker.acquire(name, ttl_s, until, try_once=try_once)
         except FencepostError as exc:
             closed = self._closed_error(name)
@@ -521,6 +526,15 @@ class AsyncLockClient:
             if type(exc) is FencepostError and exc.name is None:
                 exc.name = name  # "client is closed" from the lease pool: say which lock
             raise
+
+    async def _acquire_now(self, name: str, ttl_s: int) -> AsyncLockHandle:
+        """``acquire(timeout=0)``: one try, as ``try_acquire`` (its calls get the usual time to reach a
+        coordinator and be answered: a budget of 0 s would fail them all), LockTimeout when the lock is held."""
+        try:
+            return await self._locker.acquire(name, ttl_s, None, try_once=True)
+        except LockHeld as held:
+            raise LockTimeout(f"lock {name!r} not granted within 0 s: it is held (lease {held.holder_lease_id}, "
+                              f"token {held.holder_token})", name=name, lease_id=held.lease_id) from None
 
     def _closed_error(self, name: str | None) -> FencepostError | None:
         """The error of a call that close() ended (its channel closed under it), None while open."""

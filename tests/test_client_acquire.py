@@ -36,3 +36,34 @@ async def test_acquire_when_lease_lost_while_waiting(
 async def _only_key_of(etcd: Etcd3Client, prefix: str, lease_id: int) -> bool:
     keys = await list_keys(etcd, prefix)
     return [k.rsplit(b"/", 1)[1] for k in keys] == [f"{lease_id:016x}".encode()]
+
+
+async def test_acquire_with_timeout_0_tries_once(address: str) -> None:
+    """``acquire(timeout=0)`` makes one try: granted when the lock is free, LockTimeout naming the holder when
+    it is held. Its calls still get the usual time to be answered (before, a budget of 0 s failed them with
+    misleading errors: an etcd timeout, "held by this client"; found by a fresh-user trial)."""
+    from fencepost.client import LockClient, LockTimeout
+
+    async with AsyncLockClient(address) as client, AsyncLockClient(address) as other:
+        for i in range(5):
+            handle = await client.acquire(f"free/{i}", ttl=5, timeout=0)
+            assert handle.token > 0
+            await handle.release()
+        tiny = await client.acquire("free/tiny", ttl=5, timeout=0.0001)
+        await tiny.release()
+        held = await client.acquire("held", ttl=5)
+        try:
+            await other.acquire("held", ttl=5, timeout=0)
+            raise AssertionError("granted a held lock")
+        except LockTimeout as err:
+            assert err.reason == "ACQUIRE_TIMEOUT" and err.name == "held"
+            assert f"token {held.token}" in str(err)
+        await held.release()
+
+    def sync() -> None:
+        with LockClient(address) as client:
+            handle = client.acquire("sync/free", ttl=5, timeout=0)
+            assert handle.token > 0
+            handle.release()
+
+    await asyncio.to_thread(sync)
