@@ -258,7 +258,7 @@ class Locker:
                     if slot.lock.locked() or slot.users > 1:
                         holder = slot.holder
                         raise LockHeld(
-                            "lock is held by this client",
+                            f"lock {name!r} is held by this client (lease {lease.lease_id:#x})",
                             name=name,
                             lease_id=lease.lease_id,
                             holder_lease_id=lease.lease_id,
@@ -344,8 +344,8 @@ class Locker:
                 raise LockTimeout(
                     f"lock is held (lease {holder_lease}, token {holder_token})", name=name, lease_id=lease.lease_id
                 )
-            raise LockHeld("lock is held", name=name, lease_id=lease.lease_id, holder_lease_id=holder_lease,
-                           holder_token=holder_token)
+            raise LockHeld(f"lock {name!r} is held by lease {holder_lease:#x} with token {holder_token}", name=name,
+                           lease_id=lease.lease_id, holder_lease_id=holder_lease, holder_token=holder_token)
         handle = AsyncLockHandle(name, lease, int(resp.token), self.release)
         if lease.lost:
             # The lease was declared lost while the Acquire was in flight: the
