@@ -36,7 +36,7 @@ from fencepost.client.v1 import etcdops
 from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
 from fencepost.coordinator.embedded import EmbeddedEtcd
 
-from .conftest import CoordinatorProcess
+from .conftest import CoordinatorProcess, wait_for
 
 #: P1: the coordinator's cycles/s must stay above this fraction of etcd-direct's (measured: see the docstring).
 P1_MIN_RATIO = 0.2
@@ -141,6 +141,10 @@ async def _direct_handoffs(endpoint: str, prefix: str) -> list[float]:
         return times
 
 
+async def _queued(client: AsyncLockClient, name: str) -> bool:
+    return (await client.describe(name)).waiter_count >= 1
+
+
 async def _coordinator_handoffs(address: str) -> list[float]:
     times = []
     async with AsyncLockClient(address) as holder, AsyncLockClient(address) as waiter:
@@ -148,9 +152,8 @@ async def _coordinator_handoffs(address: str) -> list[float]:
             name = f"handoff/{round_}"
             held = await holder.acquire(name, ttl=30)
             queued = asyncio.ensure_future(waiter.acquire(name, ttl=30))
-            # Queued once the coordinator lists the waiter (no sleep: the lock's own description says so).
-            while (await holder.describe(name)).waiter_count < 1:
-                await asyncio.sleep(0)
+            # Queued once the coordinator lists the waiter (the lock's own description says so).
+            await wait_for(lambda: _queued(holder, name), 10, 0.001, "the waiter queued")
             released_at = time.perf_counter()
             await held.release()
             granted = await queued
