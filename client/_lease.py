@@ -220,7 +220,7 @@ class LeasePool:
         return [handle for lease in self._by_id.values() for handle in lease.holds.values()]
 
     def find_hold(self, lease_id: int, name: str, token: int) -> AsyncLockHandle | None:
-        """The live hold of ``name`` by ``lease_id`` under fencing token ``token``, if any."""
+        """The live hold of ``name`` (a lock name or a hold's internal name) by ``lease_id`` under ``token``."""
         lease = self._by_id.get(lease_id)
         handle = lease.holds.get(name) if lease is not None else None
         return handle if handle is not None and handle.token == token else None
@@ -329,8 +329,8 @@ class LeasePool:
 
     def _drop_hold(self, handle: AsyncLockHandle) -> None:
         lease = handle._lease
-        if lease.holds.get(handle.name) is handle:
-            del lease.holds[handle.name]
+        if lease.holds.get(handle.hold_name) is handle:
+            del lease.holds[handle.hold_name]
             lease.last_used = self.clock()
 
     # ------------------------------------------------------------------ local exclusion

@@ -355,7 +355,7 @@ class Locker:
             self._spawn(self.release_quietly(handle), f"fencepost-release-{name}")
             raise LeaseLost("the lease was lost while acquiring", name=name, lease_id=lease.lease_id,
                             reason=lease.lost_reason or LEASE_EXPIRED)
-        lease.holds[name] = handle
+        lease.holds[handle.hold_name] = handle
         self.stream.watch(handle)  # sends nothing when the grant came on the current stream: it is watched there
         return handle
 

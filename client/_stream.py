@@ -51,6 +51,7 @@ from ._metrics import NO_CLIENT_METRICS, ClientMetrics
 from ._transport import Transport, current_task_cancelling
 from .errors import LimitExceeded, from_rpc_error
 from .handle import AsyncLockHandle
+from .v1 import kinds
 from .v1 import lock_pb2 as pb
 from .v1.details import ErrorReason, reason_name
 from .v1.retry import CLIENT_BACKOFF
@@ -224,8 +225,9 @@ class KeepAliveStream:
             self.pool.lose(lease, LEASE_EXPIRED)
 
     def _on_hold_ended(self, event: pb.HoldEnded) -> None:
-        self._watched_by_grant.discard((event.lease_id, event.name, event.token))  # a grant its caller never took
-        handle = self.pool.find_hold(event.lease_id, event.name, event.token)
+        name = kinds.internal_name(event.kind, event.name, event.slot)
+        self._watched_by_grant.discard((event.lease_id, name, event.token))  # a grant its caller never took
+        handle = self.pool.find_hold(event.lease_id, name, event.token)
         if handle is None:
             return
         reason = hold_end_reason(event.reason)
@@ -380,8 +382,9 @@ async def _drain(outbox: Outbox) -> AsyncIterator[pb.KeepAliveRequest]:
 
 
 def _key(handle: AsyncLockHandle) -> HoldKey:
-    return handle.lease_id, handle.name, handle.token
+    return handle.lease_id, handle.hold_name, handle.token
 
 
 def _hold(handle: AsyncLockHandle) -> pb.WatchHold:
-    return pb.WatchHold(name=handle.name, lease_id=handle.lease_id, token=handle.token)
+    return pb.WatchHold(name=handle.name, lease_id=handle.lease_id, token=handle.token, kind=handle.kind,
+                        slot=handle.slot)

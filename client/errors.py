@@ -16,6 +16,8 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      │                             local deadline passed
      ├── NotHolder                 the lease does not hold the lock
      │                             (.token, .current_token)
+     ├── PermitsMismatch           a semaphore asked for with another number of
+     │                             permits than it has (.permits)
      ├── StaleTokenError           a token lower than the newest one: the
      │                             lock is held under a newer token, or a
      │                             fencing guard refused a write
@@ -63,6 +65,7 @@ __all__ = [
     "LeaseLost",
     "NotHolder",
     "StaleTokenError",
+    "PermitsMismatch",
     "MissingRecordError",
     "Unavailable",
     "TlsError",
@@ -386,6 +389,23 @@ class NotLeaseOwner(PermissionDenied):
     default_reason = ErrorReason.NOT_LEASE_OWNER
 
 
+class PermitsMismatch(FencepostError):
+    """A semaphore was asked for with another number of permits than it has (reason ``PERMITS_MISMATCH``).
+
+    A semaphore's number of permits is fixed at its first use. Retrying with
+    the same number does not help.
+
+    Attributes:
+        permits: The semaphore's number of permits, as the server said; None when it did not say.
+    """
+
+    default_reason = ErrorReason.PERMITS_MISMATCH
+
+    def __init__(self, message: str = "", *, permits: int | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.permits = permits
+
+
 # (status code, ErrorReason name or None) -> class. A (code, None) row is the
 # fallback for that code whatever the reason.
 _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
@@ -394,6 +414,7 @@ _BY_STATUS: dict[tuple[grpc.StatusCode, str | None], type[FencepostError]] = {
     (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.NOT_HOLDER)): NotHolder,
     (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.STALE_TOKEN)): StaleTokenError,
     (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.LEASE_EXPIRED)): LeaseLost,
+    (grpc.StatusCode.FAILED_PRECONDITION, reason_name(ErrorReason.PERMITS_MISMATCH)): PermitsMismatch,
     (grpc.StatusCode.UNAVAILABLE, reason_name(ErrorReason.DATA_LOSS)): DataLoss,
     (grpc.StatusCode.UNAVAILABLE, None): Unavailable,
     (grpc.StatusCode.RESOURCE_EXHAUSTED, reason_name(ErrorReason.LIMIT_EXCEEDED)): LimitExceeded,
@@ -472,6 +493,8 @@ def from_rpc_error(
         exc = AccessDenied(message, action=status.metadata.get(details.ACTION), **common)
     elif cls is Unavailable or cls is DataLoss:
         exc = cls(message, retry_delay=status.retry_delay, **common)
+    elif cls is PermitsMismatch:
+        exc = PermitsMismatch(message, permits=status.int_value(details.PERMITS), **common)
     elif cls is LimitExceeded:
         exc = LimitExceeded(message, limit=status.metadata.get(details.LIMIT), value=status.metadata.get(details.VALUE),
                             retry_delay=status.retry_delay, **common)

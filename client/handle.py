@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import _fork
 from .errors import REASON_DEADLINE, LeaseLost, NotHolder
+from .v1 import kinds
 
 if TYPE_CHECKING:
     from ._lease import Lease
@@ -63,8 +64,16 @@ class AsyncLockHandle:
         lease: Lease,
         token: int,
         release: Callable[[AsyncLockHandle], Awaitable[None]],
+        *,
+        kind: int = 0,
+        slot: int = 0,
     ) -> None:
         self._name = name
+        self._kind = kind
+        self._slot = slot
+        #: The hold's name in the client's bookkeeping: the lock name, or the internal
+        #: name of an election's or a semaphore slot's lock (:mod:`fencepost.client.v1.kinds`).
+        self.hold_name = kinds.internal_name(kind, name, slot)
         self._lease = lease
         self._token = token
         self._release_fn = release
@@ -82,8 +91,18 @@ class AsyncLockHandle:
 
     @property
     def name(self) -> str:
-        """The lock name."""
+        """The lock name (the election's or semaphore's, for those holds)."""
         return self._name
+
+    @property
+    def kind(self) -> int:
+        """What this is a hold of: a ``HoldKind`` (``HOLD_KIND_LOCK``, ``_ELECTION``, ``_SEMAPHORE``)."""
+        return self._kind
+
+    @property
+    def slot(self) -> int:
+        """The permit slot (0 .. permits-1) of a semaphore permit; 0 for other holds."""
+        return self._slot
 
     @property
     def lease_id(self) -> int:

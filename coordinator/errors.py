@@ -20,6 +20,8 @@ LimitExceeded                LIMIT_EXCEEDED (RESOURCE_EXHAUSTED), ``limit`` and 
 NotLeaseOwner                NOT_LEASE_OWNER (PERMISSION_DENIED), ``lease_id`` set
 Unavailable                  ETCD_UNAVAILABLE / SHUTTING_DOWN (UNAVAILABLE + RetryInfo)
 AccessDenied                 ACCESS_DENIED (PERMISSION_DENIED), ``action`` set
+PermitsMismatch              PERMITS_MISMATCH (FAILED_PRECONDITION), ``permits`` set
+InvalidArgument(reason=...)  REQUEST_ID_REUSED (INVALID_ARGUMENT), ``field`` = "request_id"
 ===========================  =================================================
 """
 
@@ -33,6 +35,7 @@ from fencepost.client.errors import (
     InvalidArgument,
     LimitExceeded,
     NotHolder,
+    PermitsMismatch,
     StaleTokenError,
     Unavailable,
 )
@@ -92,6 +95,8 @@ def to_status(exc: FencepostError) -> grpc.Status:
             metadata[details.CURRENT_TOKEN] = str(exc.current_token)
     if isinstance(exc, AccessDenied) and exc.action is not None:
         metadata[details.ACTION] = exc.action
+    if isinstance(exc, PermitsMismatch) and exc.permits is not None:
+        metadata[details.PERMITS] = str(exc.permits)
     retry_delay = None
     if isinstance(exc, LimitExceeded):
         if exc.limit is not None:

@@ -48,7 +48,7 @@ from fencepost.client.v1.retry import ETCD_BACKOFF
 from .etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
 from .lock_metrics import NO_METRICS, LockMetrics
 from .tokens import TokenFloor
-from .validate import validate_lease_id, validate_name, validate_token
+from .validate import validate_lease_id, validate_lock_name, validate_token
 from .watch import DeleteWatcher
 
 _log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ class LockManager:
                 a key written for this call is withdrawn.
             Unavailable: etcd unreachable.
         """
-        validate_name(name)
+        validate_lock_name(name)
         validate_lease_id(lease_id)
         if wait == 0:
             return await self._issued(name, lease_id, await self._try_once(name, lease_id))
@@ -377,7 +377,7 @@ class LockManager:
             InvalidArgument: bad name or lease id.
             Unavailable: etcd unreachable.
         """
-        validate_name(name)
+        validate_lock_name(name)
         validate_lease_id(lease_id)
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
@@ -466,7 +466,7 @@ class LockManager:
             LeaseLost: the lease is gone.
             Unavailable: etcd unreachable.
         """
-        validate_name(name)
+        validate_lock_name(name)
         validate_lease_id(lease_id)
         validate_token(token)
         # A token at or below the floor names no key (every key's token is above it): compare with a
@@ -506,7 +506,7 @@ class LockManager:
             DataLoss: tokens would go back (etcd restored from an older snapshot).
             Unavailable: etcd unreachable.
         """
-        validate_name(name)
+        validate_lock_name(name)
         lock = self._keys.lock_prefix(name)
         count = etcdops.RequestOp(request_range=etcdops.count(lock))
         resp = await self._etcd.read([etcdops.holder_of(lock, limit=DESCRIBE_WAITERS + 1), count], name=name)

@@ -39,9 +39,9 @@ from typing import Any
 import grpc
 
 from fencepost.client.errors import FencepostError, InvalidArgument, PermissionDenied
-from fencepost.client.v1 import lock_pb2
+from fencepost.client.v1 import kinds, lock_pb2
 from fencepost.client.v1.details import ErrorReason, reason_name
-from fencepost.client.v1.keys import Hold
+from fencepost.client.v1.keys import MAX_PERMITS, Hold
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .decode import Undecodable
@@ -295,7 +295,7 @@ class KeepAliveStream:
                 self._spawn(self._forward(lease_id, request.keepalive.request_id, check))
             elif kind == "watch":
                 w = request.watch
-                hold = Hold(w.name, w.lease_id, w.token)
+                hold = Hold(_internal(w), w.lease_id, w.token)
                 check = self._check(w.lease_id, request.lease_secret)
                 if check is None:
                     self._watch(hold)
@@ -310,7 +310,7 @@ class KeepAliveStream:
                     running[1].cancel()
             elif kind == "unwatch":
                 w = request.unwatch
-                hold = Hold(w.name, w.lease_id, w.token)
+                hold = Hold(_internal(w), w.lease_id, w.token)
                 self._watching.discard(hold)
                 self._released.discard(hold)
                 unsubscribe = self._holds.pop(hold, None)
@@ -511,5 +511,21 @@ class KeepAliveStream:
             log_event(_log, logging.INFO, "hold_ended", f"hold of {hold.name!r} by lease {hold.lease_id:#x} "
                       f"ended: {reason_name(reason)}", name=hold.name, lease_id=hold.lease_id, token=hold.token,
                       reason=reason_name(reason), **self._caller)
-        self._send(lock_pb2.KeepAliveResponse(
-            hold_ended=lock_pb2.HoldEnded(name=hold.name, lease_id=hold.lease_id, token=hold.token, reason=reason)))
+        public = kinds.public_hold(hold.name)
+        self._send(lock_pb2.KeepAliveResponse(hold_ended=lock_pb2.HoldEnded(
+            name=public.name, lease_id=hold.lease_id, token=hold.token, reason=reason, kind=public.kind,
+            slot=max(public.slot, 0))))
+
+
+def _internal(watch: lock_pb2.WatchHold) -> str:
+    """The internal lock name of a watched hold (:mod:`fencepost.client.v1.kinds`).
+
+    Raises:
+        InvalidArgument: field ``kind`` (unknown) or ``slot`` (out of range); the stream ends.
+    """
+    if watch.kind == lock_pb2.HOLD_KIND_SEMAPHORE and not 0 <= watch.slot < MAX_PERMITS:
+        raise InvalidArgument(f"slot must be 0 to {MAX_PERMITS - 1}", field="slot")
+    try:
+        return kinds.internal_name(watch.kind, watch.name, watch.slot)
+    except ValueError as exc:
+        raise InvalidArgument(f"kind {watch.kind} is not a HoldKind", field="kind") from exc

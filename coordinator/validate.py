@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from fencepost.client.errors import InvalidArgument
+from fencepost.client.v1 import kinds
 from fencepost.client.v1.keys import MAX_LEASE_ID, MAX_NAME_BYTES, MAX_TOKEN, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
 
 
@@ -38,6 +39,24 @@ def validate_name(name: str) -> str:
         raise _invalid("name", f"is {size} bytes; at most {MAX_NAME_BYTES} bytes of UTF-8")
     if _CONTROL.search(name):
         raise _invalid("name", "must not contain control characters (NUL, newline, ...)")
+    return name
+
+
+def validate_lock_name(name: str) -> str:
+    """Check a lock name as the lock algorithm sees it: a caller's name, or an internal one.
+
+    Internal names (:mod:`fencepost.client.v1.kinds`: an election's lock, a
+    semaphore's queue or slot) are a tag followed by a caller's name; that
+    name is checked like any lock name. The service checks callers' names
+    with :func:`validate_name`, which refuses internal ones.
+
+    Raises:
+        InvalidArgument: field ``name``.
+    """
+    if not kinds.is_internal(name):
+        return validate_name(name)
+    public = kinds.public_hold(name).name if not name.startswith(kinds.INTERNAL + "p/") else name[3:]
+    validate_name(public)
     return name
 
 

@@ -38,6 +38,8 @@ CLASS_BY_REASON: dict[int, type[fc.FencepostError]] = {
     ErrorReason.ACCESS_DENIED: fc.AccessDenied,
     ErrorReason.LIMIT_EXCEEDED: fc.LimitExceeded,
     ErrorReason.NOT_LEASE_OWNER: fc.NotLeaseOwner,
+    ErrorReason.PERMITS_MISMATCH: fc.PermitsMismatch,
+    ErrorReason.REQUEST_ID_REUSED: fc.InvalidArgument,
 }
 
 
@@ -152,3 +154,9 @@ def test_from_rpc_error_when_details_are_garbage() -> None:
     trailing = grpc.aio.Metadata((details.STATUS_DETAILS_KEY, b"\xff\x00"))
     err = from_rpc_error(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), trailing))
     assert type(err) is fc.Unavailable and err.reason is None
+
+
+def test_from_rpc_error_when_permits_mismatch_carries_the_semaphores_permits() -> None:
+    """A PERMITS_MISMATCH refusal is a PermitsMismatch with ErrorInfo's permits (the semaphore's)."""
+    err = from_rpc_error(failed_call(ErrorReason.PERMITS_MISMATCH, permits="3", name="gpu"))
+    assert isinstance(err, fc.PermitsMismatch) and (err.permits, err.name) == (3, "gpu")

@@ -34,6 +34,8 @@ __all__ = [
     "StatusDetails",
     "TOKEN",
     "VALUE",
+    "PERMITS",
+    "REQUEST_ID",
     "parse",
     "reason_name",
     "status_for",
@@ -51,6 +53,8 @@ CURRENT_TOKEN = "current_token"
 ACTION = "action"
 LIMIT = "limit"
 VALUE = "value"
+PERMITS = "permits"
+REQUEST_ID = "request_id"
 
 #: The gRPC status code of each reason: the one table both sides use.
 CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
@@ -67,6 +71,8 @@ CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
     ErrorReason.ACCESS_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorReason.LIMIT_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.NOT_LEASE_OWNER: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorReason.PERMITS_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.REQUEST_ID_REUSED: grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 #: Seconds a caller should wait before retrying, sent as RetryInfo.

@@ -33,6 +33,14 @@ MIN_TTL_SECONDS = 1
 MAX_TTL_SECONDS = 86_400
 #: Longest wait of one Acquire, in milliseconds (one day).
 MAX_WAIT_MS = 86_400_000
+#: Most permits of one semaphore (AcquirePermitRequest.permits).
+MAX_PERMITS = 1000
+#: Longest value of an election's leader (CampaignRequest.value, ProclaimRequest.value), in bytes.
+MAX_VALUE_BYTES = 65_536
+#: Longest lock-delay (AcquireRequest.lock_delay_seconds), in seconds.
+MAX_LOCK_DELAY_SECONDS = 3600
+#: Longest request id (the ``request_id`` fields), in characters of ``[A-Za-z0-9_-]``.
+MAX_REQUEST_ID_CHARS = 64
 #: Largest lease id and fencing token (etcd's int64).
 MAX_LEASE_ID = 2**63 - 1
 MAX_TOKEN = 2**63 - 1

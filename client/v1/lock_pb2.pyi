@@ -24,6 +24,14 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACCESS_DENIED: _ClassVar[ErrorReason]
     LIMIT_EXCEEDED: _ClassVar[ErrorReason]
     NOT_LEASE_OWNER: _ClassVar[ErrorReason]
+    PERMITS_MISMATCH: _ClassVar[ErrorReason]
+    REQUEST_ID_REUSED: _ClassVar[ErrorReason]
+
+class HoldKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HOLD_KIND_LOCK: _ClassVar[HoldKind]
+    HOLD_KIND_ELECTION: _ClassVar[HoldKind]
+    HOLD_KIND_SEMAPHORE: _ClassVar[HoldKind]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 NOT_HOLDER: ErrorReason
@@ -38,6 +46,11 @@ DATA_LOSS: ErrorReason
 ACCESS_DENIED: ErrorReason
 LIMIT_EXCEEDED: ErrorReason
 NOT_LEASE_OWNER: ErrorReason
+PERMITS_MISMATCH: ErrorReason
+REQUEST_ID_REUSED: ErrorReason
+HOLD_KIND_LOCK: HoldKind
+HOLD_KIND_ELECTION: HoldKind
+HOLD_KIND_SEMAPHORE: HoldKind
 
 class LeaseGrantRequest(_message.Message):
     __slots__ = ("ttl_seconds",)
@@ -68,16 +81,20 @@ class LeaseRevokeResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("name", "lease_id", "wait_ms", "wait_forever")
+    __slots__ = ("name", "lease_id", "wait_ms", "wait_forever", "lock_delay_seconds", "request_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOREVER_FIELD_NUMBER: _ClassVar[int]
+    LOCK_DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease_id: int
     wait_ms: int
     wait_forever: bool
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., wait_ms: _Optional[int] = ..., wait_forever: _Optional[bool] = ...) -> None: ...
+    lock_delay_seconds: int
+    request_id: str
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., wait_ms: _Optional[int] = ..., wait_forever: _Optional[bool] = ..., lock_delay_seconds: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("acquired", "token", "holder")
@@ -90,14 +107,16 @@ class AcquireResponse(_message.Message):
     def __init__(self, acquired: _Optional[bool] = ..., token: _Optional[int] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("name", "lease_id", "token")
+    __slots__ = ("name", "lease_id", "token", "request_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease_id: int
     token: int
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("revision",)
@@ -106,12 +125,14 @@ class ReleaseResponse(_message.Message):
     def __init__(self, revision: _Optional[int] = ...) -> None: ...
 
 class WithdrawRequest(_message.Message):
-    __slots__ = ("name", "lease_id")
+    __slots__ = ("name", "lease_id", "request_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease_id: int
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class WithdrawResponse(_message.Message):
     __slots__ = ("found", "held", "revision")
@@ -172,14 +193,18 @@ class LeaseKeepAlive(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class WatchHold(_message.Message):
-    __slots__ = ("name", "lease_id", "token")
+    __slots__ = ("name", "lease_id", "token", "kind", "slot")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease_id: int
     token: int
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+    kind: HoldKind
+    slot: int
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., kind: _Optional[_Union[HoldKind, str]] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
     __slots__ = ("keepalive", "hold_ended", "acquired", "released", "withdrawn", "failed", "request_id")
@@ -220,16 +245,20 @@ class LeaseKeepAliveAck(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class HoldEnded(_message.Message):
-    __slots__ = ("name", "lease_id", "token", "reason")
+    __slots__ = ("name", "lease_id", "token", "reason", "kind", "slot")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease_id: int
     token: int
     reason: ErrorReason
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., reason: _Optional[_Union[ErrorReason, str]] = ...) -> None: ...
+    kind: HoldKind
+    slot: int
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., kind: _Optional[_Union[HoldKind, str]] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ("name",)
@@ -360,10 +389,12 @@ class ServerInfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., listen_address: _Optional[str] = ..., health_address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., key_prefix: _Optional[str] = ..., serving: _Optional[bool] = ..., etcd: _Optional[_Union[EtcdInfo, _Mapping]] = ..., keepalive_streams: _Optional[int] = ..., keepalive_leases: _Optional[int] = ..., watched_holds: _Optional[int] = ..., waiting_acquires: _Optional[int] = ..., contender_keys: _Optional[int] = ..., held_locks: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class AdminRevokeRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("request_id", "name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class AdminRevokeResponse(_message.Message):
     __slots__ = ("revoked", "lease_id", "token")
@@ -408,3 +439,187 @@ class ListSessionsResponse(_message.Message):
     next_page_token: str
     revision: int
     def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class LeaderInfo(_message.Message):
+    __slots__ = ("lease_id", "token", "value")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    token: int
+    value: bytes
+    def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class CampaignRequest(_message.Message):
+    __slots__ = ("election", "lease_id", "value", "wait_ms", "wait_forever", "request_id")
+    ELECTION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOREVER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    election: str
+    lease_id: int
+    value: bytes
+    wait_ms: int
+    wait_forever: bool
+    request_id: str
+    def __init__(self, election: _Optional[str] = ..., lease_id: _Optional[int] = ..., value: _Optional[bytes] = ..., wait_ms: _Optional[int] = ..., wait_forever: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class CampaignResponse(_message.Message):
+    __slots__ = ("elected", "token", "leader")
+    ELECTED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    elected: bool
+    token: int
+    leader: LeaderInfo
+    def __init__(self, elected: _Optional[bool] = ..., token: _Optional[int] = ..., leader: _Optional[_Union[LeaderInfo, _Mapping]] = ...) -> None: ...
+
+class ProclaimRequest(_message.Message):
+    __slots__ = ("election", "lease_id", "token", "value")
+    ELECTION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    election: str
+    lease_id: int
+    token: int
+    value: bytes
+    def __init__(self, election: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class ProclaimResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class ResignRequest(_message.Message):
+    __slots__ = ("election", "lease_id", "token", "request_id")
+    ELECTION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    election: str
+    lease_id: int
+    token: int
+    request_id: str
+    def __init__(self, election: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ResignResponse(_message.Message):
+    __slots__ = ("revision", "found")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    found: bool
+    def __init__(self, revision: _Optional[int] = ..., found: _Optional[bool] = ...) -> None: ...
+
+class LeaderRequest(_message.Message):
+    __slots__ = ("election",)
+    ELECTION_FIELD_NUMBER: _ClassVar[int]
+    election: str
+    def __init__(self, election: _Optional[str] = ...) -> None: ...
+
+class LeaderResponse(_message.Message):
+    __slots__ = ("leader", "revision")
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    leader: LeaderInfo
+    revision: int
+    def __init__(self, leader: _Optional[_Union[LeaderInfo, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class ObserveRequest(_message.Message):
+    __slots__ = ("election", "after_revision")
+    ELECTION_FIELD_NUMBER: _ClassVar[int]
+    AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
+    election: str
+    after_revision: int
+    def __init__(self, election: _Optional[str] = ..., after_revision: _Optional[int] = ...) -> None: ...
+
+class ObserveResponse(_message.Message):
+    __slots__ = ("leader", "revision", "compacted")
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    leader: LeaderInfo
+    revision: int
+    compacted: bool
+    def __init__(self, leader: _Optional[_Union[LeaderInfo, _Mapping]] = ..., revision: _Optional[int] = ..., compacted: _Optional[bool] = ...) -> None: ...
+
+class PermitHolder(_message.Message):
+    __slots__ = ("lease_id", "slot", "token")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    slot: int
+    token: int
+    def __init__(self, lease_id: _Optional[int] = ..., slot: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+
+class AcquirePermitRequest(_message.Message):
+    __slots__ = ("name", "lease_id", "permits", "wait_ms", "wait_forever", "request_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PERMITS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOREVER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    lease_id: int
+    permits: int
+    wait_ms: int
+    wait_forever: bool
+    request_id: str
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., permits: _Optional[int] = ..., wait_ms: _Optional[int] = ..., wait_forever: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AcquirePermitResponse(_message.Message):
+    __slots__ = ("acquired", "slot", "token", "holders")
+    ACQUIRED_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    acquired: bool
+    slot: int
+    token: int
+    holders: _containers.RepeatedCompositeFieldContainer[PermitHolder]
+    def __init__(self, acquired: _Optional[bool] = ..., slot: _Optional[int] = ..., token: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[PermitHolder, _Mapping]]] = ...) -> None: ...
+
+class ReleasePermitRequest(_message.Message):
+    __slots__ = ("name", "lease_id", "slot", "token", "request_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    lease_id: int
+    slot: int
+    token: int
+    request_id: str
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., slot: _Optional[int] = ..., token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReleasePermitResponse(_message.Message):
+    __slots__ = ("revision", "found")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    found: bool
+    def __init__(self, revision: _Optional[int] = ..., found: _Optional[bool] = ...) -> None: ...
+
+class DescribeSemaphoreRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DescribeSemaphoreResponse(_message.Message):
+    __slots__ = ("permits", "holders", "waiter_count", "revision")
+    PERMITS_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    WAITER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    permits: int
+    holders: _containers.RepeatedCompositeFieldContainer[PermitHolder]
+    waiter_count: int
+    revision: int
+    def __init__(self, permits: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[PermitHolder, _Mapping]]] = ..., waiter_count: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...

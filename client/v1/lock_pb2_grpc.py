@@ -92,6 +92,46 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.Campaign = channel.unary_unary(
+                '/fencepost.v1.LockService/Campaign',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.CampaignRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.CampaignResponse.FromString,
+                _registered_method=True)
+        self.Proclaim = channel.unary_unary(
+                '/fencepost.v1.LockService/Proclaim',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ProclaimRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ProclaimResponse.FromString,
+                _registered_method=True)
+        self.Resign = channel.unary_unary(
+                '/fencepost.v1.LockService/Resign',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ResignRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ResignResponse.FromString,
+                _registered_method=True)
+        self.Leader = channel.unary_unary(
+                '/fencepost.v1.LockService/Leader',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.LeaderRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.LeaderResponse.FromString,
+                _registered_method=True)
+        self.Observe = channel.unary_stream(
+                '/fencepost.v1.LockService/Observe',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ObserveRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ObserveResponse.FromString,
+                _registered_method=True)
+        self.AcquirePermit = channel.unary_unary(
+                '/fencepost.v1.LockService/AcquirePermit',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.AcquirePermitRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.AcquirePermitResponse.FromString,
+                _registered_method=True)
+        self.ReleasePermit = channel.unary_unary(
+                '/fencepost.v1.LockService/ReleasePermit',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ReleasePermitRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ReleasePermitResponse.FromString,
+                _registered_method=True)
+        self.DescribeSemaphore = channel.unary_unary(
+                '/fencepost.v1.LockService/DescribeSemaphore',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreResponse.FromString,
+                _registered_method=True)
 
 
 class LockServiceServicer:
@@ -318,6 +358,125 @@ class LockServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Campaign(self, request, context):
+        """---- Leader election (after etcd's concurrency/election.go). An
+        election is named like a lock (same rules) but lives apart from locks:
+        election "a" and lock "a" are independent. Candidates queue first come,
+        first served; the first is the leader. Leadership is a hold like a lock's:
+        under a lease, with a fencing token (the create revision of the
+        candidate's key plus the token floor, strictly larger for each new
+        leader of the election), watched on the KeepAlive stream (WatchHold with
+        kind HOLD_KIND_ELECTION) and lost with the lease. The access policy
+        checks elections by name like locks: Campaign and Proclaim need
+        "acquire", Resign "release", Leader and Observe "describe".
+
+        Campaign enters lease `lease_id` as a candidate of `election` with
+        `value` and waits until it leads (wait_ms / wait_forever as for
+        Acquire; try once with neither). Idempotent per (lease_id, election):
+        a lease that already leads gets the same token again (its value is set
+        to `value`). A campaign that ends without an answer keeps its place for
+        2 s, as an Acquire does; Resign with token 0 removes it at once.
+        Errors: as Acquire, and INVALID_ARGUMENT (election, value, request_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Proclaim(self, request, context):
+        """Proclaim sets the value of the leadership (election, lease_id, token)
+        without a new election (the token is unchanged). Idempotent.
+        Errors: INVALID_ARGUMENT (election, lease_id, token, value),
+        FAILED_PRECONDITION/NOT_HOLDER (not the leader under that token),
+        STALE_TOKEN, LEASE_EXPIRED, PERMISSION_DENIED/NOT_LEASE_OWNER, UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resign(self, request, context):
+        """Resign ends the leadership (election, lease_id, token), as Release
+        ends a hold; the next candidate leads. With token = 0 it removes the
+        lease's candidacy whatever its state (leading or waiting), as Withdraw
+        does for a lock, and is idempotent. A retry with the request_id of a
+        Resign that succeeded answers as the first did (see "Retries").
+        Errors: as Release (NOT_HOLDER: not the leader under that token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leader(self, request, context):
+        """Leader reports the current leader of `election`: its lease, token and
+        value, at one etcd revision. Read-only.
+        Errors: INVALID_ARGUMENT (election), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Observe(self, request, context):
+        """Observe streams the leader of `election` each time it changes: a new
+        leader (larger token), a new value (Proclaim), or no leader. The first
+        message is the state at the start: the current one, or, with
+        after_revision = R > 0 (the revision of the last message a previous
+        Observe delivered), nothing for R itself and every change after R, so
+        that an observer that reconnects (to any replica) misses and repeats
+        nothing. If etcd compacted R away, the first message is the current
+        state with `compacted` = true (leaders in between cannot be known).
+        Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcquirePermit(self, request, context):
+        """---- Semaphores with a fencing token per permit. A semaphore of N
+        permits grants at most N holders at once, first come, first served.
+        Each grant gets a permit slot (0 .. N-1) and a token strictly larger
+        than every earlier token of that slot of that semaphore (the create
+        revision of the slot's key plus the token floor): storage partitioned
+        by slot fences each slot like a lock (README, "Semaphores"). N is fixed
+        at the semaphore's first use; asking with another N fails
+        (PERMITS_MISMATCH). Semaphores are named like locks and live apart
+        from locks and elections. Holds are watched on the KeepAlive stream
+        (WatchHold with kind HOLD_KIND_SEMAPHORE and the slot). The access
+        policy checks them by name like locks ("acquire", "release", "describe").
+
+        AcquirePermit asks for one permit of semaphore `name` of `permits`
+        permits for lease `lease_id`; waiting as for Acquire (try once with
+        neither wait_ms nor wait_forever: acquired = false and nothing queued
+        when all permits are held). Idempotent per (lease_id, name): a lease
+        that holds a permit gets the same slot and token again (one permit per
+        lease per semaphore).
+        Errors: as Acquire, and INVALID_ARGUMENT (permits: 1 to 1000,
+        request_id), FAILED_PRECONDITION/PERMITS_MISMATCH (metadata "permits":
+        the semaphore's number of permits).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleasePermit(self, request, context):
+        """ReleasePermit ends the permit (name, lease_id, slot, token); the next
+        waiter is granted. With token = 0 it removes the lease's permit or
+        place in the queue, whatever its state, and is idempotent (as
+        Withdraw). A retry with the request_id of a ReleasePermit that
+        succeeded answers as the first did.
+        Errors: as Release, and INVALID_ARGUMENT (slot).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeSemaphore(self, request, context):
+        """DescribeSemaphore reports the permits, holders (slot, lease, token)
+        and waiters of semaphore `name` at one etcd revision. Read-only.
+        Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -375,6 +534,46 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.ListSessionsRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'Campaign': grpc.unary_unary_rpc_method_handler(
+                    servicer.Campaign,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.CampaignRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.CampaignResponse.SerializeToString,
+            ),
+            'Proclaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Proclaim,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ProclaimRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ProclaimResponse.SerializeToString,
+            ),
+            'Resign': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resign,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ResignRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ResignResponse.SerializeToString,
+            ),
+            'Leader': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leader,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.LeaderRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.LeaderResponse.SerializeToString,
+            ),
+            'Observe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Observe,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ObserveRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ObserveResponse.SerializeToString,
+            ),
+            'AcquirePermit': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquirePermit,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.AcquirePermitRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.AcquirePermitResponse.SerializeToString,
+            ),
+            'ReleasePermit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleasePermit,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ReleasePermitRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ReleasePermitResponse.SerializeToString,
+            ),
+            'DescribeSemaphore': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeSemaphore,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -676,6 +875,222 @@ class LockService:
             '/fencepost.v1.LockService/ListSessions',
             fencepost_dot_v1_dot_lock__pb2.ListSessionsRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Campaign(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/Campaign',
+            fencepost_dot_v1_dot_lock__pb2.CampaignRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.CampaignResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Proclaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/Proclaim',
+            fencepost_dot_v1_dot_lock__pb2.ProclaimRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ProclaimResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resign(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/Resign',
+            fencepost_dot_v1_dot_lock__pb2.ResignRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ResignResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/Leader',
+            fencepost_dot_v1_dot_lock__pb2.LeaderRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.LeaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Observe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fencepost.v1.LockService/Observe',
+            fencepost_dot_v1_dot_lock__pb2.ObserveRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ObserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquirePermit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/AcquirePermit',
+            fencepost_dot_v1_dot_lock__pb2.AcquirePermitRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.AcquirePermitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleasePermit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/ReleasePermit',
+            fencepost_dot_v1_dot_lock__pb2.ReleasePermitRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ReleasePermitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeSemaphore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/DescribeSemaphore',
+            fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,20 @@ each present only where it applies and known (numbers in decimal):
                  serve` flag without dashes ("max-leases-per-caller").
   value          LIMIT_EXCEEDED: that limit's configured value.
 
+Retries: Release, Withdraw, Acquire, Campaign, Resign, AcquirePermit,
+ReleasePermit and AdminRevoke take a request_id: chosen by the caller,
+1 to 64 characters of [A-Za-z0-9_-] (a UUID's hex is fine), unique per
+call and the same on each retry of that call. A retry (after a lost
+answer, a broken connection, another replica) of a call that succeeded
+answers as the first attempt did, for at least 60 s after it, instead of
+doing it again or failing: Release, Resign and ReleasePermit answer OK
+with the first revision, AdminRevoke names the lease it revoked. Acquire,
+Campaign and AcquirePermit are idempotent per (lease_id, name) anyway; a
+wait the caller abandoned is removed by Withdraw (Resign / ReleasePermit
+with token 0), itself idempotent. An empty request_id: no record (the
+behaviour before request ids). LeaseGrant has none: a LeaseGrant whose
+answer is lost leaves a lease that holds nothing and expires after its TTL.
+
 Ownership: a lease belongs to the caller that granted it. With mutual TLS
 the owner is the identity of the caller's client certificate (its SPIFFE
 ID, else first URI SAN, else first DNS SAN, else subject CN); in every
@@ -272,6 +286,93 @@ class LockServiceStub:
     Errors: INVALID_ARGUMENT (page_size, page_token),
     PERMISSION_DENIED/ACCESS_DENIED, UNAVAILABLE.
     """
+    Campaign: _grpc.UnaryUnaryMultiCallable[_lock_pb2.CampaignRequest, _lock_pb2.CampaignResponse]
+    """---- Leader election (after etcd's concurrency/election.go). An
+    election is named like a lock (same rules) but lives apart from locks:
+    election "a" and lock "a" are independent. Candidates queue first come,
+    first served; the first is the leader. Leadership is a hold like a lock's:
+    under a lease, with a fencing token (the create revision of the
+    candidate's key plus the token floor, strictly larger for each new
+    leader of the election), watched on the KeepAlive stream (WatchHold with
+    kind HOLD_KIND_ELECTION) and lost with the lease. The access policy
+    checks elections by name like locks: Campaign and Proclaim need
+    "acquire", Resign "release", Leader and Observe "describe".
+
+    Campaign enters lease `lease_id` as a candidate of `election` with
+    `value` and waits until it leads (wait_ms / wait_forever as for
+    Acquire; try once with neither). Idempotent per (lease_id, election):
+    a lease that already leads gets the same token again (its value is set
+    to `value`). A campaign that ends without an answer keeps its place for
+    2 s, as an Acquire does; Resign with token 0 removes it at once.
+    Errors: as Acquire, and INVALID_ARGUMENT (election, value, request_id).
+    """
+    Proclaim: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ProclaimRequest, _lock_pb2.ProclaimResponse]
+    """Proclaim sets the value of the leadership (election, lease_id, token)
+    without a new election (the token is unchanged). Idempotent.
+    Errors: INVALID_ARGUMENT (election, lease_id, token, value),
+    FAILED_PRECONDITION/NOT_HOLDER (not the leader under that token),
+    STALE_TOKEN, LEASE_EXPIRED, PERMISSION_DENIED/NOT_LEASE_OWNER, UNAVAILABLE.
+    """
+    Resign: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ResignRequest, _lock_pb2.ResignResponse]
+    """Resign ends the leadership (election, lease_id, token), as Release
+    ends a hold; the next candidate leads. With token = 0 it removes the
+    lease's candidacy whatever its state (leading or waiting), as Withdraw
+    does for a lock, and is idempotent. A retry with the request_id of a
+    Resign that succeeded answers as the first did (see "Retries").
+    Errors: as Release (NOT_HOLDER: not the leader under that token).
+    """
+    Leader: _grpc.UnaryUnaryMultiCallable[_lock_pb2.LeaderRequest, _lock_pb2.LeaderResponse]
+    """Leader reports the current leader of `election`: its lease, token and
+    value, at one etcd revision. Read-only.
+    Errors: INVALID_ARGUMENT (election), UNAVAILABLE.
+    """
+    Observe: _grpc.UnaryStreamMultiCallable[_lock_pb2.ObserveRequest, _lock_pb2.ObserveResponse]
+    """Observe streams the leader of `election` each time it changes: a new
+    leader (larger token), a new value (Proclaim), or no leader. The first
+    message is the state at the start: the current one, or, with
+    after_revision = R > 0 (the revision of the last message a previous
+    Observe delivered), nothing for R itself and every change after R, so
+    that an observer that reconnects (to any replica) misses and repeats
+    nothing. If etcd compacted R away, the first message is the current
+    state with `compacted` = true (leaders in between cannot be known).
+    Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+    """
+    AcquirePermit: _grpc.UnaryUnaryMultiCallable[_lock_pb2.AcquirePermitRequest, _lock_pb2.AcquirePermitResponse]
+    """---- Semaphores with a fencing token per permit. A semaphore of N
+    permits grants at most N holders at once, first come, first served.
+    Each grant gets a permit slot (0 .. N-1) and a token strictly larger
+    than every earlier token of that slot of that semaphore (the create
+    revision of the slot's key plus the token floor): storage partitioned
+    by slot fences each slot like a lock (README, "Semaphores"). N is fixed
+    at the semaphore's first use; asking with another N fails
+    (PERMITS_MISMATCH). Semaphores are named like locks and live apart
+    from locks and elections. Holds are watched on the KeepAlive stream
+    (WatchHold with kind HOLD_KIND_SEMAPHORE and the slot). The access
+    policy checks them by name like locks ("acquire", "release", "describe").
+
+    AcquirePermit asks for one permit of semaphore `name` of `permits`
+    permits for lease `lease_id`; waiting as for Acquire (try once with
+    neither wait_ms nor wait_forever: acquired = false and nothing queued
+    when all permits are held). Idempotent per (lease_id, name): a lease
+    that holds a permit gets the same slot and token again (one permit per
+    lease per semaphore).
+    Errors: as Acquire, and INVALID_ARGUMENT (permits: 1 to 1000,
+    request_id), FAILED_PRECONDITION/PERMITS_MISMATCH (metadata "permits":
+    the semaphore's number of permits).
+    """
+    ReleasePermit: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ReleasePermitRequest, _lock_pb2.ReleasePermitResponse]
+    """ReleasePermit ends the permit (name, lease_id, slot, token); the next
+    waiter is granted. With token = 0 it removes the lease's permit or
+    place in the queue, whatever its state, and is idempotent (as
+    Withdraw). A retry with the request_id of a ReleasePermit that
+    succeeded answers as the first did.
+    Errors: as Release, and INVALID_ARGUMENT (slot).
+    """
+    DescribeSemaphore: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeSemaphoreRequest, _lock_pb2.DescribeSemaphoreResponse]
+    """DescribeSemaphore reports the permits, holders (slot, lease, token)
+    and waiters of semaphore `name` at one etcd revision. Read-only.
+    Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
+    """
 
 @_typing.type_check_only
 class LockServiceAsyncStub(LockServiceStub):
@@ -454,6 +555,93 @@ class LockServiceAsyncStub(LockServiceStub):
     ListSessions is refused. Each call is logged (event `admin`, level INFO).
     Errors: INVALID_ARGUMENT (page_size, page_token),
     PERMISSION_DENIED/ACCESS_DENIED, UNAVAILABLE.
+    """
+    Campaign: _aio.UnaryUnaryMultiCallable[_lock_pb2.CampaignRequest, _lock_pb2.CampaignResponse]  # type: ignore[assignment]
+    """---- Leader election (after etcd's concurrency/election.go). An
+    election is named like a lock (same rules) but lives apart from locks:
+    election "a" and lock "a" are independent. Candidates queue first come,
+    first served; the first is the leader. Leadership is a hold like a lock's:
+    under a lease, with a fencing token (the create revision of the
+    candidate's key plus the token floor, strictly larger for each new
+    leader of the election), watched on the KeepAlive stream (WatchHold with
+    kind HOLD_KIND_ELECTION) and lost with the lease. The access policy
+    checks elections by name like locks: Campaign and Proclaim need
+    "acquire", Resign "release", Leader and Observe "describe".
+
+    Campaign enters lease `lease_id` as a candidate of `election` with
+    `value` and waits until it leads (wait_ms / wait_forever as for
+    Acquire; try once with neither). Idempotent per (lease_id, election):
+    a lease that already leads gets the same token again (its value is set
+    to `value`). A campaign that ends without an answer keeps its place for
+    2 s, as an Acquire does; Resign with token 0 removes it at once.
+    Errors: as Acquire, and INVALID_ARGUMENT (election, value, request_id).
+    """
+    Proclaim: _aio.UnaryUnaryMultiCallable[_lock_pb2.ProclaimRequest, _lock_pb2.ProclaimResponse]  # type: ignore[assignment]
+    """Proclaim sets the value of the leadership (election, lease_id, token)
+    without a new election (the token is unchanged). Idempotent.
+    Errors: INVALID_ARGUMENT (election, lease_id, token, value),
+    FAILED_PRECONDITION/NOT_HOLDER (not the leader under that token),
+    STALE_TOKEN, LEASE_EXPIRED, PERMISSION_DENIED/NOT_LEASE_OWNER, UNAVAILABLE.
+    """
+    Resign: _aio.UnaryUnaryMultiCallable[_lock_pb2.ResignRequest, _lock_pb2.ResignResponse]  # type: ignore[assignment]
+    """Resign ends the leadership (election, lease_id, token), as Release
+    ends a hold; the next candidate leads. With token = 0 it removes the
+    lease's candidacy whatever its state (leading or waiting), as Withdraw
+    does for a lock, and is idempotent. A retry with the request_id of a
+    Resign that succeeded answers as the first did (see "Retries").
+    Errors: as Release (NOT_HOLDER: not the leader under that token).
+    """
+    Leader: _aio.UnaryUnaryMultiCallable[_lock_pb2.LeaderRequest, _lock_pb2.LeaderResponse]  # type: ignore[assignment]
+    """Leader reports the current leader of `election`: its lease, token and
+    value, at one etcd revision. Read-only.
+    Errors: INVALID_ARGUMENT (election), UNAVAILABLE.
+    """
+    Observe: _aio.UnaryStreamMultiCallable[_lock_pb2.ObserveRequest, _lock_pb2.ObserveResponse]  # type: ignore[assignment]
+    """Observe streams the leader of `election` each time it changes: a new
+    leader (larger token), a new value (Proclaim), or no leader. The first
+    message is the state at the start: the current one, or, with
+    after_revision = R > 0 (the revision of the last message a previous
+    Observe delivered), nothing for R itself and every change after R, so
+    that an observer that reconnects (to any replica) misses and repeats
+    nothing. If etcd compacted R away, the first message is the current
+    state with `compacted` = true (leaders in between cannot be known).
+    Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+    """
+    AcquirePermit: _aio.UnaryUnaryMultiCallable[_lock_pb2.AcquirePermitRequest, _lock_pb2.AcquirePermitResponse]  # type: ignore[assignment]
+    """---- Semaphores with a fencing token per permit. A semaphore of N
+    permits grants at most N holders at once, first come, first served.
+    Each grant gets a permit slot (0 .. N-1) and a token strictly larger
+    than every earlier token of that slot of that semaphore (the create
+    revision of the slot's key plus the token floor): storage partitioned
+    by slot fences each slot like a lock (README, "Semaphores"). N is fixed
+    at the semaphore's first use; asking with another N fails
+    (PERMITS_MISMATCH). Semaphores are named like locks and live apart
+    from locks and elections. Holds are watched on the KeepAlive stream
+    (WatchHold with kind HOLD_KIND_SEMAPHORE and the slot). The access
+    policy checks them by name like locks ("acquire", "release", "describe").
+
+    AcquirePermit asks for one permit of semaphore `name` of `permits`
+    permits for lease `lease_id`; waiting as for Acquire (try once with
+    neither wait_ms nor wait_forever: acquired = false and nothing queued
+    when all permits are held). Idempotent per (lease_id, name): a lease
+    that holds a permit gets the same slot and token again (one permit per
+    lease per semaphore).
+    Errors: as Acquire, and INVALID_ARGUMENT (permits: 1 to 1000,
+    request_id), FAILED_PRECONDITION/PERMITS_MISMATCH (metadata "permits":
+    the semaphore's number of permits).
+    """
+    ReleasePermit: _aio.UnaryUnaryMultiCallable[_lock_pb2.ReleasePermitRequest, _lock_pb2.ReleasePermitResponse]  # type: ignore[assignment]
+    """ReleasePermit ends the permit (name, lease_id, slot, token); the next
+    waiter is granted. With token = 0 it removes the lease's permit or
+    place in the queue, whatever its state, and is idempotent (as
+    Withdraw). A retry with the request_id of a ReleasePermit that
+    succeeded answers as the first did.
+    Errors: as Release, and INVALID_ARGUMENT (slot).
+    """
+    DescribeSemaphore: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeSemaphoreRequest, _lock_pb2.DescribeSemaphoreResponse]  # type: ignore[assignment]
+    """DescribeSemaphore reports the permits, holders (slot, lease, token)
+    and waiters of semaphore `name` at one etcd revision. Read-only.
+    Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
 
 class LockServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -700,6 +888,141 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         ListSessions is refused. Each call is logged (event `admin`, level INFO).
         Errors: INVALID_ARGUMENT (page_size, page_token),
         PERMISSION_DENIED/ACCESS_DENIED, UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def Campaign(
+        self,
+        request: _lock_pb2.CampaignRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.CampaignResponse, _abc.Awaitable[_lock_pb2.CampaignResponse]]:
+        """---- Leader election (after etcd's concurrency/election.go). An
+        election is named like a lock (same rules) but lives apart from locks:
+        election "a" and lock "a" are independent. Candidates queue first come,
+        first served; the first is the leader. Leadership is a hold like a lock's:
+        under a lease, with a fencing token (the create revision of the
+        candidate's key plus the token floor, strictly larger for each new
+        leader of the election), watched on the KeepAlive stream (WatchHold with
+        kind HOLD_KIND_ELECTION) and lost with the lease. The access policy
+        checks elections by name like locks: Campaign and Proclaim need
+        "acquire", Resign "release", Leader and Observe "describe".
+
+        Campaign enters lease `lease_id` as a candidate of `election` with
+        `value` and waits until it leads (wait_ms / wait_forever as for
+        Acquire; try once with neither). Idempotent per (lease_id, election):
+        a lease that already leads gets the same token again (its value is set
+        to `value`). A campaign that ends without an answer keeps its place for
+        2 s, as an Acquire does; Resign with token 0 removes it at once.
+        Errors: as Acquire, and INVALID_ARGUMENT (election, value, request_id).
+        """
+
+    @_abc_1.abstractmethod
+    def Proclaim(
+        self,
+        request: _lock_pb2.ProclaimRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.ProclaimResponse, _abc.Awaitable[_lock_pb2.ProclaimResponse]]:
+        """Proclaim sets the value of the leadership (election, lease_id, token)
+        without a new election (the token is unchanged). Idempotent.
+        Errors: INVALID_ARGUMENT (election, lease_id, token, value),
+        FAILED_PRECONDITION/NOT_HOLDER (not the leader under that token),
+        STALE_TOKEN, LEASE_EXPIRED, PERMISSION_DENIED/NOT_LEASE_OWNER, UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def Resign(
+        self,
+        request: _lock_pb2.ResignRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.ResignResponse, _abc.Awaitable[_lock_pb2.ResignResponse]]:
+        """Resign ends the leadership (election, lease_id, token), as Release
+        ends a hold; the next candidate leads. With token = 0 it removes the
+        lease's candidacy whatever its state (leading or waiting), as Withdraw
+        does for a lock, and is idempotent. A retry with the request_id of a
+        Resign that succeeded answers as the first did (see "Retries").
+        Errors: as Release (NOT_HOLDER: not the leader under that token).
+        """
+
+    @_abc_1.abstractmethod
+    def Leader(
+        self,
+        request: _lock_pb2.LeaderRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.LeaderResponse, _abc.Awaitable[_lock_pb2.LeaderResponse]]:
+        """Leader reports the current leader of `election`: its lease, token and
+        value, at one etcd revision. Read-only.
+        Errors: INVALID_ARGUMENT (election), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def Observe(
+        self,
+        request: _lock_pb2.ObserveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_lock_pb2.ObserveResponse], _abc.AsyncIterator[_lock_pb2.ObserveResponse]]:
+        """Observe streams the leader of `election` each time it changes: a new
+        leader (larger token), a new value (Proclaim), or no leader. The first
+        message is the state at the start: the current one, or, with
+        after_revision = R > 0 (the revision of the last message a previous
+        Observe delivered), nothing for R itself and every change after R, so
+        that an observer that reconnects (to any replica) misses and repeats
+        nothing. If etcd compacted R away, the first message is the current
+        state with `compacted` = true (leaders in between cannot be known).
+        Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def AcquirePermit(
+        self,
+        request: _lock_pb2.AcquirePermitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.AcquirePermitResponse, _abc.Awaitable[_lock_pb2.AcquirePermitResponse]]:
+        """---- Semaphores with a fencing token per permit. A semaphore of N
+        permits grants at most N holders at once, first come, first served.
+        Each grant gets a permit slot (0 .. N-1) and a token strictly larger
+        than every earlier token of that slot of that semaphore (the create
+        revision of the slot's key plus the token floor): storage partitioned
+        by slot fences each slot like a lock (README, "Semaphores"). N is fixed
+        at the semaphore's first use; asking with another N fails
+        (PERMITS_MISMATCH). Semaphores are named like locks and live apart
+        from locks and elections. Holds are watched on the KeepAlive stream
+        (WatchHold with kind HOLD_KIND_SEMAPHORE and the slot). The access
+        policy checks them by name like locks ("acquire", "release", "describe").
+
+        AcquirePermit asks for one permit of semaphore `name` of `permits`
+        permits for lease `lease_id`; waiting as for Acquire (try once with
+        neither wait_ms nor wait_forever: acquired = false and nothing queued
+        when all permits are held). Idempotent per (lease_id, name): a lease
+        that holds a permit gets the same slot and token again (one permit per
+        lease per semaphore).
+        Errors: as Acquire, and INVALID_ARGUMENT (permits: 1 to 1000,
+        request_id), FAILED_PRECONDITION/PERMITS_MISMATCH (metadata "permits":
+        the semaphore's number of permits).
+        """
+
+    @_abc_1.abstractmethod
+    def ReleasePermit(
+        self,
+        request: _lock_pb2.ReleasePermitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.ReleasePermitResponse, _abc.Awaitable[_lock_pb2.ReleasePermitResponse]]:
+        """ReleasePermit ends the permit (name, lease_id, slot, token); the next
+        waiter is granted. With token = 0 it removes the lease's permit or
+        place in the queue, whatever its state, and is idempotent (as
+        Withdraw). A retry with the request_id of a ReleasePermit that
+        succeeded answers as the first did.
+        Errors: as Release, and INVALID_ARGUMENT (slot).
+        """
+
+    @_abc_1.abstractmethod
+    def DescribeSemaphore(
+        self,
+        request: _lock_pb2.DescribeSemaphoreRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.DescribeSemaphoreResponse, _abc.Awaitable[_lock_pb2.DescribeSemaphoreResponse]]:
+        """DescribeSemaphore reports the permits, holders (slot, lease, token)
+        and waiters of semaphore `name` at one etcd revision. Read-only.
+        Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
         """
 
 def add_LockServiceServicer_to_server(servicer: LockServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

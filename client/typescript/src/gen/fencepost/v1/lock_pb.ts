@@ -46,6 +46,20 @@
 //                  serve` flag without dashes ("max-leases-per-caller").
 //   value          LIMIT_EXCEEDED: that limit's configured value.
 //
+// Retries: Release, Withdraw, Acquire, Campaign, Resign, AcquirePermit,
+// ReleasePermit and AdminRevoke take a request_id: chosen by the caller,
+// 1 to 64 characters of [A-Za-z0-9_-] (a UUID's hex is fine), unique per
+// call and the same on each retry of that call. A retry (after a lost
+// answer, a broken connection, another replica) of a call that succeeded
+// answers as the first attempt did, for at least 60 s after it, instead of
+// doing it again or failing: Release, Resign and ReleasePermit answer OK
+// with the first revision, AdminRevoke names the lease it revoked. Acquire,
+// Campaign and AcquirePermit are idempotent per (lease_id, name) anyway; a
+// wait the caller abandoned is removed by Withdraw (Resign / ReleasePermit
+// with token 0), itself idempotent. An empty request_id: no record (the
+// behaviour before request ids). LeaseGrant has none: a LeaseGrant whose
+// answer is lost leaves a lease that holds nothing and expires after its TTL.
+//
 // Ownership: a lease belongs to the caller that granted it. With mutual TLS
 // the owner is the identity of the caller's client certificate (its SPIFFE
 // ID, else first URI SAN, else first DNS SAN, else subject CN); in every
@@ -72,7 +86,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiVwoOQWNxdWlyZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxIPCgd3YWl0X21zGAMgASgDEhQKDHdhaXRfZm9yZXZlchgEIAEoCCJYCg9BY3F1aXJlUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDQoFdG9rZW4YAiABKAMSJAoGaG9sZGVyGAMgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlciI/Cg5SZWxlYXNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyIxCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAyJBChBXaXRoZHJhd1Jlc3BvbnNlEg0KBWZvdW5kGAEgASgIEgwKBGhlbGQYAiABKAgSEAoIcmV2aXNpb24YAyABKAMiKQoGSG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDIroDChBLZWVwQWxpdmVSZXF1ZXN0EjEKCWtlZXBhbGl2ZRgBIAEoCzIcLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUgAEigKBXdhdGNoGAIgASgLMhcuZmVuY2Vwb3N0LnYxLldhdGNoSG9sZEgAEioKB3Vud2F0Y2gYAyABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASLwoHYWNxdWlyZRgFIAEoCzIcLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVxdWVzdEgAEi8KB3JlbGVhc2UYBiABKAsyHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3RIABIxCgh3aXRoZHJhdxgHIAEoCzIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3RIABIqCgZjYW5jZWwYCCABKAsyGC5mZW5jZXBvc3QudjEuQ2FuY2VsQ2FsbEgAEhQKDGxlYXNlX3NlY3JldBgEIAEoCRISCgpyZXF1ZXN0X2lkGAkgASgEEhIKCnRpbWVvdXRfbXMYCiABKAMSEwoLdHJhY2VwYXJlbnQYCyABKAlCCQoHcmVxdWVzdCIgCgpDYW5jZWxDYWxsEhIKCnJlcXVlc3RfaWQYASABKAQiNgoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBCI6CglXYXRjaEhvbGQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyLfAgoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIABIxCghhY3F1aXJlZBgDIAEoCzIdLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2VIABIxCghyZWxlYXNlZBgEIAEoCzIdLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2VIABIzCgl3aXRoZHJhd24YBSABKAsyHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZUgAEioKBmZhaWxlZBgGIAEoCzIYLmZlbmNlcG9zdC52MS5DYWxsRmFpbGVkSAASEgoKcmVxdWVzdF9pZBgHIAEoBEIKCghyZXNwb25zZSI7CgpDYWxsRmFpbGVkEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCRIOCgZzdGF0dXMYAyABKAwiTgoRTGVhc2VLZWVwQWxpdmVBY2sSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBITCgt0dGxfc2Vjb25kcxgDIAEoAyJrCglIb2xkRW5kZWQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxIpCgZyZWFzb24YBSABKA4yGS5mZW5jZXBvc3QudjEuRXJyb3JSZWFzb25KBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkiyQEKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMiSQoQTGlzdExvY2tzUmVxdWVzdBIOCgZwcmVmaXgYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkingEKCExvY2tJbmZvEgwKBG5hbWUYASABKAkSJAoGaG9sZGVyGAIgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYAyABKAMSEwoLdHRsX3NlY29uZHMYBCABKAMSFAoMaGVsZF9zZWNvbmRzGAUgASgBEhQKDHdhaXRlcl9jb3VudBgGIAEoAyJlChFMaXN0TG9ja3NSZXNwb25zZRIlCgVsb2NrcxgBIAMoCzIWLmZlbmNlcG9zdC52MS5Mb2NrSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMiEwoRU2VydmVySW5mb1JlcXVlc3Qi8AEKCEV0Y2RJbmZvEhEKCWVuZHBvaW50cxgBIAMoCRIQCghlbWJlZGRlZBgCIAEoCBIRCglhdmFpbGFibGUYAyABKAgSDQoFZXJyb3IYBCABKAkSFgoOc2VydmVyX3ZlcnNpb24YBSABKAkSEgoKY2x1c3Rlcl9pZBgGIAEoBBIRCgltZW1iZXJfaWQYByABKAQSEAoIcmV2aXNpb24YCCABKAMSEQoJcmFmdF90ZXJtGAkgASgEEg4KBmxlYWRlchgKIAEoBBISCgpyYWZ0X2luZGV4GAsgASgEEhUKDWRiX3NpemVfYnl0ZXMYDCABKAMiiQMKElNlcnZlckluZm9SZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEhMKC2luc3RhbmNlX2lkGAIgASgJEhYKDnVwdGltZV9zZWNvbmRzGAMgASgBEhYKDmxpc3Rlbl9hZGRyZXNzGAQgASgJEhYKDmhlYWx0aF9hZGRyZXNzGAUgASgJEhcKD21ldHJpY3NfYWRkcmVzcxgGIAEoCRISCgprZXlfcHJlZml4GAcgASgJEg8KB3NlcnZpbmcYCCABKAgSJAoEZXRjZBgJIAEoCzIWLmZlbmNlcG9zdC52MS5FdGNkSW5mbxIZChFrZWVwYWxpdmVfc3RyZWFtcxgKIAEoAxIYChBrZWVwYWxpdmVfbGVhc2VzGAsgASgDEhUKDXdhdGNoZWRfaG9sZHMYDCABKAMSGAoQd2FpdGluZ19hY3F1aXJlcxgNIAEoAxIWCg5jb250ZW5kZXJfa2V5cxgOIAEoAxISCgpoZWxkX2xvY2tzGA8gASgDEg8KB3dhaXRlcnMYECABKAMiIgoSQWRtaW5SZXZva2VSZXF1ZXN0EgwKBG5hbWUYASABKAkiRwoTQWRtaW5SZXZva2VSZXNwb25zZRIPCgdyZXZva2VkGAEgASgIEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDIjwKE0xpc3RTZXNzaW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiiQEKC1Nlc3Npb25JbmZvEhAKCGxlYXNlX2lkGAEgASgDEhYKDm93bmVyX2lkZW50aXR5GAIgASgJEhMKC3R0bF9zZWNvbmRzGAMgASgDEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgEIAEoAxINCgVob2xkcxgFIAMoCRINCgV3YWl0cxgGIAMoCSJuChRMaXN0U2Vzc2lvbnNSZXNwb25zZRIrCghzZXNzaW9ucxgBIAMoCzIZLmZlbmNlcG9zdC52MS5TZXNzaW9uSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMqpwIKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDUlOVkFMSURfRklFTEQQARIOCgpOT1RfSE9MREVSEAISDwoLU1RBTEVfVE9LRU4QAxIRCg1MRUFTRV9FWFBJUkVEEAQSEwoPQUNRVUlSRV9USU1FT1VUEAUSFAoQRVRDRF9VTkFWQUlMQUJMRRAGEhQKEFRPT19NQU5ZX1dBSVRFUlMQBxIRCg1TSFVUVElOR19ET1dOEAgSFAoQVE9PX01BTllfU1RSRUFNUxAJEg0KCURBVEFfTE9TUxAKEhEKDUFDQ0VTU19ERU5JRUQQCxISCg5MSU1JVF9FWENFRURFRBAMEhMKD05PVF9MRUFTRV9PV05FUhANMvQGCgtMb2NrU2VydmljZRJPCgpMZWFzZUdyYW50Eh8uZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXNwb25zZRJSCgtMZWFzZVJldm9rZRIgLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXNwb25zZRJGCgdBY3F1aXJlEhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZRJGCgdSZWxlYXNlEhwuZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZRJJCghXaXRoZHJhdxIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3QaHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZRJQCglLZWVwQWxpdmUSHi5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVxdWVzdBofLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXNwb25zZSgBMAESSQoIRGVzY3JpYmUSHS5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVzcG9uc2USTAoJTGlzdExvY2tzEh4uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1JlcXVlc3QaHy5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVzcG9uc2USTwoKU2VydmVySW5mbxIfLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVxdWVzdBogLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVzcG9uc2USUgoLQWRtaW5SZXZva2USIC5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXF1ZXN0GiEuZmVuY2Vwb3N0LnYxLkFkbWluUmV2b2tlUmVzcG9uc2USVQoMTGlzdFNlc3Npb25zEiEuZmVuY2Vwb3N0LnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QaIi5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgihwEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkiWAoPQWNxdWlyZVJlc3BvbnNlEhAKCGFjcXVpcmVkGAEgASgIEg0KBXRva2VuGAIgASgDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXIiUwoOUmVsZWFzZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxISCgpyZXF1ZXN0X2lkGAQgASgJIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJFCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxISCgpyZXF1ZXN0X2lkGAMgASgJIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMiugMKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIvCgdhY3F1aXJlGAUgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgGIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAcgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgIIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASFAoMbGVhc2Vfc2VjcmV0GAQgASgJEhIKCnJlcXVlc3RfaWQYCSABKAQSEgoKdGltZW91dF9tcxgKIAEoAxITCgt0cmFjZXBhcmVudBgLIAEoCUIJCgdyZXF1ZXN0IiAKCkNhbmNlbENhbGwSEgoKcmVxdWVzdF9pZBgBIAEoBCI2Cg5MZWFzZUtlZXBBbGl2ZRIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEIm4KCVdhdGNoSG9sZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEiQKBGtpbmQYBCABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgFIAEoBSLfAgoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIABIxCghhY3F1aXJlZBgDIAEoCzIdLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2VIABIxCghyZWxlYXNlZBgEIAEoCzIdLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2VIABIzCgl3aXRoZHJhd24YBSABKAsyHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZUgAEioKBmZhaWxlZBgGIAEoCzIYLmZlbmNlcG9zdC52MS5DYWxsRmFpbGVkSAASEgoKcmVxdWVzdF9pZBgHIAEoBEIKCghyZXNwb25zZSI7CgpDYWxsRmFpbGVkEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCRIOCgZzdGF0dXMYAyABKAwiTgoRTGVhc2VLZWVwQWxpdmVBY2sSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBITCgt0dGxfc2Vjb25kcxgDIAEoAyKfAQoJSG9sZEVuZGVkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSKQoGcmVhc29uGAUgASgOMhkuZmVuY2Vwb3N0LnYxLkVycm9yUmVhc29uEiQKBGtpbmQYBiABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgHIAEoBUoECAQQBSIfCg9EZXNjcmliZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSLJAQoQRGVzY3JpYmVSZXNwb25zZRIMCgRoZWxkGAEgASgIEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDHdhaXRlcl9jb3VudBgFIAEoAxIlCgd3YWl0ZXJzGAYgAygLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIQCghyZXZpc2lvbhgHIAEoAyJJChBMaXN0TG9ja3NSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSKeAQoITG9ja0luZm8SDAoEbmFtZRgBIAEoCRIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgxoZWxkX3NlY29uZHMYBSABKAESFAoMd2FpdGVyX2NvdW50GAYgASgDImUKEUxpc3RMb2Nrc1Jlc3BvbnNlEiUKBWxvY2tzGAEgAygLMhYuZmVuY2Vwb3N0LnYxLkxvY2tJbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyITChFTZXJ2ZXJJbmZvUmVxdWVzdCLwAQoIRXRjZEluZm8SEQoJZW5kcG9pbnRzGAEgAygJEhAKCGVtYmVkZGVkGAIgASgIEhEKCWF2YWlsYWJsZRgDIAEoCBINCgVlcnJvchgEIAEoCRIWCg5zZXJ2ZXJfdmVyc2lvbhgFIAEoCRISCgpjbHVzdGVyX2lkGAYgASgEEhEKCW1lbWJlcl9pZBgHIAEoBBIQCghyZXZpc2lvbhgIIAEoAxIRCglyYWZ0X3Rlcm0YCSABKAQSDgoGbGVhZGVyGAogASgEEhIKCnJhZnRfaW5kZXgYCyABKAQSFQoNZGJfc2l6ZV9ieXRlcxgMIAEoAyKJAwoSU2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSEwoLaW5zdGFuY2VfaWQYAiABKAkSFgoOdXB0aW1lX3NlY29uZHMYAyABKAESFgoObGlzdGVuX2FkZHJlc3MYBCABKAkSFgoOaGVhbHRoX2FkZHJlc3MYBSABKAkSFwoPbWV0cmljc19hZGRyZXNzGAYgASgJEhIKCmtleV9wcmVmaXgYByABKAkSDwoHc2VydmluZxgIIAEoCBIkCgRldGNkGAkgASgLMhYuZmVuY2Vwb3N0LnYxLkV0Y2RJbmZvEhkKEWtlZXBhbGl2ZV9zdHJlYW1zGAogASgDEhgKEGtlZXBhbGl2ZV9sZWFzZXMYCyABKAMSFQoNd2F0Y2hlZF9ob2xkcxgMIAEoAxIYChB3YWl0aW5nX2FjcXVpcmVzGA0gASgDEhYKDmNvbnRlbmRlcl9rZXlzGA4gASgDEhIKCmhlbGRfbG9ja3MYDyABKAMSDwoHd2FpdGVycxgQIAEoAyI2ChJBZG1pblJldm9rZVJlcXVlc3QSEgoKcmVxdWVzdF9pZBgCIAEoCRIMCgRuYW1lGAEgASgJIkcKE0FkbWluUmV2b2tlUmVzcG9uc2USDwoHcmV2b2tlZBgBIAEoCBIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyI8ChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIokBCgtTZXNzaW9uSW5mbxIQCghsZWFzZV9pZBgBIAEoAxIWCg5vd25lcl9pZGVudGl0eRgCIAEoCRITCgt0dGxfc2Vjb25kcxgDIAEoAxIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYBCABKAMSDQoFaG9sZHMYBSADKAkSDQoFd2FpdHMYBiADKAkibgoUTGlzdFNlc3Npb25zUmVzcG9uc2USKwoIc2Vzc2lvbnMYASADKAsyGS5mZW5jZXBvc3QudjEuU2Vzc2lvbkluZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIjwKCkxlYWRlckluZm8SEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMSDQoFdmFsdWUYAyABKAwifwoPQ2FtcGFpZ25SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXZhbHVlGAMgASgMEg8KB3dhaXRfbXMYBCABKAMSFAoMd2FpdF9mb3JldmVyGAUgASgIEhIKCnJlcXVlc3RfaWQYBiABKAkiXAoQQ2FtcGFpZ25SZXNwb25zZRIPCgdlbGVjdGVkGAEgASgIEg0KBXRva2VuGAIgASgDEigKBmxlYWRlchgDIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvIlMKD1Byb2NsYWltUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxINCgV2YWx1ZRgEIAEoDCIkChBQcm9jbGFpbVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIlYKDVJlc2lnblJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSEgoKcmVxdWVzdF9pZBgEIAEoCSIxCg5SZXNpZ25SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIhCg1MZWFkZXJSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJIkwKDkxlYWRlclJlc3BvbnNlEigKBmxlYWRlchgBIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvEhAKCHJldmlzaW9uGAIgASgDIjoKDk9ic2VydmVSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhYKDmFmdGVyX3JldmlzaW9uGAIgASgDImAKD09ic2VydmVSZXNwb25zZRIoCgZsZWFkZXIYASABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbxIQCghyZXZpc2lvbhgCIAEoAxIRCgljb21wYWN0ZWQYAyABKAgiPQoMUGVybWl0SG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEgwKBHNsb3QYAiABKAUSDQoFdG9rZW4YAyABKAMiggEKFEFjcXVpcmVQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHcGVybWl0cxgDIAEoBRIPCgd3YWl0X21zGAQgASgDEhQKDHdhaXRfZm9yZXZlchgFIAEoCBISCgpyZXF1ZXN0X2lkGAYgASgJInMKFUFjcXVpcmVQZXJtaXRSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBIMCgRzbG90GAIgASgFEg0KBXRva2VuGAMgASgDEisKB2hvbGRlcnMYBCADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyImcKFFJlbGVhc2VQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDAoEc2xvdBgDIAEoBRINCgV0b2tlbhgEIAEoAxISCgpyZXF1ZXN0X2lkGAUgASgJIjgKFVJlbGVhc2VQZXJtaXRSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIoChhEZXNjcmliZVNlbWFwaG9yZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSKBAQoZRGVzY3JpYmVTZW1hcGhvcmVSZXNwb25zZRIPCgdwZXJtaXRzGAEgASgFEisKB2hvbGRlcnMYAiADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyEhQKDHdhaXRlcl9jb3VudBgDIAEoAxIQCghyZXZpc2lvbhgEIAEoAyrUAgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNSU5WQUxJRF9GSUVMRBABEg4KCk5PVF9IT0xERVIQAhIPCgtTVEFMRV9UT0tFThADEhEKDUxFQVNFX0VYUElSRUQQBBITCg9BQ1FVSVJFX1RJTUVPVVQQBRIUChBFVENEX1VOQVZBSUxBQkxFEAYSFAoQVE9PX01BTllfV0FJVEVSUxAHEhEKDVNIVVRUSU5HX0RPV04QCBIUChBUT09fTUFOWV9TVFJFQU1TEAkSDQoJREFUQV9MT1NTEAoSEQoNQUNDRVNTX0RFTklFRBALEhIKDkxJTUlUX0VYQ0VFREVEEAwSEwoPTk9UX0xFQVNFX09XTkVSEA0SFAoQUEVSTUlUU19NSVNNQVRDSBAOEhUKEVJFUVVFU1RfSURfUkVVU0VEEA8qTwoISG9sZEtpbmQSEgoOSE9MRF9LSU5EX0xPQ0sQABIWChJIT0xEX0tJTkRfRUxFQ1RJT04QARIXChNIT0xEX0tJTkRfU0VNQVBIT1JFEAIy+AsKC0xvY2tTZXJ2aWNlEk8KCkxlYXNlR3JhbnQSHy5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlc3BvbnNlElIKC0xlYXNlUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlc3BvbnNlEkYKB0FjcXVpcmUSHC5mZW5jZXBvc3QudjEuQWNxdWlyZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuQWNxdWlyZVJlc3BvbnNlEkYKB1JlbGVhc2USHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuUmVsZWFzZVJlc3BvbnNlEkkKCFdpdGhkcmF3Eh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdBoeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlElAKCUtlZXBBbGl2ZRIeLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlc3BvbnNlKAEwARJJCghEZXNjcmliZRIdLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXNwb25zZRJMCglMaXN0TG9ja3MSHi5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVxdWVzdBofLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXNwb25zZRJPCgpTZXJ2ZXJJbmZvEh8uZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXNwb25zZRJSCgtBZG1pblJldm9rZRIgLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXNwb25zZRJVCgxMaXN0U2Vzc2lvbnMSIS5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVxdWVzdBoiLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXNwb25zZRJJCghDYW1wYWlnbhIdLmZlbmNlcG9zdC52MS5DYW1wYWlnblJlcXVlc3QaHi5mZW5jZXBvc3QudjEuQ2FtcGFpZ25SZXNwb25zZRJJCghQcm9jbGFpbRIdLmZlbmNlcG9zdC52MS5Qcm9jbGFpbVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuUHJvY2xhaW1SZXNwb25zZRJDCgZSZXNpZ24SGy5mZW5jZXBvc3QudjEuUmVzaWduUmVxdWVzdBocLmZlbmNlcG9zdC52MS5SZXNpZ25SZXNwb25zZRJDCgZMZWFkZXISGy5mZW5jZXBvc3QudjEuTGVhZGVyUmVxdWVzdBocLmZlbmNlcG9zdC52MS5MZWFkZXJSZXNwb25zZRJICgdPYnNlcnZlEhwuZmVuY2Vwb3N0LnYxLk9ic2VydmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLk9ic2VydmVSZXNwb25zZTABElgKDUFjcXVpcmVQZXJtaXQSIi5mZW5jZXBvc3QudjEuQWNxdWlyZVBlcm1pdFJlcXVlc3QaIy5mZW5jZXBvc3QudjEuQWNxdWlyZVBlcm1pdFJlc3BvbnNlElgKDVJlbGVhc2VQZXJtaXQSIi5mZW5jZXBvc3QudjEuUmVsZWFzZVBlcm1pdFJlcXVlc3QaIy5mZW5jZXBvc3QudjEuUmVsZWFzZVBlcm1pdFJlc3BvbnNlEmQKEURlc2NyaWJlU2VtYXBob3JlEiYuZmVuY2Vwb3N0LnYxLkRlc2NyaWJlU2VtYXBob3JlUmVxdWVzdBonLmZlbmNlcG9zdC52MS5EZXNjcmliZVNlbWFwaG9yZVJlc3BvbnNlYgZwcm90bzM");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -205,6 +219,28 @@ export type AcquireRequest = Message<"fencepost.v1.AcquireRequest"> & {
    * @generated from field: bool wait_forever = 4;
    */
   waitForever: boolean;
+
+  /**
+   * lock_delay_seconds: the lock-delay of this hold, 0 to 3600 whole
+   * seconds (Chubby, Consul): if the hold ends because its lease expired
+   * or was revoked (not by Release or Withdraw), the lock's next grant
+   * comes no earlier than that end plus this delay, so that writes still
+   * in flight from the lost holder land before the next holder starts.
+   * A mitigation for storage that cannot check tokens, never a
+   * replacement for fencing. Give the same value on every Acquire of a
+   * lock. 0: none.
+   *
+   * @generated from field: int64 lock_delay_seconds = 5;
+   */
+  lockDelaySeconds: bigint;
+
+  /**
+   * request_id: see "Retries" (Acquire is idempotent per (lease_id, name)
+   * already; the id is checked and logged).
+   *
+   * @generated from field: string request_id = 6;
+   */
+  requestId: string;
 };
 
 /**
@@ -274,6 +310,14 @@ export type ReleaseRequest = Message<"fencepost.v1.ReleaseRequest"> & {
    * @generated from field: int64 token = 3;
    */
   token: bigint;
+
+  /**
+   * request_id: see "Retries": a retry of a Release that succeeded, with
+   * the same request_id, answers as the first did.
+   *
+   * @generated from field: string request_id = 4;
+   */
+  requestId: string;
 };
 
 /**
@@ -319,6 +363,13 @@ export type WithdrawRequest = Message<"fencepost.v1.WithdrawRequest"> & {
    * @generated from field: int64 lease_id = 2;
    */
   leaseId: bigint;
+
+  /**
+   * request_id: see "Retries" (Withdraw is idempotent already).
+   *
+   * @generated from field: string request_id = 3;
+   */
+  requestId: string;
 };
 
 /**
@@ -557,7 +608,7 @@ export const LeaseKeepAliveSchema: GenMessage<LeaseKeepAlive> = /*@__PURE__*/
  */
 export type WatchHold = Message<"fencepost.v1.WatchHold"> & {
   /**
-   * name: the lock name.
+   * name: the lock name (the election's or semaphore's for those kinds).
    *
    * @generated from field: string name = 1;
    */
@@ -576,6 +627,20 @@ export type WatchHold = Message<"fencepost.v1.WatchHold"> & {
    * @generated from field: int64 token = 3;
    */
   token: bigint;
+
+  /**
+   * kind: what the hold is a grant of (a lock by default).
+   *
+   * @generated from field: fencepost.v1.HoldKind kind = 4;
+   */
+  kind: HoldKind;
+
+  /**
+   * slot: HOLD_KIND_SEMAPHORE: the permit's slot; 0 otherwise.
+   *
+   * @generated from field: int32 slot = 5;
+   */
+  slot: number;
 };
 
 /**
@@ -760,6 +825,18 @@ export type HoldEnded = Message<"fencepost.v1.HoldEnded"> & {
    * @generated from field: fencepost.v1.ErrorReason reason = 5;
    */
   reason: ErrorReason;
+
+  /**
+   * kind, slot: as in the WatchHold that asked.
+   *
+   * @generated from field: fencepost.v1.HoldKind kind = 6;
+   */
+  kind: HoldKind;
+
+  /**
+   * @generated from field: int32 slot = 7;
+   */
+  slot: number;
 };
 
 /**
@@ -1251,6 +1328,15 @@ export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PUR
  */
 export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
   /**
+   * request_id: see "Retries": a retry of an AdminRevoke that revoked a
+   * lease, with the same request_id, answers as the first did instead of
+   * revoking the next holder.
+   *
+   * @generated from field: string request_id = 2;
+   */
+  requestId: string;
+
+  /**
    * name: the lock whose holder's lease is revoked (UTF-8, 1 to 256 bytes,
    * no control characters).
    *
@@ -1421,6 +1507,593 @@ export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@_
   messageDesc(file_fencepost_v1_lock, 31);
 
 /**
+ * LeaderInfo is one leadership of an election.
+ *
+ * @generated from message fencepost.v1.LeaderInfo
+ */
+export type LeaderInfo = Message<"fencepost.v1.LeaderInfo"> & {
+  /**
+   * lease_id: the leader's lease.
+   *
+   * @generated from field: int64 lease_id = 1;
+   */
+  leaseId: bigint;
+
+  /**
+   * token: the leadership's fencing token.
+   *
+   * @generated from field: int64 token = 2;
+   */
+  token: bigint;
+
+  /**
+   * value: the leader's value (Campaign, then Proclaim), 0 to 65536 bytes.
+   *
+   * @generated from field: bytes value = 3;
+   */
+  value: Uint8Array;
+};
+
+/**
+ * Describes the message fencepost.v1.LeaderInfo.
+ * Use `create(LeaderInfoSchema)` to create a new message.
+ */
+export const LeaderInfoSchema: GenMessage<LeaderInfo> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 32);
+
+/**
+ * @generated from message fencepost.v1.CampaignRequest
+ */
+export type CampaignRequest = Message<"fencepost.v1.CampaignRequest"> & {
+  /**
+   * election: the election's name, as a lock name.
+   *
+   * @generated from field: string election = 1;
+   */
+  election: string;
+
+  /**
+   * lease_id: the candidate's lease.
+   *
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+
+  /**
+   * value: what the candidate publishes as leader (an address, an id), 0
+   * to 65536 bytes.
+   *
+   * @generated from field: bytes value = 3;
+   */
+  value: Uint8Array;
+
+  /**
+   * wait_ms, wait_forever: as AcquireRequest's.
+   *
+   * @generated from field: int64 wait_ms = 4;
+   */
+  waitMs: bigint;
+
+  /**
+   * @generated from field: bool wait_forever = 5;
+   */
+  waitForever: boolean;
+
+  /**
+   * request_id: see "Retries".
+   *
+   * @generated from field: string request_id = 6;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message fencepost.v1.CampaignRequest.
+ * Use `create(CampaignRequestSchema)` to create a new message.
+ */
+export const CampaignRequestSchema: GenMessage<CampaignRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 33);
+
+/**
+ * @generated from message fencepost.v1.CampaignResponse
+ */
+export type CampaignResponse = Message<"fencepost.v1.CampaignResponse"> & {
+  /**
+   * elected: true when the lease now leads. Only a try-once Campaign
+   * returns false (and then nothing is queued).
+   *
+   * @generated from field: bool elected = 1;
+   */
+  elected: boolean;
+
+  /**
+   * token: the leadership's fencing token when elected.
+   *
+   * @generated from field: int64 token = 2;
+   */
+  token: bigint;
+
+  /**
+   * leader: the current leader when elected = false (unset: none).
+   *
+   * @generated from field: fencepost.v1.LeaderInfo leader = 3;
+   */
+  leader?: LeaderInfo | undefined;
+};
+
+/**
+ * Describes the message fencepost.v1.CampaignResponse.
+ * Use `create(CampaignResponseSchema)` to create a new message.
+ */
+export const CampaignResponseSchema: GenMessage<CampaignResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 34);
+
+/**
+ * @generated from message fencepost.v1.ProclaimRequest
+ */
+export type ProclaimRequest = Message<"fencepost.v1.ProclaimRequest"> & {
+  /**
+   * @generated from field: string election = 1;
+   */
+  election: string;
+
+  /**
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+
+  /**
+   * token: the leadership's token (> 0).
+   *
+   * @generated from field: int64 token = 3;
+   */
+  token: bigint;
+
+  /**
+   * value: the new value, 0 to 65536 bytes.
+   *
+   * @generated from field: bytes value = 4;
+   */
+  value: Uint8Array;
+};
+
+/**
+ * Describes the message fencepost.v1.ProclaimRequest.
+ * Use `create(ProclaimRequestSchema)` to create a new message.
+ */
+export const ProclaimRequestSchema: GenMessage<ProclaimRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 35);
+
+/**
+ * @generated from message fencepost.v1.ProclaimResponse
+ */
+export type ProclaimResponse = Message<"fencepost.v1.ProclaimResponse"> & {
+  /**
+   * revision: the etcd revision of the update.
+   *
+   * @generated from field: int64 revision = 1;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.ProclaimResponse.
+ * Use `create(ProclaimResponseSchema)` to create a new message.
+ */
+export const ProclaimResponseSchema: GenMessage<ProclaimResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 36);
+
+/**
+ * @generated from message fencepost.v1.ResignRequest
+ */
+export type ResignRequest = Message<"fencepost.v1.ResignRequest"> & {
+  /**
+   * @generated from field: string election = 1;
+   */
+  election: string;
+
+  /**
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+
+  /**
+   * token: the leadership's token; 0: withdraw the candidacy whatever its state.
+   *
+   * @generated from field: int64 token = 3;
+   */
+  token: bigint;
+
+  /**
+   * request_id: see "Retries".
+   *
+   * @generated from field: string request_id = 4;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message fencepost.v1.ResignRequest.
+ * Use `create(ResignRequestSchema)` to create a new message.
+ */
+export const ResignRequestSchema: GenMessage<ResignRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 37);
+
+/**
+ * @generated from message fencepost.v1.ResignResponse
+ */
+export type ResignResponse = Message<"fencepost.v1.ResignResponse"> & {
+  /**
+   * revision: the etcd revision of the resignation.
+   *
+   * @generated from field: int64 revision = 1;
+   */
+  revision: bigint;
+
+  /**
+   * found: token = 0 only: whether the lease had a candidacy there.
+   *
+   * @generated from field: bool found = 2;
+   */
+  found: boolean;
+};
+
+/**
+ * Describes the message fencepost.v1.ResignResponse.
+ * Use `create(ResignResponseSchema)` to create a new message.
+ */
+export const ResignResponseSchema: GenMessage<ResignResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 38);
+
+/**
+ * @generated from message fencepost.v1.LeaderRequest
+ */
+export type LeaderRequest = Message<"fencepost.v1.LeaderRequest"> & {
+  /**
+   * @generated from field: string election = 1;
+   */
+  election: string;
+};
+
+/**
+ * Describes the message fencepost.v1.LeaderRequest.
+ * Use `create(LeaderRequestSchema)` to create a new message.
+ */
+export const LeaderRequestSchema: GenMessage<LeaderRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 39);
+
+/**
+ * @generated from message fencepost.v1.LeaderResponse
+ */
+export type LeaderResponse = Message<"fencepost.v1.LeaderResponse"> & {
+  /**
+   * leader: unset when the election has no leader.
+   *
+   * @generated from field: fencepost.v1.LeaderInfo leader = 1;
+   */
+  leader?: LeaderInfo | undefined;
+
+  /**
+   * revision: the etcd revision read.
+   *
+   * @generated from field: int64 revision = 2;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.LeaderResponse.
+ * Use `create(LeaderResponseSchema)` to create a new message.
+ */
+export const LeaderResponseSchema: GenMessage<LeaderResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 40);
+
+/**
+ * @generated from message fencepost.v1.ObserveRequest
+ */
+export type ObserveRequest = Message<"fencepost.v1.ObserveRequest"> & {
+  /**
+   * @generated from field: string election = 1;
+   */
+  election: string;
+
+  /**
+   * after_revision: 0 to start at the current state, else the revision of
+   * the last ObserveResponse received (see Observe).
+   *
+   * @generated from field: int64 after_revision = 2;
+   */
+  afterRevision: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.ObserveRequest.
+ * Use `create(ObserveRequestSchema)` to create a new message.
+ */
+export const ObserveRequestSchema: GenMessage<ObserveRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 41);
+
+/**
+ * @generated from message fencepost.v1.ObserveResponse
+ */
+export type ObserveResponse = Message<"fencepost.v1.ObserveResponse"> & {
+  /**
+   * leader: the leader from `revision` on; unset: none.
+   *
+   * @generated from field: fencepost.v1.LeaderInfo leader = 1;
+   */
+  leader?: LeaderInfo | undefined;
+
+  /**
+   * revision: the etcd revision of the change (of the read, for the first
+   * message). Pass it as after_revision to resume.
+   *
+   * @generated from field: int64 revision = 2;
+   */
+  revision: bigint;
+
+  /**
+   * compacted: the resumed-from revision was compacted: changes between it
+   * and this message are unknown.
+   *
+   * @generated from field: bool compacted = 3;
+   */
+  compacted: boolean;
+};
+
+/**
+ * Describes the message fencepost.v1.ObserveResponse.
+ * Use `create(ObserveResponseSchema)` to create a new message.
+ */
+export const ObserveResponseSchema: GenMessage<ObserveResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 42);
+
+/**
+ * PermitHolder is one granted permit of a semaphore.
+ *
+ * @generated from message fencepost.v1.PermitHolder
+ */
+export type PermitHolder = Message<"fencepost.v1.PermitHolder"> & {
+  /**
+   * @generated from field: int64 lease_id = 1;
+   */
+  leaseId: bigint;
+
+  /**
+   * slot: 0 .. permits-1.
+   *
+   * @generated from field: int32 slot = 2;
+   */
+  slot: number;
+
+  /**
+   * token: the permit's fencing token, ordered per slot.
+   *
+   * @generated from field: int64 token = 3;
+   */
+  token: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.PermitHolder.
+ * Use `create(PermitHolderSchema)` to create a new message.
+ */
+export const PermitHolderSchema: GenMessage<PermitHolder> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 43);
+
+/**
+ * @generated from message fencepost.v1.AcquirePermitRequest
+ */
+export type AcquirePermitRequest = Message<"fencepost.v1.AcquirePermitRequest"> & {
+  /**
+   * name: the semaphore's name, as a lock name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+
+  /**
+   * permits: the semaphore's number of permits, 1 to 1000.
+   *
+   * @generated from field: int32 permits = 3;
+   */
+  permits: number;
+
+  /**
+   * wait_ms, wait_forever: as AcquireRequest's.
+   *
+   * @generated from field: int64 wait_ms = 4;
+   */
+  waitMs: bigint;
+
+  /**
+   * @generated from field: bool wait_forever = 5;
+   */
+  waitForever: boolean;
+
+  /**
+   * request_id: see "Retries".
+   *
+   * @generated from field: string request_id = 6;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message fencepost.v1.AcquirePermitRequest.
+ * Use `create(AcquirePermitRequestSchema)` to create a new message.
+ */
+export const AcquirePermitRequestSchema: GenMessage<AcquirePermitRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 44);
+
+/**
+ * @generated from message fencepost.v1.AcquirePermitResponse
+ */
+export type AcquirePermitResponse = Message<"fencepost.v1.AcquirePermitResponse"> & {
+  /**
+   * acquired: true when the lease now holds a permit (try once only: false).
+   *
+   * @generated from field: bool acquired = 1;
+   */
+  acquired: boolean;
+
+  /**
+   * slot, token: of the permit, when acquired.
+   *
+   * @generated from field: int32 slot = 2;
+   */
+  slot: number;
+
+  /**
+   * @generated from field: int64 token = 3;
+   */
+  token: bigint;
+
+  /**
+   * holders: when acquired = false, the permits' holders.
+   *
+   * @generated from field: repeated fencepost.v1.PermitHolder holders = 4;
+   */
+  holders: PermitHolder[];
+};
+
+/**
+ * Describes the message fencepost.v1.AcquirePermitResponse.
+ * Use `create(AcquirePermitResponseSchema)` to create a new message.
+ */
+export const AcquirePermitResponseSchema: GenMessage<AcquirePermitResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 45);
+
+/**
+ * @generated from message fencepost.v1.ReleasePermitRequest
+ */
+export type ReleasePermitRequest = Message<"fencepost.v1.ReleasePermitRequest"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+
+  /**
+   * slot, token: the permit's; token 0: withdraw whatever the lease has there.
+   *
+   * @generated from field: int32 slot = 3;
+   */
+  slot: number;
+
+  /**
+   * @generated from field: int64 token = 4;
+   */
+  token: bigint;
+
+  /**
+   * request_id: see "Retries".
+   *
+   * @generated from field: string request_id = 5;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message fencepost.v1.ReleasePermitRequest.
+ * Use `create(ReleasePermitRequestSchema)` to create a new message.
+ */
+export const ReleasePermitRequestSchema: GenMessage<ReleasePermitRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 46);
+
+/**
+ * @generated from message fencepost.v1.ReleasePermitResponse
+ */
+export type ReleasePermitResponse = Message<"fencepost.v1.ReleasePermitResponse"> & {
+  /**
+   * revision: the etcd revision of the release.
+   *
+   * @generated from field: int64 revision = 1;
+   */
+  revision: bigint;
+
+  /**
+   * found: token = 0 only: whether the lease had a permit or a place there.
+   *
+   * @generated from field: bool found = 2;
+   */
+  found: boolean;
+};
+
+/**
+ * Describes the message fencepost.v1.ReleasePermitResponse.
+ * Use `create(ReleasePermitResponseSchema)` to create a new message.
+ */
+export const ReleasePermitResponseSchema: GenMessage<ReleasePermitResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 47);
+
+/**
+ * @generated from message fencepost.v1.DescribeSemaphoreRequest
+ */
+export type DescribeSemaphoreRequest = Message<"fencepost.v1.DescribeSemaphoreRequest"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message fencepost.v1.DescribeSemaphoreRequest.
+ * Use `create(DescribeSemaphoreRequestSchema)` to create a new message.
+ */
+export const DescribeSemaphoreRequestSchema: GenMessage<DescribeSemaphoreRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 48);
+
+/**
+ * @generated from message fencepost.v1.DescribeSemaphoreResponse
+ */
+export type DescribeSemaphoreResponse = Message<"fencepost.v1.DescribeSemaphoreResponse"> & {
+  /**
+   * permits: the semaphore's number of permits; 0 if never used.
+   *
+   * @generated from field: int32 permits = 1;
+   */
+  permits: number;
+
+  /**
+   * holders: in slot order.
+   *
+   * @generated from field: repeated fencepost.v1.PermitHolder holders = 2;
+   */
+  holders: PermitHolder[];
+
+  /**
+   * waiter_count: contenders queued behind the holders.
+   *
+   * @generated from field: int64 waiter_count = 3;
+   */
+  waiterCount: bigint;
+
+  /**
+   * revision: the etcd revision read.
+   *
+   * @generated from field: int64 revision = 4;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.DescribeSemaphoreResponse.
+ * Use `create(DescribeSemaphoreResponseSchema)` to create a new message.
+ */
+export const DescribeSemaphoreResponseSchema: GenMessage<DescribeSemaphoreResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 49);
+
+/**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
  * failed call's status) or why a hold ended (HoldEnded.reason).
  *
@@ -1560,6 +2233,24 @@ export enum ErrorReason {
    * @generated from enum value: NOT_LEASE_OWNER = 13;
    */
   NOT_LEASE_OWNER = 13,
+
+  /**
+   * PERMITS_MISMATCH: AcquirePermit asked for a number of permits other
+   * than the semaphore's (fixed at its first use); metadata["permits"] is
+   * the semaphore's. Status FAILED_PRECONDITION.
+   *
+   * @generated from enum value: PERMITS_MISMATCH = 14;
+   */
+  PERMITS_MISMATCH = 14,
+
+  /**
+   * REQUEST_ID_REUSED: a request_id came with a call other than the one it
+   * was first used for (another method, name, lease or token): ids must be
+   * unique per call. metadata["request_id"]. Status INVALID_ARGUMENT.
+   *
+   * @generated from enum value: REQUEST_ID_REUSED = 15;
+   */
+  REQUEST_ID_REUSED = 15,
 }
 
 /**
@@ -1567,6 +2258,40 @@ export enum ErrorReason {
  */
 export const ErrorReasonSchema: GenEnum<ErrorReason> = /*@__PURE__*/
   enumDesc(file_fencepost_v1_lock, 0);
+
+/**
+ * HoldKind says what a hold (WatchHold, HoldEnded) is a grant of.
+ *
+ * @generated from enum fencepost.v1.HoldKind
+ */
+export enum HoldKind {
+  /**
+   * HOLD_KIND_LOCK: a lock (Acquire). The default.
+   *
+   * @generated from enum value: HOLD_KIND_LOCK = 0;
+   */
+  LOCK = 0,
+
+  /**
+   * HOLD_KIND_ELECTION: the leadership of an election (Campaign).
+   *
+   * @generated from enum value: HOLD_KIND_ELECTION = 1;
+   */
+  ELECTION = 1,
+
+  /**
+   * HOLD_KIND_SEMAPHORE: a permit of a semaphore (AcquirePermit), with its slot.
+   *
+   * @generated from enum value: HOLD_KIND_SEMAPHORE = 2;
+   */
+  SEMAPHORE = 2,
+}
+
+/**
+ * Describes the enum fencepost.v1.HoldKind.
+ */
+export const HoldKindSchema: GenEnum<HoldKind> = /*@__PURE__*/
+  enumDesc(file_fencepost_v1_lock, 1);
 
 /**
  * LockService grants leases and locks with fencing tokens. Any coordinator
@@ -1826,6 +2551,126 @@ export const LockService: GenService<{
     methodKind: "unary";
     input: typeof ListSessionsRequestSchema;
     output: typeof ListSessionsResponseSchema;
+  },
+  /**
+   * Campaign enters lease `lease_id` as a candidate of `election` with
+   * `value` and waits until it leads (wait_ms / wait_forever as for
+   * Acquire; try once with neither). Idempotent per (lease_id, election):
+   * a lease that already leads gets the same token again (its value is set
+   * to `value`). A campaign that ends without an answer keeps its place for
+   * 2 s, as an Acquire does; Resign with token 0 removes it at once.
+   * Errors: as Acquire, and INVALID_ARGUMENT (election, value, request_id).
+   *
+   * @generated from rpc fencepost.v1.LockService.Campaign
+   */
+  campaign: {
+    methodKind: "unary";
+    input: typeof CampaignRequestSchema;
+    output: typeof CampaignResponseSchema;
+  },
+  /**
+   * Proclaim sets the value of the leadership (election, lease_id, token)
+   * without a new election (the token is unchanged). Idempotent.
+   * Errors: INVALID_ARGUMENT (election, lease_id, token, value),
+   * FAILED_PRECONDITION/NOT_HOLDER (not the leader under that token),
+   * STALE_TOKEN, LEASE_EXPIRED, PERMISSION_DENIED/NOT_LEASE_OWNER, UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.Proclaim
+   */
+  proclaim: {
+    methodKind: "unary";
+    input: typeof ProclaimRequestSchema;
+    output: typeof ProclaimResponseSchema;
+  },
+  /**
+   * Resign ends the leadership (election, lease_id, token), as Release
+   * ends a hold; the next candidate leads. With token = 0 it removes the
+   * lease's candidacy whatever its state (leading or waiting), as Withdraw
+   * does for a lock, and is idempotent. A retry with the request_id of a
+   * Resign that succeeded answers as the first did (see "Retries").
+   * Errors: as Release (NOT_HOLDER: not the leader under that token).
+   *
+   * @generated from rpc fencepost.v1.LockService.Resign
+   */
+  resign: {
+    methodKind: "unary";
+    input: typeof ResignRequestSchema;
+    output: typeof ResignResponseSchema;
+  },
+  /**
+   * Leader reports the current leader of `election`: its lease, token and
+   * value, at one etcd revision. Read-only.
+   * Errors: INVALID_ARGUMENT (election), UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.Leader
+   */
+  leader: {
+    methodKind: "unary";
+    input: typeof LeaderRequestSchema;
+    output: typeof LeaderResponseSchema;
+  },
+  /**
+   * Observe streams the leader of `election` each time it changes: a new
+   * leader (larger token), a new value (Proclaim), or no leader. The first
+   * message is the state at the start: the current one, or, with
+   * after_revision = R > 0 (the revision of the last message a previous
+   * Observe delivered), nothing for R itself and every change after R, so
+   * that an observer that reconnects (to any replica) misses and repeats
+   * nothing. If etcd compacted R away, the first message is the current
+   * state with `compacted` = true (leaders in between cannot be known).
+   * Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.Observe
+   */
+  observe: {
+    methodKind: "server_streaming";
+    input: typeof ObserveRequestSchema;
+    output: typeof ObserveResponseSchema;
+  },
+  /**
+   * AcquirePermit asks for one permit of semaphore `name` of `permits`
+   * permits for lease `lease_id`; waiting as for Acquire (try once with
+   * neither wait_ms nor wait_forever: acquired = false and nothing queued
+   * when all permits are held). Idempotent per (lease_id, name): a lease
+   * that holds a permit gets the same slot and token again (one permit per
+   * lease per semaphore).
+   * Errors: as Acquire, and INVALID_ARGUMENT (permits: 1 to 1000,
+   * request_id), FAILED_PRECONDITION/PERMITS_MISMATCH (metadata "permits":
+   * the semaphore's number of permits).
+   *
+   * @generated from rpc fencepost.v1.LockService.AcquirePermit
+   */
+  acquirePermit: {
+    methodKind: "unary";
+    input: typeof AcquirePermitRequestSchema;
+    output: typeof AcquirePermitResponseSchema;
+  },
+  /**
+   * ReleasePermit ends the permit (name, lease_id, slot, token); the next
+   * waiter is granted. With token = 0 it removes the lease's permit or
+   * place in the queue, whatever its state, and is idempotent (as
+   * Withdraw). A retry with the request_id of a ReleasePermit that
+   * succeeded answers as the first did.
+   * Errors: as Release, and INVALID_ARGUMENT (slot).
+   *
+   * @generated from rpc fencepost.v1.LockService.ReleasePermit
+   */
+  releasePermit: {
+    methodKind: "unary";
+    input: typeof ReleasePermitRequestSchema;
+    output: typeof ReleasePermitResponseSchema;
+  },
+  /**
+   * DescribeSemaphore reports the permits, holders (slot, lease, token)
+   * and waiters of semaphore `name` at one etcd revision. Read-only.
+   * Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.DescribeSemaphore
+   */
+  describeSemaphore: {
+    methodKind: "unary";
+    input: typeof DescribeSemaphoreRequestSchema;
+    output: typeof DescribeSemaphoreResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_fencepost_v1_lock, 0);
