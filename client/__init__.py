@@ -7,7 +7,8 @@ lower than one it has accepted. See :class:`AsyncLockClient`.
 
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
 from ._info import EtcdInfo, Revoked, ServerInfo, Session
-from ._sync import LockClient, LockHandle
+from ._semaphore import AsyncSemaphore, PermitHolder, SemaphoreInfo
+from ._sync import LockClient, LockHandle, Semaphore
 from ._tls import TlsConfig
 from .errors import (
     AccessDenied,
@@ -35,6 +36,7 @@ __all__ = [
     "AccessDenied",
     "AsyncLockClient",
     "AsyncLockHandle",
+    "AsyncSemaphore",
     "DataLoss",
     "EtcdInfo",
     "FencepostError",
@@ -50,10 +52,13 @@ __all__ = [
     "MissingRecordError",
     "NotHolder",
     "NotLeaseOwner",
+    "PermitHolder",
     "PermitsMismatch",
     "PermissionDenied",
     "ResourceExhausted",
     "Revoked",
+    "Semaphore",
+    "SemaphoreInfo",
     "ServerInfo",
     "Session",
     "StaleTokenError",

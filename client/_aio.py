@@ -33,6 +33,7 @@ from . import _fork, _tls, _wire
 from ._info import HeldLock, LockInfo, Revoked, ServerInfo, Session
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
+from ._semaphore import AsyncSemaphore, PermitLocker, check_permits
 from ._metrics import client_metrics
 from ._stream import DeadlineWatcher, KeepAliveStream
 from ._tls import TlsConfig
@@ -210,6 +211,7 @@ class AsyncLockClient:
         self._locker = Locker(self._transport, self._leases, self._stream, spawn=self._spawn,
                               on_new_lease=self._on_new_lease, state=lambda: self._state,
                               on_idle=self._deadlines.wake)
+        self._permits: PermitLocker | None = None  # semaphore permits (client/_semaphore.py), made at first use
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -539,6 +541,30 @@ class AsyncLockClient:
     def _closed_error(self, name: str | None) -> FencepostError | None:
         """The error of a call that close() ended (its channel closed under it), None while open."""
         return FencepostError("client is closed", name=name) if self._state != "open" else None
+
+    def semaphore(self, name: str, permits: int, ttl: float = 10.0) -> AsyncSemaphore:
+        """Semaphore ``name`` of ``permits`` permits: at most that many holders at once, each with a slot and a
+        fencing token per slot (see :class:`~fencepost.client.AsyncSemaphore`). Makes no call.
+
+        Args:
+            name: The semaphore's name (rules of a lock name; semaphores and locks are independent).
+            permits: Its number of permits, 1 to 1000, fixed at its first use.
+            ttl: Lease TTL in seconds of its permits, as for :meth:`acquire`.
+
+        Returns:
+            The semaphore (``acquire``, ``try_acquire``, ``describe``, ``async with``).
+
+        Raises:
+            InvalidArgument: bad name, permits or ttl.
+            FencepostError: the client was inherited through fork.
+        """
+        self._check_fork()
+        _wire.check_name(name)
+        check_permits(permits)
+        ttl_s = _wire.ttl_to_wire(ttl)
+        if self._permits is None:
+            self._permits = PermitLocker(self._locker)
+        return AsyncSemaphore(self, self._permits, name, permits, ttl_s)
 
     async def describe(self, name: str) -> LockInfo:
         """Report the holder, fencing token, waiters and TTL left of one lock.

@@ -25,11 +25,12 @@ from . import _fork, _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
 from ._info import Revoked, ServerInfo, Session
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
+from ._semaphore import SemaphoreInfo, check_permits
 from ._tls import TlsConfig
 from .errors import FencepostError
 from .handle import AsyncLockHandle
 
-__all__ = ["LockClient", "LockHandle"]
+__all__ = ["LockClient", "LockHandle", "Semaphore"]
 
 T = TypeVar("T")
 
@@ -71,6 +72,11 @@ class LockHandle:
     def lease_id(self) -> int:
         """The id of the lease holding the lock."""
         return self._inner.lease_id
+
+    @property
+    def slot(self) -> int:
+        """The permit slot (0 .. permits-1) of a semaphore permit; 0 for a lock."""
+        return self._inner.slot
 
     @property
     def lease_secret(self) -> str:
@@ -480,6 +486,18 @@ class LockClient:
             raise
         handle.release()
 
+    def semaphore(self, name: str, permits: int, ttl: float = 10.0) -> Semaphore:
+        """Semaphore ``name`` of ``permits`` permits (sync twin of :meth:`AsyncLockClient.semaphore`). Makes no call.
+
+        Raises:
+            InvalidArgument: bad name, permits or ttl.
+        """
+        self._check_fork()
+        _wire.check_name(name)
+        check_permits(permits)
+        _wire.ttl_to_wire(ttl)
+        return Semaphore(self, name, permits, ttl)
+
     def describe(self, name: str) -> LockInfo:
         """Report the holder, fencing token, waiters and TTL left of one lock.
 
@@ -566,3 +584,84 @@ class LockClient:
         """
         self._check_fork()
         return self._run(self._aio.list_sessions(page_size=page_size))
+
+
+class Semaphore:
+    """Semaphore ``name`` of ``permits`` permits used through a :class:`LockClient` (sync twin of
+    :class:`~fencepost.client.AsyncSemaphore`; made by :meth:`LockClient.semaphore`).
+
+    Usable as ``with sem as permit:`` (acquire without timeout, release on exit).
+    """
+
+    def __init__(self, client: LockClient, name: str, permits: int, ttl: float) -> None:
+        self._client = client
+        self.name = name
+        self.permits = permits
+        self.ttl = ttl
+        self._entered = threading.local()
+
+    def acquire(self, timeout: float | None = None) -> LockHandle:
+        """Take a permit, waiting up to ``timeout`` seconds (see :meth:`AsyncSemaphore.acquire`).
+
+        Returns:
+            The permit's handle (``.slot``, ``.token``, ``release()``).
+
+        Raises:
+            InvalidArgument, PermitsMismatch, LockTimeout, LeaseLost, Unavailable, FencepostError:
+                as :meth:`AsyncSemaphore.acquire`.
+        """
+        self._client._check_fork()
+        _wire.check_timeout(timeout)
+
+        async def run() -> LockHandle:
+            aio = self._client._aio.semaphore(self.name, self.permits, ttl=self.ttl)
+            return LockHandle(await aio.acquire(timeout), self._client)
+
+        return self._client._run(run(), self.name)
+
+    def try_acquire(self) -> LockHandle:
+        """Take a permit if one is free, without waiting.
+
+        Raises:
+            LockHeld: every permit is held. (And as :meth:`acquire`.)
+        """
+        self._client._check_fork()
+
+        async def run() -> LockHandle:
+            aio = self._client._aio.semaphore(self.name, self.permits, ttl=self.ttl)
+            return LockHandle(await aio.try_acquire(), self._client)
+
+        return self._client._run(run(), self.name)
+
+    def describe(self) -> SemaphoreInfo:
+        """Report the permits, holders (slot, lease, token) and waiters of the semaphore.
+
+        Raises:
+            Unavailable, FencepostError: as :meth:`AsyncSemaphore.describe`.
+        """
+        self._client._check_fork()
+
+        async def run() -> SemaphoreInfo:
+            return await self._client._aio.semaphore(self.name, self.permits, ttl=self.ttl).describe()
+
+        return self._client._run(run(), self.name)
+
+    def __enter__(self) -> LockHandle:
+        handle = self.acquire()
+        stack = getattr(self._entered, "handles", None)
+        if stack is None:
+            stack = self._entered.handles = []
+        stack.append(handle)
+        return handle
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        handle = self._entered.handles.pop()
+        if exc is None:
+            handle.release()
+            return
+        with contextlib.suppress(FencepostError):
+            handle.release()
+
+    def __repr__(self) -> str:
+        return f"<Semaphore name={self.name!r} permits={self.permits} ttl={self.ttl}>"

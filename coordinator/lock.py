@@ -178,6 +178,20 @@ class LockManager:
         """The etcd layer the locks live in (read-only listings use it directly)."""
         return self._etcd
 
+    @property
+    def watcher(self) -> DeleteWatcher:
+        """The deletion watcher the waits use."""
+        return self._watcher
+
+    @property
+    def reattach_seconds(self) -> float:
+        """How long the key of a cancelled waiting call is kept for its caller to come back (REATTACH_SECONDS)."""
+        return self._reattach_seconds
+
+    def pending_write(self, key: bytes) -> asyncio.Future[Any] | None:
+        """The write of contender key ``key`` by an Acquire still in flight here, if any (a withdrawal waits for it)."""
+        return self._writing.get(key)
+
     async def acquire(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
         """Take lock ``name`` for lease ``lease_id``.
 
@@ -217,6 +231,41 @@ class LockManager:
             self._waiting -= 1
             self._metrics.waiting_acquires(-1)
         return await self._issued(name, lease_id, result)
+
+    async def queue(self, name: str, lease_id: int, wait: float | None, *, places: int) -> AcquireResult:
+        """Queue ``lease_id`` in lock ``name`` and wait until fewer than ``places`` keys are before its key.
+
+        A semaphore's queue (:mod:`.semaphore`): its first ``places`` members
+        may hold permits. Queued and waited for as a waiting :meth:`acquire`
+        (counted in :attr:`waiting`, kept for :data:`REATTACH_SECONDS` when the
+        call is cancelled, withdrawn on timeout); ``places`` = 1 is a lock's wait.
+
+        Args:
+            name: the lock name (validated here).
+            lease_id: the contender's lease.
+            wait: seconds to wait at most (0.0: only if among the first ``places`` at once),
+                or None to wait until then or cancelled.
+            places: how many keys may be at the front (>= 1).
+
+        Returns:
+            acquired=True with ``token`` the key's create revision (not a fencing
+            token: the caller takes it no further than its own compares).
+
+        Raises:
+            As :meth:`acquire` (LockTimeout also for ``wait`` 0: the key is withdrawn).
+        """
+        validate_lock_name(name)
+        validate_lease_id(lease_id)
+        if self._waiting >= self._max_waiters:
+            raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
+                                    reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
+        self._waiting += 1
+        self._metrics.waiting_acquires(+1)
+        try:
+            return await self._acquire_waiting(name, lease_id, wait, places)
+        finally:
+            self._waiting -= 1
+            self._metrics.waiting_acquires(-1)
 
     async def _issued(self, name: str, lease_id: int, result: AcquireResult) -> AcquireResult:
         """``result`` (create revisions) with fencing tokens; a grant refused by the token floor is withdrawn."""
@@ -264,53 +313,55 @@ class LockManager:
                     self._withdraw_later(key, result.token, result.token)
             raise
 
-    async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
+    async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None,
+                               places: int = 1) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
-        # (our key's create revision, its mod revision, the holder's create revision)
-        def queued(mine: Any, owners: Any) -> tuple[int, int, int | None]:
+        # (our key's create revision, its mod revision, the create revisions of the first `places` keys)
+        def queued(mine: Any, owners: Any) -> tuple[int, int, list[int]]:
             if not mine.kvs:
                 return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back
-            owner = int(owners.kvs[0].create_revision) if owners.kvs else None
-            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), owner
+            firsts = [int(kv.create_revision) for kv in owners.kvs]
+            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), firsts
 
-        def decide(resp: Any) -> tuple[int, int, int | None]:
+        def decide(resp: Any) -> tuple[int, int, list[int]]:
             if resp.succeeded:
                 owners = resp.responses[1].response_range
                 revision = int(resp.header.revision)
-                return revision, revision, (int(owners.kvs[0].create_revision) if owners.kvs else None)
+                return revision, revision, [int(kv.create_revision) for kv in owners.kvs]
             _, mine, owners = (r.response_range if r.WhichOneof("response") == "response_range" else None
                                for r in resp.responses)
             if not mine.kvs:  # deleted between the compare and the read: cannot be, Txn is atomic
                 raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
             return queued(mine, owners)
 
-        def resolve(resp: Any) -> tuple[int, int, int | None]:
+        def resolve(resp: Any) -> tuple[int, int, list[int]]:
             # Read back after a lost answer: our key is there, created or touched by this call or before it.
             return queued(*(r.response_range for r in resp.responses))
 
         # A key already there (this lease queued before, and its call ended: a broken connection, a
         # coordinator that stopped) is kept with its create revision, its place in the queue, and
         # written again: the new mod revision tells a pending deferred withdrawal that it was reattached.
-        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]
+        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock, limit=places)]
         step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, lease_id=lease_id), etcdops.holder_of(lock)],
+            etcdops.txn([etcdops.is_absent(key)],
+                        [etcdops.put(key, lease_id=lease_id), etcdops.holder_of(lock, limit=places)],
                         [etcdops.put(key, lease_id=lease_id), *reads]),
             decide, reads, resolve, name=name, lease_id=lease_id), lock))
         try:
-            my_rev, mod_rev, owner_rev = await asyncio.shield(step)
+            my_rev, mod_rev, firsts = await asyncio.shield(step)
         except asyncio.CancelledError:
             # Cancelled while queueing: finish the write, then withdraw the key unless it is reattached.
             with contextlib.suppress(Exception):
                 my_rev, mod_rev, _ = await step
                 self._withdraw_later(key, my_rev, mod_rev)
             raise
-        if owner_rev == my_rev:
+        if my_rev in firsts:
             return AcquireResult(True, token=my_rev)
         try:
             async with asyncio.timeout(wait):
-                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev)
+                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev, places)
             return AcquireResult(True, token=my_rev, freed_at=freed_at)
         except TimeoutError as exc:
             await self._withdraw(key, my_rev)
@@ -408,8 +459,14 @@ class LockManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int) -> float | None:
-        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range.
+    async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int,
+                         places: int = 1) -> float | None:
+        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range (fewer than ``places`` before it).
+
+        With ``places`` > 1 (a semaphore's queue) it waits for the deletion of
+        any of the ``places`` keys just before its own: a deletion further
+        ahead leaves at least ``places`` before it and does not change which
+        keys those nearest are (no key is ever created before an existing one).
 
         Returns:
             The monotonic clock reading when the deletion of the last key
@@ -421,7 +478,7 @@ class LockManager:
         freed_at: float | None = None
         while True:
             try:
-                resp = await self._etcd.read([etcdops.last_before(lock, my_rev)],
+                resp = await self._etcd.read([etcdops.last_before(lock, my_rev, limit=places)],
                                              compare=[etcdops.is_owner(key, my_rev)], name=name, lease_id=lease_id)
             except Unavailable:
                 await asyncio.sleep(next(delays))  # etcd blip: keep our place, retry within the wait
@@ -432,9 +489,10 @@ class LockManager:
                 raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
                                 name=name, lease_id=lease_id)
             predecessors = resp.responses[0].response_range.kvs
-            if not predecessors:
-                return freed_at  # granted: at this revision our key exists and is the lowest
-            seen = await self._watcher.wait_deleted(bytes(predecessors[0].key), int(resp.header.revision))
+            if len(predecessors) < places:
+                return freed_at  # granted: at this revision our key exists and is the lowest (among the first)
+            seen = await wait_any_deleted(self._watcher, [bytes(kv.key) for kv in predecessors],
+                                      int(resp.header.revision))
             freed_at = time.monotonic() if seen else None
 
     async def _withdraw(self, key: bytes, my_rev: int) -> None:
@@ -551,6 +609,23 @@ class LockManager:
         """The contender of key ``kv`` with its fencing token, to report."""
         contender = self._contender(kv)
         return Holder(contender.lease_id, self._tokens.reported(contender.token))
+
+
+async def wait_any_deleted(watcher: DeleteWatcher, keys: list[bytes], revision: int) -> bool:
+    """Return once any of ``keys``, seen at ``revision``, may have been deleted (:meth:`DeleteWatcher.wait_deleted`).
+
+    Returns:
+        True when it returned on a deletion event itself.
+    """
+    if len(keys) == 1:
+        return await watcher.wait_deleted(keys[0], revision)
+    waits = [asyncio.ensure_future(watcher.wait_deleted(key, revision)) for key in keys]
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        return any(not w.cancelled() and w.exception() is None and w.result() for w in done)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def _lock_of(key: bytes) -> bytes:

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import grpc
 
 from fencepost.client.errors import AccessDenied, FencepostError, LimitExceeded, ResourceExhausted
-from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1 import kinds, lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
 
@@ -54,6 +54,7 @@ from .sessions import list_sessions
 from .lock import Holder, LockManager
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
+from .semaphore import Semaphores, validate_permits, validate_request_id, validate_slot
 from .overload import LoopLag
 from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
@@ -138,6 +139,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._owners = owners if owners is not None else Ownership(locks.etcd, keys)
         self._metrics = metrics
         self._locks = locks
+        self._semaphores = Semaphores(locks, keys)
         self._watcher = watcher
         self._keys = keys
         self._max_streams = max_streams or 2**63
@@ -171,6 +173,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def close(self) -> None:
         """Stop following the holds granted here and measuring the loop's lag (after the server stopped)."""
         await self._holds.close()
+        await self._semaphores.close()
         await self.loop_lag.close()
 
     async def _refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError, call: str, *,
@@ -424,6 +427,82 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                                            ttl_remaining_seconds=s.ttl_remaining_seconds, holds=s.holds,
                                            waits=s.waits) for s in page.sessions],
             next_page_token=page.next_page_token, revision=page.revision)
+
+    # ------------------------------------------------------------------ semaphores (coordinator/semaphore.py)
+
+    @_statuses
+    async def AcquirePermit(self, request: lock_pb2.AcquirePermitRequest, context: grpc.aio.ServicerContext
+                            ) -> lock_pb2.AcquirePermitResponse:
+        _check_fields(request.name, request.lease_id)
+        validate_permits(request.permits)
+        validate_request_id(request.request_id)
+        self._access.check(context, ACQUIRE, request.name)
+        started = time.perf_counter()
+        wait = wait_seconds(request.wait_ms, request.wait_forever)
+        await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "AcquirePermit")
+        with (self._limits.acquiring(caller_of(context).key, kinds.semaphore_queue(request.name), request.lease_id),
+              bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS)):
+            result = await self._semaphores.acquire(request.name, request.lease_id, request.permits, wait)
+        waited = time.perf_counter() - started
+        if result.acquired:
+            self._metrics.granted(request.name, waited)
+            self._holds.granted(Hold(kinds.semaphore_slot(request.name, result.slot), request.lease_id, result.token),
+                                result.freed_at, time.monotonic() - waited)
+            log_event(_log, logging.DEBUG, "grant", f"semaphore {request.name!r} slot {result.slot} granted to lease "
+                      f"{request.lease_id:#x}, token {result.token}", name=request.name, lease_id=request.lease_id,
+                      token=result.token, slot=result.slot, waited_s=round(waited, 6), **caller(context))
+        else:
+            self._metrics.refused(LOCK_HELD)
+        return lock_pb2.AcquirePermitResponse(
+            acquired=result.acquired, slot=result.slot, token=result.token,
+            holders=[lock_pb2.PermitHolder(lease_id=h.lease_id, slot=h.slot, token=h.token) for h in result.holders])
+
+    @_statuses
+    async def ReleasePermit(self, request: lock_pb2.ReleasePermitRequest, context: grpc.aio.ServicerContext
+                            ) -> lock_pb2.ReleasePermitResponse:
+        _check_fields(request.name, request.lease_id)
+        validate_slot(request.slot)
+        if request.token:
+            validate_token(request.token)
+        validate_request_id(request.request_id)
+        self._access.check(context, RELEASE, request.name)
+        await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "ReleasePermit")
+        if not request.token:  # withdraw whatever the lease has there
+            found, held, revision = await self._semaphores.withdraw(request.name, request.lease_id)
+            log_event(_log, logging.DEBUG, "withdraw", f"semaphore {request.name!r}: lease {request.lease_id:#x} "
+                      f"withdrew its {'permit' if held else 'wait' if found else 'key (there was none)'}",
+                      name=request.name, lease_id=request.lease_id, found=found, held=held, revision=revision,
+                      **caller(context))
+            return lock_pb2.ReleasePermitResponse(revision=revision, found=found)
+        slot_lock = kinds.semaphore_slot(request.name, request.slot)
+        hold = Hold(slot_lock, request.lease_id, request.token)
+        self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
+        followed = self._holds.releasing(slot_lock, request.lease_id)
+        try:
+            revision = await self._semaphores.release(request.name, request.lease_id, request.slot, request.token)
+        except BaseException:
+            self._released.discard(hold)
+            self._holds.release_done(followed, released=False)
+            raise
+        self._holds.release_done(followed, released=followed == hold)
+        self._metrics.released()
+        log_event(_log, logging.DEBUG, "release", f"semaphore {request.name!r} slot {request.slot} released by lease "
+                  f"{request.lease_id:#x}, token {request.token}", name=request.name, lease_id=request.lease_id,
+                  token=request.token, slot=request.slot, revision=revision, **caller(context))
+        return lock_pb2.ReleasePermitResponse(revision=revision)
+
+    @_statuses
+    async def DescribeSemaphore(self, request: lock_pb2.DescribeSemaphoreRequest, context: grpc.aio.ServicerContext
+                                ) -> lock_pb2.DescribeSemaphoreResponse:
+        validate_name(request.name)
+        self._access.check(context, DESCRIBE, request.name)
+        await self._locks.tokens.ready()
+        d = await self._semaphores.describe(request.name)
+        return lock_pb2.DescribeSemaphoreResponse(
+            permits=d.permits, waiter_count=d.waiter_count, revision=d.revision,
+            holders=[lock_pb2.PermitHolder(lease_id=h.lease_id, slot=h.slot, token=h.token) for h in d.holders])
 
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:

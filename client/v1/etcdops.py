@@ -123,17 +123,23 @@ def holder_of(lock: bytes, *, limit: int = 1) -> rpc_pb2.RequestOp:
     ))
 
 
-def last_before(lock: bytes, create_revision: int) -> rpc_pb2.RequestOp:
+def last_before(lock: bytes, create_revision: int, *, limit: int = 1) -> rpc_pb2.RequestOp:
     """A read op of the contender queued just before the one created at ``create_revision``.
 
+    Args:
+        lock: The lock's key range prefix.
+        create_revision: The create revision of the contender's key.
+        limit: How many contenders before it to return, nearest first (a
+            semaphore's queue member watches its ``permits`` nearest ones).
+
     Returns:
-        The op whose response holds at most one key: the highest create
-        revision below ``create_revision`` in the lock's range (empty when
-        that contender is first, i.e. holds the lock).
+        The op whose response holds at most ``limit`` keys: the highest create
+        revisions below ``create_revision`` in the lock's range, highest first
+        (empty when that contender is first, i.e. holds the lock).
     """
     return RequestOp(request_range=RangeRequest(
         key=lock, range_end=prefix_end(lock), max_create_revision=create_revision - 1,
-        sort_order=RangeRequest.DESCEND, sort_target=RangeRequest.CREATE, limit=1, keys_only=True,
+        sort_order=RangeRequest.DESCEND, sort_target=RangeRequest.CREATE, limit=limit, keys_only=True,
     ))
 
 
