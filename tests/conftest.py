@@ -79,9 +79,11 @@ async def _orphans(endpoint: str) -> list[str]:
         key = b"/fencepost-test/"
         resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
         # Guard records (beside a test's lock prefix, in "<prefix>.records/") are data, not lock keys;
-        # so is the coordinators' token record ("<prefix>.tokens", see coordinator/tokens.py).
+        # so is the coordinators' token record ("<prefix>.tokens", see coordinator/tokens.py), and a
+        # semaphore's permits record ("<prefix>%01p%2F<name>/permits", see coordinator/semaphore.py).
         problems = [f"lock key {kv.key!r} is attached to no lease" for kv in resp.kvs
-                    if not kv.lease and b".records/" not in kv.key and not kv.key.endswith(RECORD_SUFFIX)]
+                    if not kv.lease and b".records/" not in kv.key and not kv.key.endswith(RECORD_SUFFIX)
+                    and not (b"/%01p%2F" in kv.key and kv.key.endswith(b"/permits"))]
         leases = [lease.ID for lease in (await client.lease.leases(timeout=5)).leases]
         first = {lid: (await client.lease.time_to_live(lid, timeout=5)).TTL for lid in leases}
         await asyncio.sleep(RENEWAL_PROBE_SECONDS)  # a measurement of renewals, not a synchronisation
