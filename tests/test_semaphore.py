@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sqlite3
+import sys
 
 import grpc
 import pytest
@@ -16,7 +18,7 @@ from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 
-from .conftest import assert_invalid_field, count_keys, error_info, list_keys, wait_for
+from .conftest import assert_invalid_field, cli_env, count_keys, error_info, list_keys, wait_for
 from .owned_stub import OwnedStub, secret_metadata
 
 
@@ -295,3 +297,48 @@ def _stale_write_refused(address: str) -> None:
         other.release()
     rows = dict(db.execute("SELECT id, data FROM shards"))
     assert rows == {f"sql#{old.slot}": "from c", f"sql#{other.slot}": "b again"}
+
+
+# A command that prints its slot, token, lease id and lease secret, then waits to be stopped.
+_SLOT_CHILD = ("import os, time; print(os.environ['FENCEPOST_SLOT'], os.environ['FENCEPOST_TOKEN'], "
+               "os.environ['FENCEPOST_LEASE_ID'], os.environ['FENCEPOST_LEASE_SECRET'], flush=True); time.sleep(60)")
+
+
+async def _fencepost_run(address: str, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fencepost.client.cli", "run", "--address", address, *args,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=cli_env())
+
+
+async def test_cli_run_with_permits(address: str, stub: OwnedStub) -> None:
+    """``fencepost run NAME --permits 2``: two commands run at once with slots 0 and 1 in FENCEPOST_SLOT; a third
+    with --try exits 5 without running; another --permits exits 2; revoking a holder's lease stops its command
+    (exit 3)."""
+    procs = [await _fencepost_run(address, "cli-sem", "--ttl", "5", "--permits", "2", "--", sys.executable, "-c",
+                                  _SLOT_CHILD) for _ in range(2)]
+    try:
+        grants = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            slot, token, lease, secret = line.decode().split()
+            grants.append((int(slot), int(token), int(lease), secret))
+        assert sorted(g[0] for g in grants) == [0, 1]
+        full = await _fencepost_run(address, "cli-sem", "--ttl", "5", "--permits", "2", "--try", "--", "true")
+        _, err = await asyncio.wait_for(full.communicate(), 30)
+        assert full.returncode == 5, err.decode()
+        other = await _fencepost_run(address, "cli-sem", "--ttl", "5", "--permits", "3", "--try", "--", "true")
+        _, err = await asyncio.wait_for(other.communicate(), 30)
+        assert other.returncode == 2 and b"has 2 permits" in err, err.decode()
+        _, _, lease, secret = grants[0]
+        await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5,
+                               metadata=(("fencepost-lease-secret", secret),))
+        _, err = await asyncio.wait_for(procs[0].communicate(), 30)
+        assert procs[0].returncode == 3, err.decode()
+        assert b"lost" in err
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                await proc.communicate()

@@ -80,7 +80,8 @@ def execute(args: argparse.Namespace) -> int:
 
 
 async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, timeout: float | None,
-                         try_once: bool, interrupt: Awaitable[object]) -> AsyncLockHandle | None:
+                         try_once: bool, interrupt: Awaitable[object],
+                         acquiring: Awaitable[AsyncLockHandle] | None = None) -> AsyncLockHandle | None:
     """Acquire ``name`` unless ``interrupt`` completes first (a signal, say).
 
     Args:
@@ -91,6 +92,7 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
         try_once: Try once (``try_acquire``) instead of waiting.
         interrupt: An awaitable; if it completes before the grant, the acquire
             is cancelled (which removes the waiter's place in the queue).
+        acquiring: Another acquire to run instead (a semaphore permit's), made by the caller.
 
     Returns:
         The handle, or None when interrupted (a grant that raced with the
@@ -99,7 +101,9 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
     Raises:
         FencepostError: the acquire failed (LockTimeout, LockHeld, ...).
     """
-    if try_once:
+    if acquiring is not None:
+        acquiring = asyncio.ensure_future(acquiring)
+    elif try_once:
         acquiring = asyncio.ensure_future(client.try_acquire(name, ttl=ttl))
     else:
         acquiring = asyncio.ensure_future(client.acquire(name, ttl=ttl, timeout=timeout))

@@ -1,4 +1,5 @@
-"""``fencepost run NAME --ttl S [--timeout S | --try] [--grace S] -- CMD [ARGS...]``: hold a lock while a command runs.
+"""``fencepost run NAME --ttl S [--permits N] [--timeout S | --try] [--grace S] -- CMD [ARGS...]``: hold a lock
+(or a semaphore's permit) while a command runs.
 
 Compare ``etcdctl lock NAME CMD`` and ``consul lock PREFIX CMD``: they run a
 command under a lock but do not tell it its fencing token. ``fencepost run``
@@ -26,6 +27,12 @@ Sequence:
    deleted by someone else), send SIGTERM to the process group, SIGKILL to
    whatever is left of it after ``grace`` seconds, and exit with
    ``lost_exit_code`` (3 by default).
+
+With ``--permits N``, NAME is a semaphore of N permits
+(:meth:`~fencepost.client.AsyncLockClient.semaphore`): ``run`` takes a permit
+instead of the lock, and the child also gets :data:`ENV_SLOT`, the permit's
+slot; its token is that slot's (storage partitioned by slot fences each
+slot). Losing the permit stops the child as losing a lock does.
 
 Not guaranteed: the child may still run for up to ``grace`` seconds after
 the lock has passed to someone else, and a frozen ``fencepost run`` cannot
@@ -59,9 +66,11 @@ from fencepost.client import (
     FencepostError,
     LeaseLost,
     NotHolder,
+    PermitsMismatch,
     StaleTokenError,
     TlsConfig,
 )
+from fencepost.client.v1.keys import MAX_PERMITS
 
 from .acquire import acquire_unless
 from .common import (
@@ -91,6 +100,7 @@ __all__ = [
     "ENV_LEASE_ID",
     "ENV_LEASE_SECRET",
     "ENV_LOCK",
+    "ENV_SLOT",
     "ENV_TOKEN",
     "ENV_TTL",
     "RUN_EXIT_CODES",
@@ -107,6 +117,8 @@ ENV_LOCK = "FENCEPOST_LOCK"
 """The child's environment: the lock name."""
 ENV_TOKEN = "FENCEPOST_TOKEN"
 """The child's environment: the fencing token of the grant (decimal)."""
+ENV_SLOT = "FENCEPOST_SLOT"
+"""The child's environment with ``--permits``: the permit's slot, 0 to N-1 (decimal); its token is that slot's."""
 ENV_LEASE_ID = "FENCEPOST_LEASE_ID"
 """The child's environment: the lease id of the grant (decimal)."""
 ENV_LEASE_SECRET = "FENCEPOST_LEASE_SECRET"
@@ -130,7 +142,8 @@ EXIT_NOT_FOUND = 127
 RUN_EXIT_CODES: dict[str, str] = {
     "N": "the command's own exit status (128+N when signal N killed it)",
     str(EXIT_UNAVAILABLE): "coordinator unreachable or not serving, or another server error",
-    str(EXIT_USAGE): "bad input: a flag, a lock name, a TTL; or no command after --",
+    str(EXIT_USAGE): "bad input: a flag, a lock name, a TTL, --permits other than the semaphore's; or no "
+                     "command after --",
     str(EXIT_LOST): "the hold was lost while the command ran: the command got SIGTERM, then "
                     "SIGKILL after --grace (--lost-exit-code changes 3)",
     str(EXIT_TIMEOUT): "--timeout passed before the lock was granted; the command did not run",
@@ -169,6 +182,17 @@ def _exit_code(text: str) -> int:
     return value
 
 
+def _permits(text: str) -> int:
+    """Parse --permits: 1 to MAX_PERMITS."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"permits must be an integer, got {text!r}") from None
+    if not 1 <= value <= MAX_PERMITS:
+        raise argparse.ArgumentTypeError(f"permits must be 1 to {MAX_PERMITS}, got {text}")
+    return value
+
+
 def add_parser(sub: Any) -> None:
     """Add the ``run`` command to the ``fencepost`` subparsers ``sub``."""
     p = sub.add_parser(
@@ -180,9 +204,11 @@ def add_parser(sub: Any) -> None:
             "and FENCEPOST_ADDRESS (the coordinator addresses, comma-separated); with TLS, also",
             "FENCEPOST_TLS=1 and FENCEPOST_CA, FENCEPOST_CERT, FENCEPOST_KEY, FENCEPOST_TLS_SERVER_NAME",
             "as given (absolute paths), so that a fencepost command in CMD connects alike.",
+            "With --permits N, NAME is a semaphore of N permits: the command runs holding one",
+            "permit and also gets FENCEPOST_SLOT (its slot, 0 to N-1; the token is that slot's).",
             "SIGINT, SIGTERM and SIGHUP sent to fencepost run are forwarded to the command.",
         ),
-        usage="fencepost run NAME --ttl S [--timeout S | --try] [--grace S] "
+        usage="fencepost run NAME --ttl S [--permits N] [--timeout S | --try] [--grace S] "
               "[--lost-exit-code N] [--address HOST:PORT] [--tls] [--ca PATH] [--cert PATH --key PATH] "
               "[--tls-server-name NAME] -- CMD [ARGS...]",
         help="run a command while holding a lock; the command gets the fencing token",
@@ -194,6 +220,8 @@ def add_parser(sub: Any) -> None:
     tls_flags(p)
     p.add_argument("name", metavar="NAME", help="lock name")
     p.add_argument("--ttl", type=parse_ttl, required=True, metavar="S", help="lease TTL in seconds, 1 to 86400")
+    p.add_argument("--permits", type=_permits, default=None, metavar="N",
+                   help=f"NAME is a semaphore of N permits (1 to {MAX_PERMITS}): hold one permit, not the lock")
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--timeout", type=parse_timeout, default=None, metavar="S",
                       help="give up after S seconds of waiting, exit 4 (default: wait forever)")
@@ -221,9 +249,13 @@ def execute(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(run_locked(
             addresses, args.name, args.argv, ttl=args.ttl, timeout=args.timeout, try_once=args.try_once,
-            grace=args.grace, lost_exit_code=args.lost_exit_code, interrupted_exit_code=EXIT_INTERRUPTED, tls=tls))
+            grace=args.grace, lost_exit_code=args.lost_exit_code, interrupted_exit_code=EXIT_INTERRUPTED, tls=tls,
+            permits=args.permits))
     except CommandError as err:
         raise CliError(str(err), err.exit_code) from None
+    except PermitsMismatch as err:
+        raise CliError(f"permits mismatch: semaphore {args.name} has {err.permits} permits, not {args.permits}; "
+                       "command not run", EXIT_USAGE) from None
     except (FencepostError, grpc.RpcError) as err:
         cli_err = acquire_error(err, args.name, args.timeout, addresses)
         if cli_err.exit_code in (EXIT_TIMEOUT, EXIT_HELD):
@@ -279,7 +311,7 @@ def exit_status(returncode: int) -> int:
 
 def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: int,
                       ttl: float, addresses: Sequence[str], tls: TlsConfig | None = None,
-                      lease_secret: str = "") -> dict[str, str]:
+                      lease_secret: str = "", slot: int | None = None) -> dict[str, str]:
     """The child's environment: ``base`` plus the FENCEPOST_* variables of the grant.
 
     Args:
@@ -294,6 +326,7 @@ def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: 
             ``fencepost`` command in the child connects the same way; None
             adds nothing.
         lease_secret: The lease's secret, set as FENCEPOST_LEASE_SECRET when not "".
+        slot: A semaphore permit's slot, set as FENCEPOST_SLOT; None (a lock) adds nothing.
 
     Returns:
         A new dict.
@@ -302,6 +335,8 @@ def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: 
     env.update(tls_env(tls))
     env[ENV_LOCK] = name
     env[ENV_TOKEN] = str(token)
+    if slot is not None:
+        env[ENV_SLOT] = str(slot)
     env[ENV_LEASE_ID] = str(lease_id)
     if lease_secret:
         env[ENV_LEASE_SECRET] = lease_secret
@@ -397,6 +432,7 @@ async def run_locked(
     lost_exit_code: int = EXIT_LOST,
     interrupted_exit_code: int = EXIT_INTERRUPTED,
     tls: TlsConfig | None = None,
+    permits: int | None = None,
 ) -> RunResult:
     """Acquire ``name``, run ``command`` while holding it, release it.
 
@@ -411,6 +447,7 @@ async def run_locked(
         lost_exit_code: Exit code when the hold is lost while the child runs.
         interrupted_exit_code: Exit code when a signal arrives before the grant.
         tls: TLS settings for the coordinator (and the child's environment); None for plaintext.
+        permits: Take a permit of semaphore ``name`` of this many permits instead of the lock; None: the lock.
 
     Returns:
         A :class:`RunResult`; the child has exited and been reaped.
@@ -426,22 +463,28 @@ async def run_locked(
         loop.add_signal_handler(sig, received.put_nowait, sig)
     try:
         async with AsyncLockClient(list(addresses), tls=tls) as client:
+            acquiring = None
+            if permits is not None:
+                semaphore = client.semaphore(name, permits, ttl=ttl)
+                acquiring = semaphore.try_acquire() if try_once else semaphore.acquire(timeout)
             handle = await acquire_unless(client, name, ttl=ttl, timeout=timeout, try_once=try_once,
-                                          interrupt=received.get())
+                                          interrupt=received.get(), acquiring=acquiring)
             if handle is None:
                 return RunResult(interrupted_exit_code,
                                  message=f"interrupted while waiting for {name}; command not run")
 
             env = child_environment(dict(os.environ), name=handle.name, token=handle.token,
                                     lease_id=handle.lease_id, ttl=handle.ttl, addresses=addresses, tls=tls,
-                                    lease_secret=handle.lease_secret)
+                                    lease_secret=handle.lease_secret,
+                                    slot=handle.slot if permits is not None else None)
             try:
                 proc = await _start(command, env)
             except CommandError:
                 with contextlib.suppress(FencepostError):
                     await handle.release()
                 raise
-            _note(f"holding {handle.name} with token {handle.token}, lease 0x{handle.lease_id:x} "
+            what = f"a permit of {handle.name} (slot {handle.slot})" if permits is not None else handle.name
+            _note(f"holding {what} with token {handle.token}, lease 0x{handle.lease_id:x} "
                   f"({handle.lease_id}), ttl {handle.ttl:g} s; running pid {proc.pid}: "
                   f"{' '.join(command)}")
             return await _supervise(proc, handle, received, grace=grace,
