@@ -35,6 +35,8 @@ lost       loss notice delivered to the holder (``reason``, ``expiry``:
            time + TTL, ``keepalive``: the keepalive period K)
 nemesis    a fault: ``kind`` (freeze, thaw, kill, respawn, coordinator-restart,
            ...) and ``target``
+describe   a sample of a semaphore's holders (``holders``: [slot, lease, token]
+           triples; tests/harness/semaphore.py)
 =========  =================================================================
 """
 
@@ -52,7 +54,7 @@ __all__ = ["OPS", "Event", "History", "by_proc", "merge", "read", "write"]
 
 Event = dict[str, Any]
 
-OPS = frozenset({"start", "acquire", "claim", "read", "write", "valid", "release", "lost", "nemesis"})
+OPS = frozenset({"start", "acquire", "claim", "read", "write", "valid", "release", "lost", "nemesis", "describe"})
 
 
 class History:

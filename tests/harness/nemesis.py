@@ -20,8 +20,8 @@ from typing import Any
 
 from . import history as hist
 
-__all__ = ["Control", "Nemesis", "Worker", "freeze_holder_nemesis", "freeze_nemesis", "kill_nemesis",
-           "mixed_nemesis", "restart_nemesis"]
+__all__ = ["Control", "Nemesis", "Worker", "freeze_holder_nemesis", "freeze_nemesis", "kill_holder_nemesis",
+           "kill_nemesis", "long_freeze_holder_nemesis", "mixed_nemesis", "restart_nemesis"]
 
 
 @dataclasses.dataclass
@@ -171,3 +171,30 @@ def mixed_nemesis(kinds: dict[str, Nemesis] | None = None) -> Nemesis:
         choices[name](ctl, rng)
 
     return nemesis
+
+
+def _caught_holding(ctl: Control, rng: random.Random) -> Worker:
+    """A worker caught inside its hold (waiting up to T for one), else a random one."""
+    deadline = time.monotonic() + ctl.ttl
+    while time.monotonic() < deadline:
+        holders = [w for w in ctl.workers if _holding(w)]
+        if holders:
+            return rng.choice(holders)
+        time.sleep(0.005)
+    return rng.choice(ctl.workers)
+
+
+def long_freeze_holder_nemesis(ctl: Control, rng: random.Random) -> None:
+    """Freeze a worker caught inside its hold for 1.5 T to 2.5 T (always past its lease), then rest 0.5 T.
+
+    Its lease expires while it is frozen, so its hold passes on; when it wakes,
+    its write must be refused as stale once the next holder has written.
+    """
+    ctl.freeze(_caught_holding(ctl, rng), rng.uniform(1.5 * ctl.ttl, 2.5 * ctl.ttl))
+    ctl.sleep(0.5 * ctl.ttl)
+
+
+def kill_holder_nemesis(ctl: Control, rng: random.Random) -> None:
+    """SIGKILL a worker caught inside its hold (else a random one) and respawn it, then rest T."""
+    ctl.kill(_caught_holding(ctl, rng))
+    ctl.sleep(ctl.ttl)
