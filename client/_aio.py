@@ -328,9 +328,15 @@ class AsyncLockClient:
             except (FencepostError, TimeoutError, grpc.aio.AioRpcError) as err:
                 log.debug("fencepost: ignored during close: %r", err)
 
-        await asyncio.gather(*(quietly(self._locker.release(h, until=until)) for h in self._leases.holds()))
+        await asyncio.gather(*(quietly(self._locker_of(h).release(h, until=until)) for h in self._leases.holds()))
         leases = self._leases.leases()
         await asyncio.gather(*(quietly(self._locker.revoke(lease.lease_id, until=until, secret=lease.secret)) for lease in leases))
+
+    def _locker_of(self, handle: AsyncLockHandle) -> Locker:
+        """The locker whose release ends ``handle`` (a semaphore permit's is ReleasePermit)."""
+        if handle.kind == pb.HOLD_KIND_SEMAPHORE and self._permits is not None:
+            return self._permits
+        return self._locker
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)

@@ -342,3 +342,15 @@ async def test_cli_run_with_permits(address: str, stub: OwnedStub) -> None:
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
                 await proc.communicate()
+
+
+async def test_close_releases_permits_without_a_loss_notice(address: str) -> None:
+    """Closing a client that holds a permit releases it (ReleasePermit) and signals no loss."""
+    notices: list[object] = []
+    async with AsyncLockClient(address) as watcher:
+        async with AsyncLockClient(address) as a:
+            permit = await a.semaphore("closing", permits=2).acquire(timeout=5)
+            permit.on_lost(notices.append)
+            assert len((await watcher.semaphore("closing", permits=2).describe()).holders) == 1
+        assert permit.released and permit.lost_reason is None and not notices
+        assert (await watcher.semaphore("closing", permits=2).describe()).holders == ()
