@@ -18,8 +18,8 @@ def test_semaphore_at_most_n_holders_and_per_slot_fencing_under_holder_faults(
     nemesis SIGSTOPs permit holders past their lease and SIGKILLs them; the nemesis must have hit holders and a
     stale write must have been refused (so that this test could fail)."""
     address = coordinator_process.start()
-    result = semaphore.run(address, tmp_path / "sem", workers=10, permits=3, seconds=120.0 if SOAK else 22.0,
-                           ttl=2.0, think=0.05)
+    result = semaphore.run(address, tmp_path / "sem", workers=10, permits=3, seconds=120.0 if SOAK else 20.0,
+                           ttl=2.0, think=0.1, nemesis=semaphore.holder_nemesis())
     verdict = semaphore.check(result.events, result.data, name="sem", permits=3, faults=result.faults)
     print(verdict.text())
     assert verdict.ok, verdict.text()
