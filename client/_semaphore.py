@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import Message
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncSemaphore", "PermitHolder", "PermitLocker", "SemaphoreInfo", "check_permits"]
 
 log = logging.getLogger("fencepost.client")
+T = TypeVar("T")
 
 # An acquire with less than this left to wait makes one try (the wire's wait_ms counts in ms).
 _ONE_MS = 0.001
@@ -276,7 +278,7 @@ class AsyncSemaphore:
             FencepostError: the client is closed, or was inherited through fork.
         """
         timeout = _wire.check_timeout(timeout)
-        until, try_once = await self._start(timeout)
+        until = await self._start(timeout)
         if until is not None and until - asyncio.get_running_loop().time() < _ONE_MS:
             try:
                 return await self._locker.acquire_permit(self.name, self.permits, self.ttl, None, try_once=True)
@@ -284,7 +286,7 @@ class AsyncSemaphore:
                 raise LockTimeout(f"semaphore {self.name!r} granted no permit within 0 s: {held.message}",
                                   name=self.name, lease_id=held.lease_id) from None
         return await self._call(self._locker.acquire_permit(self.name, self.permits, self.ttl, until,
-                                                            try_once=try_once))
+                                                            try_once=False))
 
     async def try_acquire(self) -> AsyncLockHandle:
         """Take a permit if one is free, without waiting.
@@ -314,14 +316,15 @@ class AsyncSemaphore:
             until=None, idempotent=True, name=self.name))
         return SemaphoreInfo.from_response(self.name, resp)
 
-    async def _start(self, timeout: float | None) -> tuple[float | None, bool]:
+    async def _start(self, timeout: float | None) -> float | None:
+        """Check the client is usable (open it if new); the loop time to stop waiting at, None for never."""
         self._client._check_fork()
         await self._client._ensure_open(self.name)
-        return (None if timeout is None else asyncio.get_running_loop().time() + timeout), False
+        return None if timeout is None else asyncio.get_running_loop().time() + timeout
 
-    async def _call(self, step: object) -> object:
+    async def _call(self, step: Awaitable[T]) -> T:
         try:
-            return await step  # type: ignore[misc]
+            return await step
         except FencepostError as exc:
             closed = self._client._closed_error(self.name)
             if closed is not None and isinstance(exc, Unavailable):

@@ -92,6 +92,8 @@ async def test_try_acquire_when_full_raises_lock_held_and_leaves_no_key(address:
         assert await list_keys(etcd_client, prefix) == before
         with pytest.raises(LockTimeout):
             await b.semaphore("one", permits=1).acquire(timeout=0.3)
+        with pytest.raises(LockTimeout):  # timeout 0: one try
+            await b.semaphore("one", permits=1).acquire(timeout=0)
         assert await list_keys(etcd_client, prefix) == before
         await h.release()
         permit = await b.semaphore("one", permits=1).try_acquire()
