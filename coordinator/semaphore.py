@@ -201,12 +201,12 @@ class Semaphores:
         step.add_done_callback(lambda done: self._claiming.pop(qkey, None) if self._claiming.get(qkey) is done
                                else None)
         try:
-            slot, created = await asyncio.shield(step)
+            slot, created, _ = await asyncio.shield(step)
         except asyncio.CancelledError:
             # The claim goes on; a permit that reaches nobody is withdrawn later unless the caller retries.
             with contextlib.suppress(Exception):
-                await step
-                self._withdraw_later(name, lease_id)
+                _, _, queue_mod = await step
+                self._withdraw_later(name, lease_id, queue_mod)
             raise
         try:
             token = self._locks.tokens.token(created)
@@ -241,11 +241,11 @@ class Semaphores:
             raise PermitsMismatch(f"semaphore {name!r} has {existing} permits, not {permits} (fixed at its first use)",
                                   name=name, permits=existing)
 
-    async def _claim(self, name: str, lease_id: int, permits: int, my_rev: int) -> tuple[int, int]:
+    async def _claim(self, name: str, lease_id: int, permits: int, my_rev: int) -> tuple[int, int, int]:
         """Take a free slot for the eligible queue key of ``lease_id`` (created at ``my_rev``), or find its own.
 
         Returns:
-            (slot, create revision of the slot key).
+            (slot, create revision of the slot key, mod revision of the queue key after the claim).
 
         Raises:
             LeaseLost: the queue key is gone (the lease ended, or it was withdrawn).
@@ -265,7 +265,7 @@ class Semaphores:
                 if permit is None:
                     continue
                 if permit.lease_id == lease_id:
-                    return permit.slot, permit.token  # idempotent: this lease's permit
+                    return permit.slot, permit.token, int(mine[0].mod_revision)  # idempotent: this lease's permit
                 taken.add(permit.slot)
             free = [i for i in range(permits) if i not in taken]
             if not free:  # only when the invariant was broken from outside (see the module docstring)
@@ -276,12 +276,13 @@ class Semaphores:
             slot = free[0]
             skey = self._slot_key(name, slot, lease_id)
 
-            def decide(r: Any, slot: int = slot) -> tuple[int, int] | None:
-                return (slot, int(r.header.revision)) if r.succeeded else None
+            def decide(r: Any, slot: int = slot) -> tuple[int, int, int] | None:
+                revision = int(r.header.revision)  # of both puts: the slot key's creation, the queue key's mod
+                return (slot, revision, revision) if r.succeeded else None
 
-            def resolve(r: Any, slot: int = slot) -> tuple[int, int]:
+            def resolve(r: Any, slot: int = slot) -> tuple[int, int, int]:
                 kvs = r.responses[0].response_range.kvs
-                return (slot, int(kvs[0].create_revision)) if kvs else NOT_APPLIED
+                return (slot, int(kvs[0].create_revision), int(kvs[0].create_revision)) if kvs else NOT_APPLIED
 
             claimed = await self._etcd.txn(TxnPlan(
                 etcdops.txn([etcdops.is_owner(qkey, my_rev), etcdops.is_unchanged(qkey, int(mine[0].mod_revision)),
@@ -292,18 +293,12 @@ class Semaphores:
                 return claimed
             # Lost a race for that slot, or the queue key changed (another call of this lease): read again.
 
-    def _withdraw_later(self, name: str, lease_id: int) -> None:
-        """Withdraw the permit of a call that was cancelled after its claim, unless a retry touches the queue key."""
-        qkey = self._queue_key(name, lease_id)
-
+    def _withdraw_later(self, name: str, lease_id: int, queue_mod: int) -> None:
+        """Withdraw the permit of a call that was cancelled after its claim, after the reattach time, unless a
+        retry touched the queue key meanwhile (its mod revision is no longer ``queue_mod``)."""
         async def later() -> None:
-            resp = await self._etcd.read([etcdops.get(qkey, keys_only=True)], name=name, lease_id=lease_id)
-            kvs = resp.responses[0].response_range.kvs
-            if not kvs:
-                return
-            mod = int(kvs[0].mod_revision)
             await asyncio.sleep(self._locks.reattach_seconds)
-            await self.withdraw(name, lease_id, unless_changed_since=mod)
+            await self.withdraw(name, lease_id, unless_changed_since=queue_mod)
 
         async def logged() -> None:
             try:

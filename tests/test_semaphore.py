@@ -15,7 +15,7 @@ from etcd3aio import Etcd3Client
 from fencepost.client import AsyncLockClient, LockClient, LockHeld, LockTimeout, NotHolder, PermitsMismatch
 from fencepost.client import StaleTokenError
 from fencepost.client.errors import from_rpc_error
-from fencepost.client.v1 import lock_pb2
+from fencepost.client.v1 import kinds, lock_pb2
 from fencepost.client.v1.keys import Keys
 
 from .conftest import assert_invalid_field, cli_env, count_keys, error_info, list_keys, wait_for
@@ -356,3 +356,33 @@ async def test_close_releases_permits_without_a_loss_notice(address: str) -> Non
             assert len((await watcher.semaphore("closing", permits=2).describe()).holders) == 1
         assert permit.released and permit.lost_reason is None and not notices
         assert (await watcher.semaphore("closing", permits=2).describe()).holders == ()
+
+
+async def test_deferred_withdrawal_of_an_abandoned_permit_unless_the_caller_came_back(
+        coordinator: object, stub: OwnedStub, prefix: str, etcd_client: Etcd3Client) -> None:
+    """A permit granted to a call that was cancelled is withdrawn (both keys) after the reattach time, unless an
+    AcquirePermit of the same lease touched its queue key meanwhile (it then keeps the same slot and token)."""
+    service = coordinator._service  # type: ignore[attr-defined]
+    sems = service._semaphores
+    sems._locks._reattach_seconds = 0.05  # the reattach time, shortened for the test
+
+    async def deferred(name: str, lease_id: int, queue_mod: int) -> None:
+        sems._withdraw_later(name, lease_id, queue_mod)
+        await asyncio.gather(*list(sems._later))
+
+    for came_back in (False, True):
+        lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+        md = secret_metadata(lease.lease_id)
+        ask = lock_pb2.AcquirePermitRequest(name=f"later-{came_back}", lease_id=lease.lease_id, permits=2)
+        first = await stub.AcquirePermit(ask, timeout=5, metadata=md)
+        qkey = Keys(prefix).contender(kinds.semaphore_queue(ask.name), lease.lease_id)
+        queue_mod = (await etcd_client.kv.get(qkey, timeout=5)).kvs[0].mod_revision  # type: ignore[union-attr]
+        if came_back:  # the caller's retry, after the claim it never heard of (mod revision taken before it)
+            again = await stub.AcquirePermit(ask, timeout=5, metadata=md)
+            assert (again.slot, again.token) == (first.slot, first.token)
+        await deferred(ask.name, lease.lease_id, queue_mod)
+        d = await stub.DescribeSemaphore(lock_pb2.DescribeSemaphoreRequest(name=ask.name), timeout=5)
+        assert [(h.lease_id, h.slot, h.token) for h in d.holders] == (
+            [(lease.lease_id, first.slot, first.token)] if came_back else []), came_back
+        assert len(_public_keys(await list_keys(etcd_client, prefix), prefix)) == (2 if came_back else 0)
+        await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease.lease_id), timeout=5, metadata=md)
