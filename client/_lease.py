@@ -350,7 +350,7 @@ class LeasePool:
 
     def free_slot(self, handle: AsyncLockHandle) -> None:
         """Let the next local contender of ``handle``'s (lease, name) go, if ``handle`` held it."""
-        key = (handle.lease_id, handle.name)
+        key = (handle.lease_id, handle.hold_name)  # an election's or a permit's slot: its internal name
         slot = self._slots.get(key)
         if slot is not None and slot.holder is handle:
             slot.holder = None
