@@ -13,7 +13,9 @@ import pytest
 from etcd3aio import Etcd3Client, prefix_range_end
 
 from fencepost.client import (
+    AccessDenied,
     AsyncLockClient,
+    InvalidArgument,
     LeaderInfo,
     LeaseLost,
     LockClient,
@@ -84,3 +86,205 @@ async def test_fifo_handoff_with_larger_token(address: str, etcd_client: Etcd3Cl
 
 async def _has(etcd_client: Etcd3Client, prefix: str, election: str, n: int) -> bool:
     return await candidates(etcd_client, prefix, election) == n
+
+
+async def test_try_once_answers_the_leader(address: str, stub: Any) -> None:
+    """A try-once Campaign against a led election is not elected, leaves nothing queued and names the leader."""
+    async with AsyncLockClient(address) as client, AsyncLockClient(address) as other:
+        lead = await client.campaign("once", b"me", timeout=5)
+        with pytest.raises(LockTimeout, match="led by lease"):
+            await other.campaign("once", b"you", timeout=0)
+        grant = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+        resp = await stub.Campaign(lock_pb2.CampaignRequest(election="once", lease_id=grant.lease_id, value=b"x"),
+                                   timeout=5, metadata=secret_metadata(grant.lease_id))
+        assert not resp.elected and resp.token == 0
+        assert (resp.leader.lease_id, resp.leader.token, resp.leader.value) == (lead.lease_id, lead.token, b"me")
+        # Nothing was queued: once the leader resigns, the election is free.
+        await lead.resign()
+        assert await other.leader("once") is None
+        # The same lease campaigning again while it leads gets the same token, with the new value.
+        first = await stub.Campaign(lock_pb2.CampaignRequest(election="once", lease_id=grant.lease_id, value=b"1"),
+                                    timeout=5, metadata=secret_metadata(grant.lease_id))
+        again = await stub.Campaign(lock_pb2.CampaignRequest(election="once", lease_id=grant.lease_id, value=b"2"),
+                                    timeout=5, metadata=secret_metadata(grant.lease_id))
+        assert first.elected and again.elected and again.token == first.token
+        assert (await _leader(stub, "once")).leader.value == b"2"
+        await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=grant.lease_id), timeout=5)
+
+
+@pytest.mark.parametrize(("call", "message", "field"), [
+    ("Campaign", lock_pb2.CampaignRequest(election="", lease_id=1), "election"),
+    ("Campaign", lock_pb2.CampaignRequest(election="a\nb", lease_id=1), "election"),
+    ("Campaign", lock_pb2.CampaignRequest(election="e", lease_id=0), "lease_id"),
+    ("Campaign", lock_pb2.CampaignRequest(election="e", lease_id=1, wait_ms=-1), "wait_ms"),
+    ("Campaign", lock_pb2.CampaignRequest(election="e", lease_id=1, request_id="no spaces"), "request_id"),
+    ("Campaign", lock_pb2.CampaignRequest(election="e", lease_id=1, request_id="r" * 65), "request_id"),
+    ("Proclaim", lock_pb2.ProclaimRequest(election="e", lease_id=1, token=0), "token"),
+    ("Proclaim", lock_pb2.ProclaimRequest(election="\x01e/x", lease_id=1, token=1), "election"),
+    ("Resign", lock_pb2.ResignRequest(election="e", lease_id=1, token=-1), "token"),
+    ("Resign", lock_pb2.ResignRequest(election="e", lease_id=-5), "lease_id"),
+    ("Leader", lock_pb2.LeaderRequest(election=""), "election"),
+])
+async def test_bad_input_names_the_field(stub: Any, call: str, message: Any, field: str) -> None:
+    """A malformed election request is INVALID_ARGUMENT naming its field, before any other check."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await getattr(stub, call)(message, timeout=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    info = error_info(caught.value)
+    assert info is not None and info.metadata["field"] == field
+
+
+def test_value_longer_than_the_limit_is_refused() -> None:
+    """A value over MAX_VALUE_BYTES is INVALID_ARGUMENT naming "value" (checked here without gRPC: a default
+    coordinator's --max-message-bytes of 64 KiB refuses such a request before it is decoded)."""
+    from fencepost.coordinator.election import validate_value
+
+    assert validate_value(b"v" * MAX_VALUE_BYTES) == b"v" * MAX_VALUE_BYTES
+    with pytest.raises(InvalidArgument) as caught:
+        validate_value(b"v" * (MAX_VALUE_BYTES + 1))
+    assert caught.value.field == "value"
+
+
+async def test_observe_bad_input_names_the_field(stub: Any) -> None:
+    """Observe refuses a bad election or a negative after_revision with the field named."""
+    for request, field in ((lock_pb2.ObserveRequest(election=""), "election"),
+                           (lock_pb2.ObserveRequest(election="e", after_revision=-1), "after_revision")):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in stub.Observe(request, timeout=5):
+                pass
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        info = error_info(caught.value)
+        assert info is not None and info.metadata["field"] == field
+
+
+async def test_client_checks_input_before_any_call(address: str) -> None:
+    """The client refuses a bad election or value with InvalidArgument naming the field."""
+    async with AsyncLockClient(address) as client:
+        for kwargs, field in (({"election": "", "value": b""}, "election"),
+                              ({"election": "e", "value": b"v" * (MAX_VALUE_BYTES + 1)}, "value"),
+                              ({"election": "e", "value": 3}, "value")):
+            with pytest.raises(InvalidArgument) as caught:
+                await client.campaign(**kwargs)  # type: ignore[arg-type]
+            assert caught.value.field == field
+
+
+async def test_proclaim_and_resign_refused_unless_leader(address: str, stub: Any, etcd_client: Etcd3Client,
+                                                        prefix: str) -> None:
+    """Proclaim and Resign by a candidate that does not lead, or with another token, are refused as Release is."""
+    async with AsyncLockClient(address) as client:
+        lead = await client.campaign("ref", b"v", timeout=5)
+        grant = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+        waiting = asyncio.ensure_future(stub.Campaign(
+            lock_pb2.CampaignRequest(election="ref", lease_id=grant.lease_id, value=b"w", wait_ms=20_000),
+            timeout=25, metadata=secret_metadata(grant.lease_id)))
+        try:
+            await wait_for(lambda: _has(etcd_client, prefix, "ref", 2), 10, what="the candidate queued")
+            # The waiting candidate's own key has a revision above the leader's: it does not lead under it.
+            for token in (lead.token, lead.token + 1):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.Proclaim(lock_pb2.ProclaimRequest(election="ref", lease_id=grant.lease_id,
+                                                                 token=token, value=b"x"),
+                                        timeout=5, metadata=secret_metadata(grant.lease_id))
+                assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                info = error_info(caught.value)
+                assert info is not None and info.reason in ("NOT_HOLDER", "STALE_TOKEN")
+                assert "\x01" not in (caught.value.details() or "")  # the public name only
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Resign(lock_pb2.ResignRequest(election="ref", lease_id=grant.lease_id, token=lead.token),
+                                  timeout=5, metadata=secret_metadata(grant.lease_id))
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            # The leader's value did not change.
+            assert (await _leader(stub, "ref")).leader.value == b"v"
+            # Resign with token 0 withdraws the waiting candidacy (found), and again finds nothing.
+            first = await stub.Resign(lock_pb2.ResignRequest(election="ref", lease_id=grant.lease_id),
+                                      timeout=5, metadata=secret_metadata(grant.lease_id))
+            again = await stub.Resign(lock_pb2.ResignRequest(election="ref", lease_id=grant.lease_id),
+                                      timeout=5, metadata=secret_metadata(grant.lease_id))
+            assert first.found and not again.found
+        finally:
+            waiting.cancel()
+            with contextlib.suppress(BaseException):
+                await waiting
+            await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=grant.lease_id), timeout=5)
+        await lead.resign()
+        with pytest.raises(NotHolder):
+            await lead.proclaim(b"late")
+
+
+async def test_ownership_refused_without_the_lease_secret(address: str, stub: Any, channel: Any) -> None:
+    """Campaign, Proclaim and Resign on a lease the caller did not grant are PERMISSION_DENIED / NOT_LEASE_OWNER."""
+    grant = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+    stranger = lock_pb2_grpc.LockServiceStub(channel)  # presents no secret
+    try:
+        for call, request in (
+                ("Campaign", lock_pb2.CampaignRequest(election="own", lease_id=grant.lease_id)),
+                ("Proclaim", lock_pb2.ProclaimRequest(election="own", lease_id=grant.lease_id, token=1)),
+                ("Resign", lock_pb2.ResignRequest(election="own", lease_id=grant.lease_id))):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await getattr(stranger, call)(request, timeout=5)
+            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, call
+            info = error_info(caught.value)
+            assert info is not None and info.reason == "NOT_LEASE_OWNER", call
+        assert not (await _leader(stub, "own")).HasField("leader")
+    finally:
+        await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=grant.lease_id), timeout=5)
+
+
+POLICY = """
+[[allow]]
+anonymous = true
+actions = ["acquire", "release", "describe"]
+names = ["open*"]
+
+[[allow]]
+anonymous = true
+actions = ["describe"]
+names = ["seen"]
+"""
+
+
+async def test_policy_checks_elections_by_name(etcd: Any, prefix: str) -> None:
+    """The access policy applies the lock actions to elections by their public name."""
+    from fencepost.coordinator.policy import Policy
+    from fencepost.coordinator.server import Coordinator
+
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, policy=Policy.from_text(POLICY))
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        async with AsyncLockClient(f"127.0.0.1:{coord.port}") as client:
+            lead = await client.campaign("open-1", b"v", timeout=5)
+            await lead.proclaim(b"w")
+            assert (await client.leader("open-1")) is not None
+            await lead.resign()
+            assert await client.leader("seen") is None  # describe only
+            with pytest.raises(AccessDenied) as caught:
+                await client.campaign("seen", b"v", timeout=5)
+            assert caught.value.action == "acquire"
+            with pytest.raises(AccessDenied):
+                await client.leader("closed")
+            with pytest.raises(AccessDenied):
+                async for _ in client.observe("closed"):
+                    pass
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+async def test_leadership_loss_is_signalled(address: str, etcd_client: Etcd3Client, prefix: str) -> None:
+    """When the leader's lease is revoked, its handle is lost as a lock's is, and the next candidate leads."""
+    async with AsyncLockClient(address) as client, AsyncLockClient(address) as other:
+        lead = await client.campaign("loss", b"a", ttl=10, timeout=5)
+        called = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        lead.on_lost(lambda _h: loop.call_soon_threadsafe(called.set))
+        nxt = asyncio.create_task(other.campaign("loss", b"b", ttl=10, timeout=20))
+        await wait_for(lambda: _has(etcd_client, prefix, "loss", 2), 10, what="the second candidate queued")
+        assert etcd_client.lease is not None
+        await etcd_client.lease.revoke(lead.lease_id, timeout=5)  # as an operator would, behind the client's back
+        await asyncio.wait_for(lead.lost.wait(), 10)
+        await asyncio.wait_for(called.wait(), 10)
+        assert lead.lost_reason in ("LEASE_EXPIRED", "NOT_HOLDER")
+        second = await asyncio.wait_for(nxt, 10)
+        assert second.token > lead.token and second.value == b"b"
+        with pytest.raises(LeaseLost):
+            lead.check()
+        await second.resign()
