@@ -514,6 +514,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def Observe(self, request: lock_pb2.ObserveRequest, context: grpc.aio.ServicerContext
                       ) -> AsyncIterator[lock_pb2.ObserveResponse]:
         changes: AsyncIterator[Any] | None = None
+        step: asyncio.Future[Any] | None = None
         try:
             if isinstance(request, Undecodable):
                 raise request.error()
@@ -543,6 +544,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         except FencepostError as exc:
             await self._refuse(context, exc, "Observe", log=not self.closing.is_set())
         finally:
+            if step is not None and not step.done():  # the caller went: stop the read in flight first
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
             if changes is not None:
                 await changes.aclose()  # type: ignore[attr-defined]
 

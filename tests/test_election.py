@@ -288,3 +288,118 @@ async def test_leadership_loss_is_signalled(address: str, etcd_client: Etcd3Clie
         with pytest.raises(LeaseLost):
             lead.check()
         await second.resign()
+
+
+async def _collect(client: AsyncLockClient, election: str, into: list[LeaderInfo | None],
+                   changed: asyncio.Event) -> None:
+    async for info in client.observe(election):
+        into.append(info)
+        changed.set()
+
+
+async def _seen(seen: list[LeaderInfo | None], changed: asyncio.Event, n: int) -> None:
+    while sum(1 for s in seen if s is not None) < n:
+        changed.clear()
+        await asyncio.wait_for(changed.wait(), 10)
+
+
+async def test_observe_sees_every_leader_in_order_across_a_coordinator_restart(etcd: Any, prefix: str) -> None:
+    """An observer sees each leader and value once, in order, also when its coordinator stops and it resumes on
+    another with after_revision while the leader changes meanwhile."""
+    from fencepost.coordinator.server import Coordinator
+
+    first = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    second = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    await asyncio.wait_for(first.start(), 20)
+    await asyncio.wait_for(second.start(), 20)
+    stopped = False
+    try:
+        there = f"127.0.0.1:{second.port}"
+        async with AsyncLockClient([f"127.0.0.1:{first.port}", there]) as watcher, \
+                AsyncLockClient(there) as one, AsyncLockClient(there) as two:
+            seen: list[LeaderInfo | None] = []
+            changed = asyncio.Event()
+            observer = asyncio.create_task(_collect(watcher, "obs", seen, changed))
+            await asyncio.wait_for(changed.wait(), 10)
+            assert seen == [None]  # the first item: the state at the start
+            a = await one.campaign("obs", b"a1", timeout=5)
+            await _seen(seen, changed, 1)
+            await a.proclaim(b"a2")
+            await _seen(seen, changed, 2)
+            queued = asyncio.create_task(two.campaign("obs", b"b1", timeout=20))
+            await asyncio.wait_for(first.stop(grace=0), 20)  # the observer's coordinator goes
+            stopped = True
+            await a.resign()  # the leader changes while the observer is away
+            b = await asyncio.wait_for(queued, 10)
+            await b.proclaim(b"b2")
+            await _seen(seen, changed, 4)
+            await b.resign()
+            await asyncio.wait_for(_until_none(seen, changed), 10)
+            observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await observer
+        leaders = [(s.token, s.value) for s in seen if s is not None]
+        assert leaders == [(a.token, b"a1"), (a.token, b"a2"), (b.token, b"b1"), (b.token, b"b2")], seen
+        assert seen[-1] is None and b.token > a.token
+        assert [s.revision for s in seen if s is not None] == sorted(s.revision for s in seen if s is not None)
+    finally:
+        if not stopped:
+            await asyncio.wait_for(first.stop(grace=0), 20)
+        await asyncio.wait_for(second.stop(grace=0), 20)
+
+
+async def _until_none(seen: list[LeaderInfo | None], changed: asyncio.Event) -> None:
+    while not seen or seen[-1] is not None:
+        changed.clear()
+        await changed.wait()
+
+
+async def test_observe_resumes_after_a_revision(address: str, stub: Any) -> None:
+    """Observe with after_revision sends nothing for that revision and every change after it."""
+    async with AsyncLockClient(address) as client:
+        lead = await client.campaign("resume", b"x", timeout=5)
+        stream = stub.Observe(lock_pb2.ObserveRequest(election="resume"), timeout=10)
+        first = await stream.read()
+        assert first.leader.token == lead.token and first.leader.value == b"x" and not first.compacted
+        stream.cancel()
+        await lead.proclaim(b"y")
+        await lead.proclaim(b"z")
+        resumed = stub.Observe(lock_pb2.ObserveRequest(election="resume", after_revision=first.revision), timeout=10)
+        got = [await resumed.read(), await resumed.read()]
+        resumed.cancel()
+        assert [m.leader.value for m in got] == [b"y", b"z"]
+        assert first.revision < got[0].revision < got[1].revision
+        await lead.resign()
+
+
+async def test_sync_client_campaign_observe_and_on_leader(address: str) -> None:
+    """The sync client campaigns, proclaims, resigns, and observes by iterator and by callback."""
+    await asyncio.wait_for(asyncio.to_thread(_sync_election, address), 60)  # the coordinator runs on this loop
+
+
+def _sync_election(address: str) -> None:
+    import queue as q
+
+    with LockClient(address) as client, LockClient(address) as other:
+        changes: q.Queue[LeaderInfo | None] = q.Queue()
+        observer = other.on_leader("sync", changes.put)
+        assert changes.get(timeout=10) is None
+        lead = client.campaign("sync", "v1", ttl=5, timeout=5)
+        assert lead.value == b"v1" and lead.token > 0
+        got = changes.get(timeout=10)
+        assert got is not None and (got.token, got.value, got.lease_id) == (lead.token, b"v1", lead.lease_id)
+        lead.proclaim("v2")
+        got = changes.get(timeout=10)
+        assert got is not None and got.value == b"v2"
+        info = other.leader("sync")
+        assert info is not None and info.value == b"v2"
+        iterator = other.observe("sync")
+        current = next(iterator)
+        assert current is not None and current.value == b"v2"
+        lead.resign()
+        assert changes.get(timeout=10) is None
+        assert next(iterator) is None
+        iterator.close()
+        observer.stop()
+        assert observer.error is None
+        assert other.leader("sync") is None
