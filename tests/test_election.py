@@ -25,7 +25,7 @@ from fencepost.client import (
 from fencepost.client.v1 import kinds, lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.keys import MAX_VALUE_BYTES, Keys
 
-from .conftest import error_info, wait_for
+from .conftest import cli_env, error_info, wait_for
 from .owned_stub import secret_metadata
 
 
@@ -403,3 +403,73 @@ def _sync_election(address: str) -> None:
         observer.stop()
         assert observer.error is None
         assert other.leader("sync") is None
+
+
+# ---------------------------------------------------------------- the command line
+
+ELECT_CHILD = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("child got SIGTERM", flush=True), sys.exit(42)))
+print(os.environ["FENCEPOST_TOKEN"], os.environ["FENCEPOST_LEASE_ID"], os.environ["FENCEPOST_LOCK"],
+      os.environ["FENCEPOST_ELECTION_VALUE"], flush=True)
+if sys.argv[1] == "wait":
+    time.sleep(60)
+"""
+
+
+async def _fencepost(*args: str, timeout: float = 30.0) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fencepost.client.cli", *args, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cli_env())
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_cli_elect_and_leader(address: str, etcd_client: Etcd3Client) -> None:
+    """``fencepost elect`` runs the command as leader with its token and value; ``fencepost leader`` shows the
+    leader, exits 1 without one, and ``--watch`` prints each change; losing the leadership stops the command."""
+    rc, out, err = await _fencepost("leader", "cli", "--address", address)
+    assert rc == 1 and "no leader" in err, (rc, out, err)
+    rc, out, err = await _fencepost("elect", "cli", "--value", "node-1", "--address", address, "--",
+                                    sys.executable, "-c", ELECT_CHILD, "exit")
+    assert rc == 0, (rc, out, err)
+    token, lease, name, value = out.split()
+    assert int(token) > 0 and int(lease) > 0 and name == "cli" and value == "node-1"
+    assert "Traceback" not in err
+    watch = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fencepost.client.cli", "leader", "cli", "--watch", "--address", address,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=cli_env())
+    elect: asyncio.subprocess.Process | None = None
+    try:
+        assert watch.stdout is not None
+        assert (await asyncio.wait_for(watch.stdout.readline(), 20)).decode().strip() == "cli: no leader"
+        elect = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fencepost.client.cli", "elect", "cli", "--value", "node-2", "--ttl", "5",
+            "--address", address, "--", sys.executable, "-c", ELECT_CHILD, "wait",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=cli_env())
+        assert elect.stdout is not None
+        token2, lease2, _, value2 = (await asyncio.wait_for(elect.stdout.readline(), 20)).decode().split()
+        assert int(token2) > int(token) and value2 == "node-2"
+        shown = (await asyncio.wait_for(watch.stdout.readline(), 20)).decode()
+        assert "'node-2'" in shown and f"token {token2}" in shown, shown
+        rc, out, err = await _fencepost("leader", "cli", "--address", address)
+        assert rc == 0 and "'node-2'" in out and f"token {token2}" in out, (rc, out, err)
+        assert etcd_client.lease is not None
+        await etcd_client.lease.revoke(int(lease2), timeout=5)  # the leadership is lost: the command is stopped
+        out2, err2 = await asyncio.wait_for(elect.communicate(), 20)
+        assert elect.returncode == 3, (elect.returncode, out2, err2)
+        assert "child got SIGTERM" in out2.decode() and "lost" in err2.decode()
+        assert (await asyncio.wait_for(watch.stdout.readline(), 20)).decode().strip() == "cli: no leader"
+        watch.send_signal(2)
+        await asyncio.wait_for(watch.wait(), 20)
+        assert watch.returncode == 0
+    finally:
+        for proc in (watch, elect):
+            if proc is None:
+                continue
+            if proc.returncode is None:
+                proc.kill()
+            await proc.communicate()
