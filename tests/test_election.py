@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
