@@ -42,6 +42,7 @@ from ._transport import Transport
 from ._wire import DEFAULT_ADDRESS
 from .errors import FencepostError, LeaseLost, LockHeld, LockTimeout, Unavailable
 from .handle import AsyncLockHandle
+from .v1 import kinds
 from .v1 import lock_pb2 as pb
 
 __all__ = ["AsyncLockClient", "HeldLock", "LockInfo", "DEFAULT_ADDRESS"]
@@ -741,8 +742,12 @@ class AsyncLockClient:
                                       lease_id=held.lease_id) from None
             until = None if timeout is None else asyncio.get_running_loop().time() + timeout
             return await elector.campaign(election, ttl_s, until, try_once=False)
-        except Unavailable as exc:
-            raise self._closed_error(election) or exc from exc
+        except FencepostError as exc:
+            if exc.name == kinds.election_lock(election):  # the recipe's own errors name the internal lock
+                exc.name = election
+            if isinstance(exc, Unavailable):
+                raise self._closed_error(election) or exc from exc
+            raise
 
     async def leader(self, election: str) -> LeaderInfo | None:
         """The current leader of ``election``: its value, lease and token, read at one etcd revision.

@@ -472,3 +472,23 @@ async def test_cli_elect_and_leader(address: str, etcd_client: Etcd3Client) -> N
             if proc.returncode is None:
                 proc.kill()
             await proc.communicate()
+
+
+async def test_cancelled_campaign_withdraws_its_candidacy(address: str, etcd_client: Etcd3Client,
+                                                          prefix: str) -> None:
+    """A waiting campaign that is cancelled (or times out) leaves no candidacy behind: the leader's key alone."""
+    async with AsyncLockClient(address) as client, AsyncLockClient(address) as other:
+        lead = await client.campaign("gone", b"a", timeout=5)
+        waiting = asyncio.create_task(other.campaign("gone", b"b"))
+        await wait_for(lambda: _has(etcd_client, prefix, "gone", 2), 10, what="the candidate queued")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await wait_for(lambda: _has(etcd_client, prefix, "gone", 1), 10, what="the candidacy withdrawn")
+        with pytest.raises(LockTimeout) as caught:
+            await other.campaign("gone", b"c", timeout=0.3)
+        assert caught.value.name == "gone"
+        assert await candidates(etcd_client, prefix, "gone") == 1
+        info = await other.leader("gone")
+        assert info is not None and info.token == lead.token
+        await lead.resign()
