@@ -33,9 +33,10 @@ Errors name the election (its public name), never the internal lock name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,8 @@ from .etcd import NOT_APPLIED, TxnPlan
 from .lock import Holder, LockManager, release_refusal
 from .validate import validate_lease_id, validate_name, validate_token
 
-__all__ = ["CampaignResult", "Elections", "Leader", "Observed", "validate_election", "validate_request_id",
-           "validate_value"]
+__all__ = ["CampaignResult", "Elections", "Leader", "Observed", "public_errors", "validate_election",
+           "validate_request_id", "validate_value"]
 
 _log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class Elections:
         validate_election(election)
         validate_value(value)
         internal = kinds.election_lock(election)
-        with _public(election):
+        with public_errors(election):
             result = await self._locks.acquire(internal, lease_id, wait, value=value)
             if result.acquired:
                 return CampaignResult(True, token=result.token)
@@ -203,7 +204,7 @@ class Elections:
                 return int(kvs[0].mod_revision), None, None  # applied (or the value was already this)
             return NOT_APPLIED  # type: ignore[no-any-return]  # send again: its compares decide
 
-        with _public(election):
+        with public_errors(election):
             revision, mine, owner = await self._locks.etcd.lock_txn(TxnPlan(
                 etcdops.txn([etcdops.is_owner(key, created), etcdops.is_first(lock, created)],
                             [etcdops.put(key, value, lease_id=lease_id)],
@@ -231,7 +232,7 @@ class Elections:
         validate_election(election)
         validate_lease_id(lease_id)
         internal = kinds.election_lock(election)
-        with _public(election):
+        with public_errors(election):
             if token == 0:
                 found, held, revision = await self._locks.withdraw(internal, lease_id)
                 return revision, found, held
@@ -247,7 +248,7 @@ class Elections:
         """
         validate_election(election)
         lock = self._keys.lock_prefix(kinds.election_lock(election))
-        with _public(election):
+        with public_errors(election):
             resp = await self._locks.etcd.read([etcdops.holder_of(lock, keys_only=False)], name=election)
             self._locks.tokens.check_serving()
         kvs = resp.responses[0].response_range.kvs
@@ -279,7 +280,7 @@ class Elections:
         lock = self._keys.lock_prefix(kinds.election_lock(election))
         end = prefix_end(lock)
         candidates: dict[bytes, Any] = {}  # key -> its KeyValue (create revision, lease, value)
-        with _public(election):
+        with public_errors(election):
             first = await self._read(lock, end, after_revision)
         compacted = first is None
         if first is None:
@@ -354,20 +355,16 @@ def _by_revision(events: list[Any]) -> list[tuple[int, list[Any]]]:
     return groups
 
 
-class _public:
-    """Say the election's name, not its internal lock name, in the errors raised within."""
-
-    def __init__(self, election: str) -> None:
-        self._election = election
-        self._internal = kinds.election_lock(election)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if isinstance(exc, FencepostError):
-            if exc.name == self._internal:
-                exc.name = self._election
-            if exc.message:
-                exc.message = exc.message.replace(repr(self._internal), repr(self._election))
-                exc.args = (exc.message,)
+@contextlib.contextmanager
+def public_errors(election: str) -> Iterator[None]:
+    """Say the election's name, not its internal lock name, in the FencepostErrors raised within."""
+    internal = kinds.election_lock(election)
+    try:
+        yield
+    except FencepostError as exc:
+        if exc.name == internal:
+            exc.name = election
+        if exc.message:
+            exc.message = exc.message.replace(repr(internal), repr(election))
+            exc.args = (exc.message,)
+        raise

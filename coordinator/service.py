@@ -41,7 +41,7 @@ from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
 
 from .decode import Undecodable
-from .election import Elections, Leader, validate_election, validate_request_id, validate_value
+from .election import Elections, Leader, public_errors, validate_election, validate_request_id, validate_value
 from .errors import reason_of, shutting_down, to_status
 from .etcd import bounded
 from .events import caller, log_event
@@ -446,7 +446,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         await self._locks.tokens.ready()
         await self._owners.check_call(context, request.lease_id, "Campaign")
         internal = kinds.election_lock(request.election)
-        with (self._limits.acquiring(caller_of(context).key, internal, request.lease_id),
+        with (public_errors(request.election),  # the limits name the internal lock they count
+              self._limits.acquiring(caller_of(context).key, internal, request.lease_id),
               bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS)):
             result = await self._elections.campaign(request.election, request.lease_id, request.value, wait)
         waited = time.perf_counter() - started

@@ -456,6 +456,9 @@ async def test_cli_elect_and_leader(address: str, etcd_client: Etcd3Client) -> N
         assert "'node-2'" in shown and f"token {token2}" in shown, shown
         rc, out, err = await _fencepost("leader", "cli", "--address", address)
         assert rc == 0 and "'node-2'" in out and f"token {token2}" in out, (rc, out, err)
+        rc, out, err = await _fencepost("elect", "cli", "--value", "node-3", "--try", "--address", address, "--",
+                                        sys.executable, "-c", ELECT_CHILD, "exit")
+        assert rc == 5 and not out and "command not run" in err, (rc, out, err)
         assert etcd_client.lease is not None
         await etcd_client.lease.revoke(int(lease2), timeout=5)  # the leadership is lost: the command is stopped
         out2, err2 = await asyncio.wait_for(elect.communicate(), 20)
