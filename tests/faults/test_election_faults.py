@@ -30,7 +30,7 @@ def test_election_survives_a_frozen_or_killed_leader(coordinator_process: Any, t
     assert verdict.ok, verdict.text()
     assert verdict.leader_hits >= 3, verdict.text()  # the nemesis hit leaders: the run could have failed
     assert verdict.leaderships >= 10, verdict.text()
-    assert verdict.report.writes["accepted"] >= 10, verdict.text()
+    assert verdict.report.writes["accepted"] >= 5, verdict.text()
     # An observer may see more: a leadership whose candidate was killed before it recorded its grant.
     assert all(n >= verdict.leaderships for n in verdict.observed.values()) and len(verdict.observed) == 2
 
