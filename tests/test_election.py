@@ -495,3 +495,25 @@ async def test_cancelled_campaign_withdraws_its_candidacy(address: str, etcd_cli
         info = await other.leader("gone")
         assert info is not None and info.token == lead.token
         await lead.resign()
+
+
+async def test_observe_after_a_compacted_revision_says_so(address: str, stub: Any,
+                                                          etcd_client: Etcd3Client) -> None:
+    """Resuming after a revision etcd has compacted gives the current state first, marked compacted."""
+    async with AsyncLockClient(address) as client:
+        lead = await client.campaign("compacted", b"v1", timeout=5)
+        stream = stub.Observe(lock_pb2.ObserveRequest(election="compacted"), timeout=10)
+        first = await stream.read()
+        stream.cancel()
+        await lead.proclaim(b"v2")
+        await lead.proclaim(b"v3")
+        assert etcd_client.kv is not None
+        head = (await etcd_client.kv.get(b"/", count_only=True, timeout=5)).header.revision
+        await etcd_client.kv.compact(int(head), physical=True, timeout=10)
+        resumed = stub.Observe(lock_pb2.ObserveRequest(election="compacted", after_revision=first.revision),
+                               timeout=10)
+        got = await resumed.read()
+        resumed.cancel()
+        assert got.compacted and got.leader.value == b"v3" and got.leader.token == lead.token
+        assert got.revision >= head
+        await lead.resign()
