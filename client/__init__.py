@@ -6,6 +6,7 @@ lower than one it has accepted. See :class:`AsyncLockClient`.
 """
 
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
+from ._election import LeaderInfo, Leadership
 from ._info import EtcdInfo, Revoked, ServerInfo, Session
 from ._semaphore import AsyncSemaphore, PermitHolder, SemaphoreInfo
 from ._sync import LockClient, LockHandle, Semaphore
@@ -42,6 +43,8 @@ __all__ = [
     "FencepostError",
     "HeldLock",
     "InvalidArgument",
+    "LeaderInfo",
+    "Leadership",
     "LeaseLost",
     "LimitExceeded",
     "LockClient",

@@ -29,7 +29,8 @@ import grpc.aio
 from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
-from . import _fork, _tls, _wire
+from . import _election, _fork, _tls, _wire
+from ._election import Elector, LeaderInfo, Leadership
 from ._info import HeldLock, LockInfo, Revoked, ServerInfo, Session
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
@@ -42,6 +43,7 @@ from ._transport import Transport
 from ._wire import DEFAULT_ADDRESS
 from .errors import FencepostError, LeaseLost, LockHeld, LockTimeout, Unavailable
 from .handle import AsyncLockHandle
+from .v1 import kinds
 from .v1 import lock_pb2 as pb
 
 __all__ = ["AsyncLockClient", "HeldLock", "LockInfo", "DEFAULT_ADDRESS"]
@@ -328,15 +330,10 @@ class AsyncLockClient:
             except (FencepostError, TimeoutError, grpc.aio.AioRpcError) as err:
                 log.debug("fencepost: ignored during close: %r", err)
 
-        await asyncio.gather(*(quietly(self._locker_of(h).release(h, until=until)) for h in self._leases.holds()))
+        # Each hold through its own handle: a lock's Release, an election's Resign, ...
+        await asyncio.gather(*(quietly(h.release()) for h in self._leases.holds()))
         leases = self._leases.leases()
         await asyncio.gather(*(quietly(self._locker.revoke(lease.lease_id, until=until, secret=lease.secret)) for lease in leases))
-
-    def _locker_of(self, handle: AsyncLockHandle) -> Locker:
-        """The locker whose release ends ``handle`` (a semaphore permit's is ReleasePermit)."""
-        if handle.kind == pb.HOLD_KIND_SEMAPHORE and self._permits is not None:
-            return self._permits
-        return self._locker
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -720,3 +717,103 @@ class AsyncLockClient:
             token = resp.next_page_token
             if not token:
                 return sessions
+
+    # ------------------------------------------------------------------ elections (see _election)
+
+    async def campaign(self, election: str, value: bytes | str, *, ttl: float | None = None,
+                       timeout: float | None = None) -> Leadership:
+        """Campaign in ``election`` with ``value`` and wait until this client leads it.
+
+        Candidates lead first come, first served, one at a time (etcd's
+        ``concurrency.Election``). The leadership is a hold like a lock's:
+        its fencing token is strictly larger than every earlier leader's of
+        the election, and its loss (the lease expired, a local deadline, a
+        resignation by someone holding the lease) is signalled exactly like a
+        lock's (``lost``, ``on_lost``, ``cancel_on_lost``). Pass the token to
+        the storage with every write the leader makes.
+
+        Args:
+            election: The election's name (the rules of a lock name).
+            value: What the leader publishes (an address, an id): bytes, or a
+                str sent as UTF-8; 0 to 65536 bytes.
+            ttl: Lease TTL in seconds (as for :meth:`acquire`); None: 10 s.
+            timeout: Seconds to wait, 0 to 86400 (0 tries once); None waits until elected.
+
+        Returns:
+            The :class:`~fencepost.client.Leadership` (its ``token``, ``value``,
+            ``proclaim()``, ``resign()``).
+
+        Raises:
+            InvalidArgument: bad election, value, ttl or timeout (before any RPC).
+            LockTimeout: not elected within ``timeout``.
+            LeaseLost: the lease was lost while waiting, twice in a row.
+            AccessDenied, NotLeaseOwner: refused by the coordinator's policy.
+            Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through fork.
+        """
+        self._check_fork()
+        _election.check_election(election)
+        raw = _election.check_value(value)
+        ttl_s = _wire.ttl_to_wire(10.0 if ttl is None else ttl)
+        timeout = _wire.check_timeout(timeout)
+        await self._ensure_open(election)
+        elector = Elector(self._locker, raw)
+        try:
+            if timeout is not None and timeout < _ONE_MS:
+                try:
+                    return await elector.campaign(election, ttl_s, None, try_once=True)
+                except LockHeld as held:
+                    raise LockTimeout(f"election {election!r}: not elected within 0 s: led by lease "
+                                      f"{held.holder_lease_id:#x} (token {held.holder_token})", name=election,
+                                      lease_id=held.lease_id) from None
+            until = None if timeout is None else asyncio.get_running_loop().time() + timeout
+            return await elector.campaign(election, ttl_s, until, try_once=False)
+        except FencepostError as exc:
+            if exc.name == kinds.election_lock(election):  # the recipe's own errors name the internal lock
+                exc.name = election
+            if isinstance(exc, Unavailable):
+                raise self._closed_error(election) or exc from exc
+            raise
+
+    async def leader(self, election: str) -> LeaderInfo | None:
+        """The current leader of ``election``: its value, lease and token, read at one etcd revision.
+
+        Returns:
+            A :class:`~fencepost.client.LeaderInfo`, or None when the election has no leader.
+
+        Raises:
+            InvalidArgument: bad election.
+            AccessDenied: the policy does not allow ``describe`` on it.
+            Unavailable: no coordinator reachable.
+            FencepostError: the client is closed, or was inherited through fork.
+        """
+        self._check_fork()
+        _election.check_election(election)
+        await self._ensure_open(election)
+        try:
+            return await _election.leader(self._transport, election, self._connect_timeout)
+        except Unavailable as exc:
+            raise self._closed_error(election) or exc from exc
+
+    async def observe(self, election: str) -> AsyncIterator[LeaderInfo | None]:
+        """Every change of the leader of ``election``, as an async iterator.
+
+        The first item is the current leader; then one per change: a new
+        leader (larger token), a new value (``proclaim``), or None when the
+        election has no leader. Reconnects across coordinator failover and
+        resumes where it was (``after_revision``): no change is missed (unless
+        etcd compacted that history meanwhile, then the current leader comes
+        next), and none is yielded twice or out of order. Stop by breaking
+        out of the loop (or cancelling the task).
+
+        Raises:
+            InvalidArgument: bad election.
+            AccessDenied: the policy does not allow ``describe`` on it.
+            Unavailable: no coordinator reachable for ``connect_timeout`` seconds.
+            FencepostError: the client is closed, or was inherited through fork.
+        """
+        self._check_fork()
+        _election.check_election(election)
+        await self._ensure_open(election)
+        async for info in _election.observe(self._transport, election, ensure_open=lambda: self._ensure_open(election)):
+            yield info

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
+import queue
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
@@ -23,6 +25,7 @@ from opentelemetry.trace import TracerProvider
 
 from . import _fork, _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
+from ._election import LeaderInfo, Leadership, check_election, check_value
 from ._info import Revoked, ServerInfo, Session
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
 from ._semaphore import SemaphoreInfo, check_permits
@@ -30,9 +33,11 @@ from ._tls import TlsConfig
 from .errors import FencepostError
 from .handle import AsyncLockHandle
 
-__all__ = ["LockClient", "LockHandle", "Semaphore"]
+__all__ = ["LeaderObserver", "LockClient", "LockHandle", "Semaphore", "SyncLeadership"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("fencepost.client")
 
 
 def _check(name: str, ttl: float, timeout: float | None) -> None:
@@ -182,6 +187,118 @@ class LockHandle:
 
     def __repr__(self) -> str:
         return repr(self._inner).replace("AsyncLockHandle", "LockHandle", 1)
+
+
+class SyncLeadership(LockHandle):
+    """The leadership of an election (sync twin of :class:`~fencepost.client.Leadership`).
+
+    Returned by :meth:`LockClient.campaign`: a :class:`LockHandle` (``token``,
+    ``lost``, ``on_lost``, ...) whose ``name`` is the election's, plus its
+    ``value``, :meth:`proclaim` and :meth:`resign`.
+    """
+
+    _inner: Leadership
+
+    @property
+    def value(self) -> bytes:
+        """The value the leader publishes (Campaign's, then the last Proclaim's)."""
+        return self._inner.value
+
+    def proclaim(self, value: bytes | str) -> None:
+        """Publish a new value without a new election (see :meth:`Leadership.proclaim`).
+
+        Raises:
+            InvalidArgument, NotHolder, LeaseLost, Unavailable: as :meth:`Leadership.proclaim`.
+        """
+        self._inner._check_fork()
+        raw = check_value(value)
+        self._client._run(self._inner.proclaim(raw), self.name)
+
+    def resign(self) -> None:
+        """Give up the leadership (Resign); as :meth:`release`."""
+        self.release()
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+
+class LeaderObserver:
+    """A thread calling ``callback`` with each change of an election's leader (:meth:`LockClient.on_leader`).
+
+    Attributes:
+        error: What ended the observation early (Unavailable, AccessDenied, ...), None while it runs or once stopped.
+    """
+
+    def __init__(self, client: LockClient, election: str, callback: Callable[[LeaderInfo | None], object]) -> None:
+        self.error: BaseException | None = None
+        self._changes = client.observe(election)
+        self._callback = callback
+        self._thread = threading.Thread(target=self._run, name=f"fencepost-observe-{election}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for info in self._changes:
+                self._callback(info)
+        except FencepostError as exc:
+            self.error = exc
+        except BaseException as exc:  # noqa: BLE001 - a callback's bug ends the thread, said once
+            self.error = exc
+            log.exception("fencepost: on_leader callback failed; observation stopped")
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop observing; returns once the thread has ended (or ``timeout`` seconds passed)."""
+        self._changes.close()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+
+class _Changes(Iterator["LeaderInfo | None"]):
+    """The sync side of :meth:`AsyncLockClient.observe`: the iteration runs on the loop, items come by a queue."""
+
+    _END = object()
+
+    def __init__(self, client: LockClient, election: str) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._closed = False
+
+        async def pump() -> None:
+            try:
+                async for info in client._aio.observe(election):
+                    self._queue.put(info)
+            except BaseException as exc:  # noqa: BLE001 - handed to the reader
+                self._queue.put(exc if isinstance(exc, Exception) else self._END)
+                if not isinstance(exc, Exception):
+                    raise
+
+        def start() -> concurrent.futures.Future[None]:
+            assert client._loop is not None
+            return asyncio.run_coroutine_threadsafe(pump(), client._loop)
+
+        client._run(_noop())  # connect (and start the loop thread) on the caller's thread
+        self._future = start()
+        self._future.add_done_callback(lambda _f: self._queue.put(self._END))
+
+    def __next__(self) -> LeaderInfo | None:
+        if self._closed:
+            raise StopIteration
+        item = self._queue.get()
+        if item is self._END:
+            self._closed = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._closed = True
+            raise item
+        return item  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Stop the observation (the Observe stream is cancelled); the iterator then ends."""
+        self._future.cancel()
+        self._queue.put(self._END)
+
+
+async def _noop() -> None:
+    return None
 
 
 class LockClient:
@@ -584,6 +701,61 @@ class LockClient:
         """
         self._check_fork()
         return self._run(self._aio.list_sessions(page_size=page_size))
+
+    # ------------------------------------------------------------------ elections
+
+    def campaign(self, election: str, value: bytes | str, *, ttl: float | None = None,
+                 timeout: float | None = None) -> SyncLeadership:
+        """Campaign in ``election`` with ``value``; block until this client leads it.
+
+        See :meth:`AsyncLockClient.campaign` (same arguments, errors and guarantees).
+
+        Returns:
+            The :class:`SyncLeadership`: ``token``, ``value``, ``lost``, ``proclaim()``, ``resign()``.
+        """
+        self._check_fork()
+        check_election(election)
+        raw = check_value(value)
+        _wire.ttl_to_wire(10.0 if ttl is None else ttl)
+        _wire.check_timeout(timeout)
+
+        async def run() -> SyncLeadership:
+            return SyncLeadership(await self._aio.campaign(election, raw, ttl=ttl, timeout=timeout), self)
+
+        return self._run(run(), election)
+
+    def leader(self, election: str) -> LeaderInfo | None:
+        """The current leader of ``election`` (see :meth:`AsyncLockClient.leader`); None when it has none."""
+        self._check_fork()
+        check_election(election)
+        return self._run(self._aio.leader(election), election)
+
+    def observe(self, election: str) -> _Changes:
+        """Every change of the leader of ``election``, as an iterator (see :meth:`AsyncLockClient.observe`).
+
+        Blocks in ``next()`` until the next change. ``close()`` the iterator
+        (or the client) to stop; the iterator then ends.
+
+        Raises:
+            InvalidArgument: bad election (at once); the other errors of
+                :meth:`AsyncLockClient.observe` from ``next()``.
+        """
+        self._check_fork()
+        check_election(election)
+        return _Changes(self, election)
+
+    def on_leader(self, election: str, callback: Callable[[LeaderInfo | None], object]) -> LeaderObserver:
+        """Call ``callback(leader)`` in a thread of its own with each change of the leader of ``election``.
+
+        The first call is with the current leader (None: none). The
+        observation resumes across coordinator failover, as :meth:`observe`.
+
+        Returns:
+            The :class:`LeaderObserver`; ``stop()`` it when done.
+        """
+        self._check_fork()
+        check_election(election)
+        return LeaderObserver(self, election, callback)
 
 
 class Semaphore:

@@ -107,10 +107,10 @@ class AsyncLockHandle:
     @property
     def local_name(self) -> str:
         """The name of this hold's local exclusion in the client's lease pool (one local holder per lease):
-        the lock or election name; a semaphore's queue (one permit per lease per semaphore)."""
+        the lock name, an election's internal name, a semaphore's queue (one permit per lease per semaphore)."""
         if self._kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
             return kinds.semaphore_queue(self._name)
-        return self._name
+        return self.hold_name
 
     @property
     def lease_id(self) -> int:

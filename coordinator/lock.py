@@ -192,7 +192,8 @@ class LockManager:
         """The write of contender key ``key`` by an Acquire still in flight here, if any (a withdrawal waits for it)."""
         return self._writing.get(key)
 
-    async def acquire(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
+    async def acquire(self, name: str, lease_id: int, wait: float | None, *,
+                      value: bytes | None = None) -> AcquireResult:
         """Take lock ``name`` for lease ``lease_id``.
 
         Args:
@@ -200,6 +201,10 @@ class LockManager:
             lease_id: the contender's lease.
             wait: 0.0 to try once, seconds to wait at most, or None to wait
                 until granted or cancelled.
+            value: the value of the contender's key (an election candidate's,
+                :mod:`.election`); a key already there (the same lease asking
+                again) gets it too. None: a lock's empty value, and a try-once
+                Acquire leaves a key already there as it is.
 
         Returns:
             acquired=True with the fencing token; or, only when trying once,
@@ -219,14 +224,14 @@ class LockManager:
         validate_lock_name(name)
         validate_lease_id(lease_id)
         if wait == 0:
-            return await self._issued(name, lease_id, await self._try_once(name, lease_id))
+            return await self._issued(name, lease_id, await self._try_once(name, lease_id, value))
         if self._waiting >= self._max_waiters:
             raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
                                     reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
         self._waiting += 1
         self._metrics.waiting_acquires(+1)
         try:
-            result = await self._acquire_waiting(name, lease_id, wait)
+            result = await self._acquire_waiting(name, lease_id, wait, value=value or b"")
         finally:
             self._waiting -= 1
             self._metrics.waiting_acquires(-1)
@@ -280,7 +285,7 @@ class LockManager:
                 await self._withdraw(self._keys.contender(name, lease_id), result.token)
             raise
 
-    async def _try_once(self, name: str, lease_id: int) -> AcquireResult:
+    async def _try_once(self, name: str, lease_id: int, value: bytes | None = None) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
@@ -300,8 +305,12 @@ class LockManager:
         # The whole range compares to create revision 0 only when it is empty.
         # A cancelled call's Txn goes on (tracked: a Withdraw waits for it); a grant that reaches
         # nobody is withdrawn REATTACH_SECONDS later, unless the caller Acquires again meanwhile.
+        # A value to set: the failure branch also rewrites our key if it is there with another value.
+        rewrite = [] if value is None else [etcdops.txn_op([etcdops.value_differs(key, value)],
+                                                           [etcdops.put(key, value, lease_id=lease_id)])]
         step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_free(lock)], [etcdops.put(key, lease_id=lease_id)], [etcdops.holder_of(lock)]),
+            etcdops.txn([etcdops.is_free(lock)], [etcdops.put(key, value or b"", lease_id=lease_id)],
+                        [etcdops.holder_of(lock), *rewrite]),
             decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
             name=name, lease_id=lease_id), lock))
         try:
@@ -314,7 +323,7 @@ class LockManager:
             raise
 
     async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None,
-                               places: int = 1) -> AcquireResult:
+                               places: int = 1, value: bytes = b"") -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
@@ -346,8 +355,8 @@ class LockManager:
         reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock, limit=places)]
         step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
             etcdops.txn([etcdops.is_absent(key)],
-                        [etcdops.put(key, lease_id=lease_id), etcdops.holder_of(lock, limit=places)],
-                        [etcdops.put(key, lease_id=lease_id), *reads]),
+                        [etcdops.put(key, value, lease_id=lease_id), etcdops.holder_of(lock, limit=places)],
+                        [etcdops.put(key, value, lease_id=lease_id), *reads]),
             decide, reads, resolve, name=name, lease_id=lease_id), lock))
         try:
             my_rev, mod_rev, firsts = await asyncio.shield(step)

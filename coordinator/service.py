@@ -35,12 +35,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from fencepost.client.errors import AccessDenied, FencepostError, LimitExceeded, ResourceExhausted
+from fencepost.client.errors import AccessDenied, FencepostError, InvalidArgument, LimitExceeded, ResourceExhausted
 from fencepost.client.v1 import kinds, lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
 
 from .decode import Undecodable
+from .election import Elections, Leader, public_errors, validate_election, validate_value
 from .errors import reason_of, shutting_down, to_status
 from .etcd import bounded
 from .events import caller, log_event
@@ -104,6 +105,10 @@ def _check_fields(name: str, lease_id: int, token: int | None = None) -> None:
         validate_token(token)
 
 
+def _leader(leader: Leader | None) -> lock_pb2.LeaderInfo | None:
+    return lock_pb2.LeaderInfo(lease_id=leader.lease_id, token=leader.token, value=leader.value) if leader else None
+
+
 def _holder(holder: Holder | None) -> lock_pb2.Holder | None:
     return lock_pb2.Holder(lease_id=holder.lease_id, token=holder.token) if holder else None
 
@@ -140,6 +145,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._metrics = metrics
         self._locks = locks
         self._semaphores = Semaphores(locks, keys)
+        self._elections = Elections(locks, keys)
         self._watcher = watcher
         self._keys = keys
         self._max_streams = max_streams or 2**63
@@ -503,6 +509,126 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         return lock_pb2.DescribeSemaphoreResponse(
             permits=d.permits, waiter_count=d.waiter_count, revision=d.revision,
             holders=[lock_pb2.PermitHolder(lease_id=h.lease_id, slot=h.slot, token=h.token) for h in d.holders])
+
+    # ------------------------------------------------------------------ elections (see .election)
+
+    @_statuses
+    async def Campaign(self, request: lock_pb2.CampaignRequest, context: grpc.aio.ServicerContext
+                       ) -> lock_pb2.CampaignResponse:
+        validate_election(request.election)
+        validate_lease_id(request.lease_id)
+        validate_value(request.value)
+        validate_request_id(request.request_id)
+        self._access.check(context, ACQUIRE, request.election)
+        started = time.perf_counter()
+        wait = wait_seconds(request.wait_ms, request.wait_forever)
+        await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "Campaign")
+        internal = kinds.election_lock(request.election)
+        with (public_errors(request.election),  # the limits name the internal lock they count
+              self._limits.acquiring(caller_of(context).key, internal, request.lease_id),
+              bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS)):
+            result = await self._elections.campaign(request.election, request.lease_id, request.value, wait)
+        waited = time.perf_counter() - started
+        if result.elected:
+            self._metrics.granted(internal, waited)
+            self._holds.granted(Hold(internal, request.lease_id, result.token), None, time.monotonic() - waited)
+            log_event(_log, logging.DEBUG, "elected", f"election {request.election!r}: lease "
+                      f"{request.lease_id:#x} leads, token {result.token}", name=request.election,
+                      lease_id=request.lease_id, token=result.token, waited_s=round(waited, 6), **caller(context))
+        return lock_pb2.CampaignResponse(elected=result.elected, token=result.token, leader=_leader(result.leader))
+
+    @_statuses
+    async def Proclaim(self, request: lock_pb2.ProclaimRequest, context: grpc.aio.ServicerContext
+                       ) -> lock_pb2.ProclaimResponse:
+        validate_election(request.election)
+        validate_lease_id(request.lease_id)
+        validate_token(request.token)
+        validate_value(request.value)
+        self._access.check(context, ACQUIRE, request.election)
+        await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "Proclaim")
+        revision = await self._elections.proclaim(request.election, request.lease_id, request.token, request.value)
+        return lock_pb2.ProclaimResponse(revision=revision)
+
+    @_statuses
+    async def Resign(self, request: lock_pb2.ResignRequest, context: grpc.aio.ServicerContext
+                     ) -> lock_pb2.ResignResponse:
+        validate_election(request.election)
+        validate_lease_id(request.lease_id)
+        if request.token:
+            validate_token(request.token)
+        validate_request_id(request.request_id)
+        self._access.check(context, RELEASE, request.election)
+        await self._locks.tokens.ready()
+        await self._owners.check_call(context, request.lease_id, "Resign")
+        internal = kinds.election_lock(request.election)
+        hold = Hold(internal, request.lease_id, request.token)
+        if request.token:
+            self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
+        followed = self._holds.releasing(internal, request.lease_id)
+        try:
+            revision, found, held = await self._elections.resign(request.election, request.lease_id,
+                                                                 request.token)
+        except BaseException:
+            self._released.discard(hold)
+            self._holds.release_done(followed, released=False)
+            raise
+        self._holds.release_done(followed, released=followed == hold if request.token else held)
+        if request.token:
+            self._metrics.released()
+        log_event(_log, logging.DEBUG, "resign", f"election {request.election!r}: lease {request.lease_id:#x} "
+                  f"resigned (token {request.token})", name=request.election, lease_id=request.lease_id,
+                  token=request.token, found=found, revision=revision, **caller(context))
+        return lock_pb2.ResignResponse(revision=revision, found=found)
+
+    @_statuses
+    async def Leader(self, request: lock_pb2.LeaderRequest, context: grpc.aio.ServicerContext
+                     ) -> lock_pb2.LeaderResponse:
+        validate_election(request.election)
+        self._access.check(context, DESCRIBE, request.election)
+        await self._locks.tokens.ready()
+        leader, revision = await self._elections.leader(request.election)
+        return lock_pb2.LeaderResponse(leader=_leader(leader), revision=revision)
+
+    async def Observe(self, request: lock_pb2.ObserveRequest, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[lock_pb2.ObserveResponse]:
+        changes: AsyncIterator[Any] | None = None
+        step: asyncio.Future[Any] | None = None
+        try:
+            if isinstance(request, Undecodable):
+                raise request.error()
+            validate_election(request.election)
+            if request.after_revision < 0:
+                raise InvalidArgument(f"after_revision is {request.after_revision}; must be >= 0",
+                                      field="after_revision")
+            self._access.check(context, DESCRIBE, request.election)
+            if self.closing.is_set():
+                raise shutting_down()
+            await self._locks.tokens.ready()
+            changes = self._elections.observe(request.election, request.after_revision)
+            closing = asyncio.ensure_future(self.closing.wait())
+            try:
+                while True:
+                    step = asyncio.ensure_future(anext(changes))
+                    await asyncio.wait({step, closing}, return_when=asyncio.FIRST_COMPLETED)
+                    if not step.done():
+                        step.cancel()
+                        await asyncio.gather(step, return_exceptions=True)
+                        raise shutting_down()  # the client resumes on another replica
+                    seen = step.result()
+                    yield lock_pb2.ObserveResponse(leader=_leader(seen.leader), revision=seen.revision,
+                                                   compacted=seen.compacted)
+            finally:
+                closing.cancel()
+        except FencepostError as exc:
+            await self._refuse(context, exc, "Observe", log=not self.closing.is_set())
+        finally:
+            if step is not None and not step.done():  # the caller went: stop the read in flight first
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+            if changes is not None:
+                await changes.aclose()  # type: ignore[attr-defined]
 
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:

@@ -16,6 +16,10 @@
 - ``fencepost run NAME --ttl S -- CMD [ARGS...]`` (:mod:`.run`): run a
   command while holding a lock, with its fencing token in the command's
   environment.
+- ``fencepost elect NAME --value V -- CMD [ARGS...]`` (:mod:`.elect`): run a
+  command while leading an election, with the leadership's fencing token in
+  its environment; ``fencepost leader NAME [--watch]`` (:mod:`.leader`): the
+  election's leader, or each change of it.
 - ``fencepost demo`` (:mod:`.demo`): the paused-holder scenario, unfenced
   then fenced; imports the coordinator only when it starts its own.
 - ``fencepost admin revoke NAME``, ``fencepost admin sessions [--json]`` (calls to a coordinator) and
@@ -35,13 +39,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acquire, admin, demo, locks, release, run, serve, status
+from . import acquire, admin, demo, elect, leader, locks, release, run, serve, status
 from .common import EXIT_INTERRUPTED, EXIT_OK, CliError, Formatter, Parser, epilog
 
 __all__ = ["build_parser", "main"]
 
 #: The commands parsed by :func:`build_parser`, in the order ``--help`` lists them.
-COMMANDS = {"status": status, "locks": locks, "acquire": acquire, "release": release, "run": run, "demo": demo}
+COMMANDS = {"status": status, "locks": locks, "acquire": acquire, "release": release, "run": run, "demo": demo,
+            "elect": elect, "leader": leader}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if args_list and args_list[0] == "admin":
         return admin.execute(args_list[1:])
     command: list[str] = []
-    if args_list and args_list[0] == "run" and "--" in args_list:
+    if args_list and args_list[0] in ("run", "elect") and "--" in args_list:
         split = args_list.index("--")
         args_list, command = args_list[:split], args_list[split + 1:]
     args = build_parser().parse_args(args_list)

@@ -37,11 +37,13 @@ __all__ = [
     "is_owner",
     "is_unchanged",
     "is_free",
+    "is_first",
     "last_before",
     "put",
     "txn",
     "txn_op",
     "value_below",
+    "value_differs",
 ]
 
 Compare = rpc_pb2.Compare
@@ -90,9 +92,31 @@ def is_free(lock: bytes) -> rpc_pb2.Compare:
                    create_revision=0)
 
 
+def is_first(lock: bytes, create_revision: int) -> rpc_pb2.Compare:
+    """The compare "no key of ``lock`` was created before ``create_revision``".
+
+    With :func:`is_owner` of the same revision: that contender holds the lock
+    (its key is the lowest of the range).
+
+    Args:
+        lock: A lock's key range prefix.
+        create_revision: A contender key's create revision (> 0).
+
+    Returns:
+        ``CREATE(range) > create_revision - 1``, for every key of the range.
+    """
+    return Compare(result=Compare.GREATER, target=Compare.CREATE, key=lock, range_end=prefix_end(lock),
+                   create_revision=create_revision - 1)
+
+
 def value_below(key: bytes, value: bytes) -> rpc_pb2.Compare:
     """The compare "``key`` exists and its value sorts below ``value``" (bytewise; false when absent)."""
     return Compare(result=Compare.LESS, target=Compare.VALUE, key=key, value=value)
+
+
+def value_differs(key: bytes, value: bytes) -> rpc_pb2.Compare:
+    """The compare "``key`` exists and its value is not ``value``" (false when absent)."""
+    return Compare(result=Compare.NOT_EQUAL, target=Compare.VALUE, key=key, value=value)
 
 
 def put(key: bytes, value: bytes = b"", *, lease_id: int = 0) -> rpc_pb2.RequestOp:
@@ -110,16 +134,17 @@ def get(key: bytes, *, keys_only: bool = False) -> rpc_pb2.RequestOp:
     return RequestOp(request_range=RangeRequest(key=key, keys_only=keys_only))
 
 
-def holder_of(lock: bytes, *, limit: int = 1) -> rpc_pb2.RequestOp:
+def holder_of(lock: bytes, *, limit: int = 1, keys_only: bool = True) -> rpc_pb2.RequestOp:
     """A read op of the lock's contenders in grant order: the first is the holder.
 
     Args:
         lock: The lock's key range prefix.
         limit: How many contenders to return, lowest create revision first.
+        keys_only: Leave the values out (False: an election's values too).
     """
     return RequestOp(request_range=RangeRequest(
         key=lock, range_end=prefix_end(lock), sort_order=RangeRequest.ASCEND,
-        sort_target=RangeRequest.CREATE, limit=limit, keys_only=True,
+        sort_target=RangeRequest.CREATE, limit=limit, keys_only=keys_only,
     ))
 
 

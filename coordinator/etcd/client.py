@@ -469,6 +469,72 @@ class EtcdClient:
             stop.set()
             call.cancel()
 
+    async def watch_range(self, key: bytes, range_end: bytes, start_revision: int) -> AsyncIterator[list[Any]]:
+        """Watch a key range for puts and deletions from ``start_revision`` on, on the current member.
+
+        For a reader that follows a small range itself (an election's
+        Observe); the locks' deletions go through :meth:`watch_deletes`.
+
+        Yields:
+            An empty batch once etcd has created the watch, then each watch
+            response's events (``mvccpb.Event``: ``type`` PUT or DELETE,
+            ``kv`` with key, create and mod revision, lease and value), in
+            revision order.
+
+        Returns when etcd cancels the watch because ``start_revision`` was
+        compacted (the caller re-reads and watches again from a newer revision).
+
+        Raises:
+            Unavailable: the stream broke, or etcd refused the watch.
+        """
+        await self._ensure_token()
+        index, stubs = self._current()
+        stop = asyncio.Event()
+
+        async def requests() -> AsyncIterator[rpc_pb2.WatchRequest]:
+            yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
+                key=key, range_end=range_end, start_revision=start_revision))
+            await stop.wait()  # keep our side open while the watch runs
+
+        call = stubs.watch.Watch(requests(), metadata=self._metadata(self._token))
+        try:
+            async for resp in call:
+                if resp.compact_revision:
+                    return
+                if resp.canceled:
+                    failure = Failure.PERMISSION_DENIED if "permission denied" in resp.cancel_reason \
+                        else Failure.REJECTED
+                    raise error_for(failure, RuntimeError(resp.cancel_reason), Op.WATCH, user=self.user)
+                if resp.events or resp.created:
+                    yield list(resp.events)
+        except grpc.aio.AioRpcError as exc:
+            self._metrics.etcd_failed("watch", exc.code())
+            failure = classify(exc)
+            self._failed(index, failure, self._token)
+            raise error_for(failure, exc, Op.WATCH, user=self.user) from exc
+        finally:
+            stop.set()
+            call.cancel()
+
+    async def range_at(self, request: rpc_pb2.RangeRequest, *, name: str | None = None
+                       ) -> rpc_pb2.RangeResponse | None:
+        """A Range at the revision ``request.revision`` asks for (> 0), retried like :meth:`range`.
+
+        Returns:
+            The response; None when etcd no longer has that revision
+            (compacted) or has not reached it yet.
+
+        Raises:
+            Unavailable: etcd unreachable, or refused the coordinator.
+        """
+        try:
+            return await self.range(request, name=name)
+        except FencepostError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, grpc.aio.AioRpcError) and cause.code() == grpc.StatusCode.OUT_OF_RANGE:
+                return None  # "required revision has been compacted" / "is a future revision"
+            raise
+
     # ------------------------------------------------------------ internals
 
     def _current(self) -> tuple[int, Stubs]:

@@ -33,6 +33,8 @@ release    ``invoke`` then ``ok`` or ``error`` (``error`` = exception class name
 lost       loss notice delivered to the holder (``reason``, ``expiry``:
            estimated server-side expiry = last acknowledged keepalive send
            time + TTL, ``keepalive``: the keepalive period K)
+observe    an election's leader as an observer saw it (``token``, None for
+           no leader; ``lease``, ``value``, ``revision``): tests/harness/election.py
 nemesis    a fault: ``kind`` (freeze, thaw, kill, respawn, coordinator-restart,
            ...) and ``target``
 describe   a sample of a semaphore's holders (``holders``: [slot, lease, token]
@@ -54,7 +56,8 @@ __all__ = ["OPS", "Event", "History", "by_proc", "merge", "read", "write"]
 
 Event = dict[str, Any]
 
-OPS = frozenset({"start", "acquire", "claim", "read", "write", "valid", "release", "lost", "nemesis", "describe"})
+OPS = frozenset({"start", "acquire", "claim", "read", "write", "valid", "release", "lost", "nemesis", "describe",
+                 "observe"})
 
 
 class History:

@@ -1,0 +1,332 @@
+"""Leader election, client side: campaign, proclaim, resign, leader, observe.
+
+After etcd's ``concurrency.Election`` (client/v3/concurrency/election.go),
+on the coordinator's Campaign, Proclaim, Resign, Leader and Observe calls
+(proto/fencepost/v1/lock.proto).
+
+A leadership is a hold like a lock's: :class:`Leadership` *is* an
+:class:`~fencepost.client.AsyncLockHandle` of kind ``HOLD_KIND_ELECTION``,
+kept under a lease of the client's pool, watched on the KeepAlive stream and
+lost exactly as a lock hold is (``lost``, ``on_lost``, ``cancel_on_lost``,
+the local deadline). Its fencing token is strictly larger for each new
+leader of the election: pass it to the storage with every write the leader
+makes, as for a lock. :class:`Elector` is the lock recipe's
+:class:`~fencepost.client._lock.Locker` with the election's calls in place
+of Acquire, Release and Withdraw (Campaign, Resign, Resign with token 0), so
+leases, local exclusion, retries and clean-up are the lock's.
+
+:func:`observe` follows the leader across reconnects: each Observe stream
+is resumed with ``after_revision`` = the revision of the last message, on
+whichever coordinator the transport reaches, and nothing is yielded twice
+or out of order (a leadership whose token is lower than one already
+yielded, or the same leadership and value again, is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import grpc
+import grpc.aio
+from google.protobuf.message import Message
+
+from . import _wire
+from ._lease import Lease, Slot
+from ._lock import ACQUIRE_SLACK_SECONDS, Locker, _bounded
+from ._transport import current_task_cancelling
+from .errors import (
+    FencepostError,
+    InvalidArgument,
+    LeaseLost,
+    LockHeld,
+    NotHolder,
+    StaleTokenError,
+    Unavailable,
+    from_rpc_error,
+)
+from .handle import AsyncLockHandle
+from .v1 import kinds
+from .v1 import lock_pb2 as pb
+from .v1.keys import MAX_VALUE_BYTES
+from .v1.retry import CLIENT_BACKOFF
+
+if TYPE_CHECKING:
+    from ._transport import Transport
+
+__all__ = ["Elector", "LeaderInfo", "Leadership", "check_election", "check_value", "observe"]
+
+log = logging.getLogger("fencepost.client")
+
+ELECTION = kinds.HoldKind.HOLD_KIND_ELECTION
+
+#: gRPC codes after which an Observe stream is resumed on the next coordinator.
+_RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                        grpc.StatusCode.INTERNAL})
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderInfo:
+    """The leader of an election, as Leader or Observe report it.
+
+    Attributes:
+        value: The leader's value (Campaign, then Proclaim), bytes.
+        lease_id: The leader's lease.
+        token: The leadership's fencing token.
+        revision: The etcd revision from which this is the leader (of the read, for Leader).
+    """
+
+    value: bytes
+    lease_id: int
+    token: int
+    revision: int = 0
+
+
+def check_election(election: str) -> str:
+    """Check an election's name client-side (the rules of a lock name).
+
+    Raises:
+        InvalidArgument: field "election".
+    """
+    try:
+        return _wire.check_name(election)
+    except InvalidArgument as exc:
+        raise InvalidArgument("election" + exc.message.removeprefix("name").removeprefix(" name"),
+                              field="election") from None
+
+
+def check_value(value: bytes | str) -> bytes:
+    """A leader's value as bytes (a str is UTF-8 encoded), 0 to 65536 bytes.
+
+    Raises:
+        InvalidArgument: not bytes or str, or too long (field "value").
+    """
+    if isinstance(value, str):
+        value = value.encode()
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(f"value must be bytes or str, not {type(value).__name__}", field="value")
+    value = bytes(value)
+    if len(value) > MAX_VALUE_BYTES:
+        raise InvalidArgument(f"value is {len(value)} bytes; at most {MAX_VALUE_BYTES}", field="value")
+    return value
+
+
+class Leadership(AsyncLockHandle):
+    """The leadership of an election: a hold with a fencing token, lost like a lock's.
+
+    Returned by :meth:`AsyncLockClient.campaign`. Everything of
+    :class:`AsyncLockHandle` applies (``token``, ``lease_id``, ``lost``,
+    ``on_lost``, ``cancel_on_lost``, ``valid_for``, ``check``); ``name``
+    is the election's name. :meth:`release` is :meth:`resign`.
+
+    Attributes:
+        value: The value the leader publishes (Campaign's, then the last Proclaim's).
+    """
+
+    def __init__(self, election: str, lease: Lease, token: int, value: bytes,
+                 release: Callable[[AsyncLockHandle], Awaitable[None]],
+                 proclaim: Callable[[Leadership, bytes], Awaitable[None]]) -> None:
+        super().__init__(election, lease, token, release, kind=ELECTION)
+        self.value = value
+        self._proclaim_fn = proclaim
+
+    async def proclaim(self, value: bytes | str) -> None:
+        """Publish a new value without a new election (the token is unchanged).
+
+        Args:
+            value: bytes, or a str sent as UTF-8; 0 to 65536 bytes.
+
+        Raises:
+            InvalidArgument: bad value (field "value").
+            NotHolder: this lease no longer leads under this token (then ``lost`` is set too).
+            LeaseLost: the lease is gone.
+            Unavailable: no coordinator reachable.
+        """
+        self._check_fork()
+        await self._proclaim_fn(self, check_value(value))
+
+    async def resign(self) -> None:
+        """Give up the leadership (Resign); the next candidate leads. As :meth:`release`."""
+        await self.release()
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("<AsyncLockHandle name=", "<Leadership election=", 1)
+
+
+class Elector(Locker):
+    """The lock recipe's Locker with the election's calls: Campaign, Resign, Resign with token 0.
+
+    Made per campaign (it carries that campaign's ``value``) on the client's
+    transport, pool and stream. Its holds are keyed by their internal names
+    (:func:`fencepost.client.v1.kinds.election_lock`), so that election
+    ``E`` and lock ``E`` never share a slot.
+    """
+
+    def __init__(self, locker: Locker, value: bytes = b"") -> None:
+        super().__init__(locker.transport, locker.pool, locker.stream, spawn=locker._spawn,
+                         on_new_lease=locker._on_new_lease, state=locker._state, on_idle=locker._on_idle)
+        self.value = value
+
+    async def campaign(self, election: str, ttl: int, until: float | None, *, try_once: bool) -> Leadership:
+        """Campaign in ``election`` under the lease for ``ttl`` until elected (see ``AsyncLockClient.campaign``)."""
+        handle = await self.acquire(kinds.election_lock(election), ttl, until, try_once=try_once)
+        assert isinstance(handle, Leadership)
+        return handle
+
+    async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool) -> AsyncLockHandle:
+        election = kinds.public_hold(name).name
+
+        def make(left: float | None) -> tuple[Message, float | None]:
+            wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
+            request = pb.CampaignRequest(election=election, lease_id=lease.lease_id, value=self.value,
+                                         wait_ms=wait_ms, wait_forever=forever)
+            if forever:
+                return request, None
+            if try_once:
+                return request, self._call_timeout
+            return request, wait_ms / 1000 + ACQUIRE_SLACK_SECONDS
+
+        resp = await self.transport.call("Campaign", make, until=until, idempotent=True, name=election,
+                                         lease_id=lease.lease_id, secret=lease.secret)
+        if not resp.elected:
+            leader = resp.leader if resp.HasField("leader") else pb.LeaderInfo()
+            raise LockHeld(f"election {election!r} is led by lease {leader.lease_id:#x} with token {leader.token}",
+                           name=election, lease_id=lease.lease_id, holder_lease_id=int(leader.lease_id),
+                           holder_token=int(leader.token))
+        handle = Leadership(election, lease, int(resp.token), self.value, self.release, self.proclaim)
+        if lease.lost:
+            self._spawn(self.release_quietly(handle), f"fencepost-resign-{election}")
+            raise LeaseLost("the lease was lost while campaigning", name=election, lease_id=lease.lease_id,
+                            reason=lease.lost_reason or "LEASE_EXPIRED")
+        lease.holds[handle.hold_name] = handle
+        self.stream.watch(handle)
+        return handle
+
+    async def _withdraw(self, lease: Lease, name: str, slot: Slot) -> None:
+        """Withdraw the candidacy an abandoned Campaign may have left (Resign with token 0), then free ``slot``."""
+        election = kinds.public_hold(name).name
+        delays = CLIENT_BACKOFF.delays()
+        try:
+            while not lease.lost and self._state() == "open":
+                try:
+                    await self.transport.call(
+                        "Resign", lambda _left: (pb.ResignRequest(election=election, lease_id=lease.lease_id),
+                                                 self._call_timeout),
+                        until=None, idempotent=True, name=election, lease_id=lease.lease_id, secret=lease.secret)
+                except Unavailable as err:
+                    log.debug("fencepost: withdrawal of candidacy in %r failed, retrying: %r", election, err)
+                    await asyncio.sleep(next(delays))
+                    continue
+                except FencepostError as err:
+                    log.debug("fencepost: could not withdraw the candidacy in %r (it ends with the lease): %r",
+                              election, err)
+                return
+        finally:
+            slot.lock.release()
+            self.pool.drop_slot_if_idle(lease.lease_id, name)
+
+    async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
+        request = pb.ResignRequest(election=handle.name, lease_id=handle.lease_id, token=handle.token)
+        await self.transport.call("Resign", lambda left: (request, _bounded(self._call_timeout, left)),
+                                  until=until, idempotent=False, name=handle.name, lease_id=handle.lease_id,
+                                  token=handle.token, secret=handle._lease.secret)
+
+    async def proclaim(self, handle: Leadership, value: bytes) -> None:
+        """Set ``handle``'s value (Proclaim, idempotent: retried on UNAVAILABLE); a refusal loses the hold.
+
+        Raises:
+            NotHolder, StaleTokenError, LeaseLost: the leadership is gone (``handle.lost`` is set).
+            Unavailable, FencepostError: as the coordinator answered.
+        """
+        handle.check()
+        request = pb.ProclaimRequest(election=handle.name, lease_id=handle.lease_id, token=handle.token, value=value)
+        try:
+            await self.transport.call("Proclaim", lambda left: (request, _bounded(self._call_timeout, left)),
+                                      until=None, idempotent=True, name=handle.name, lease_id=handle.lease_id,
+                                      token=handle.token, secret=handle._lease.secret)
+        except (NotHolder, StaleTokenError, LeaseLost) as err:
+            if isinstance(err, LeaseLost):
+                self.pool.lose(handle._lease, "LEASE_EXPIRED")
+            self.pool.lose_hold(handle, err.reason or "NOT_HOLDER")
+            raise
+        handle.value = value
+
+
+async def leader(transport: Transport, election: str, timeout: float) -> LeaderInfo | None:
+    """The current leader of ``election`` (Leader), None when it has none.
+
+    Raises:
+        InvalidArgument: bad election.
+        Unavailable: no coordinator reachable.
+    """
+    resp = await transport.call("Leader", lambda _left: (pb.LeaderRequest(election=election), timeout),
+                                until=None, idempotent=True, name=election)
+    if not resp.HasField("leader"):
+        return None
+    return LeaderInfo(bytes(resp.leader.value), int(resp.leader.lease_id), int(resp.leader.token),
+                      int(resp.revision))
+
+
+async def observe(transport: Transport, election: str, *, ensure_open: Callable[[], Awaitable[None]]
+                  ) -> AsyncIterator[LeaderInfo | None]:
+    """Every change of the leader of ``election``: a :class:`LeaderInfo`, or None when it has no leader.
+
+    The first item is the current state. Across a broken stream (a
+    coordinator stopped or failed over) the Observe call is made again with
+    ``after_revision``, so no change is missed (unless etcd compacted that
+    history meanwhile: then the current leader follows) and none repeated: a
+    leader whose token is below the last one yielded, or the same leader with
+    the same value, is never yielded again; nor two Nones in a row.
+
+    Raises:
+        InvalidArgument: bad election.
+        AccessDenied: the policy does not allow ``describe`` on ``election``.
+        Unavailable: no coordinator reachable for ``connect_timeout`` seconds.
+    """
+    after = 0
+    last: tuple[int, bytes] | None = None  # (token, value) last yielded
+    yielded_none = False
+    loop = asyncio.get_running_loop()
+    delays = CLIENT_BACKOFF.delays()
+    failing_since: float | None = None
+    while True:
+        await ensure_open()
+        channel, stub = transport.channel, transport.stub
+        assert channel is not None and stub is not None
+        try:
+            if failing_since is not None:
+                await transport.wait_connected(failing_since + transport.connect_timeout)
+            call = stub.Observe(pb.ObserveRequest(election=election, after_revision=after))
+            try:
+                async for resp in call:
+                    failing_since, delays = None, CLIENT_BACKOFF.delays()
+                    after = int(resp.revision)
+                    if not resp.HasField("leader"):
+                        if not yielded_none:
+                            yielded_none = True
+                            yield None
+                        continue
+                    info = LeaderInfo(bytes(resp.leader.value), int(resp.leader.lease_id), int(resp.leader.token),
+                                      after)
+                    if last is not None and (info.token < last[0] or (info.token, info.value) == last):
+                        continue
+                    last, yielded_none = (info.token, info.value), False
+                    yield info
+            finally:
+                call.cancel()
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in _RESUMABLE or current_task_cancelling():
+                raise from_rpc_error(err, name=election) from err
+            log.debug("fencepost: observe of %r broke (%s); resuming after revision %d", election, err.code(), after)
+        except grpc.aio.UsageError:  # the channel was closed by a rotation: use the new one
+            pass
+        now = loop.time()
+        if failing_since is None:
+            failing_since = now
+        elif now - failing_since > transport.connect_timeout:
+            raise Unavailable(f"observe of {election!r}: no coordinator reachable", name=election)
+        transport.rotate(channel, force=True)
+        await asyncio.sleep(next(delays))

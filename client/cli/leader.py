@@ -1,0 +1,123 @@
+"""``fencepost leader NAME [--watch] [--json]``: the leader of an election (its value, lease and token).
+
+Without ``--watch``: one Leader call (the addresses in turn, as ``status``);
+exit 1 with a message when the election has no leader. With ``--watch``:
+the current leader, then each change (a new leader, a new value, no leader)
+as it happens, one line each, until Ctrl-C (exit 0); the observation
+resumes across coordinator failover without missing or repeating a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+from fencepost.client import AsyncLockClient, FencepostError, LeaderInfo, TlsConfig
+from fencepost.client.v1 import lock_pb2 as pb
+
+from .common import (
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    CallFailed,
+    CliError,
+    Formatter,
+    address_flag,
+    addresses_of,
+    call,
+    call_error,
+    epilog,
+    err_text,
+    lease_hex,
+    lock_name,
+    tls_flags,
+    tls_of,
+)
+
+__all__ = ["add_parser", "execute", "line"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``leader`` command to the ``fencepost`` subparsers ``sub``."""
+    p = sub.add_parser(
+        "leader", formatter_class=Formatter, epilog=epilog(),
+        help="show an election's leader (value, lease, token), or follow it with --watch",
+        description="The leader of the election NAME: its value, lease id and fencing token. Exits 1 when the "
+                    "election has no leader. With --watch, prints the leader and then each change until Ctrl-C.")
+    address_flag(p)
+    tls_flags(p)
+    p.add_argument("name", metavar="NAME", help="election name")
+    p.add_argument("--watch", action="store_true", help="print each change of leader until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="print one JSON object per line")
+
+
+def line(election: str, info: LeaderInfo | None, as_json: bool) -> str:
+    """One leader as printed: text, or a JSON object (``leader`` null when there is none)."""
+    if as_json:
+        return json.dumps({"election": election, "leader": None if info is None else {
+            "value": info.value.decode("utf-8", "backslashreplace"), "lease_id": info.lease_id,
+            "lease_id_hex": lease_hex(info.lease_id), "token": info.token}, "revision": None if info is None
+            else info.revision})
+    if info is None:
+        return f"{election}: no leader"
+    return (f"{election}: value {info.value.decode('utf-8', 'backslashreplace')!r} lease {lease_hex(info.lease_id)} "
+            f"({info.lease_id}) token {info.token}")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run ``fencepost leader NAME [--watch] [--json]``.
+
+    Returns:
+        0 when there is a leader (or after Ctrl-C with --watch).
+
+    Raises:
+        CliError: no leader (exit 1, without --watch), bad input (exit 2), no coordinator answered (exit 1).
+    """
+    addresses = addresses_of(args)
+    tls = tls_of(args)
+    name = lock_name(args.name)
+    if args.watch:
+        return asyncio.run(_watch(addresses, name, args.json, tls))
+    try:
+        _, resp = asyncio.run(call(addresses, "Leader", pb.LeaderRequest(election=name), idempotent=True, name=name,
+                                   tls=tls))
+    except CallFailed as failed:
+        raise call_error(failed.error, addresses, failed.address, "Leader") from None
+    if not resp.HasField("leader"):
+        if args.json:
+            print(line(name, None, True))
+        raise CliError(f"election {name} has no leader", EXIT_UNAVAILABLE)
+    info = LeaderInfo(bytes(resp.leader.value), int(resp.leader.lease_id), int(resp.leader.token), int(resp.revision))
+    print(line(name, info, args.json), flush=True)
+    return EXIT_OK
+
+
+async def _watch(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | None) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        async with AsyncLockClient(addresses, tls=tls) as client:
+            async def follow() -> None:
+                async for info in client.observe(name):
+                    print(line(name, info, as_json), flush=True)
+
+            following = asyncio.ensure_future(follow())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({following, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if following.done():
+                following.result()  # raises what ended it
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+        return EXIT_OK
+    except FencepostError as err:
+        raise CliError(f"cannot follow election {name}: {err_text(err)}", EXIT_UNAVAILABLE) from None
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        loop.remove_signal_handler(signal.SIGTERM)
+        sys.stdout.flush()
