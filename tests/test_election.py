@@ -133,15 +133,23 @@ async def test_bad_input_names_the_field(stub: Any, call: str, message: Any, fie
     assert info is not None and info.metadata["field"] == field
 
 
-def test_value_longer_than_the_limit_is_refused() -> None:
-    """A value over MAX_VALUE_BYTES is INVALID_ARGUMENT naming "value" (checked here without gRPC: a default
-    coordinator's --max-message-bytes of 64 KiB refuses such a request before it is decoded)."""
-    from fencepost.coordinator.election import validate_value
-
-    assert validate_value(b"v" * MAX_VALUE_BYTES) == b"v" * MAX_VALUE_BYTES
-    with pytest.raises(InvalidArgument) as caught:
-        validate_value(b"v" * (MAX_VALUE_BYTES + 1))
-    assert caught.value.field == "value"
+async def test_value_of_the_longest_size_goes_through_and_longer_is_refused(stub: Any) -> None:
+    """A value of MAX_VALUE_BYTES reaches a default coordinator (its --max-message-bytes leaves room) and is
+    the leader's value; one byte more is INVALID_ARGUMENT naming "value"."""
+    grant = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+    metadata = (("fencepost-lease-secret", grant.lease_secret),)
+    longest = b"v" * MAX_VALUE_BYTES
+    won = await stub.Campaign(lock_pb2.CampaignRequest(election="longest", lease_id=grant.lease_id, value=longest),
+                              metadata=metadata, timeout=5)
+    assert won.elected
+    assert (await stub.Leader(lock_pb2.LeaderRequest(election="longest"), timeout=5)).leader.value == longest
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Proclaim(lock_pb2.ProclaimRequest(election="longest", lease_id=grant.lease_id, token=won.token,
+                                                     value=longest + b"v"), metadata=metadata, timeout=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    info = error_info(caught.value)
+    assert info is not None and info.metadata["field"] == "value"
+    await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=grant.lease_id), metadata=metadata, timeout=5)
 
 
 async def test_observe_bad_input_names_the_field(stub: Any) -> None:

@@ -35,8 +35,9 @@ MAX_TTL_SECONDS = 86_400
 MAX_WAIT_MS = 86_400_000
 #: Most permits of one semaphore (AcquirePermitRequest.permits).
 MAX_PERMITS = 1000
-#: Longest value of an election's leader (CampaignRequest.value, ProclaimRequest.value), in bytes.
-MAX_VALUE_BYTES = 65_536
+#: Longest value of an election's leader (CampaignRequest.value, ProclaimRequest.value), in bytes: well
+#: inside a coordinator's default --max-message-bytes (64 KiB) with the rest of the request.
+MAX_VALUE_BYTES = 32_768
 #: Longest lock-delay (AcquireRequest.lock_delay_seconds), in seconds.
 MAX_LOCK_DELAY_SECONDS = 3600
 #: Longest request id (the ``request_id`` fields), in characters of ``[A-Za-z0-9_-]``.

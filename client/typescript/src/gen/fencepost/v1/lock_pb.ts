@@ -1527,7 +1527,7 @@ export type LeaderInfo = Message<"fencepost.v1.LeaderInfo"> & {
   token: bigint;
 
   /**
-   * value: the leader's value (Campaign, then Proclaim), 0 to 65536 bytes.
+   * value: the leader's value (Campaign, then Proclaim), 0 to 32768 bytes.
    *
    * @generated from field: bytes value = 3;
    */
@@ -1561,7 +1561,7 @@ export type CampaignRequest = Message<"fencepost.v1.CampaignRequest"> & {
 
   /**
    * value: what the candidate publishes as leader (an address, an id), 0
-   * to 65536 bytes.
+   * to 32768 bytes.
    *
    * @generated from field: bytes value = 3;
    */
@@ -1650,7 +1650,7 @@ export type ProclaimRequest = Message<"fencepost.v1.ProclaimRequest"> & {
   token: bigint;
 
   /**
-   * value: the new value, 0 to 65536 bytes.
+   * value: the new value, 0 to 32768 bytes.
    *
    * @generated from field: bytes value = 4;
    */
