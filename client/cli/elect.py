@@ -47,7 +47,7 @@ from .common import (
     tls_flags,
     tls_of,
 )
-from .run import RUN_EXIT_CODES, CommandError, RunResult, _exit_code, _grace, _note, _start, _supervise, \
+from .run import PROGRAM, RUN_EXIT_CODES, CommandError, RunResult, _exit_code, _grace, _note, _start, _supervise, \
     child_environment
 
 __all__ = ["ELECT_EXIT_CODES", "ENV_ELECTION_VALUE", "add_parser", "execute", "run_elected"]
@@ -117,6 +117,7 @@ def execute(args: argparse.Namespace) -> int:
     if not args.argv:
         raise CliError("no command: give it after --, as in fencepost elect NAME --value V -- CMD [ARGS...]",
                        EXIT_USAGE)
+    PROGRAM.set("fencepost elect")
     try:
         result = asyncio.run(run_elected(
             addresses, args.name, args.value, args.argv, ttl=args.ttl, timeout=0.0 if args.try_once else args.timeout,

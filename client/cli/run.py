@@ -55,6 +55,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -416,8 +417,12 @@ async def _end_group(proc: asyncio.subprocess.Process, exited: asyncio.Future[in
     await gone(loop.time() + KILLED_WAIT_SECONDS)
 
 
+#: The command whose supervision of a child is running (its notes start with it): run, or elect.
+PROGRAM: ContextVar[str] = ContextVar("fencepost_program", default="fencepost run")
+
+
 def _note(text: str) -> None:
-    print(f"fencepost run: {text}", file=sys.stderr, flush=True)
+    print(f"{PROGRAM.get()}: {text}", file=sys.stderr, flush=True)
 
 
 async def run_locked(
