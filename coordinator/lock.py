@@ -46,6 +46,7 @@ from fencepost.client.v1.keys import Hold, Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
+from .lock_delay import HeldBack, LockDelays, validate_lock_delay
 from .lock_metrics import NO_METRICS, LockMetrics
 from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_lock_name, validate_token
@@ -157,6 +158,7 @@ class LockManager:
         self._metrics = metrics
         self._keys = keys
         self._watcher = watcher
+        self._delays = LockDelays(etcd, keys, watcher)
         self._max_waiters = max_waiters
         self._waiting = 0
         self._reattach_seconds = reattach_seconds
@@ -178,7 +180,7 @@ class LockManager:
         """The etcd layer the locks live in (read-only listings use it directly)."""
         return self._etcd
 
-    async def acquire(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
+    async def acquire(self, name: str, lease_id: int, wait: float | None, lock_delay: int = 0) -> AcquireResult:
         """Take lock ``name`` for lease ``lease_id``.
 
         Args:
@@ -186,6 +188,10 @@ class LockManager:
             lease_id: the contender's lease.
             wait: 0.0 to try once, seconds to wait at most, or None to wait
                 until granted or cancelled.
+            lock_delay: the lock-delay of this hold in whole seconds, 0 to 3600
+                (:mod:`.lock_delay`): after an unclean end of it, the next grant waits.
+                Any grant waits for the delay of an earlier hold that ended uncleanly;
+                meanwhile a try-once Acquire answers acquired=False with no holder.
 
         Returns:
             acquired=True with the fencing token; or, only when trying once,
@@ -194,7 +200,7 @@ class LockManager:
             gets the same token again.
 
         Raises:
-            InvalidArgument: bad name or lease id.
+            InvalidArgument: bad name, lease id or lock_delay.
             LockTimeout: not granted within ``wait`` seconds (the waiter key is deleted).
             LeaseLost: the lease is gone, or the waiter key was deleted while waiting.
             ResourceExhausted: this coordinator's queue limit (TOO_MANY_WAITERS).
@@ -204,15 +210,16 @@ class LockManager:
         """
         validate_lock_name(name)
         validate_lease_id(lease_id)
+        validate_lock_delay(lock_delay)
         if wait == 0:
-            return await self._issued(name, lease_id, await self._try_once(name, lease_id))
+            return await self._issued(name, lease_id, await self._try_once(name, lease_id, lock_delay))
         if self._waiting >= self._max_waiters:
             raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
                                     reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
         self._waiting += 1
         self._metrics.waiting_acquires(+1)
         try:
-            result = await self._acquire_waiting(name, lease_id, wait)
+            result = await self._acquire_waiting(name, lease_id, wait, lock_delay)
         finally:
             self._waiting -= 1
             self._metrics.waiting_acquires(-1)
@@ -231,7 +238,7 @@ class LockManager:
                 await self._withdraw(self._keys.contender(name, lease_id), result.token)
             raise
 
-    async def _try_once(self, name: str, lease_id: int) -> AcquireResult:
+    async def _try_once(self, name: str, lease_id: int, lock_delay: int) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
@@ -243,74 +250,89 @@ class LockManager:
                 return AcquireResult(True, token=int(owner.create_revision))
             return AcquireResult(False, holder=self._contender(owner))
 
-        def decide(resp: Any) -> AcquireResult:
+        def decide(resp: Any) -> AcquireResult | HeldBack:
             if resp.succeeded:
                 return AcquireResult(True, token=int(resp.header.revision))
-            return owned(resp.responses[0].response_range)
+            owners, delays = (r.response_range for r in resp.responses)
+            if not owners.kvs:  # free, but a lock-delay holds it back (lock_delay.py)
+                return HeldBack(delays, int(resp.header.revision))
+            return owned(owners)
+
+        async def grant() -> AcquireResult | HeldBack:
+            result = await self._etcd.lock_txn(TxnPlan(
+                etcdops.txn([etcdops.is_free(lock), self._delays.is_clear(lock)],
+                            [etcdops.put(key, lease_id=lease_id)], [etcdops.holder_of(lock), self._delays.read(lock)]),
+                decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
+                name=name, lease_id=lease_id), lock)
+            if lock_delay and isinstance(result, AcquireResult) and result.acquired:
+                await self._delays.remember(lock, key, lease_id, result.token, lock_delay)
+            return result
 
         # The whole range compares to create revision 0 only when it is empty.
         # A cancelled call's Txn goes on (tracked: a Withdraw waits for it); a grant that reaches
         # nobody is withdrawn REATTACH_SECONDS later, unless the caller Acquires again meanwhile.
-        step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_free(lock)], [etcdops.put(key, lease_id=lease_id)], [etcdops.holder_of(lock)]),
-            decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
-            name=name, lease_id=lease_id), lock))
+        step = self._writing_step(key, grant())
         try:
-            return await asyncio.shield(step)
+            result = await asyncio.shield(step)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                result = await step
-                if result.acquired:
-                    self._withdraw_later(key, result.token, result.token)
+                done = await step
+                if isinstance(done, AcquireResult) and done.acquired:
+                    self._withdraw_later(key, done.token, done.token)
             raise
+        if isinstance(result, HeldBack):
+            await self._delays.gate(lock, key, lease_id, 0, lock_delay, result.delays, result.revision, wait=False)
+            return AcquireResult(False)
+        return result
 
-    async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None) -> AcquireResult:
+    async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None, lock_delay: int
+                               ) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
-        # (our key's create revision, its mod revision, the holder's create revision)
-        def queued(mine: Any, owners: Any) -> tuple[int, int, int | None]:
+        # (our key's create revision, its mod revision, the holder's create revision, the lock-delay range)
+        def queued(mine: Any, owners: Any, delays: Any) -> tuple[int, int, int | None, Any]:
             if not mine.kvs:
                 return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back
             owner = int(owners.kvs[0].create_revision) if owners.kvs else None
-            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), owner
+            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), owner, delays
 
-        def decide(resp: Any) -> tuple[int, int, int | None]:
+        def decide(resp: Any) -> tuple[int, int, int | None, Any]:
             if resp.succeeded:
-                owners = resp.responses[1].response_range
+                owners, delays = resp.responses[1].response_range, resp.responses[2].response_range
                 revision = int(resp.header.revision)
-                return revision, revision, (int(owners.kvs[0].create_revision) if owners.kvs else None)
-            _, mine, owners = (r.response_range if r.WhichOneof("response") == "response_range" else None
-                               for r in resp.responses)
+                return revision, revision, (int(owners.kvs[0].create_revision) if owners.kvs else None), delays
+            _, mine, owners, delays = (r.response_range if r.WhichOneof("response") == "response_range" else None
+                                       for r in resp.responses)
             if not mine.kvs:  # deleted between the compare and the read: cannot be, Txn is atomic
                 raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
-            return queued(mine, owners)
+            return queued(mine, owners, delays)
 
-        def resolve(resp: Any) -> tuple[int, int, int | None]:
+        def resolve(resp: Any) -> tuple[int, int, int | None, Any]:
             # Read back after a lost answer: our key is there, created or touched by this call or before it.
             return queued(*(r.response_range for r in resp.responses))
 
         # A key already there (this lease queued before, and its call ended: a broken connection, a
         # coordinator that stopped) is kept with its create revision, its place in the queue, and
         # written again: the new mod revision tells a pending deferred withdrawal that it was reattached.
-        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]
+        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), self._delays.read(lock)]
         step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, lease_id=lease_id), etcdops.holder_of(lock)],
+            etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, lease_id=lease_id), *reads[1:]],
                         [etcdops.put(key, lease_id=lease_id), *reads]),
             decide, reads, resolve, name=name, lease_id=lease_id), lock))
         try:
-            my_rev, mod_rev, owner_rev = await asyncio.shield(step)
+            my_rev, mod_rev, owner_rev, delays = await asyncio.shield(step)
         except asyncio.CancelledError:
             # Cancelled while queueing: finish the write, then withdraw the key unless it is reattached.
             with contextlib.suppress(Exception):
-                my_rev, mod_rev, _ = await step
+                my_rev, mod_rev, _, _ = await step
                 self._withdraw_later(key, my_rev, mod_rev)
             raise
-        if owner_rev == my_rev:
+        if owner_rev == my_rev and self._delays.settled(delays, lease_id, my_rev, lock_delay):
             return AcquireResult(True, token=my_rev)
         try:
             async with asyncio.timeout(wait):
-                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev)
+                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev, lock_delay)
             return AcquireResult(True, token=my_rev, freed_at=freed_at)
         except TimeoutError as exc:
             await self._withdraw(key, my_rev)
@@ -346,7 +368,7 @@ class LockManager:
         async def later() -> None:
             await asyncio.sleep(self._reattach_seconds)
             plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev), etcdops.is_unchanged(key, mod_rev)],
-                                       [etcdops.delete(key)]),
+                                       [etcdops.delete(key), self._forget(key, my_rev)]),
                            lambda resp: bool(resp.succeeded), [], lambda resp: True)
             try:
                 if await self._etcd.lock_txn(plan, _lock_of(key)):
@@ -397,7 +419,8 @@ class LockManager:
             return False, False, int(resp.header.revision)
 
         return await self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), etcdops.delete(key)]),
+            etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), etcdops.delete(key),
+                             self._delays.forget(lock, lease_id, None)]),
             decide, [etcdops.get(key, keys_only=True)], resolve, name=name, lease_id=lease_id), lock)
 
     async def close(self) -> None:
@@ -408,21 +431,30 @@ class LockManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int) -> float | None:
-        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range.
+    async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int,
+                         lock_delay: int = 0) -> float | None:
+        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range, and any lock-delay has passed.
 
         Returns:
             The monotonic clock reading when the deletion of the last key
             waited for was seen: the key before ours, deleted when nothing was
             before it, so the holder's (the hand-off's start). None when the
-            wait did not end on a deletion event (the watch could not tell).
+            wait did not end on a deletion event (the watch could not tell),
+            or a lock-delay held the grant back.
         """
         delays = ETCD_BACKOFF.delays()
         freed_at: float | None = None
         while True:
             try:
-                resp = await self._etcd.read([etcdops.last_before(lock, my_rev)],
+                resp = await self._etcd.read([etcdops.last_before(lock, my_rev), self._delays.read(lock)],
                                              compare=[etcdops.is_owner(key, my_rev)], name=name, lease_id=lease_id)
+                if resp.succeeded and not resp.responses[0].response_range.kvs:
+                    # First at this revision: granted, unless a lock-delay runs (then read again after it).
+                    if await self._delays.gate(lock, key, lease_id, my_rev, lock_delay,
+                                               resp.responses[1].response_range, int(resp.header.revision)):
+                        return freed_at
+                    freed_at = None
+                    continue
             except Unavailable:
                 await asyncio.sleep(next(delays))  # etcd blip: keep our place, retry within the wait
                 continue
@@ -432,8 +464,6 @@ class LockManager:
                 raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
                                 name=name, lease_id=lease_id)
             predecessors = resp.responses[0].response_range.kvs
-            if not predecessors:
-                return freed_at  # granted: at this revision our key exists and is the lowest
             seen = await self._watcher.wait_deleted(bytes(predecessors[0].key), int(resp.header.revision))
             freed_at = time.monotonic() if seen else None
 
@@ -443,7 +473,7 @@ class LockManager:
             kvs = resp.responses[0].response_range.kvs
             return NOT_APPLIED if kvs and int(kvs[0].create_revision) == my_rev else True  # type: ignore[no-any-return]
 
-        plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev)], [etcdops.delete(key)]),
+        plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev)], [etcdops.delete(key), self._forget(key, my_rev)]),
                        lambda resp: True, [etcdops.get(key, keys_only=True)], gone)
         try:
             with unbounded():  # not bounded by the deadline of the call that ends
@@ -490,7 +520,7 @@ class LockManager:
             return int(resp.header.revision), None, None
 
         revision, mine, holder = await self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_owner(key, created)], [etcdops.delete(key)],
+            etcdops.txn([etcdops.is_owner(key, created)], [etcdops.delete(key), self._delays.forget(lock, lease_id, created)],
                         [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]),
             decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id), lock)
         if revision:
@@ -541,6 +571,11 @@ class LockManager:
         ttl, _ = await self._etcd.lease_ttl(lease_id)
         return ttl > 0
 
+
+    def _forget(self, key: bytes, my_rev: int) -> Any:
+        """The op that deletes the lock-delay record of the hold of contender key ``key`` created at ``my_rev``."""
+        parsed = self._keys.parse(key)
+        return self._delays.forget(_lock_of(key), parsed[1] if parsed else 0, my_rev)
 
     def _contender(self, kv: Any) -> Holder:
         """The contender of key ``kv`` with its create revision (not yet a token)."""

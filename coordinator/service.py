@@ -52,6 +52,7 @@ from .limits import Limits, LimitTracker
 from .listing import list_locks
 from .sessions import list_sessions
 from .lock import Holder, LockManager
+from .lock_delay import validate_lock_delay
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
 from .overload import LoopLag
@@ -243,13 +244,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._access.check(context, ACQUIRE, request.name)
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
+        lock_delay = validate_lock_delay(request.lock_delay_seconds)
         await self._locks.tokens.ready()
         await self._owners.check_call(context, request.lease_id, "Acquire")
         # A bounded wait bounds the etcd calls too: with etcd down, the caller hears why at its timeout.
         # The lease's holds and waits and the caller's rate are checked, and this call counted while it runs.
         with (self._limits.acquiring(caller_of(context).key, request.name, request.lease_id),
               bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS)):
-            result = await self._locks.acquire(request.name, request.lease_id, wait)
+            result = await self._locks.acquire(request.name, request.lease_id, wait, lock_delay)
         waited = time.perf_counter() - started
         if result.acquired:
             self._metrics.granted(request.name, waited)
