@@ -8,8 +8,11 @@ test revoked the holder's lease (which is no later than that deletion).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
+import signal
+import sys
 import time
 from typing import Any
 
@@ -18,12 +21,15 @@ import pytest
 from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient, InvalidArgument, LockHeld
+from fencepost.client.cli import common
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 from fencepost.coordinator.lock_delay import delay_range
 
-from .conftest import CoordinatorProcess, assert_invalid_field, describe_waiters_is, wait_for
+from .conftest import CoordinatorProcess, assert_invalid_field, cli_env, describe_waiters_is, wait_for
 from .owned_stub import OwnedStub
+from .test_cli import _argv as cli_argv
+from .test_cli import holding, run_cli
 
 DELAY = 2
 #: etcd expires leases on a timer (every 500 ms) and the grant needs a few round trips: the sane upper bound.
@@ -218,3 +224,36 @@ async def test_bad_lock_delay_is_invalid_argument(address: str, stub: OwnedStub)
             assert err.value.field == "lock_delay"
         handle = await client.try_acquire("bad", ttl=10.0, lock_delay=0.2)  # rounded up to 1 s: allowed
         await handle.release()
+
+
+async def test_cli_acquire_and_run_pass_lock_delay(address: str, prefix: str, etcd_client: Etcd3Client) -> None:
+    """``fencepost acquire`` and ``fencepost run`` with --lock-delay record their hold's delay; a bad one exits 2."""
+    async with holding("cli-delay", "--ttl", "5", "--lock-delay", "2", "--address", address) as holder:
+        assert await holder.read_token() > 0
+        assert len(await _delay_keys(etcd_client, prefix, "cli-delay")) == 1
+        rc, _, err = await holder.finish(signal.SIGINT)
+        assert rc == 0, err
+    assert await _delay_keys(etcd_client, prefix, "cli-delay") == []
+
+    run = await asyncio.create_subprocess_exec(
+        *cli_argv("run", "run-delay", "--ttl", "5", "--lock-delay", "2", "--address", address, "--",
+                  sys.executable, "-c", "import time; time.sleep(60)"),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=cli_env())
+    try:
+        async def recorded() -> bool:
+            return len(await _delay_keys(etcd_client, prefix, "run-delay")) == 1
+
+        await wait_for(recorded, 15, what="the run's lock-delay record")
+        run.send_signal(signal.SIGTERM)  # forwarded to the command; run then releases
+        await asyncio.wait_for(run.communicate(), 15)
+    finally:
+        if run.returncode is None:
+            run.kill()
+            await run.communicate()
+    assert await _delay_keys(etcd_client, prefix, "run-delay") == []
+
+    assert common.parse_lock_delay("2.5") == 2.5
+    for bad in ("-1", "3601", "nan", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError, match="lock-delay"):
+            common.parse_lock_delay(bad)
