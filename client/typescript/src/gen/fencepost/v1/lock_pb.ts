@@ -228,7 +228,13 @@ export type AcquireRequest = Message<"fencepost.v1.AcquireRequest"> & {
    * in flight from the lost holder land before the next holder starts.
    * A mitigation for storage that cannot check tokens, never a
    * replacement for fencing. Give the same value on every Acquire of a
-   * lock. 0: none.
+   * lock. 0: none. The delay is kept in etcd (every replica honours it,
+   * across restarts) and runs from when a contender saw the end: at once
+   * if one waits, else from the next Acquire. Meanwhile a waiting Acquire
+   * waits (within wait_ms) and a try-once Acquire answers acquired = false
+   * with holder unset. etcd raises a delay below its minimum lease TTL
+   * (about 2 s) to it and expires leases up to about 0.5 s late, so the
+   * delay is a lower bound. Errors: INVALID_ARGUMENT (lock_delay_seconds).
    *
    * @generated from field: int64 lock_delay_seconds = 5;
    */
@@ -272,7 +278,9 @@ export type AcquireResponse = Message<"fencepost.v1.AcquireResponse"> & {
   token: bigint;
 
   /**
-   * holder: the current holder when acquired = false (try-once only).
+   * holder: the current holder when acquired = false (try-once only); unset
+   * when the lock is free but the lock-delay of a holder that was lost has not
+   * passed (see AcquireRequest.lock_delay_seconds).
    *
    * @generated from field: fencepost.v1.Holder holder = 3;
    */
