@@ -276,9 +276,11 @@ class LockDelays:
         """
         start = delay_range(self._keys, lock)
         value = DelayRecord(lease_id, revision, delay).value()
+        # After a lost answer: a record there is this one (or another hold's: nothing to do), none: send again.
         plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, revision), etcdops.is_free(start)],
                                    [etcdops.put(start + _RECORD, value)]),
-                       lambda resp: None, [etcdops.get(start + _RECORD)], lambda resp: None)
+                       lambda resp: None, [etcdops.get(start + _RECORD, keys_only=True)],
+                       lambda resp: None if resp.responses[0].response_range.kvs else NOT_APPLIED)
         await self._etcd.lock_txn(plan, lock)
 
     async def _revoke_quietly(self, lease_id: int) -> None:
