@@ -314,6 +314,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Describe(self, request: lock_pb2.DescribeRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.DescribeResponse:
+        validate_name(request.name)  # a caller's lock name: never an election's or a semaphore's internal one
         self._access.check(context, DESCRIBE, request.name)
         await self._locks.tokens.ready()
         d = await self._locks.describe(request.name)
@@ -387,6 +388,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._admit(context, "revoke", request.name)
         await self._locks.tokens.ready()
         try:
+            validate_name(request.name)  # a lock's: an election's or a semaphore's internal name is refused
             holder = (await self._locks.describe(request.name)).holder
             found = False
             if holder is not None:

@@ -224,6 +224,7 @@ class LockServiceStub:
     """ListLocks lists the held locks whose names start with `prefix`, in the
     order of their etcd keys (percent-encoded names), one page at a time:
     holder, fencing token, TTL left, how long held and waiters of each.
+    Elections and semaphores are not listed (Leader, DescribeSemaphore).
     Read-only. Every page of one listing is read at the etcd revision of its
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
@@ -494,6 +495,7 @@ class LockServiceAsyncStub(LockServiceStub):
     """ListLocks lists the held locks whose names start with `prefix`, in the
     order of their etcd keys (percent-encoded names), one page at a time:
     holder, fencing token, TTL left, how long held and waiters of each.
+    Elections and semaphores are not listed (Leader, DescribeSemaphore).
     Read-only. Every page of one listing is read at the etcd revision of its
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
@@ -809,6 +811,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListLocks lists the held locks whose names start with `prefix`, in the
         order of their etcd keys (percent-encoded names), one page at a time:
         holder, fencing token, TTL left, how long held and waiters of each.
+        Elections and semaphores are not listed (Leader, DescribeSemaphore).
         Read-only. Every page of one listing is read at the etcd revision of its
         first page (carried in the page token), so the pages together are one
         snapshot; only the TTLs and held_seconds are read when each page is

@@ -1292,7 +1292,8 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
 
   /**
    * waiting_acquires: this coordinator: Acquire calls with a wait
-   * (wait_ms > 0 or wait_forever) in progress.
+   * (wait_ms > 0 or wait_forever) in progress; the Campaign and
+   * AcquirePermit calls that wait count too (they wait as Acquire does).
    *
    * @generated from field: int64 waiting_acquires = 13;
    */
@@ -1300,7 +1301,9 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
 
   /**
    * contender_keys: cluster-wide: the lock keys under the prefix, one per
-   * holder and one per waiter; -1 when etcd did not answer.
+   * holder and one per waiter, of locks only (not of elections'
+   * candidates nor semaphores' holders and waiters, nor held_locks and
+   * waiters below); -1 when etcd did not answer.
    *
    * @generated from field: int64 contender_keys = 14;
    */
@@ -1458,14 +1461,19 @@ export type SessionInfo = Message<"fencepost.v1.SessionInfo"> & {
   ttlRemainingSeconds: bigint;
 
   /**
-   * holds: the names of the locks this lease holds, sorted.
+   * holds: what this lease holds, sorted: lock names as they are, and
+   * "election:E" for the leadership of election E, "semaphore:S#i" for slot
+   * i of a permit of semaphore S. (A lock may be named like that too: use
+   * Describe, Leader or DescribeSemaphore to tell.)
    *
    * @generated from field: repeated string holds = 5;
    */
   holds: string[];
 
   /**
-   * waits: the names of the locks this lease waits for, sorted.
+   * waits: what this lease waits for, sorted: lock names, "election:E" for
+   * a candidacy of election E that does not lead, "semaphore:S" for a place
+   * in the queue of semaphore S without a permit.
    *
    * @generated from field: repeated string waits = 6;
    */
@@ -2470,6 +2478,7 @@ export const LockService: GenService<{
    * ListLocks lists the held locks whose names start with `prefix`, in the
    * order of their etcd keys (percent-encoded names), one page at a time:
    * holder, fencing token, TTL left, how long held and waiters of each.
+   * Elections and semaphores are not listed (Leader, DescribeSemaphore).
    * Read-only. Every page of one listing is read at the etcd revision of its
    * first page (carried in the page token), so the pages together are one
    * snapshot; only the TTLs and held_seconds are read when each page is
