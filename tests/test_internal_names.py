@@ -22,6 +22,8 @@ from fencepost.coordinator.sessions import list_sessions, shown
 
 from .conftest import assert_invalid_field, wait_for
 from .owned_stub import OwnedStub
+from .test_admin import pki, policed  # noqa: F401  (fixtures: a coordinator with mTLS and an access policy)
+from .tls_helpers import open_channel
 
 ELECTION = kinds.election_lock("e")
 QUEUE = kinds.semaphore_queue("s")
@@ -90,3 +92,17 @@ def test_lock_metrics_never_label_an_internal_name_with_a_lock_prefix() -> None:
     assert all(metrics.prefix_of(name) == "" for name in (ELECTION, QUEUE, SLOT))
     with pytest.raises(ValueError):
         LockMetrics(CollectorRegistry(), [kinds.INTERNAL])
+
+
+async def test_admin_revoke_refuses_an_internal_name(policed: Any, pki: Any) -> None:
+    """AdminRevoke names a lock: an election's internal name is INVALID_ARGUMENT and its leader keeps its lease."""
+    async with open_channel(policed.address, pki.operator.credentials) as channel, \
+            open_channel(policed.address, pki.billing.credentials) as billing:
+        operator = OwnedStub(channel)
+        leader = await _lease(OwnedStub(billing))
+        assert (await policed._locks.acquire(ELECTION, leader, 0.0)).acquired
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await operator.AdminRevoke(lock_pb2.AdminRevokeRequest(name=ELECTION), timeout=10)
+        assert_invalid_field(info.value, "name")
+        assert await policed._locks.lease_alive(leader)
+        assert (await policed._locks.describe(ELECTION)).holder.lease_id == leader
