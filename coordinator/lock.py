@@ -12,7 +12,9 @@ sequencers, Burrows 2006). Inside this module revisions are revisions; they
 become tokens (and tokens revisions) only through the :class:`~.tokens.TokenFloor`.
 
 Costs with a lease granted beforehand: an uncontended acquire is one etcd
-Txn, a release one Txn. Every "is this still the holder" decision is made by
+Txn, a release one Txn. A lock-delay (:mod:`.lock_delay`) adds a compare or
+a range read to the grants' Txns and reads and a nested Txn to the
+releases', and etcd requests only to the holds that ask for one. Every "is this still the holder" decision is made by
 a compare inside one Txn (:func:`fencepost.client.v1.etcdops.is_owner`),
 never by a read followed by a write. Every Txn goes through the etcd layer
 with a read-back that resolves it when its outcome is unknown. Each Txn of
@@ -520,7 +522,8 @@ class LockManager:
             return int(resp.header.revision), None, None
 
         revision, mine, holder = await self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_owner(key, created)], [etcdops.delete(key), self._delays.forget(lock, lease_id, created)],
+            etcdops.txn([etcdops.is_owner(key, created)],
+                        [etcdops.delete(key), self._delays.forget(lock, lease_id, created)],
                         [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]),
             decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id), lock)
         if revision:
