@@ -396,7 +396,8 @@ class AsyncLockClient:
 
     # ------------------------------------------------------------------ acquire / release
 
-    async def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> AsyncLockHandle:
+    async def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None, *,
+                      lock_delay: float = 0) -> AsyncLockHandle:
         """Acquire the lock ``name``, waiting up to ``timeout`` seconds.
 
         Contenders are granted first come, first served. A second local
@@ -409,13 +410,18 @@ class AsyncLockClient:
             ttl: Lease TTL in seconds, finite, 1 to 86400; rounded up to whole
                 seconds. The server may grant more (see ``handle.ttl``).
             timeout: Seconds to wait, 0 to 86400 (0 tries once); None waits
-                until granted.
+                until granted. Includes the lock-delay of an earlier holder.
+            lock_delay: Lock-delay in seconds, 0 to 3600 (rounded up to whole
+                seconds; 0: none): if this hold ends because its lease expired or
+                was revoked (not by a release), the lock's next grant waits this
+                long after the end (README, "Lock-delay"). A mitigation for
+                storage that cannot check tokens, never a replacement for fencing.
 
         Returns:
             The handle of the grant, with its fencing token.
 
         Raises:
-            InvalidArgument: bad name, ttl or timeout (before any RPC).
+            InvalidArgument: bad name, ttl, timeout or lock_delay (before any RPC).
             LockTimeout: not granted within ``timeout``.
             LeaseLost: the lease was lost while waiting, twice in a row.
             ResourceExhausted: too many waiters on the coordinator.
@@ -423,14 +429,15 @@ class AsyncLockClient:
             FencepostError: the client is closed, or was inherited through
                 fork (reason "FORKED").
         """
-        return await self._acquire(name, ttl, timeout, try_once=False)
+        return await self._acquire(name, ttl, timeout, try_once=False, lock_delay=lock_delay)
 
-    async def try_acquire(self, name: str, ttl: float = 10.0) -> AsyncLockHandle:
+    async def try_acquire(self, name: str, ttl: float = 10.0, *, lock_delay: float = 0) -> AsyncLockHandle:
         """Acquire the lock ``name`` if it is free, without waiting.
 
         Args:
             name: The lock name.
             ttl: Lease TTL in seconds, as for :meth:`acquire`.
+            lock_delay: As for :meth:`acquire`.
 
         Returns:
             The handle of the grant, with its fencing token.
@@ -438,16 +445,18 @@ class AsyncLockClient:
         Raises:
             LockHeld: the lock is held (by another client, or by this one
                 under the same TTL); carries the holder's lease id and token.
-            InvalidArgument: bad name or ttl (before any RPC).
+                Also while the lock-delay of a holder that was lost runs: then
+                with holder lease id and token 0.
+            InvalidArgument: bad name, ttl or lock_delay (before any RPC).
             Unavailable: no coordinator reachable.
             FencepostError: the client is closed, or was inherited through
                 fork (reason "FORKED").
         """
-        return await self._acquire(name, ttl, None, try_once=True)
+        return await self._acquire(name, ttl, None, try_once=True, lock_delay=lock_delay)
 
     @contextlib.asynccontextmanager
     async def lock(
-        self, name: str, ttl: float = 10.0, timeout: float | None = None
+        self, name: str, ttl: float = 10.0, timeout: float | None = None, *, lock_delay: float = 0
     ) -> AsyncIterator[AsyncLockHandle]:
         """Hold the lock ``name`` for the body of an ``async with`` block.
 
@@ -461,6 +470,7 @@ class AsyncLockClient:
             name: The lock name.
             ttl: Lease TTL in seconds.
             timeout: Seconds to wait for the lock; None waits forever.
+            lock_delay: As for :meth:`acquire`.
 
         Yields:
             The handle of the grant.
@@ -469,7 +479,7 @@ class AsyncLockClient:
             LeaseLost: the hold was lost before the block ended.
             (and everything :meth:`acquire` and :meth:`AsyncLockHandle.release` raise)
         """
-        handle = await self.acquire(name, ttl=ttl, timeout=timeout)
+        handle = await self.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay)
         try:
             yield handle
         except asyncio.CancelledError as exc:
@@ -486,22 +496,24 @@ class AsyncLockClient:
             raise
         await handle.release()
 
-    async def _acquire(self, name: str, ttl: float, timeout: float | None, *, try_once: bool) -> AsyncLockHandle:
+    async def _acquire(self, name: str, ttl: float, timeout: float | None, *, try_once: bool,
+                       lock_delay: float = 0) -> AsyncLockHandle:
         self._check_fork()
         _wire.check_name(name)
         ttl_s = _wire.ttl_to_wire(ttl)
         timeout = _wire.check_timeout(timeout)
+        delay_s = _wire.lock_delay_to_wire(lock_delay)
         with self._metrics.acquiring(self._leases.clock):
-            return await self._acquire_traced(name, ttl_s, timeout, try_once)
+            return await self._acquire_traced(name, ttl_s, timeout, try_once, delay_s)
 
-    async def _acquire_traced(self, name: str, ttl_s: int, timeout: float | None, try_once: bool
-                              ) -> AsyncLockHandle:
+    async def _acquire_traced(self, name: str, ttl_s: int, timeout: float | None, try_once: bool,
+                              delay_s: int = 0) -> AsyncLockHandle:
         await self._ensure_open(name)
         until = None if timeout is None else asyncio.get_running_loop().time() + timeout
         tracing = self._transport.tracing
         tracer = tracing.tracer()
         if tracer is None:
-            return await self._acquire_or_closed(name, ttl_s, until, try_once)
+            return await self._acquire_or_closed(name, ttl_s, until, try_once, delay_s)
         attributes = tracing.lock_attributes(name)
         attributes.update({"fencepost.ttl_seconds": ttl_s, "fencepost.try_once": try_once})
         if timeout is not None:
@@ -509,19 +521,19 @@ class AsyncLockClient:
         with tracer.start_as_current_span("fencepost.acquire", attributes=attributes, record_exception=False,
                                           set_status_on_exception=False) as span:
             try:
-                handle = await self._acquire_or_closed(name, ttl_s, until, try_once)
+                handle = await self._acquire_or_closed(name, ttl_s, until, try_once, delay_s)
             except BaseException as exc:
                 failed(span, exc)
                 raise
             span.set_attributes({LEASE_ID: handle.lease_id, TOKEN: handle.token, OUTCOME: "granted"})
             return handle
 
-    async def _acquire_or_closed(self, name: str, ttl_s: int, until: float | None, try_once: bool
-                                 ) -> AsyncLockHandle:
+    async def _acquire_or_closed(self, name: str, ttl_s: int, until: float | None, try_once: bool,
+                                 delay_s: int = 0) -> AsyncLockHandle:
         try:
             if until is not None and not try_once and until - asyncio.get_running_loop().time() < _ONE_MS:
-                return await self._acquire_now(name, ttl_s)  # no time to wait (the wire counts in ms): one try
-            return await self._locker.acquire(name, ttl_s, until, try_once=try_once)
+                return await self._acquire_now(name, ttl_s, delay_s)  # no time to wait (the wire counts in ms)
+            return await self._locker.acquire(name, ttl_s, until, try_once=try_once, lock_delay=delay_s)
         except FencepostError as exc:
             closed = self._closed_error(name)
             if closed is None:
@@ -532,11 +544,11 @@ class AsyncLockClient:
                 exc.name = name  # "client is closed" from the lease pool: say which lock
             raise
 
-    async def _acquire_now(self, name: str, ttl_s: int) -> AsyncLockHandle:
+    async def _acquire_now(self, name: str, ttl_s: int, delay_s: int = 0) -> AsyncLockHandle:
         """``acquire(timeout=0)``: one try, as ``try_acquire`` (its calls get the usual time to reach a
         coordinator and be answered: a budget of 0 s would fail them all), LockTimeout when the lock is held."""
         try:
-            return await self._locker.acquire(name, ttl_s, None, try_once=True)
+            return await self._locker.acquire(name, ttl_s, None, try_once=True, lock_delay=delay_s)
         except LockHeld as held:
             raise LockTimeout(f"lock {name!r} not granted within 0 s: it is held (lease {held.holder_lease_id}, "
                               f"token {held.holder_token})", name=name, lease_id=held.lease_id) from None

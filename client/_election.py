@@ -176,7 +176,8 @@ class Elector(Locker):
         assert isinstance(handle, Leadership)
         return handle
 
-    async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool) -> AsyncLockHandle:
+    async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool,
+                           lock_delay: float = 0) -> AsyncLockHandle:
         election = kinds.public_hold(name).name
 
         def make(left: float | None) -> tuple[Message, float | None]:

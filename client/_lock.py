@@ -231,7 +231,8 @@ class Locker:
 
     # ------------------------------------------------------------------ acquire
 
-    async def acquire(self, name: str, ttl: int, until: float | None, *, try_once: bool) -> AsyncLockHandle:
+    async def acquire(self, name: str, ttl: int, until: float | None, *, try_once: bool,
+                      lock_delay: int = 0) -> AsyncLockHandle:
         """Acquire ``name`` under the lease for ``ttl`` (see ``AsyncLockClient.acquire``).
 
         Args:
@@ -239,6 +240,7 @@ class Locker:
             ttl: Requested TTL in whole seconds (checked).
             until: Loop time after which to give up waiting, or None.
             try_once: Fail with LockHeld instead of waiting.
+            lock_delay: The hold's lock-delay in whole seconds (checked), 0 for none.
 
         Returns:
             The handle of the grant.
@@ -271,7 +273,7 @@ class Locker:
                     if lease.lost:
                         slot.lock.release()
                         continue
-                    handle = await self._acquire_rpc(lease, name, until, try_once)
+                    handle = await self._acquire_rpc(lease, name, until, try_once, lock_delay)
                 except LeaseLost:
                     slot.lock.release()
                     self.pool.lose(lease, LEASE_EXPIRED)
@@ -325,10 +327,12 @@ class Locker:
             slot.lock.release()
             self.pool.drop_slot_if_idle(lease.lease_id, name)
 
-    async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool) -> AsyncLockHandle:
+    async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool,
+                           lock_delay: int = 0) -> AsyncLockHandle:
         def make(left: float | None) -> tuple[Message, float | None]:
             wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
-            request = pb.AcquireRequest(name=name, lease_id=lease.lease_id, wait_ms=wait_ms, wait_forever=forever)
+            request = pb.AcquireRequest(name=name, lease_id=lease.lease_id, wait_ms=wait_ms, wait_forever=forever,
+                                        lock_delay_seconds=lock_delay)
             if forever:
                 return request, None
             if try_once:
@@ -344,8 +348,11 @@ class Locker:
                 raise LockTimeout(
                     f"lock is held (lease {holder_lease}, token {holder_token})", name=name, lease_id=lease.lease_id
                 )
-            raise LockHeld(f"lock {name!r} is held by lease {holder_lease:#x} with token {holder_token}", name=name,
-                           lease_id=lease.lease_id, holder_lease_id=holder_lease, holder_token=holder_token)
+            message = (f"lock {name!r} is held by lease {holder_lease:#x} with token {holder_token}"
+                       if resp.HasField("holder") else f"lock {name!r} is free but the lock-delay of a holder that "
+                       "was lost has not passed yet")
+            raise LockHeld(message, name=name, lease_id=lease.lease_id, holder_lease_id=holder_lease,
+                           holder_token=holder_token)
         handle = AsyncLockHandle(name, lease, int(resp.token), self.release)
         if lease.lost:
             # The lease was declared lost while the Acquire was in flight: the

@@ -40,11 +40,12 @@ T = TypeVar("T")
 log = logging.getLogger("fencepost.client")
 
 
-def _check(name: str, ttl: float, timeout: float | None) -> None:
+def _check(name: str, ttl: float, timeout: float | None, lock_delay: float = 0) -> None:
     """Check arguments on the caller's thread, before the loop thread starts or connects."""
     _wire.check_name(name)
     _wire.ttl_to_wire(ttl)
     _wire.check_timeout(timeout)
+    _wire.lock_delay_to_wire(lock_delay)
 
 
 class LockHandle:
@@ -519,19 +520,23 @@ class LockClient:
                 raise
         return self._submit(coro, name)
 
-    def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> LockHandle:
+    def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None, *,
+                lock_delay: float = 0) -> LockHandle:
         """Acquire the lock ``name``, waiting up to ``timeout`` seconds.
 
         Args:
             name: The lock name.
             ttl: Lease TTL in seconds, finite, 1 to 86400 (rounded up).
             timeout: Seconds to wait, 0 to 86400 (0 tries once); None waits forever.
+            lock_delay: Lock-delay in seconds, 0 to 3600 (rounded up; 0: none): after
+                this hold is lost (lease expired or revoked, not released), the next
+                grant waits this long (see :meth:`AsyncLockClient.acquire`).
 
         Returns:
             The handle of the grant, with its fencing token.
 
         Raises:
-            InvalidArgument: bad name, ttl or timeout (before any RPC).
+            InvalidArgument: bad name, ttl, timeout or lock_delay (before any RPC).
             LockTimeout: not granted within ``timeout``.
             ResourceExhausted: too many waiters on the coordinator.
             Unavailable: no coordinator reachable.
@@ -541,26 +546,28 @@ class LockClient:
         """
 
         self._check_fork()
-        _check(name, ttl, timeout)
+        _check(name, ttl, timeout, lock_delay)
 
         async def run() -> LockHandle:
-            return LockHandle(await self._aio.acquire(name, ttl=ttl, timeout=timeout), self)
+            return LockHandle(await self._aio.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay), self)
 
         return self._run(run(), name)
 
-    def try_acquire(self, name: str, ttl: float = 10.0) -> LockHandle:
+    def try_acquire(self, name: str, ttl: float = 10.0, *, lock_delay: float = 0) -> LockHandle:
         """Acquire the lock ``name`` if it is free, without waiting.
 
         Args:
             name: The lock name.
             ttl: Lease TTL in seconds.
+            lock_delay: As for :meth:`acquire`.
 
         Returns:
             The handle of the grant.
 
         Raises:
-            LockHeld: the lock is held; carries the holder's lease id and token.
-            InvalidArgument: bad name or ttl.
+            LockHeld: the lock is held; carries the holder's lease id and token
+                (both 0 while the lock-delay of a lost holder runs).
+            InvalidArgument: bad name, ttl or lock_delay.
             Unavailable: no coordinator reachable.
             FencepostError: the client is closed, also by ``close()`` from another
                 thread during the call, or was inherited through fork
@@ -568,15 +575,16 @@ class LockClient:
         """
 
         self._check_fork()
-        _check(name, ttl, None)
+        _check(name, ttl, None, lock_delay)
 
         async def run() -> LockHandle:
-            return LockHandle(await self._aio.try_acquire(name, ttl=ttl), self)
+            return LockHandle(await self._aio.try_acquire(name, ttl=ttl, lock_delay=lock_delay), self)
 
         return self._run(run(), name)
 
     @contextlib.contextmanager
-    def lock(self, name: str, ttl: float = 10.0, timeout: float | None = None) -> Iterator[LockHandle]:
+    def lock(self, name: str, ttl: float = 10.0, timeout: float | None = None, *,
+             lock_delay: float = 0) -> Iterator[LockHandle]:
         """Hold the lock ``name`` for the body of a ``with`` block.
 
         Releases on exit. If the hold was lost while the body ran and the body
@@ -586,6 +594,7 @@ class LockClient:
             name: The lock name.
             ttl: Lease TTL in seconds.
             timeout: Seconds to wait for the lock; None waits forever.
+            lock_delay: As for :meth:`acquire`.
 
         Yields:
             The handle of the grant.
@@ -594,7 +603,7 @@ class LockClient:
             LeaseLost: the hold was lost before the block ended.
             (and everything :meth:`acquire` and :meth:`LockHandle.release` raise)
         """
-        handle = self.acquire(name, ttl=ttl, timeout=timeout)
+        handle = self.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay)
         try:
             yield handle
         except BaseException:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import InvalidArgument
-from .v1.keys import MAX_NAME_BYTES, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
+from .v1.keys import MAX_LOCK_DELAY_SECONDS, MAX_NAME_BYTES, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
 
 __all__ = [
     "ADDRESS_FORMS",
@@ -85,6 +85,26 @@ def ttl_to_wire(ttl: float) -> int:
             field="ttl",
         )
     return math.ceil(ttl)
+
+
+def lock_delay_to_wire(lock_delay: float) -> int:
+    """Check a lock-delay and convert it to whole seconds, rounding up.
+
+    Args:
+        lock_delay: Seconds; finite, 0 to 3600 (``MAX_LOCK_DELAY_SECONDS``); 0 for none.
+
+    Returns:
+        The lock-delay in whole seconds (``AcquireRequest.lock_delay_seconds``), never shorter than asked.
+
+    Raises:
+        InvalidArgument: ``lock_delay`` is not a finite number in range (field "lock_delay").
+    """
+    if not _is_number(lock_delay) or not math.isfinite(lock_delay) or not 0 <= lock_delay <= MAX_LOCK_DELAY_SECONDS:
+        raise InvalidArgument(
+            f"lock_delay must be a finite number of seconds from 0 to {MAX_LOCK_DELAY_SECONDS}, got {lock_delay!r}",
+            field="lock_delay",
+        )
+    return math.ceil(lock_delay)
 
 
 def check_timeout(timeout: float | None) -> float | None:

@@ -29,6 +29,7 @@ from fencepost.client.v1 import etcdops
 from fencepost.client.v1.keys import Keys
 
 from .etcd import EtcdClient
+from .listing import first_lock_key
 
 __all__ = ["ETCD_SECONDS", "SCAN_KEYS", "About", "EtcdView", "package_version", "read_etcd", "redact_endpoint"]
 
@@ -142,8 +143,11 @@ async def read_etcd(etcd: EtcdClient, keys: Keys, *, scan_keys: int = SCAN_KEYS)
         A failed Status leaves ``available`` True with its error, and its
         fields (version, leader, raft index, database size) empty.
     """
-    ranged, status = await asyncio.gather(etcd.range(etcdops.keys_under(keys.prefix, scan_keys)), etcd.status(),
-                                          return_exceptions=True)
+    # From the first key a caller's lock can have: elections and semaphores (locks with internal names,
+    # whose keys come first) are not counted.
+    scan = etcdops.keys_under(keys.prefix, scan_keys)
+    scan.key = first_lock_key(keys)
+    ranged, status = await asyncio.gather(etcd.range(scan), etcd.status(), return_exceptions=True)
     for outcome in (ranged, status):
         if isinstance(outcome, BaseException) and not isinstance(outcome, FencepostError):
             raise outcome

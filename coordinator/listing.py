@@ -13,6 +13,12 @@ Names are percent-encoded byte by byte with no safe characters, and ``%``
 itself is encoded, so a name starts with ``P`` exactly when its encoded form
 starts with P's encoded form: the prefix filter is a key range too.
 
+Elections and semaphores are locks with internal names (:mod:`fencepost.client.v1.kinds`:
+a control character first, ``%01`` encoded) that no caller can give: they
+are not listed. Their keys come before every lock's (no name a caller can
+give encodes to a key below ``%02``), so a listing of every lock starts
+after them (:func:`first_lock_key`).
+
 etcd keeps no time of a grant. :class:`GrantTimes` remembers, on this
 coordinator's monotonic clock, the grants it made itself; a hold granted by
 another replica (or before a restart) is listed with ``held_seconds = -1``.
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 import grpc
 
 from fencepost.client.errors import FencepostError, InvalidArgument
-from fencepost.client.v1 import etcdops
+from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.keys import MAX_NAME_BYTES, Hold, Keys, prefix_end
 
 from .etcd import EtcdClient
@@ -39,7 +45,7 @@ from .etcd.policy import Failure, classify
 from .lock import Holder
 from .tokens import TokenFloor
 
-__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "GrantTimes", "ListedLock", "LockPage", "list_locks"]
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "GrantTimes", "ListedLock", "LockPage", "first_lock_key", "list_locks"]
 
 #: Locks in a page when the request's page_size is 0.
 DEFAULT_PAGE_SIZE = 100
@@ -120,6 +126,15 @@ class GrantTimes:
         """Seconds since ``hold`` was granted here; -1.0 when this coordinator did not grant it."""
         started = self._granted.get(hold)
         return -1.0 if started is None else max(0.0, self._clock() - started)
+
+
+def first_lock_key(keys: Keys) -> bytes:
+    """The lowest key a lock with a caller's name can have: past every internal name's (elections', semaphores').
+
+    Below it there are only the keys of internal names (``<prefix>%01...``)
+    and the lock-delay keys (``<prefix>!delay!...``, :mod:`.lock_delay`).
+    """
+    return prefix_end(keys.name_prefix(kinds.INTERNAL))
 
 
 def _invalid(field: str, problem: str) -> InvalidArgument:
@@ -207,6 +222,7 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
     first = keys.name_prefix(validate_prefix(prefix))
     end = prefix_end(first)
     revision, start = (0, first) if not page_token else decode_page_token(page_token, first, end)
+    start = max(start, first_lock_key(keys))  # not the elections' and semaphores' locks
     locks: list[tuple[str, list[tuple[int, int]]]] = []  # (name, [(create revision, lease id)])
     next_start = b""
     while True:
@@ -223,8 +239,8 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
         for kv in resp.kvs:
             key = bytes(kv.key)
             parsed = keys.parse(key)
-            if parsed is None:
-                continue  # not a contender key (nothing else should live under the prefix)
+            if parsed is None or kinds.is_internal(parsed[0]):
+                continue  # not a contender key of a caller's lock
             name, lease_id = parsed
             if not locks or locks[-1][0] != name:
                 if len(locks) == limit:

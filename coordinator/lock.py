@@ -12,7 +12,9 @@ sequencers, Burrows 2006). Inside this module revisions are revisions; they
 become tokens (and tokens revisions) only through the :class:`~.tokens.TokenFloor`.
 
 Costs with a lease granted beforehand: an uncontended acquire is one etcd
-Txn, a release one Txn. Every "is this still the holder" decision is made by
+Txn, a release one Txn. A lock-delay (:mod:`.lock_delay`) adds a compare or
+a range read to the grants' Txns and reads and a nested Txn to the
+releases', and etcd requests only to the holds that ask for one. Every "is this still the holder" decision is made by
 a compare inside one Txn (:func:`fencepost.client.v1.etcdops.is_owner`),
 never by a read followed by a write. Every Txn goes through the etcd layer
 with a read-back that resolves it when its outcome is unknown. Each Txn of
@@ -46,6 +48,7 @@ from fencepost.client.v1.keys import Hold, Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
+from .lock_delay import HeldBack, LockDelays, validate_lock_delay
 from .lock_metrics import NO_METRICS, LockMetrics
 from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_lock_name, validate_token
@@ -157,6 +160,7 @@ class LockManager:
         self._metrics = metrics
         self._keys = keys
         self._watcher = watcher
+        self._delays = LockDelays(etcd, keys, watcher)
         self._max_waiters = max_waiters
         self._waiting = 0
         self._reattach_seconds = reattach_seconds
@@ -192,7 +196,7 @@ class LockManager:
         """The write of contender key ``key`` by an Acquire still in flight here, if any (a withdrawal waits for it)."""
         return self._writing.get(key)
 
-    async def acquire(self, name: str, lease_id: int, wait: float | None, *,
+    async def acquire(self, name: str, lease_id: int, wait: float | None, lock_delay: int = 0, *,
                       value: bytes | None = None) -> AcquireResult:
         """Take lock ``name`` for lease ``lease_id``.
 
@@ -201,6 +205,10 @@ class LockManager:
             lease_id: the contender's lease.
             wait: 0.0 to try once, seconds to wait at most, or None to wait
                 until granted or cancelled.
+            lock_delay: the lock-delay of this hold in whole seconds, 0 to 3600
+                (:mod:`.lock_delay`): after an unclean end of it, the next grant waits.
+                Any grant waits for the delay of an earlier hold that ended uncleanly;
+                meanwhile a try-once Acquire answers acquired=False with no holder.
             value: the value of the contender's key (an election candidate's,
                 :mod:`.election`); a key already there (the same lease asking
                 again) gets it too. None: a lock's empty value, and a try-once
@@ -213,7 +221,7 @@ class LockManager:
             gets the same token again.
 
         Raises:
-            InvalidArgument: bad name or lease id.
+            InvalidArgument: bad name, lease id or lock_delay.
             LockTimeout: not granted within ``wait`` seconds (the waiter key is deleted).
             LeaseLost: the lease is gone, or the waiter key was deleted while waiting.
             ResourceExhausted: this coordinator's queue limit (TOO_MANY_WAITERS).
@@ -223,15 +231,16 @@ class LockManager:
         """
         validate_lock_name(name)
         validate_lease_id(lease_id)
+        validate_lock_delay(lock_delay)
         if wait == 0:
-            return await self._issued(name, lease_id, await self._try_once(name, lease_id, value))
+            return await self._issued(name, lease_id, await self._try_once(name, lease_id, lock_delay, value))
         if self._waiting >= self._max_waiters:
             raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
                                     reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
         self._waiting += 1
         self._metrics.waiting_acquires(+1)
         try:
-            result = await self._acquire_waiting(name, lease_id, wait, value=value or b"")
+            result = await self._acquire_waiting(name, lease_id, wait, lock_delay=lock_delay, value=value or b"")
         finally:
             self._waiting -= 1
             self._metrics.waiting_acquires(-1)
@@ -285,7 +294,7 @@ class LockManager:
                 await self._withdraw(self._keys.contender(name, lease_id), result.token)
             raise
 
-    async def _try_once(self, name: str, lease_id: int, value: bytes | None = None) -> AcquireResult:
+    async def _try_once(self, name: str, lease_id: int, lock_delay: int, value: bytes | None = None) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
@@ -297,80 +306,95 @@ class LockManager:
                 return AcquireResult(True, token=int(owner.create_revision))
             return AcquireResult(False, holder=self._contender(owner))
 
-        def decide(resp: Any) -> AcquireResult:
+        def decide(resp: Any) -> AcquireResult | HeldBack:
             if resp.succeeded:
                 return AcquireResult(True, token=int(resp.header.revision))
-            return owned(resp.responses[0].response_range)
+            owners, delays = resp.responses[0].response_range, resp.responses[1].response_range
+            if not owners.kvs:  # free, but a lock-delay holds it back (lock_delay.py)
+                return HeldBack(delays, int(resp.header.revision))
+            return owned(owners)
+
+        # A value to set (an election's): the failure branch also rewrites our key if it is there with another value.
+        rewrite = [] if value is None else [etcdops.txn_op([etcdops.value_differs(key, value)],
+                                                           [etcdops.put(key, value, lease_id=lease_id)])]
+
+        async def grant() -> AcquireResult | HeldBack:
+            result = await self._etcd.lock_txn(TxnPlan(
+                etcdops.txn([etcdops.is_free(lock), self._delays.is_clear(lock)],
+                            [etcdops.put(key, value or b"", lease_id=lease_id)],
+                            [etcdops.holder_of(lock), self._delays.read(lock), *rewrite]),
+                decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
+                name=name, lease_id=lease_id), lock)
+            if lock_delay and isinstance(result, AcquireResult) and result.acquired:
+                await self._delays.remember(lock, key, lease_id, result.token, lock_delay)
+            return result
 
         # The whole range compares to create revision 0 only when it is empty.
         # A cancelled call's Txn goes on (tracked: a Withdraw waits for it); a grant that reaches
         # nobody is withdrawn REATTACH_SECONDS later, unless the caller Acquires again meanwhile.
-        # A value to set: the failure branch also rewrites our key if it is there with another value.
-        rewrite = [] if value is None else [etcdops.txn_op([etcdops.value_differs(key, value)],
-                                                           [etcdops.put(key, value, lease_id=lease_id)])]
-        step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_free(lock)], [etcdops.put(key, value or b"", lease_id=lease_id)],
-                        [etcdops.holder_of(lock), *rewrite]),
-            decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
-            name=name, lease_id=lease_id), lock))
+        step = self._writing_step(key, grant())
         try:
-            return await asyncio.shield(step)
+            result = await asyncio.shield(step)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                result = await step
-                if result.acquired:
-                    self._withdraw_later(key, result.token, result.token)
+                done = await step
+                if isinstance(done, AcquireResult) and done.acquired:
+                    self._withdraw_later(key, done.token, done.token)
             raise
+        if isinstance(result, HeldBack):
+            await self._delays.gate(lock, key, lease_id, 0, lock_delay, result.delays, result.revision, wait=False)
+            return AcquireResult(False)
+        return result
 
     async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None,
-                               places: int = 1, value: bytes = b"") -> AcquireResult:
+                               places: int = 1, value: bytes = b"", lock_delay: int = 0) -> AcquireResult:
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
-        # (our key's create revision, its mod revision, the create revisions of the first `places` keys)
-        def queued(mine: Any, owners: Any) -> tuple[int, int, list[int]]:
+        # (our key's create revision, its mod revision, the create revisions of the first `places` keys,
+        # the lock-delay range)
+        def queued(mine: Any, owners: Any, delays: Any) -> tuple[int, int, list[int], Any]:
             if not mine.kvs:
                 return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back
             firsts = [int(kv.create_revision) for kv in owners.kvs]
-            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), firsts
+            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), firsts, delays
 
-        def decide(resp: Any) -> tuple[int, int, list[int]]:
+        def decide(resp: Any) -> tuple[int, int, list[int], Any]:
             if resp.succeeded:
-                owners = resp.responses[1].response_range
+                owners, delays = resp.responses[1].response_range, resp.responses[2].response_range
                 revision = int(resp.header.revision)
-                return revision, revision, [int(kv.create_revision) for kv in owners.kvs]
-            _, mine, owners = (r.response_range if r.WhichOneof("response") == "response_range" else None
-                               for r in resp.responses)
+                return revision, revision, [int(kv.create_revision) for kv in owners.kvs], delays
+            _, mine, owners, delays = (r.response_range if r.WhichOneof("response") == "response_range" else None
+                                       for r in resp.responses)
             if not mine.kvs:  # deleted between the compare and the read: cannot be, Txn is atomic
                 raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
-            return queued(mine, owners)
+            return queued(mine, owners, delays)
 
-        def resolve(resp: Any) -> tuple[int, int, list[int]]:
+        def resolve(resp: Any) -> tuple[int, int, list[int], Any]:
             # Read back after a lost answer: our key is there, created or touched by this call or before it.
             return queued(*(r.response_range for r in resp.responses))
 
         # A key already there (this lease queued before, and its call ended: a broken connection, a
         # coordinator that stopped) is kept with its create revision, its place in the queue, and
         # written again: the new mod revision tells a pending deferred withdrawal that it was reattached.
-        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock, limit=places)]
+        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock, limit=places), self._delays.read(lock)]
         step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_absent(key)],
-                        [etcdops.put(key, value, lease_id=lease_id), etcdops.holder_of(lock, limit=places)],
+            etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, value, lease_id=lease_id), *reads[1:]],
                         [etcdops.put(key, value, lease_id=lease_id), *reads]),
             decide, reads, resolve, name=name, lease_id=lease_id), lock))
         try:
-            my_rev, mod_rev, firsts = await asyncio.shield(step)
+            my_rev, mod_rev, firsts, delays = await asyncio.shield(step)
         except asyncio.CancelledError:
             # Cancelled while queueing: finish the write, then withdraw the key unless it is reattached.
             with contextlib.suppress(Exception):
-                my_rev, mod_rev, _ = await step
+                my_rev, mod_rev, _, _ = await step
                 self._withdraw_later(key, my_rev, mod_rev)
             raise
-        if my_rev in firsts:
+        if my_rev in firsts and self._delays.settled(delays, lease_id, my_rev, lock_delay):
             return AcquireResult(True, token=my_rev)
         try:
             async with asyncio.timeout(wait):
-                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev, places)
+                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev, places, lock_delay)
             return AcquireResult(True, token=my_rev, freed_at=freed_at)
         except TimeoutError as exc:
             await self._withdraw(key, my_rev)
@@ -406,7 +430,7 @@ class LockManager:
         async def later() -> None:
             await asyncio.sleep(self._reattach_seconds)
             plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev), etcdops.is_unchanged(key, mod_rev)],
-                                       [etcdops.delete(key)]),
+                                       [etcdops.delete(key), self._forget(key, my_rev)]),
                            lambda resp: bool(resp.succeeded), [], lambda resp: True)
             try:
                 if await self._etcd.lock_txn(plan, _lock_of(key)):
@@ -457,7 +481,8 @@ class LockManager:
             return False, False, int(resp.header.revision)
 
         return await self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), etcdops.delete(key)]),
+            etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), etcdops.delete(key),
+                             self._delays.forget(lock, lease_id, None)]),
             decide, [etcdops.get(key, keys_only=True)], resolve, name=name, lease_id=lease_id), lock)
 
     async def close(self) -> None:
@@ -469,8 +494,9 @@ class LockManager:
                 await task
 
     async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int,
-                         places: int = 1) -> float | None:
-        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range (fewer than ``places`` before it).
+                         places: int = 1, lock_delay: int = 0) -> float | None:
+        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range (fewer than ``places`` before
+        it), and any lock-delay has passed.
 
         With ``places`` > 1 (a semaphore's queue) it waits for the deletion of
         any of the ``places`` keys just before its own: a deletion further
@@ -481,14 +507,23 @@ class LockManager:
             The monotonic clock reading when the deletion of the last key
             waited for was seen: the key before ours, deleted when nothing was
             before it, so the holder's (the hand-off's start). None when the
-            wait did not end on a deletion event (the watch could not tell).
+            wait did not end on a deletion event (the watch could not tell),
+            or a lock-delay held the grant back.
         """
         delays = ETCD_BACKOFF.delays()
         freed_at: float | None = None
         while True:
             try:
-                resp = await self._etcd.read([etcdops.last_before(lock, my_rev, limit=places)],
+                resp = await self._etcd.read([etcdops.last_before(lock, my_rev, limit=places), self._delays.read(lock)],
                                              compare=[etcdops.is_owner(key, my_rev)], name=name, lease_id=lease_id)
+                if resp.succeeded and len(resp.responses[0].response_range.kvs) < places:
+                    # First (among the first `places`) at this revision: granted, unless a lock-delay runs
+                    # (then read again after it).
+                    if await self._delays.gate(lock, key, lease_id, my_rev, lock_delay,
+                                               resp.responses[1].response_range, int(resp.header.revision)):
+                        return freed_at
+                    freed_at = None
+                    continue
             except Unavailable:
                 await asyncio.sleep(next(delays))  # etcd blip: keep our place, retry within the wait
                 continue
@@ -498,8 +533,6 @@ class LockManager:
                 raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
                                 name=name, lease_id=lease_id)
             predecessors = resp.responses[0].response_range.kvs
-            if len(predecessors) < places:
-                return freed_at  # granted: at this revision our key exists and is the lowest (among the first)
             seen = await wait_any_deleted(self._watcher, [bytes(kv.key) for kv in predecessors],
                                       int(resp.header.revision))
             freed_at = time.monotonic() if seen else None
@@ -510,7 +543,7 @@ class LockManager:
             kvs = resp.responses[0].response_range.kvs
             return NOT_APPLIED if kvs and int(kvs[0].create_revision) == my_rev else True  # type: ignore[no-any-return]
 
-        plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev)], [etcdops.delete(key)]),
+        plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev)], [etcdops.delete(key), self._forget(key, my_rev)]),
                        lambda resp: True, [etcdops.get(key, keys_only=True)], gone)
         try:
             with unbounded():  # not bounded by the deadline of the call that ends
@@ -557,7 +590,8 @@ class LockManager:
             return int(resp.header.revision), None, None
 
         revision, mine, holder = await self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_owner(key, created)], [etcdops.delete(key)],
+            etcdops.txn([etcdops.is_owner(key, created)],
+                        [etcdops.delete(key), self._delays.forget(lock, lease_id, created)],
                         [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]),
             decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id), lock)
         if revision:
@@ -608,6 +642,11 @@ class LockManager:
         ttl, _ = await self._etcd.lease_ttl(lease_id)
         return ttl > 0
 
+
+    def _forget(self, key: bytes, my_rev: int) -> Any:
+        """The op that deletes the lock-delay record of the hold of contender key ``key`` created at ``my_rev``."""
+        parsed = self._keys.parse(key)
+        return self._delays.forget(_lock_of(key), parsed[1] if parsed else 0, my_rev)
 
     def _contender(self, kv: Any) -> Holder:
         """The contender of key ``kv`` with its create revision (not yet a token)."""

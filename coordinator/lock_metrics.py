@@ -5,7 +5,10 @@ etcd requests it sent did, not the whole cluster's (several coordinators
 serve one etcd; add them up in Prometheus). No label carries a lock name or
 a lease id: the label values are fixed sets. ``prefix`` is "" unless the
 operator names lock-name prefixes (``serve --metrics-name-prefix``): then it
-is the longest of them that the lock name starts with.
+is the longest of them that the lock name starts with. Elections' and
+semaphores' holds are locks with internal names (:mod:`fencepost.client.v1.kinds`,
+a control character first, which no configured prefix has): they count
+under ``prefix=""``, and no label ever shows their names either.
 
 ==================================  =========  ==================  ==============================================
 metric                              type       labels              meaning

@@ -53,6 +53,7 @@ from .limits import Limits, LimitTracker
 from .listing import list_locks
 from .sessions import list_sessions
 from .lock import Holder, LockManager
+from .lock_delay import validate_lock_delay
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
 from .semaphore import Semaphores, validate_permits, validate_request_id, validate_slot
@@ -252,13 +253,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._access.check(context, ACQUIRE, request.name)
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
+        lock_delay = validate_lock_delay(request.lock_delay_seconds)
         await self._locks.tokens.ready()
         await self._owners.check_call(context, request.lease_id, "Acquire")
         # A bounded wait bounds the etcd calls too: with etcd down, the caller hears why at its timeout.
         # The lease's holds and waits and the caller's rate are checked, and this call counted while it runs.
         with (self._limits.acquiring(caller_of(context).key, request.name, request.lease_id),
               bounded(None if wait is None else wait + DEADLINE_MARGIN_SECONDS)):
-            result = await self._locks.acquire(request.name, request.lease_id, wait)
+            result = await self._locks.acquire(request.name, request.lease_id, wait, lock_delay)
         waited = time.perf_counter() - started
         if result.acquired:
             self._metrics.granted(request.name, waited)
@@ -321,6 +323,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def Describe(self, request: lock_pb2.DescribeRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.DescribeResponse:
+        validate_name(request.name)  # a caller's lock name: never an election's or a semaphore's internal one
         self._access.check(context, DESCRIBE, request.name)
         await self._locks.tokens.ready()
         d = await self._locks.describe(request.name)
@@ -394,6 +397,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._admit(context, "revoke", request.name)
         await self._locks.tokens.ready()
         try:
+            validate_name(request.name)  # a lock's: an election's or a semaphore's internal name is refused
             holder = (await self._locks.describe(request.name)).holder
             found = False
             if holder is not None:

@@ -10,6 +10,11 @@ when the page is served, one LeaseTimeToLive with ``keys = true`` per lease
 read Txn of the first contender of each lock named by those keys: a
 contender key that is its lock's first is a hold, the others are waits. A
 lease that ended since the listing's revision is left out of its page.
+
+Elections and semaphores are locks with internal names (:mod:`fencepost.client.v1.kinds`);
+a session shows them by kind (:func:`shown`): ``election:E``, ``semaphore:S#i``
+(a permit's slot), ``semaphore:S`` (a place in the queue without a permit),
+as SessionInfo.holds says in proto/fencepost/v1/lock.proto.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from fencepost.client.v1 import etcdops
+from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.client.v1.keys import Keys, prefix_end
 
@@ -25,7 +30,7 @@ from .etcd import EtcdClient
 from .listing import TTL_CONCURRENCY, decode_page_token, encode_page_token, page_size_of
 from .ownership import OwnerRecord
 
-__all__ = ["Session", "SessionPage", "list_sessions"]
+__all__ = ["Session", "SessionPage", "list_sessions", "shown"]
 
 #: Holder reads per etcd Txn (etcd refuses a Txn of more than 128 ops by default).
 HOLDERS_PER_TXN = 100
@@ -40,8 +45,8 @@ class Session:
         owner: the certificate identity that granted it; None without one (or an unreadable record).
         ttl_seconds: the granted TTL in seconds.
         ttl_remaining_seconds: seconds left, as etcd reports it now.
-        holds: the names of the locks it holds, sorted.
-        waits: the names of the locks it waits for, sorted.
+        holds: the names of the locks it holds, sorted (elections and semaphores as :func:`shown` says).
+        waits: the names of the locks it waits for, sorted (likewise).
     """
 
     lease_id: int
@@ -112,10 +117,45 @@ async def list_sessions(etcd: EtcdClient, keys: Keys, page_size: int, page_token
         if lease_id not in contended:
             continue
         names = contended[lease_id]
-        sessions.append(Session(lease_id, owner, granted, left,
-                                holds=[n for n in names if holders.get(n) == lease_id],
-                                waits=[n for n in names if holders.get(n) != lease_id]))
+        holds, waits = shown([n for n in names if holders.get(n) == lease_id],
+                             [n for n in names if holders.get(n) != lease_id])
+        sessions.append(Session(lease_id, owner, granted, left, holds=holds, waits=waits))
     return SessionPage(sessions, next_token, revision)
+
+
+def shown(holds: list[str], waits: list[str]) -> tuple[list[str], list[str]]:
+    """One lease's holds and waits (lock names, internal ones included) as ListSessions shows them, sorted.
+
+    Lock names stay as they are. An election's lock is ``election:E``; a
+    semaphore's slot lock is ``semaphore:S#i``; its queue lock is a wait
+    ``semaphore:S`` (whether first in the queue or not), left out when the
+    lease holds a permit of S. Other internal names are left out.
+
+    Args:
+        holds: the lock names whose first contender is the lease's key.
+        waits: the other lock names the lease has a key in.
+
+    Returns:
+        (holds, waits) as shown.
+    """
+    public = {name: kinds.public_hold(name) for name in (*holds, *waits)}
+    permits = {hold.name for hold in public.values() if hold.kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE
+               and hold.slot >= 0}
+    shown_holds: list[str] = []
+    shown_waits: list[str] = []
+    for names, into in ((holds, shown_holds), (waits, shown_waits)):
+        for name in names:
+            kind, label, slot = public[name]
+            if kind == kinds.HoldKind.HOLD_KIND_ELECTION:
+                into.append(f"election:{label}")
+            elif kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE and slot >= 0:
+                into.append(f"semaphore:{label}#{slot}")
+            elif kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
+                if label not in permits:
+                    shown_waits.append(f"semaphore:{label}")
+            elif not kinds.is_internal(name):
+                into.append(name)
+    return sorted(shown_holds), sorted(set(shown_waits))
 
 
 async def _holders(etcd: EtcdClient, keys: Keys, names: list[str]) -> dict[str, int]:

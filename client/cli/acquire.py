@@ -38,6 +38,7 @@ from .common import (
     tls_flags,
     tls_of,
 )
+from .common import lock_delay_flag
 
 __all__ = ["acquire_unless", "add_parser", "execute"]
 
@@ -59,10 +60,11 @@ def add_parser(sub: Any) -> None:
     wait.add_argument("--timeout", type=parse_timeout, default=None, metavar="S",
                       help="give up after S seconds of waiting (default: wait forever)")
     wait.add_argument("--try", dest="try_once", action="store_true", help="try once; exit 5 if the lock is held")
+    lock_delay_flag(p)
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Run ``fencepost acquire NAME [--ttl S] [--timeout S | --try]``.
+    """Run ``fencepost acquire NAME [--ttl S] [--timeout S | --try] [--lock-delay S]``.
 
     Returns:
         0 once released after SIGINT or SIGTERM.
@@ -81,7 +83,8 @@ def execute(args: argparse.Namespace) -> int:
 
 async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, timeout: float | None,
                          try_once: bool, interrupt: Awaitable[object],
-                         acquiring: Awaitable[AsyncLockHandle] | None = None) -> AsyncLockHandle | None:
+                         acquiring: Awaitable[AsyncLockHandle] | None = None, lock_delay: float = 0
+                         ) -> AsyncLockHandle | None:
     """Acquire ``name`` unless ``interrupt`` completes first (a signal, say).
 
     Args:
@@ -93,6 +96,7 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
         interrupt: An awaitable; if it completes before the grant, the acquire
             is cancelled (which removes the waiter's place in the queue).
         acquiring: Another acquire to run instead (a semaphore permit's), made by the caller.
+        lock_delay: The hold's lock-delay in seconds (0: none).
 
     Returns:
         The handle, or None when interrupted (a grant that raced with the
@@ -104,9 +108,9 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
     if acquiring is not None:
         acquiring = asyncio.ensure_future(acquiring)
     elif try_once:
-        acquiring = asyncio.ensure_future(client.try_acquire(name, ttl=ttl))
+        acquiring = asyncio.ensure_future(client.try_acquire(name, ttl=ttl, lock_delay=lock_delay))
     else:
-        acquiring = asyncio.ensure_future(client.acquire(name, ttl=ttl, timeout=timeout))
+        acquiring = asyncio.ensure_future(client.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay))
     interrupted = asyncio.ensure_future(interrupt)
     try:
         await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
@@ -137,7 +141,8 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls:
     try:
         async with AsyncLockClient(addresses, tls=tls) as client:
             handle = await acquire_unless(client, args.name, ttl=args.ttl, timeout=args.timeout,
-                                          try_once=args.try_once, interrupt=stop.wait())
+                                          try_once=args.try_once, interrupt=stop.wait(),
+                                          lock_delay=args.lock_delay)
             if handle is None:
                 raise CliError(f"interrupted while waiting for {args.name}", EXIT_INTERRUPTED)
 

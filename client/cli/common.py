@@ -34,7 +34,7 @@ from fencepost.client.errors import (
     Unavailable,
     from_rpc_error,
 )
-from fencepost.client.v1.keys import MAX_LEASE_ID, MAX_TOKEN, MAX_TTL_SECONDS, MIN_TTL_SECONDS
+from fencepost.client.v1.keys import MAX_LEASE_ID, MAX_LOCK_DELAY_SECONDS, MAX_TOKEN, MAX_TTL_SECONDS, MIN_TTL_SECONDS
 
 __all__ = [
     "ADDRESS_ENV",
@@ -208,6 +208,32 @@ def parse_timeout(text: str) -> float:
     if not math.isfinite(value) or value < 0 or value > MAX_TTL_SECONDS:
         raise argparse.ArgumentTypeError(f"timeout must be >= 0 and <= {MAX_TTL_SECONDS:g} seconds, got {text}")
     return value
+
+
+def parse_lock_delay(text: str) -> float:
+    """Parse --lock-delay.
+
+    Args:
+        text: Seconds, 0 to 3600.
+
+    Returns:
+        The lock-delay in seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number in range.
+    """
+    value = _number(text, "lock-delay")
+    if not math.isfinite(value) or not 0 <= value <= MAX_LOCK_DELAY_SECONDS:
+        raise argparse.ArgumentTypeError(f"lock-delay must be 0 to {MAX_LOCK_DELAY_SECONDS} seconds, got {text}")
+    return value
+
+
+def lock_delay_flag(parser: argparse.ArgumentParser) -> None:
+    """Add ``--lock-delay S`` (the hold's lock-delay; ``args.lock_delay``, 0 by default) to ``parser``."""
+    parser.add_argument("--lock-delay", type=parse_lock_delay, default=0.0, metavar="S",
+                        help="lock-delay in seconds, 0 to 3600: if this hold is lost (lease expired or revoked, "
+                             "not released), the lock's next grant waits S seconds (README, \"Lock-delay\"; "
+                             "a mitigation for storage that cannot check tokens, not a replacement for fencing)")
 
 
 def parse_lease_id(text: str) -> int:

@@ -95,6 +95,7 @@ from .common import (
     tls_flags,
     tls_of,
 )
+from .common import lock_delay_flag
 
 __all__ = [
     "ENV_ADDRESS",
@@ -210,8 +211,8 @@ def add_parser(sub: Any) -> None:
             "SIGINT, SIGTERM and SIGHUP sent to fencepost run are forwarded to the command.",
         ),
         usage="fencepost run NAME --ttl S [--permits N] [--timeout S | --try] [--grace S] "
-              "[--lost-exit-code N] [--address HOST:PORT] [--tls] [--ca PATH] [--cert PATH --key PATH] "
-              "[--tls-server-name NAME] -- CMD [ARGS...]",
+              "[--lost-exit-code N] [--lock-delay S] [--address HOST:PORT] [--tls] [--ca PATH] "
+              "[--cert PATH --key PATH] [--tls-server-name NAME] -- CMD [ARGS...]",
         help="run a command while holding a lock; the command gets the fencing token",
         description="Take the lock NAME, run CMD with the fencing token in its environment "
                     "while the client streams keepalives, and release the lock when CMD "
@@ -231,6 +232,7 @@ def add_parser(sub: Any) -> None:
                    help="seconds between SIGTERM and SIGKILL after the hold is lost (default 5)")
     p.add_argument("--lost-exit-code", type=_exit_code, default=EXIT_LOST, metavar="N",
                    help=f"exit code when the hold is lost while CMD runs (default {EXIT_LOST})")
+    lock_delay_flag(p)
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -247,11 +249,13 @@ def execute(args: argparse.Namespace) -> int:
     lock_name(args.name)
     if not args.argv:
         raise CliError("no command: give it after --, as in fencepost run NAME --ttl S -- CMD [ARGS...]", EXIT_USAGE)
+    if args.permits is not None and args.lock_delay:
+        raise CliError("--lock-delay applies to locks, not to semaphores (--permits)", EXIT_USAGE)
     try:
         result = asyncio.run(run_locked(
             addresses, args.name, args.argv, ttl=args.ttl, timeout=args.timeout, try_once=args.try_once,
             grace=args.grace, lost_exit_code=args.lost_exit_code, interrupted_exit_code=EXIT_INTERRUPTED, tls=tls,
-            permits=args.permits))
+            permits=args.permits, lock_delay=args.lock_delay))
     except CommandError as err:
         raise CliError(str(err), err.exit_code) from None
     except PermitsMismatch as err:
@@ -438,6 +442,7 @@ async def run_locked(
     interrupted_exit_code: int = EXIT_INTERRUPTED,
     tls: TlsConfig | None = None,
     permits: int | None = None,
+    lock_delay: float = 0,
 ) -> RunResult:
     """Acquire ``name``, run ``command`` while holding it, release it.
 
@@ -453,6 +458,7 @@ async def run_locked(
         interrupted_exit_code: Exit code when a signal arrives before the grant.
         tls: TLS settings for the coordinator (and the child's environment); None for plaintext.
         permits: Take a permit of semaphore ``name`` of this many permits instead of the lock; None: the lock.
+        lock_delay: The hold's lock-delay in seconds (0: none; README, "Lock-delay").
 
     Returns:
         A :class:`RunResult`; the child has exited and been reaped.
@@ -473,7 +479,7 @@ async def run_locked(
                 semaphore = client.semaphore(name, permits, ttl=ttl)
                 acquiring = semaphore.try_acquire() if try_once else semaphore.acquire(timeout)
             handle = await acquire_unless(client, name, ttl=ttl, timeout=timeout, try_once=try_once,
-                                          interrupt=received.get(), acquiring=acquiring)
+                                          interrupt=received.get(), acquiring=acquiring, lock_delay=lock_delay)
             if handle is None:
                 return RunResult(interrupted_exit_code,
                                  message=f"interrupted while waiting for {name}; command not run")

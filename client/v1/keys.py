@@ -17,6 +17,12 @@ And one key per lease granted through a coordinator, its ownership record
 holds it and :meth:`Keys.parse` rejects it), attached to the lease so that it
 ends with it: JSON with the owner's certificate identity and the SHA-256 of
 the lease secret (see ``fencepost.coordinator.ownership``).
+
+And, for a lock whose holds ask for a lock-delay, up to two keys under
+``<prefix>!delay!<encoded name>!`` (``!`` is percent-encoded in names, so no
+lock's range holds them, and :meth:`Keys.parse` rejects them): the record of
+the last such hold, and the wait of a delay that runs (see
+``fencepost.coordinator.lock_delay``).
 """
 
 from __future__ import annotations

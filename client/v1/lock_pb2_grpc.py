@@ -183,13 +183,17 @@ class LockServiceServicer:
         Idempotent per (lease_id, name): if that lease already holds the lock,
         the same fencing token is returned again. Locks are not counted
         re-entrantly: one Release ends the hold. Do not run two Acquire calls
-        for the same (lease_id, name) at once.
-        Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
-        FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
-        the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-        waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-        waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
-        (the lease is another caller's), UNAVAILABLE.
+        for the same (lease_id, name) at once. While the lock-delay of a lost
+        holder runs (AcquireRequest.lock_delay_seconds), a free lock is granted
+        to nobody: a waiting Acquire waits, a try-once one gets acquired = false
+        with no holder.
+        Errors: INVALID_ARGUMENT (name, lease_id, wait_ms, lock_delay_seconds),
+        DEADLINE_EXCEEDED, FAILED_PRECONDITION/LEASE_EXPIRED (the lease is
+        gone, or its place in the queue was deleted while waiting),
+        RESOURCE_EXHAUSTED (too many waiters on this coordinator;
+        LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
+        rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+        caller's), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -280,6 +284,7 @@ class LockServiceServicer:
         """ListLocks lists the held locks whose names start with `prefix`, in the
         order of their etcd keys (percent-encoded names), one page at a time:
         holder, fencing token, TTL left, how long held and waiters of each.
+        Elections and semaphores are not listed (Leader, DescribeSemaphore).
         Read-only. Every page of one listing is read at the etcd revision of its
         first page (carried in the page token), so the pages together are one
         snapshot; only the TTLs and held_seconds are read when each page is

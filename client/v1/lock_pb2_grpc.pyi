@@ -147,13 +147,17 @@ class LockServiceStub:
     Idempotent per (lease_id, name): if that lease already holds the lock,
     the same fencing token is returned again. Locks are not counted
     re-entrantly: one Release ends the hold. Do not run two Acquire calls
-    for the same (lease_id, name) at once.
-    Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
-    FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
-    the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-    waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-    waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
-    (the lease is another caller's), UNAVAILABLE.
+    for the same (lease_id, name) at once. While the lock-delay of a lost
+    holder runs (AcquireRequest.lock_delay_seconds), a free lock is granted
+    to nobody: a waiting Acquire waits, a try-once one gets acquired = false
+    with no holder.
+    Errors: INVALID_ARGUMENT (name, lease_id, wait_ms, lock_delay_seconds),
+    DEADLINE_EXCEEDED, FAILED_PRECONDITION/LEASE_EXPIRED (the lease is
+    gone, or its place in the queue was deleted while waiting),
+    RESOURCE_EXHAUSTED (too many waiters on this coordinator;
+    LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
+    rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+    caller's), UNAVAILABLE.
     """
     Release: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]
     """Release ends the hold of `name` by `lease_id` whose grant carried
@@ -224,6 +228,7 @@ class LockServiceStub:
     """ListLocks lists the held locks whose names start with `prefix`, in the
     order of their etcd keys (percent-encoded names), one page at a time:
     holder, fencing token, TTL left, how long held and waiters of each.
+    Elections and semaphores are not listed (Leader, DescribeSemaphore).
     Read-only. Every page of one listing is read at the etcd revision of its
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
@@ -417,13 +422,17 @@ class LockServiceAsyncStub(LockServiceStub):
     Idempotent per (lease_id, name): if that lease already holds the lock,
     the same fencing token is returned again. Locks are not counted
     re-entrantly: one Release ends the hold. Do not run two Acquire calls
-    for the same (lease_id, name) at once.
-    Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
-    FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
-    the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-    waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-    waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
-    (the lease is another caller's), UNAVAILABLE.
+    for the same (lease_id, name) at once. While the lock-delay of a lost
+    holder runs (AcquireRequest.lock_delay_seconds), a free lock is granted
+    to nobody: a waiting Acquire waits, a try-once one gets acquired = false
+    with no holder.
+    Errors: INVALID_ARGUMENT (name, lease_id, wait_ms, lock_delay_seconds),
+    DEADLINE_EXCEEDED, FAILED_PRECONDITION/LEASE_EXPIRED (the lease is
+    gone, or its place in the queue was deleted while waiting),
+    RESOURCE_EXHAUSTED (too many waiters on this coordinator;
+    LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
+    rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+    caller's), UNAVAILABLE.
     """
     Release: _aio.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Release ends the hold of `name` by `lease_id` whose grant carried
@@ -494,6 +503,7 @@ class LockServiceAsyncStub(LockServiceStub):
     """ListLocks lists the held locks whose names start with `prefix`, in the
     order of their etcd keys (percent-encoded names), one page at a time:
     holder, fencing token, TTL left, how long held and waiters of each.
+    Elections and semaphores are not listed (Leader, DescribeSemaphore).
     Read-only. Every page of one listing is read at the etcd revision of its
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
@@ -702,13 +712,17 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Idempotent per (lease_id, name): if that lease already holds the lock,
         the same fencing token is returned again. Locks are not counted
         re-entrantly: one Release ends the hold. Do not run two Acquire calls
-        for the same (lease_id, name) at once.
-        Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
-        FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
-        the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-        waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-        waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
-        (the lease is another caller's), UNAVAILABLE.
+        for the same (lease_id, name) at once. While the lock-delay of a lost
+        holder runs (AcquireRequest.lock_delay_seconds), a free lock is granted
+        to nobody: a waiting Acquire waits, a try-once one gets acquired = false
+        with no holder.
+        Errors: INVALID_ARGUMENT (name, lease_id, wait_ms, lock_delay_seconds),
+        DEADLINE_EXCEEDED, FAILED_PRECONDITION/LEASE_EXPIRED (the lease is
+        gone, or its place in the queue was deleted while waiting),
+        RESOURCE_EXHAUSTED (too many waiters on this coordinator;
+        LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
+        rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+        caller's), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -809,6 +823,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListLocks lists the held locks whose names start with `prefix`, in the
         order of their etcd keys (percent-encoded names), one page at a time:
         holder, fencing token, TTL left, how long held and waiters of each.
+        Elections and semaphores are not listed (Leader, DescribeSemaphore).
         Read-only. Every page of one listing is read at the etcd revision of its
         first page (carried in the page token), so the pages together are one
         snapshot; only the TTLs and held_seconds are read when each page is

@@ -32,8 +32,9 @@ The rules that make batching safe and invisible to the lock algorithm:
    both be granted at the same revision. A request is batched under its
    lock's key prefix; one whose lock is already in the batch being formed
    stays queued for the next batch, in its order (first come, first served
-   per lock). Every op of a lock Txn lies inside its lock's key range and
-   locks' ranges never overlap (:class:`~fencepost.client.v1.keys.Keys`), so
+   per lock). Every op of a lock Txn lies inside its lock's key range (or
+   its lock's own lock-delay keys, :mod:`..lock_delay`) and locks' ranges
+   never overlap (:class:`~fencepost.client.v1.keys.Keys`), so
    a nested Txn reads and writes exactly what it would alone, and no two
    nested Txns write one key. Only the Txns of :mod:`..lock` that are marked
    (:meth:`~.client.EtcdClient.lock_txn`: acquire, the waiting acquire's

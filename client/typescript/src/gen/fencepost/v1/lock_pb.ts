@@ -228,7 +228,13 @@ export type AcquireRequest = Message<"fencepost.v1.AcquireRequest"> & {
    * in flight from the lost holder land before the next holder starts.
    * A mitigation for storage that cannot check tokens, never a
    * replacement for fencing. Give the same value on every Acquire of a
-   * lock. 0: none.
+   * lock. 0: none. The delay is kept in etcd (every replica honours it,
+   * across restarts) and runs from when a contender saw the end: at once
+   * if one waits, else from the next Acquire. Meanwhile a waiting Acquire
+   * waits (within wait_ms) and a try-once Acquire answers acquired = false
+   * with holder unset. etcd raises a delay below its minimum lease TTL
+   * (about 2 s) to it and expires leases up to about 0.5 s late, so the
+   * delay is a lower bound. Errors: INVALID_ARGUMENT (lock_delay_seconds).
    *
    * @generated from field: int64 lock_delay_seconds = 5;
    */
@@ -272,7 +278,9 @@ export type AcquireResponse = Message<"fencepost.v1.AcquireResponse"> & {
   token: bigint;
 
   /**
-   * holder: the current holder when acquired = false (try-once only).
+   * holder: the current holder when acquired = false (try-once only); unset
+   * when the lock is free but the lock-delay of a holder that was lost has not
+   * passed (see AcquireRequest.lock_delay_seconds).
    *
    * @generated from field: fencepost.v1.Holder holder = 3;
    */
@@ -1284,7 +1292,8 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
 
   /**
    * waiting_acquires: this coordinator: Acquire calls with a wait
-   * (wait_ms > 0 or wait_forever) in progress.
+   * (wait_ms > 0 or wait_forever) in progress; the Campaign and
+   * AcquirePermit calls that wait count too (they wait as Acquire does).
    *
    * @generated from field: int64 waiting_acquires = 13;
    */
@@ -1292,7 +1301,9 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
 
   /**
    * contender_keys: cluster-wide: the lock keys under the prefix, one per
-   * holder and one per waiter; -1 when etcd did not answer.
+   * holder and one per waiter, of locks only (not of elections'
+   * candidates nor semaphores' holders and waiters, nor held_locks and
+   * waiters below); -1 when etcd did not answer.
    *
    * @generated from field: int64 contender_keys = 14;
    */
@@ -1450,14 +1461,19 @@ export type SessionInfo = Message<"fencepost.v1.SessionInfo"> & {
   ttlRemainingSeconds: bigint;
 
   /**
-   * holds: the names of the locks this lease holds, sorted.
+   * holds: what this lease holds, sorted: lock names as they are, and
+   * "election:E" for the leadership of election E, "semaphore:S#i" for slot
+   * i of a permit of semaphore S. (A lock may be named like that too: use
+   * Describe, Leader or DescribeSemaphore to tell.)
    *
    * @generated from field: repeated string holds = 5;
    */
   holds: string[];
 
   /**
-   * waits: the names of the locks this lease waits for, sorted.
+   * waits: what this lease waits for, sorted: lock names, "election:E" for
+   * a candidacy of election E that does not lead, "semaphore:S" for a place
+   * in the queue of semaphore S without a permit.
    *
    * @generated from field: repeated string waits = 6;
    */
@@ -2350,13 +2366,17 @@ export const LockService: GenService<{
    * Idempotent per (lease_id, name): if that lease already holds the lock,
    * the same fencing token is returned again. Locks are not counted
    * re-entrantly: one Release ends the hold. Do not run two Acquire calls
-   * for the same (lease_id, name) at once.
-   * Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
-   * FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
-   * the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
-   * waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
-   * waits or the caller's Acquire rate), PERMISSION_DENIED/NOT_LEASE_OWNER
-   * (the lease is another caller's), UNAVAILABLE.
+   * for the same (lease_id, name) at once. While the lock-delay of a lost
+   * holder runs (AcquireRequest.lock_delay_seconds), a free lock is granted
+   * to nobody: a waiting Acquire waits, a try-once one gets acquired = false
+   * with no holder.
+   * Errors: INVALID_ARGUMENT (name, lease_id, wait_ms, lock_delay_seconds),
+   * DEADLINE_EXCEEDED, FAILED_PRECONDITION/LEASE_EXPIRED (the lease is
+   * gone, or its place in the queue was deleted while waiting),
+   * RESOURCE_EXHAUSTED (too many waiters on this coordinator;
+   * LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
+   * rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+   * caller's), UNAVAILABLE.
    *
    * @generated from rpc fencepost.v1.LockService.Acquire
    */
@@ -2462,6 +2482,7 @@ export const LockService: GenService<{
    * ListLocks lists the held locks whose names start with `prefix`, in the
    * order of their etcd keys (percent-encoded names), one page at a time:
    * holder, fencing token, TTL left, how long held and waiters of each.
+   * Elections and semaphores are not listed (Leader, DescribeSemaphore).
    * Read-only. Every page of one listing is read at the etcd revision of its
    * first page (carried in the page token), so the pages together are one
    * snapshot; only the TTLs and held_seconds are read when each page is
