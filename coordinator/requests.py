@@ -386,6 +386,12 @@ class RequestRecords:
         lease_id, ttl = await self._etcd.lease_grant(self._ttl)
         if ttl < self._ttl:  # etcd never grants less than asked; if it did, use the lease for less time
             sent -= self._ttl - ttl
+        # Its marker: tells a records lease from a caller's (etcdctl, the tests' look for leftover
+        # leases), whether or not a record was written under it yet. Ends with the lease.
+        marker = self._keys.records_lease_marker(lease_id)
+        await self._etcd.txn(TxnPlan(etcdops.txn([], [etcdops.put(marker, lease_id=lease_id)]), lambda resp: None,
+                                     [etcdops.get(marker, keys_only=True)],
+                                     lambda resp: None if resp.responses[0].response_range.kvs else NOT_APPLIED))
         _log.debug("records lease %#x granted (TTL %d s)", lease_id, ttl)
         return lease_id, sent
 

@@ -34,7 +34,7 @@ from etcd3aio import Etcd3Client, prefix_range_end
 from google.rpc import error_details_pb2, status_pb2
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-from fencepost.client.v1.keys import LEASE_RECORD_INFIX, REQUEST_RECORD_INFIX
+from fencepost.client.v1.keys import LEASE_RECORD_INFIX, RECORDS_LEASE_MARK, REQUEST_RECORD_INFIX
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.tokens import RECORD_SUFFIX
 from .owned_stub import OwnedStub
@@ -127,10 +127,20 @@ async def list_keys(client: Etcd3Client, prefix: str) -> list[bytes]:
 
 
 async def lease_ids(client: Etcd3Client) -> set[int]:
-    """The ids of every live lease in etcd."""
+    """The ids of every live lease in etcd but the coordinators' records leases (see ``records_leases``)."""
     assert client.lease is not None
     resp = await client.lease.leases(timeout=5)
-    return {lease.ID for lease in resp.leases}
+    return {lease.ID for lease in resp.leases} - await records_leases(client)
+
+
+async def records_leases(client: Etcd3Client) -> set[int]:
+    """The coordinators' records leases (coordinator/requests.py): never kept alive, they hold request
+    records for 60 to 120 s after a call, each marked by a key ``<prefix>.request.~<16 hex>``."""
+    assert client.kv is not None
+    key = b"/fencepost-test/"
+    resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
+    mark = REQUEST_RECORD_INFIX + RECORDS_LEASE_MARK
+    return {int(kv.lease) for kv in resp.kvs if mark in kv.key and kv.lease}
 
 
 # ---------------------------------------------------------------- coordinator

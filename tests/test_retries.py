@@ -36,7 +36,15 @@ from fencepost.coordinator.server import SERVER_OPTIONS
 from fencepost.coordinator.service import LockService
 from fencepost.coordinator.watch import DeleteWatcher
 
-from .conftest import assert_invalid_field, describe_waiters_is, error_info, list_keys, wait_for
+from .conftest import (
+    assert_invalid_field,
+    describe_waiters_is,
+    error_info,
+    lease_ids,
+    list_keys,
+    records_leases,
+    wait_for,
+)
 from .owned_stub import OwnedStub
 
 #: Every caller may do everything (AdminRevoke needs a policy that grants "admin").
@@ -296,6 +304,8 @@ async def test_records_when_written_live_on_a_records_lease_that_is_not_kept_ali
         await etcd_layer.txn(_put_plan(ops))
         kv = (await etcd_client.kv.get(Keys(prefix).request_record("r1"), timeout=5)).kvs[0]
         assert kv.lease == first
+        assert first in await records_leases(etcd_client)  # marked as a records lease (not a caller's)
+        assert first not in await lease_ids(etcd_client)
         assert (await records.outcome("r1", call)) is not None
         now[0] += 0.6  # past rotate: still the same lease, a new one is granted in the background
         assert (await records.ops_for("r2", call))[0].request_put.lease == first

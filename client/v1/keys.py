@@ -24,6 +24,8 @@ holds it and :meth:`Keys.parse` rejects it; a request id is 1 to 64
 characters of ``[A-Za-z0-9_-]``), attached to a lease of the coordinators'
 own that is never kept alive, so that it ends 60 to 120 s after it was
 written: JSON naming the call (see ``fencepost.coordinator.requests``).
+Each such lease carries a marker key ``<prefix>.request.~<lease id as 16
+hex digits>`` (``~`` is in no request id).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ TOKEN_RECORD_SUFFIX = b".tokens"
 LEASE_RECORD_INFIX = b".lease."
 #: Each request record's key is the prefix followed by this and the request id.
 REQUEST_RECORD_INFIX = b".request."
+#: A records lease's marker key is the prefix, REQUEST_RECORD_INFIX, this and the lease id in 16 hex digits.
+RECORDS_LEASE_MARK = b"~"
 
 
 def token_floor(record: bytes | None) -> int:
@@ -139,6 +143,13 @@ class Keys:
         Not a lock key: :meth:`parse` returns None for it, and no lock's range holds it.
         """
         return self.request_records + request_id.encode("ascii")
+
+    def records_lease_marker(self, lease_id: int) -> bytes:
+        """The key that marks lease ``lease_id`` as a records lease: ``<prefix>.request.~<16 hex>``.
+
+        ``~`` is in no request id, so no request record has this key.
+        """
+        return self.request_records + RECORDS_LEASE_MARK + f"{lease_id:016x}".encode()
 
     def is_record(self, key: bytes) -> bool:
         """Whether ``key`` is a lease's ownership record or a request record (not a lock key)."""
