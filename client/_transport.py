@@ -62,7 +62,16 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import _handshake
 from ._calls import StreamCalls
 from ._tls import PLAINTEXT, Security
-from ._tracing import OUTCOME, Tracing, error_outcome, inject, response_facts, rpc_attributes, set_rpc_status
+from ._tracing import (
+    OUTCOME,
+    REQUEST_ID,
+    Tracing,
+    error_outcome,
+    inject,
+    response_facts,
+    rpc_attributes,
+    set_rpc_status,
+)
 from .errors import LOCK_SERVICE, FencepostError, LimitExceeded, TlsError, Unavailable, from_rpc_error
 from .v1 import details
 from .v1 import lock_pb2_grpc as pb_grpc
@@ -455,6 +464,9 @@ class Transport:
             return await getattr(stub, method)(request, timeout=timeout, metadata=owned or None)
         attributes = rpc_attributes(LOCK_SERVICE, method)
         attributes.update(self.tracing.lock_attributes(name, lease_id, token))
+        request_id = getattr(request, "request_id", "")  # the same on every attempt of one call
+        if request_id:
+            attributes[REQUEST_ID] = request_id
         with tracer.start_as_current_span(f"{LOCK_SERVICE}/{method}", kind=SpanKind.CLIENT, attributes=attributes,
                                           record_exception=False, set_status_on_exception=False) as span:
             try:
