@@ -63,6 +63,14 @@ wait the caller abandoned is removed by Withdraw (Resign / ReleasePermit
 with token 0), itself idempotent. An empty request_id: no record (the
 behaviour before request ids). LeaseGrant has none: a LeaseGrant whose
 answer is lost leaves a lease that holds nothing and expires after its TTL.
+How: the call's etcd transaction also writes a record
+"<prefix>.request.<request_id>" naming the call (method, name, lease_id,
+token, slot), under a lease of the coordinators' own that is never kept
+alive (the record ends 60 to 120 s later; AdminRevoke writes its record
+before it revokes). A retry that would be refused (NOT_HOLDER,
+STALE_TOKEN, LEASE_EXPIRED) reads the record: the same call is answered
+from it; another call gets REQUEST_ID_REUSED. So a reused id is noticed
+only by a call that would fail, or by AdminRevoke.
 
 Ownership: a lease belongs to the caller that granted it. With mutual TLS
 the owner is the identity of the caller's client certificate (its SPIFFE
