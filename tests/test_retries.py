@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -409,3 +410,33 @@ async def test_release_on_the_stream_when_sent_again_with_its_request_id(coordin
         await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)
     finally:
         await session.close()
+
+
+async def test_records_when_one_id_is_reused_by_two_releases_of_one_batch(
+        etcd_layer: EtcdClient, prefix: str, etcd_client: Etcd3Client, caplog: pytest.LogCaptureFixture) -> None:
+    """Two Releases of different locks with one request id in one batch of lock Txns: etcd refuses the
+    batch (two puts of one key), the batcher sends each alone, and both locks are released."""
+    keys = Keys(prefix)
+    watcher = DeleteWatcher(etcd_layer, keys)
+    watcher.start()
+    locks = LockManager(etcd_layer, keys, watcher)
+    records = RequestRecords(etcd_layer, keys)
+    lease_id, _ = await etcd_layer.lease_grant(10)
+    try:
+        tokens = {name: (await locks.acquire(name, lease_id, 0.0)).token for name in ("x", "y", "z")}
+
+        def release(name: str, request_id: str) -> Awaitable[int]:
+            call = Call("Release", name, lease_id, tokens[name])
+            return records.run(request_id, call, lambda also: locks.release(name, lease_id, tokens[name], also=also))
+
+        await records.ops_for("warm-up", Call("Release", "-", 0))  # the records lease first: the three go at once
+        # x goes alone (nothing in flight); y and z queue behind it and go as one batch.
+        with caplog.at_level(logging.INFO, logger="fencepost.coordinator.etcd.batch"):
+            revisions = await asyncio.gather(release("x", "id-x"), release("y", "dup"), release("z", "dup"))
+        assert all(revisions) and await list_keys(etcd_client, prefix) == []
+        assert any("duplicate key" in r.getMessage() for r in caplog.records)  # the batch was refused, then alone
+    finally:
+        await records.close()
+        await locks.close()
+        await watcher.close()
+        await etcd_layer.lease_revoke(lease_id)
