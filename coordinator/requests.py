@@ -58,7 +58,8 @@ from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.client.v1.keys import MAX_REQUEST_ID_CHARS, Keys
 
-from .etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
+from .etcd import NOT_APPLIED, EtcdClient, TxnPlan, deadline, unbounded
+from .etcd.policy import Failure, Op, error_for
 
 __all__ = [
     "Call", "RECORDS_TTL_SECONDS", "ROTATE_SECONDS", "Record", "RequestIdReused", "RequestRecords", "USE_SECONDS",
@@ -360,7 +361,12 @@ class RequestRecords:
         if self._granting is None:
             self._start_grant()
         assert self._granting is not None
-        lease_id, _ = await asyncio.shield(self._granting)
+        left = deadline.left()  # the grant goes on for the next calls; this one waits until its own deadline
+        try:
+            lease_id, _ = await asyncio.wait_for(asyncio.shield(self._granting),
+                                                 None if left is None else max(0.0, left))
+        except TimeoutError:
+            raise error_for(Failure.TIMEOUT, None, Op.LEASE_GRANT) from None
         return lease_id
 
     def _start_grant(self) -> None:
