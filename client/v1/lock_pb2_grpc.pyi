@@ -156,7 +156,7 @@ class LockServiceStub:
     the same fencing token is returned again. Locks are not counted
     re-entrantly: one Release ends the hold. Do not run two Acquire calls
     for the same (lease_id, name) at once.
-    Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
+    Errors: INVALID_ARGUMENT (name, lease_id, wait_ms, request_id), DEADLINE_EXCEEDED,
     FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
     the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
     waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
@@ -167,8 +167,11 @@ class LockServiceStub:
     """Release ends the hold of `name` by `lease_id` whose grant carried
     `token`. The check and the delete are one etcd transaction. The lease
     itself stays alive. Not idempotent: releasing a lock that is no longer
-    held by this grant fails with FAILED_PRECONDITION.
-    Errors: INVALID_ARGUMENT (name, lease_id, token),
+    held by this grant fails with FAILED_PRECONDITION, unless the call is a
+    retry, with the same request_id, of a Release that succeeded: that
+    answers OK with the first revision (see "Retries").
+    Errors: INVALID_ARGUMENT (name, lease_id, token, request_id;
+    REQUEST_ID_REUSED: the request_id was used for another call),
     FAILED_PRECONDITION/NOT_HOLDER (the lease holds no such lock),
     FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
     token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
@@ -183,7 +186,7 @@ class LockServiceStub:
     and the next waiter is granted. Idempotent: found = false when the lease
     has no key there. Do not withdraw while another Acquire for the same
     (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
-    Errors: INVALID_ARGUMENT (name, lease_id), PERMISSION_DENIED/
+    Errors: INVALID_ARGUMENT (name, lease_id, request_id), PERMISSION_DENIED/
     NOT_LEASE_OWNER (the lease is another caller's), UNAVAILABLE.
     """
     KeepAlive: _grpc.StreamStreamMultiCallable[_lock_pb2.KeepAliveRequest, _lock_pb2.KeepAliveResponse]
@@ -273,12 +276,15 @@ class LockServiceStub:
     just before the revoke (etcd cannot revoke a lease inside a Txn): if the
     lock changed hands in between, the lease that held it is revoked all the
     same, and the response names that lease and its token. A lock that is free
-    answers revoked = false and changes nothing; retrying after success
-    revokes the next holder, so it is NOT idempotent. Needs the `admin`
+    answers revoked = false and changes nothing. Without a request_id,
+    retrying after success revokes the next holder (NOT idempotent); with
+    one, a retry answers as the first attempt did, naming the lease it
+    revoked, and revokes nothing else (see "Retries"). Needs the `admin`
     action on `name` in the access policy; without a policy (`--policy`)
     every AdminRevoke is refused. Each call is logged (event `admin`, level
     WARNING).
-    Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+    Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED),
+    PERMISSION_DENIED/ACCESS_DENIED (not
     allowed `admin` on the name, or no access policy), UNAVAILABLE.
     """
     ListSessions: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ListSessionsRequest, _lock_pb2.ListSessionsResponse]
@@ -426,7 +432,7 @@ class LockServiceAsyncStub(LockServiceStub):
     the same fencing token is returned again. Locks are not counted
     re-entrantly: one Release ends the hold. Do not run two Acquire calls
     for the same (lease_id, name) at once.
-    Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
+    Errors: INVALID_ARGUMENT (name, lease_id, wait_ms, request_id), DEADLINE_EXCEEDED,
     FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
     the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
     waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
@@ -437,8 +443,11 @@ class LockServiceAsyncStub(LockServiceStub):
     """Release ends the hold of `name` by `lease_id` whose grant carried
     `token`. The check and the delete are one etcd transaction. The lease
     itself stays alive. Not idempotent: releasing a lock that is no longer
-    held by this grant fails with FAILED_PRECONDITION.
-    Errors: INVALID_ARGUMENT (name, lease_id, token),
+    held by this grant fails with FAILED_PRECONDITION, unless the call is a
+    retry, with the same request_id, of a Release that succeeded: that
+    answers OK with the first revision (see "Retries").
+    Errors: INVALID_ARGUMENT (name, lease_id, token, request_id;
+    REQUEST_ID_REUSED: the request_id was used for another call),
     FAILED_PRECONDITION/NOT_HOLDER (the lease holds no such lock),
     FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
     token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
@@ -453,7 +462,7 @@ class LockServiceAsyncStub(LockServiceStub):
     and the next waiter is granted. Idempotent: found = false when the lease
     has no key there. Do not withdraw while another Acquire for the same
     (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
-    Errors: INVALID_ARGUMENT (name, lease_id), PERMISSION_DENIED/
+    Errors: INVALID_ARGUMENT (name, lease_id, request_id), PERMISSION_DENIED/
     NOT_LEASE_OWNER (the lease is another caller's), UNAVAILABLE.
     """
     KeepAlive: _aio.StreamStreamMultiCallable[_lock_pb2.KeepAliveRequest, _lock_pb2.KeepAliveResponse]  # type: ignore[assignment]
@@ -543,12 +552,15 @@ class LockServiceAsyncStub(LockServiceStub):
     just before the revoke (etcd cannot revoke a lease inside a Txn): if the
     lock changed hands in between, the lease that held it is revoked all the
     same, and the response names that lease and its token. A lock that is free
-    answers revoked = false and changes nothing; retrying after success
-    revokes the next holder, so it is NOT idempotent. Needs the `admin`
+    answers revoked = false and changes nothing. Without a request_id,
+    retrying after success revokes the next holder (NOT idempotent); with
+    one, a retry answers as the first attempt did, naming the lease it
+    revoked, and revokes nothing else (see "Retries"). Needs the `admin`
     action on `name` in the access policy; without a policy (`--policy`)
     every AdminRevoke is refused. Each call is logged (event `admin`, level
     WARNING).
-    Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+    Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED),
+    PERMISSION_DENIED/ACCESS_DENIED (not
     allowed `admin` on the name, or no access policy), UNAVAILABLE.
     """
     ListSessions: _aio.UnaryUnaryMultiCallable[_lock_pb2.ListSessionsRequest, _lock_pb2.ListSessionsResponse]  # type: ignore[assignment]
@@ -711,7 +723,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         the same fencing token is returned again. Locks are not counted
         re-entrantly: one Release ends the hold. Do not run two Acquire calls
         for the same (lease_id, name) at once.
-        Errors: INVALID_ARGUMENT (name, lease_id, wait_ms), DEADLINE_EXCEEDED,
+        Errors: INVALID_ARGUMENT (name, lease_id, wait_ms, request_id), DEADLINE_EXCEEDED,
         FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or its place in
         the queue was deleted while waiting), RESOURCE_EXHAUSTED (too many
         waiters on this coordinator; LIMIT_EXCEEDED: the lease's holds and
@@ -728,8 +740,11 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """Release ends the hold of `name` by `lease_id` whose grant carried
         `token`. The check and the delete are one etcd transaction. The lease
         itself stays alive. Not idempotent: releasing a lock that is no longer
-        held by this grant fails with FAILED_PRECONDITION.
-        Errors: INVALID_ARGUMENT (name, lease_id, token),
+        held by this grant fails with FAILED_PRECONDITION, unless the call is a
+        retry, with the same request_id, of a Release that succeeded: that
+        answers OK with the first revision (see "Retries").
+        Errors: INVALID_ARGUMENT (name, lease_id, token, request_id;
+        REQUEST_ID_REUSED: the request_id was used for another call),
         FAILED_PRECONDITION/NOT_HOLDER (the lease holds no such lock),
         FAILED_PRECONDITION/STALE_TOKEN (the lease holds the lock under a newer
         token), FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone),
@@ -750,7 +765,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         and the next waiter is granted. Idempotent: found = false when the lease
         has no key there. Do not withdraw while another Acquire for the same
         (lease_id, name) is running: that wait is ended too (LEASE_EXPIRED).
-        Errors: INVALID_ARGUMENT (name, lease_id), PERMISSION_DENIED/
+        Errors: INVALID_ARGUMENT (name, lease_id, request_id), PERMISSION_DENIED/
         NOT_LEASE_OWNER (the lease is another caller's), UNAVAILABLE.
         """
 
@@ -870,12 +885,15 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         just before the revoke (etcd cannot revoke a lease inside a Txn): if the
         lock changed hands in between, the lease that held it is revoked all the
         same, and the response names that lease and its token. A lock that is free
-        answers revoked = false and changes nothing; retrying after success
-        revokes the next holder, so it is NOT idempotent. Needs the `admin`
+        answers revoked = false and changes nothing. Without a request_id,
+        retrying after success revokes the next holder (NOT idempotent); with
+        one, a retry answers as the first attempt did, naming the lease it
+        revoked, and revokes nothing else (see "Retries"). Needs the `admin`
         action on `name` in the access policy; without a policy (`--policy`)
         every AdminRevoke is refused. Each call is logged (event `admin`, level
         WARNING).
-        Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+        Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED),
+        PERMISSION_DENIED/ACCESS_DENIED (not
         allowed `admin` on the name, or no access policy), UNAVAILABLE.
         """
 
