@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -440,3 +441,30 @@ async def test_records_when_one_id_is_reused_by_two_releases_of_one_batch(
         await locks.close()
         await watcher.close()
         await etcd_layer.lease_revoke(lease_id)
+
+
+async def test_cli_release_and_admin_revoke_whose_answers_are_lost(lossy: LossyServer) -> None:
+    """``fencepost release`` and ``fencepost admin revoke`` retry after a lost answer with the same request
+    id: release exits 0 (not 6: NOT_HOLDER), revoke names the lease it revoked, not the next holder's."""
+    from .test_cli import run_cli
+
+    async with _client(lossy) as first_client, _client(lossy) as second_client:
+        first = await first_client.acquire("cli-retries", ttl=10.0, timeout=5.0)
+        lossy.lossy.lose("Release")
+        released = await run_cli("release", "cli-retries", "--lease-id", str(first.lease_id), "--token",
+                                 str(first.token), "--lease-secret", first.lease_secret, "--address", lossy.address)
+        assert released.rc == 0, released
+        calls = lossy.lossy.calls["Release"]
+        assert [lost for *_, lost in calls] == [True, False] and calls[0][0].request_id == calls[1][0].request_id
+        second = await second_client.acquire("cli-retries", ttl=10.0, timeout=5.0)
+        third = asyncio.create_task(first_client.acquire("cli-retries", ttl=10.0, timeout=15.0))
+        stub = lock_pb2_grpc.LockServiceStub(first_client._transport.channel)
+        await wait_for(lambda: describe_waiters_is(stub, "cli-retries", 1), 10, what="the waiter to queue")
+        lossy.lossy.lose("AdminRevoke")
+        revoked = await run_cli("admin", "revoke", "cli-retries", "--json", "--address", lossy.address)
+        assert revoked.rc == 0, revoked
+        assert json.loads(revoked.out)["lease_id"] == second.lease_id
+        assert [lost for *_, lost in lossy.lossy.calls["AdminRevoke"]] == [True, False]
+        holder = await asyncio.wait_for(third, 10)
+        assert (await second_client.describe("cli-retries")).holder_token == holder.token  # not revoked
+        await holder.release()
