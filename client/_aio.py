@@ -89,12 +89,16 @@ class AsyncLockClient:
     see ``stream_calls``). A call whose stream breaks before its answer is
     treated as a unary call whose connection broke.
 
-    Retries: idempotent calls (Acquire, LeaseRevoke, Describe) that fail with
-    UNAVAILABLE are retried on the next address. LeaseGrant and Release are
-    not idempotent: they are retried only while no connection could be made
-    (so the request cannot have reached a server); once sent, an UNAVAILABLE
-    answer raises :class:`Unavailable`. Either way a call stops trying
-    ``connect_timeout`` seconds after its first failure (or at its own timeout).
+    Retries: idempotent calls (Acquire, Withdraw, LeaseRevoke, Describe) that
+    fail with UNAVAILABLE are retried on the next address, and so are Release
+    and AdminRevoke, which carry a ``request_id`` (one per hold, per call),
+    the same on each retry: a retry of one whose answer was lost gets the
+    first attempt's outcome (OK) from the coordinator, not NotHolder.
+    LeaseGrant is not idempotent: it is retried only while no connection
+    could be made (so the request cannot have reached a server); once sent,
+    an UNAVAILABLE answer raises :class:`Unavailable`. Either way a call
+    stops trying ``connect_timeout`` seconds after its first failure (or at
+    its own timeout).
 
     Traces: the client never sets up OpenTelemetry; it uses the
     ``tracer_provider`` given, else the application's global one. While that
@@ -673,9 +677,10 @@ class AsyncLockClient:
         """End the hold of lock ``name`` by revoking its holder's lease (AdminRevoke; an operator's call).
 
         The lease ends with all its holds and waits; its holder is told at
-        once and the next waiter is granted with a larger fencing token. Not
-        idempotent (run again, it revokes the next holder), so never retried
-        after it may have reached a coordinator.
+        once and the next waiter is granted with a larger fencing token.
+        Carries a request id, the same on each retry, so that a retry after
+        a lost answer (within 60 s) answers as the first attempt did instead
+        of revoking the next holder.
 
         Args:
             name: The lock name.
@@ -694,9 +699,9 @@ class AsyncLockClient:
         _wire.check_name(name)
         await self._ensure_open(name)
         try:
+            request = pb.AdminRevokeRequest(name=name, request_id=_wire.new_request_id())
             resp = await self._transport.call(
-                "AdminRevoke", lambda _left: (pb.AdminRevokeRequest(name=name), self._connect_timeout),
-                until=None, idempotent=False, name=name)
+                "AdminRevoke", lambda _left: (request, self._connect_timeout), until=None, idempotent=True, name=name)
         except Unavailable as exc:
             raise self._closed_error(name) or exc from exc
         return Revoked(name, bool(resp.revoked), int(resp.lease_id), int(resp.token))

@@ -180,10 +180,12 @@ class Elector(Locker):
                            lock_delay: float = 0) -> AsyncLockHandle:
         election = kinds.public_hold(name).name
 
+        request_id = _wire.new_request_id()  # the same on every attempt (only the wait left changes)
+
         def make(left: float | None) -> tuple[Message, float | None]:
             wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
             request = pb.CampaignRequest(election=election, lease_id=lease.lease_id, value=self.value,
-                                         wait_ms=wait_ms, wait_forever=forever)
+                                         wait_ms=wait_ms, wait_forever=forever, request_id=request_id)
             if forever:
                 return request, None
             if try_once:
@@ -230,9 +232,12 @@ class Elector(Locker):
             self.pool.drop_slot_if_idle(lease.lease_id, name)
 
     async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
-        request = pb.ResignRequest(election=handle.name, lease_id=handle.lease_id, token=handle.token)
+        if not handle._request_id:  # one per leadership: a retry of its Resign answers as the first did
+            handle._request_id = _wire.new_request_id()
+        request = pb.ResignRequest(election=handle.name, lease_id=handle.lease_id, token=handle.token,
+                                   request_id=handle._request_id)
         await self.transport.call("Resign", lambda left: (request, _bounded(self._call_timeout, left)),
-                                  until=until, idempotent=False, name=handle.name, lease_id=handle.lease_id,
+                                  until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
                                   token=handle.token, secret=handle._lease.secret)
 
     async def proclaim(self, handle: Leadership, value: bytes) -> None:

@@ -301,12 +301,12 @@ class Locker:
     async def _withdraw(self, lease: Lease, name: str, slot: Slot) -> None:
         """Delete this lease's key in lock ``name`` (Withdraw), retried while the lease lives; then free ``slot``."""
         delays = CLIENT_BACKOFF.delays()
+        request = pb.WithdrawRequest(name=name, lease_id=lease.lease_id, request_id=_wire.new_request_id())
         try:
             while not lease.lost and self._state() == "open":
                 try:
                     resp = await self.transport.call(
-                        "Withdraw", lambda _left: (pb.WithdrawRequest(name=name, lease_id=lease.lease_id),
-                                                   self._call_timeout),
+                        "Withdraw", lambda _left: (request, self._call_timeout),
                         until=None, idempotent=True, name=name, lease_id=lease.lease_id, secret=lease.secret,
                         stream=self.stream.calls)
                 except LeaseLost:
@@ -329,10 +329,12 @@ class Locker:
 
     async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool,
                            lock_delay: int = 0) -> AsyncLockHandle:
+        request_id = _wire.new_request_id()  # the same on every attempt (only the wait left changes)
+
         def make(left: float | None) -> tuple[Message, float | None]:
             wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
             request = pb.AcquireRequest(name=name, lease_id=lease.lease_id, wait_ms=wait_ms, wait_forever=forever,
-                                        lock_delay_seconds=lock_delay)
+                                        lock_delay_seconds=lock_delay, request_id=request_id)
             if forever:
                 return request, None
             if try_once:
@@ -453,9 +455,15 @@ class Locker:
             log.debug("fencepost: release of %r on error exit failed: %r", handle.name, err)
 
     async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
-        request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token)
+        # One request id per hold: every attempt of its release, and a release() called again after one
+        # that failed (Unavailable), is the same call, so a retry of a Release that committed answers OK.
+        # Hence retried after UNAVAILABLE like an idempotent call.
+        if not handle._request_id:
+            handle._request_id = _wire.new_request_id()
+        request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token,
+                                    request_id=handle._request_id)
         await self.transport.call("Release", lambda left: (request, _bounded(self._call_timeout, left)),
-                                  until=until, idempotent=False, name=handle.name, lease_id=handle.lease_id,
+                                  until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
                                   token=handle.token, secret=handle._lease.secret, stream=self.stream.calls)
 
     async def _release_lost(self, handle: AsyncLockHandle, until: float) -> None:

@@ -165,10 +165,12 @@ class PermitLocker(Locker):
 
     async def _acquire_permit_rpc(self, lease: Lease, name: str, permits: int, until: float | None,
                                   try_once: bool) -> AsyncLockHandle:
+        request_id = _wire.new_request_id()  # the same on every attempt (only the wait left changes)
+
         def make(left: float | None) -> tuple[Message, float | None]:
             wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
             request = pb.AcquirePermitRequest(name=name, lease_id=lease.lease_id, permits=permits, wait_ms=wait_ms,
-                                              wait_forever=forever)
+                                              wait_forever=forever, request_id=request_id)
             if forever:
                 return request, None
             if try_once:
@@ -225,10 +227,12 @@ class PermitLocker(Locker):
             self.pool.drop_slot_if_idle(lease.lease_id, kinds.semaphore_queue(name))
 
     async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
+        if not handle._request_id:  # one per permit: a retry of its ReleasePermit answers as the first did
+            handle._request_id = _wire.new_request_id()
         request = pb.ReleasePermitRequest(name=handle.name, lease_id=handle.lease_id, slot=handle.slot,
-                                          token=handle.token)
+                                          token=handle.token, request_id=handle._request_id)
         await self.transport.call("ReleasePermit", lambda left: (request, _bounded(self._call_timeout, left)),
-                                  until=until, idempotent=False, name=handle.name, lease_id=handle.lease_id,
+                                  until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
                                   token=handle.token, secret=handle._lease.secret)
 
 

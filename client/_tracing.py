@@ -48,6 +48,7 @@ __all__ = [
     "LEASE_ID",
     "LOCK_NAME",
     "OUTCOME",
+    "REQUEST_ID",
     "TOKEN",
     "Tracing",
     "error_outcome",
@@ -71,6 +72,8 @@ TOKEN = "fencepost.token"
 #: Span attribute: how the call ended: ``granted``, ``held``, ``released``, ``revoked``, ``withdrawn``,
 #: ``not_found``, or the ErrorReason name of a refusal (``STALE_TOKEN``, ``ACQUIRE_TIMEOUT``, ...).
 OUTCOME = "fencepost.outcome"
+#: Span attribute: the call's request id (``request_id``: the same on each retry of one call), when it has one.
+REQUEST_ID = "fencepost.request_id"
 
 _PASSIVE = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 

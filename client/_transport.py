@@ -8,11 +8,15 @@ backoff policy (:data:`fencepost.client.v1.retry.CLIENT_BACKOFF`), and turns
 a failed call into a :class:`~fencepost.client.FencepostError` with
 :func:`~fencepost.client.errors.from_rpc_error`.
 
-Retry rule: an idempotent call (Acquire, LeaseRevoke, Describe) that fails
-with UNAVAILABLE is retried on the next address. A call that is not
-idempotent (LeaseGrant, Release) is retried only while no connection could
-be made, so that the request cannot have reached a server; once sent, an
-UNAVAILABLE answer is raised. A call a coordinator refused at a rate limit
+Retry rule: an idempotent call (Acquire, Withdraw, LeaseRevoke, Describe;
+Release and AdminRevoke, made safe to repeat by their ``request_id``) that
+fails with UNAVAILABLE is retried on the next address. Each attempt sends
+the request that ``make`` builds; callers build it with one request id per
+logical call, so every retry of a call carries the same id (see "Retries"
+in proto/fencepost/v1/lock.proto). A call that is not idempotent
+(LeaseGrant) is retried only while no connection could be made, so that
+the request cannot have reached a server; once sent, an UNAVAILABLE answer
+is raised. A call a coordinator refused at a rate limit
 (RESOURCE_EXHAUSTED / LIMIT_EXCEEDED with a RetryInfo: the call did
 nothing) is sent again after the delay the coordinator asked for (times 1
 to 1.5, jitter), idempotent or not; the coordinator's other limits are
@@ -58,7 +62,16 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import _handshake
 from ._calls import StreamCalls
 from ._tls import PLAINTEXT, Security
-from ._tracing import OUTCOME, Tracing, error_outcome, inject, response_facts, rpc_attributes, set_rpc_status
+from ._tracing import (
+    OUTCOME,
+    REQUEST_ID,
+    Tracing,
+    error_outcome,
+    inject,
+    response_facts,
+    rpc_attributes,
+    set_rpc_status,
+)
 from .errors import LOCK_SERVICE, FencepostError, LimitExceeded, TlsError, Unavailable, from_rpc_error
 from .v1 import details
 from .v1 import lock_pb2_grpc as pb_grpc
@@ -451,6 +464,9 @@ class Transport:
             return await getattr(stub, method)(request, timeout=timeout, metadata=owned or None)
         attributes = rpc_attributes(LOCK_SERVICE, method)
         attributes.update(self.tracing.lock_attributes(name, lease_id, token))
+        request_id = getattr(request, "request_id", "")  # the same on every attempt of one call
+        if request_id:
+            attributes[REQUEST_ID] = request_id
         with tracer.start_as_current_span(f"{LOCK_SERVICE}/{method}", kind=SpanKind.CLIENT, attributes=attributes,
                                           record_exception=False, set_status_on_exception=False) as span:
             try:

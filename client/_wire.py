@@ -12,6 +12,7 @@ import ipaddress
 import math
 import re
 import sys
+import uuid
 from collections.abc import Sequence
 
 from .errors import InvalidArgument
@@ -34,10 +35,21 @@ __all__ = [
     "check_timeout",
     "host_port",
     "name_problem",
+    "new_request_id",
     "ttl_to_wire",
     "unix_path",
     "wait_to_wire",
 ]
+
+def new_request_id() -> str:
+    """A fresh request id for one logical call (32 hex digits of a random UUID).
+
+    Sent as the ``request_id`` of a call that changes state, the SAME on every
+    retry of that call, so that a retry after a lost answer gets the first
+    attempt's outcome (proto/fencepost/v1/lock.proto, "Retries").
+    """
+    return uuid.uuid4().hex
+
 
 #: The coordinator address used when none is given.
 DEFAULT_ADDRESS = "127.0.0.1:7420"

@@ -82,6 +82,7 @@ class AsyncLockHandle:
         self._released = False
         self._releasing = False
         self._release_task: asyncio.Future[None] | None = None  # the Release call in flight
+        self._request_id = ""  # the request id of its Release: one per hold, the same on every retry
         self._ended_during_release: str | None = None
         self._callbacks: list[Callable[[AsyncLockHandle], object]] = []
         self._hooks: list[Callable[[AsyncLockHandle], None]] = []

@@ -35,15 +35,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fencepost.client.errors import FencepostError, InvalidArgument, Unavailable
 from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.etcd import rpc_pb2
-from fencepost.client.v1.keys import MAX_REQUEST_ID_CHARS, MAX_VALUE_BYTES, Hold, Keys, prefix_end
+from fencepost.client.v1.keys import MAX_VALUE_BYTES, Hold, Keys, prefix_end
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from .etcd import NOT_APPLIED, TxnPlan
@@ -51,12 +50,10 @@ from .lock import Holder, LockManager, release_refusal
 from .validate import validate_lease_id, validate_name, validate_token
 
 __all__ = ["CampaignResult", "Elections", "Leader", "Observed", "public_errors", "validate_election",
-           "validate_request_id", "validate_value"]
+           "validate_value"]
 
 _log = logging.getLogger(__name__)
 
-#: A request id: 0 to MAX_REQUEST_ID_CHARS characters of [A-Za-z0-9_-].
-_REQUEST_ID = re.compile(r"[A-Za-z0-9_-]*")
 
 #: etcd's event type of a deletion (mvccpb.Event.DELETE).
 _DELETE = 1
@@ -114,18 +111,6 @@ def validate_value(value: bytes) -> bytes:
     if len(value) > MAX_VALUE_BYTES:
         raise InvalidArgument(f"value is {len(value)} bytes; at most {MAX_VALUE_BYTES}", field="value")
     return value
-
-
-def validate_request_id(request_id: str) -> str:
-    """Check a request id (0 to MAX_REQUEST_ID_CHARS characters of ``[A-Za-z0-9_-]``; "" for none).
-
-    Raises:
-        InvalidArgument: field ``request_id``.
-    """
-    if len(request_id) > MAX_REQUEST_ID_CHARS or not _REQUEST_ID.fullmatch(request_id):
-        raise InvalidArgument(f"request_id must be 0 to {MAX_REQUEST_ID_CHARS} characters of [A-Za-z0-9_-]",
-                              field="request_id")
-    return request_id
 
 
 class Elections:
@@ -219,8 +204,11 @@ class Elections:
             alive = True if mine is not None else await self._locks.lease_alive(lease_id)
             raise release_refusal(Hold(election, lease_id, token), mine, holder, alive, floor=tokens.floor)
 
-    async def resign(self, election: str, lease_id: int, token: int) -> tuple[int, bool, bool]:
+    async def resign(self, election: str, lease_id: int, token: int, *, also: Sequence[Any] = ()
+                     ) -> tuple[int, bool, bool]:
         """End the leadership (``election``, ``lease_id``, ``token``); token 0 withdraws the candidacy.
+
+        ``also``: more ops for the release Txn's success branch (token > 0: a request record, :mod:`.requests`).
 
         Returns:
             (revision of the resignation, found: whether the lease had a
@@ -236,7 +224,7 @@ class Elections:
             if token == 0:
                 found, held, revision = await self._locks.withdraw(internal, lease_id)
                 return revision, found, held
-            return await self._locks.release(internal, lease_id, token), True, True
+            return await self._locks.release(internal, lease_id, token, also=also), True, True
 
     async def leader(self, election: str) -> tuple[Leader | None, int]:
         """The current leader of ``election`` (None: none) and the etcd revision it was read at.

@@ -97,6 +97,9 @@ def to_status(exc: FencepostError) -> grpc.Status:
         metadata[details.ACTION] = exc.action
     if isinstance(exc, PermitsMismatch) and exc.permits is not None:
         metadata[details.PERMITS] = str(exc.permits)
+    request_id = getattr(exc, "request_id", None)  # REQUEST_ID_REUSED (coordinator.requests.RequestIdReused)
+    if isinstance(exc, InvalidArgument) and request_id:
+        metadata[details.REQUEST_ID] = str(request_id)
     retry_delay = None
     if isinstance(exc, LimitExceeded):
         if exc.limit is not None:

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -552,8 +552,13 @@ class LockManager:
             # The key stays until its lease ends; log it so an operator can see it.
             _log.warning("could not withdraw waiter key %r: %s", key, exc)
 
-    async def release(self, name: str, lease_id: int, token: int) -> int:
+    async def release(self, name: str, lease_id: int, token: int, *, also: Sequence[Any] = ()) -> int:
         """Release the hold of ``name`` by ``lease_id`` granted with ``token``: one Txn.
+
+        Args:
+            name, lease_id, token: The hold.
+            also: Ops added to the Txn's success branch, applied with the
+                release only: the call's request record (:mod:`.requests`).
 
         Returns:
             The etcd revision of the release (when its answer was lost and
@@ -591,7 +596,7 @@ class LockManager:
 
         revision, mine, holder = await self._etcd.lock_txn(TxnPlan(
             etcdops.txn([etcdops.is_owner(key, created)],
-                        [etcdops.delete(key), self._delays.forget(lock, lease_id, created)],
+                        [etcdops.delete(key), self._delays.forget(lock, lease_id, created), *also],
                         [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]),
             decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id), lock)
         if revision:

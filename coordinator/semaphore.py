@@ -38,20 +38,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fencepost.client.errors import FencepostError, InvalidArgument, LeaseLost, LockTimeout, PermitsMismatch
 from fencepost.client.v1 import etcdops, kinds
-from fencepost.client.v1.keys import MAX_PERMITS, MAX_REQUEST_ID_CHARS, Hold, Keys, prefix_end
+from fencepost.client.v1.keys import MAX_PERMITS, Hold, Keys, prefix_end
 
 from .etcd import NOT_APPLIED, TxnPlan, unbounded
 from .lock import Holder, LockManager, release_refusal, wait_any_deleted
 from .validate import validate_lease_id, validate_name, validate_token
 
-__all__ = ["Permit", "PermitResult", "SemaphoreDescription", "Semaphores", "validate_permits", "validate_request_id", "validate_slot"]
+__all__ = ["Permit", "PermitResult", "SemaphoreDescription", "Semaphores", "validate_permits", "validate_slot"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -321,8 +320,10 @@ class Semaphores:
 
     # ------------------------------------------------------------------ release
 
-    async def release(self, name: str, lease_id: int, slot: int, token: int) -> int:
+    async def release(self, name: str, lease_id: int, slot: int, token: int, *, also: Sequence[Any] = ()) -> int:
         """Release the permit (``slot``, ``token``) of ``lease_id``: its slot key and queue key in one Txn.
+
+        ``also``: more ops for that Txn's success branch (a request record, :mod:`.requests`).
 
         Returns:
             The etcd revision of the release.
@@ -361,7 +362,7 @@ class Semaphores:
 
         revision, mine, holder = await self._etcd.txn(TxnPlan(
             etcdops.txn([etcdops.is_owner(skey, created)],
-                        [etcdops.delete(skey), etcdops.delete(self._queue_key(name, lease_id))],
+                        [etcdops.delete(skey), etcdops.delete(self._queue_key(name, lease_id)), *also],
                         [etcdops.get(skey, keys_only=True), etcdops.holder_of(slot_lock)]),
             decide, [etcdops.get(skey, keys_only=True)], released, name=name, lease_id=lease_id))
         if revision:
@@ -451,21 +452,3 @@ async def _finish_even_if_cancelled(step: Awaitable[T]) -> T:
         with contextlib.suppress(Exception):
             await task
         raise
-
-
-_REQUEST_ID = re.compile(r"[A-Za-z0-9_-]*")
-
-
-def validate_request_id(request_id: str) -> str:
-    """Check a request id: 0 to MAX_REQUEST_ID_CHARS characters of ``[A-Za-z0-9_-]`` ("" for none).
-
-    The records that make a retry answer as its first attempt did are kept
-    elsewhere; this only refuses a malformed id.
-
-    Raises:
-        InvalidArgument: field ``request_id``.
-    """
-    if len(request_id) > MAX_REQUEST_ID_CHARS or not _REQUEST_ID.fullmatch(request_id):
-        raise InvalidArgument(f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters of [A-Za-z0-9_-]",
-                              field="request_id")
-    return request_id

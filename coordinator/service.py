@@ -22,6 +22,11 @@ The admin calls (AdminRevoke, ListSessions) need the ``admin`` action, and
 an access policy: without one they are refused (PERMISSION_DENIED /
 ACCESS_DENIED), since a coordinator open to every caller would let anyone
 revoke anyone's lease. Each one, allowed or not, logs one ``admin`` event.
+
+Retries (:mod:`.requests`): Release and AdminRevoke with a ``request_id``
+write a request record, so that a retry of one that succeeded answers as
+the first attempt did; Acquire and Withdraw are idempotent already (their
+``request_id`` is checked and logged).
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from .lock import Holder, LockManager
 from .lock_delay import validate_lock_delay
 from .lock_metrics import LOCK_HELD, NO_METRICS, LockMetrics
 from .policy import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
-from .semaphore import Semaphores, validate_permits, validate_request_id, validate_slot
+from .semaphore import Semaphores, validate_permits, validate_slot
+from .requests import Call, RequestRecords, validate_request_id
 from .overload import LoopLag
 from .ownership import OwnerRecord, Ownership, new_secret
 from .stream import KeepAliveStream, KeptLeases, RecentReleases
@@ -131,18 +137,21 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         limits: the limits on each caller and lease (:mod:`.limits`).
         owners: the ownership records of leases (who may act on which lease);
             None for records in ``locks.etcd`` under ``keys``.
+        records: the request records of calls with a ``request_id``; None for
+            records in ``locks.etcd`` under ``keys``.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
                  *, max_streams: int | None = None, metrics: LockMetrics = NO_METRICS, about: About | None = None,
                  access: Access | None = None, limits: Limits | None = None,
-                 owners: Ownership | None = None) -> None:
+                 owners: Ownership | None = None, records: RequestRecords | None = None) -> None:
         limits = limits if limits is not None else Limits()
         if max_streams is None:
             max_streams = limits.max_streams
         self._leases = leases
         self._access = access if access is not None else Access()
         self._owners = owners if owners is not None else Ownership(locks.etcd, keys)
+        self._records = records if records is not None else RequestRecords(locks.etcd, keys)
         self._metrics = metrics
         self._locks = locks
         self._semaphores = Semaphores(locks, keys)
@@ -169,6 +178,11 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._stream_calls = wrapped_calls(self, interceptors)
 
     @property
+    def records(self) -> RequestRecords:
+        """The request records (:mod:`.requests`) of the calls served here that carry a ``request_id``."""
+        return self._records
+
+    @property
     def open_streams(self) -> int:
         """The KeepAlive streams being served."""
         return self._streams
@@ -182,6 +196,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         await self._holds.close()
         await self._semaphores.close()
         await self.loop_lag.close()
+        await self._records.close()
 
     async def _refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError, call: str, *,
                       log: bool = True) -> None:
@@ -250,6 +265,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.AcquireResponse:
         _check_fields(request.name, request.lease_id)  # a malformed request is INVALID_ARGUMENT before anything else
+        validate_request_id(request.request_id)
         self._access.check(context, ACQUIRE, request.name)
         started = time.perf_counter()
         wait = wait_seconds(request.wait_ms, request.wait_forever)
@@ -268,7 +284,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                                 time.monotonic() - waited)
             log_event(_log, logging.DEBUG, "grant", f"{request.name!r} granted to lease {request.lease_id:#x}, "
                       f"token {result.token}", name=request.name, lease_id=request.lease_id, token=result.token,
-                      waited_s=round(waited, 6), **caller(context))
+                      waited_s=round(waited, 6), request_id=request.request_id or None, **caller(context))
         else:
             self._metrics.refused(LOCK_HELD)
             current = result.holder.token if result.holder is not None else None
@@ -281,6 +297,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.ReleaseResponse:
         _check_fields(request.name, request.lease_id, request.token)
+        validate_request_id(request.request_id)
         self._access.check(context, RELEASE, request.name)
         await self._locks.tokens.ready()
         await self._owners.check_call(context, request.lease_id, "Release")
@@ -288,7 +305,11 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
         followed = self._holds.releasing(request.name, request.lease_id)
         try:
-            revision = await self._locks.release(request.name, request.lease_id, request.token)
+            # With a request_id, its record rides in the release's Txn; a retry of a Release that
+            # succeeded is refused by etcd (the key is gone) and answered from that record.
+            revision = await self._records.run(
+                request.request_id, Call("Release", request.name, request.lease_id, request.token),
+                lambda also: self._locks.release(request.name, request.lease_id, request.token, also=also))
         except BaseException:
             self._released.discard(hold)
             self._holds.release_done(followed, released=False)
@@ -297,13 +318,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._metrics.released()
         log_event(_log, logging.DEBUG, "release", f"{request.name!r} released by lease {request.lease_id:#x}, "
                   f"token {request.token}", name=request.name, lease_id=request.lease_id, token=request.token,
-                  revision=revision, **caller(context))
+                  revision=revision, request_id=request.request_id or None, **caller(context))
         return lock_pb2.ReleaseResponse(revision=revision)
 
     @_statuses
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
         _check_fields(request.name, request.lease_id)
+        validate_request_id(request.request_id)
         self._access.check(context, ACQUIRE, request.name)
         await self._owners.check_call(context, request.lease_id, "Withdraw")
         followed = self._holds.releasing(request.name, request.lease_id)
@@ -317,7 +339,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                   f"{request.name!r}: lease {request.lease_id:#x} withdrew its "
                   f"{'hold' if held else 'wait' if found else 'key (there was none)'}",
                   name=request.name, lease_id=request.lease_id, found=found, held=held, revision=revision,
-                  **caller(context))
+                  request_id=request.request_id or None, **caller(context))
         return lock_pb2.WithdrawResponse(found=found, held=held, revision=revision)
 
     @_statuses
@@ -394,33 +416,52 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @_statuses
     async def AdminRevoke(self, request: lock_pb2.AdminRevokeRequest, context: grpc.aio.ServicerContext
                           ) -> lock_pb2.AdminRevokeResponse:
+        validate_request_id(request.request_id)
         self._admit(context, "revoke", request.name)
         await self._locks.tokens.ready()
+        request_id = request.request_id or None
         try:
             validate_name(request.name)  # a lock's: an election's or a semaphore's internal name is refused
             holder = (await self._locks.describe(request.name)).holder
+            # With a request_id, what this call revokes is recorded first (etcd cannot revoke inside a
+            # Txn): a retry finds the record and revokes that lease again (a no-op once it is gone)
+            # and answers as the first attempt, instead of revoking the next holder.
+            earlier = await self._records.claim(request.request_id, Call("AdminRevoke", request.name),
+                                                {"lease_id": holder.lease_id, "token": holder.token} if holder else {})
+            if earlier is not None:
+                recorded = earlier.outcome
+                holder = Holder(recorded["lease_id"], recorded["token"]) if "lease_id" in recorded else None
             found = False
             if holder is not None:
-                lease_id = holder.lease_id
-                self._holds.revoking(lease_id)  # before the call: its deletions may be seen before it returns
-                try:
-                    found = await self._leases.revoke(lease_id)  # bypasses ownership: the admin's own act
-                except BaseException:
-                    self._holds.revoke_failed(lease_id)
-                    raise
-                self._kept.revoked(lease_id)
-                self._limits.lease_ended(lease_id)
-                self._owners.ended(lease_id)
+                found = await self._revoke_lease(holder.lease_id) or earlier is not None
         except FencepostError as exc:
-            self._audit(context, "revoke", request.name, "failed", logging.WARNING, error=exc.message)
+            self._audit(context, "revoke", request.name, "failed", logging.WARNING, error=exc.message,
+                        request_id=request_id)
             raise
         if not found:
-            self._audit(context, "revoke", request.name, "not_held", logging.WARNING)
+            self._audit(context, "revoke", request.name, "not_held", logging.WARNING, request_id=request_id)
             return lock_pb2.AdminRevokeResponse(revoked=False)
         assert holder is not None
         self._audit(context, "revoke", request.name, "revoked", logging.WARNING, lease_id=holder.lease_id,
-                    token=holder.token)
+                    token=holder.token, request_id=request_id, retried=True if earlier is not None else None)
         return lock_pb2.AdminRevokeResponse(revoked=True, lease_id=holder.lease_id, token=holder.token)
+
+    async def _revoke_lease(self, lease_id: int) -> bool:
+        """Revoke lease ``lease_id`` for an operator (bypassing ownership), with the holds' bookkeeping.
+
+        Returns:
+            False when etcd no longer knew the lease.
+        """
+        self._holds.revoking(lease_id)  # before the call: its deletions may be seen before it returns
+        try:
+            found = await self._leases.revoke(lease_id)  # bypasses ownership: the admin's own act
+        except BaseException:
+            self._holds.revoke_failed(lease_id)
+            raise
+        self._kept.revoked(lease_id)
+        self._limits.lease_ended(lease_id)
+        self._owners.ended(lease_id)
+        return found
 
     @_statuses
     async def ListSessions(self, request: lock_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
@@ -491,7 +532,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
         followed = self._holds.releasing(slot_lock, request.lease_id)
         try:
-            revision = await self._semaphores.release(request.name, request.lease_id, request.slot, request.token)
+            revision = await self._records.run(  # a retry of a ReleasePermit that succeeded: from its record
+                request.request_id, Call("ReleasePermit", request.name, request.lease_id, request.token, request.slot),
+                lambda also: self._semaphores.release(request.name, request.lease_id, request.slot, request.token,
+                                                      also=also))
         except BaseException:
             self._released.discard(hold)
             self._holds.release_done(followed, released=False)
@@ -572,8 +616,13 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             self._released.add(hold)  # before the Txn: its deletion event may reach a stream before it returns
         followed = self._holds.releasing(internal, request.lease_id)
         try:
-            revision, found, held = await self._elections.resign(request.election, request.lease_id,
-                                                                 request.token)
+            if request.token:  # a retry of a Resign that succeeded answers from its request record
+                found = held = True
+                revision = await self._records.run(
+                    request.request_id, Call("Resign", request.election, request.lease_id, request.token),
+                    lambda also: self._resigned(request, also))
+            else:
+                revision, found, held = await self._elections.resign(request.election, request.lease_id, 0)
         except BaseException:
             self._released.discard(hold)
             self._holds.release_done(followed, released=False)
@@ -585,6 +634,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                   f"resigned (token {request.token})", name=request.election, lease_id=request.lease_id,
                   token=request.token, found=found, revision=revision, **caller(context))
         return lock_pb2.ResignResponse(revision=revision, found=found)
+
+    async def _resigned(self, request: lock_pb2.ResignRequest, also: Sequence[Any]) -> int:
+        revision, _, _ = await self._elections.resign(request.election, request.lease_id, request.token, also=also)
+        return revision
 
     @_statuses
     async def Leader(self, request: lock_pb2.LeaderRequest, context: grpc.aio.ServicerContext

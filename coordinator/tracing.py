@@ -22,7 +22,8 @@ children (:mod:`.etcd.client`), and the log events of the call carry its
 trace id (:func:`~.events.caller`). Attributes: ``rpc.system``,
 ``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code``; for LockService
 calls ``fencepost.lock.name`` (unless ``lock_names`` is False),
-``fencepost.lease_id`` and ``fencepost.token`` from the request, and
+``fencepost.lease_id``, ``fencepost.token`` and ``fencepost.request_id``
+from the request, and
 ``fencepost.outcome`` (``granted``, ``held``, ``released``, ...; for a
 refusal the ErrorReason name its status carries), with the granted token
 or lease id from the response (see :mod:`fencepost.client._tracing`). A
@@ -53,6 +54,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider
 
 from fencepost.client._tracing import (
     OUTCOME,
+    REQUEST_ID,
     Tracing,
     error_outcome,
     extract,
@@ -123,6 +125,8 @@ class _Call:
             attributes.update(self.tracing.lock_attributes(
                 request.name if "name" in fields else None, request.lease_id if "lease_id" in fields else None,
                 request.token if "token" in fields else None))
+            if "request_id" in fields and request.request_id:
+                attributes[REQUEST_ID] = request.request_id
         return self.tracer.start_span(self.name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
 
     def end(self, span: Span, code: grpc.StatusCode, context: grpc.aio.ServicerContext,

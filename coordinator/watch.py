@@ -189,7 +189,7 @@ class DeleteWatcher:
                         if deletions:
                             delays = ETCD_BACKOFF.delays()
                         for key, revision in deletions:
-                            if not key.startswith(self._keys.lease_records):  # a lease's ownership record
+                            if not self._keys.is_record(key):  # a lease's ownership record, a request record
                                 self._on_delete(key, revision)
                 self._mark_unknown()  # the watch ended (compaction): deletions may be missed until it restarts
                 self._metrics.watch_restarted()

@@ -34,7 +34,7 @@ from etcd3aio import Etcd3Client, prefix_range_end
 from google.rpc import error_details_pb2, status_pb2
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-from fencepost.client.v1.keys import LEASE_RECORD_INFIX
+from fencepost.client.v1.keys import LEASE_RECORD_INFIX, RECORDS_LEASE_MARK, REQUEST_RECORD_INFIX
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.tokens import RECORD_SUFFIX
 from .owned_stub import OwnedStub
@@ -119,20 +119,30 @@ async def count_keys(client: Etcd3Client, prefix: str) -> int:
 
 
 async def list_keys(client: Etcd3Client, prefix: str) -> list[bytes]:
-    """List the lock keys under ``prefix`` in etcd (without the token record ``<prefix>.tokens`` and the
-    ownership records ``<prefix>.lease.<id>`` of leases)."""
+    """List the lock keys under ``prefix`` in etcd (without the token record ``<prefix>.tokens``, the
+    ownership records ``<prefix>.lease.<id>`` of leases and the request records ``<prefix>.request.<id>``)."""
     assert client.kv is not None
     key = prefix.encode()
     resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
-    owners = key + LEASE_RECORD_INFIX
-    return [kv.key for kv in resp.kvs if not kv.key.endswith(RECORD_SUFFIX) and not kv.key.startswith(owners)]
+    records = (key + LEASE_RECORD_INFIX, key + REQUEST_RECORD_INFIX)
+    return [kv.key for kv in resp.kvs if not kv.key.endswith(RECORD_SUFFIX) and not kv.key.startswith(records)]
 
 
 async def lease_ids(client: Etcd3Client) -> set[int]:
-    """The ids of every live lease in etcd."""
+    """The ids of every live lease in etcd but the coordinators' records leases (see ``records_leases``)."""
     assert client.lease is not None
     resp = await client.lease.leases(timeout=5)
-    return {lease.ID for lease in resp.leases}
+    return {lease.ID for lease in resp.leases} - await records_leases(client)
+
+
+async def records_leases(client: Etcd3Client) -> set[int]:
+    """The coordinators' records leases (coordinator/requests.py): never kept alive, they hold request
+    records for 60 to 120 s after a call, each marked by a key ``<prefix>.request.~<16 hex>``."""
+    assert client.kv is not None
+    key = b"/fencepost-test/"
+    resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
+    mark = REQUEST_RECORD_INFIX + RECORDS_LEASE_MARK
+    return {int(kv.lease) for kv in resp.kvs if mark in kv.key and kv.lease}
 
 
 # ---------------------------------------------------------------- coordinator

@@ -154,7 +154,10 @@ async def test_one_trace_from_a_client_acquire_through_the_coordinator_to_its_et
         "fencepost.outcome": "granted"}
     client_acquire = await client_spans.one(f"{LOCKS}/Acquire")
     assert client_acquire.kind == SpanKind.CLIENT and parent_of(client_acquire) == span_id(acquire)
-    assert dict(client_acquire.attributes or {}) == {
+    client_attributes = dict(client_acquire.attributes or {})
+    request_id = client_attributes.pop("fencepost.request_id")  # one per call, the same on each attempt
+    assert isinstance(request_id, str) and len(request_id) == 32
+    assert client_attributes == {
         "rpc.system": "grpc", "rpc.service": LOCKS, "rpc.method": "Acquire", "rpc.grpc.status_code": 0,
         "fencepost.lock.name": "inv:42", "fencepost.lease_id": lease, "fencepost.token": token,
         "fencepost.outcome": "granted"}
@@ -168,7 +171,7 @@ async def test_one_trace_from_a_client_acquire_through_the_coordinator_to_its_et
     assert dict(server_acquire.attributes or {}) == {
         "rpc.system": "grpc", "rpc.service": LOCKS, "rpc.method": "Acquire", "rpc.grpc.status_code": 0,
         "fencepost.lock.name": "inv:42", "fencepost.lease_id": lease, "fencepost.token": token,
-        "fencepost.outcome": "granted"}
+        "fencepost.request_id": request_id, "fencepost.outcome": "granted"}
 
     etcd_spans = server_spans.under(server_acquire)
     txns = [s for s in etcd_spans if s.name == "etcdserverpb.KV/Txn"]

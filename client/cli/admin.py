@@ -27,6 +27,7 @@ from typing import Any
 
 from fencepost.client import TlsConfig
 from fencepost.client.v1 import lock_pb2 as pb
+from fencepost.client._wire import new_request_id
 
 from .common import (
     EXIT_INTERRUPTED,
@@ -139,9 +140,12 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{len(found)} sessions, etcd revision {revision}, from {address}", flush=True)
         return EXIT_OK
     lock_name(args.name)
-    try:  # not idempotent: a retry after success would revoke the next holder
-        address, resp = asyncio.run(call(addresses, "AdminRevoke", pb.AdminRevokeRequest(name=args.name),
-                                         idempotent=False, name=args.name, tls=tls))
+    # With a request id (the same on each retry), a retry after a lost answer answers as the first
+    # attempt did instead of revoking the next holder: retried like an idempotent call.
+    request = pb.AdminRevokeRequest(name=args.name, request_id=new_request_id())
+    try:
+        address, resp = asyncio.run(call(addresses, "AdminRevoke", request, idempotent=True, name=args.name,
+                                         tls=tls))
     except CallFailed as failed:
         raise call_error(failed.error, addresses, failed.address, "AdminRevoke") from None
     if args.json:

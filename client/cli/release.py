@@ -5,10 +5,11 @@ or ``FENCEPOST_LEASE_SECRET``, as ``fencepost acquire`` prints it and
 ``fencepost run`` sets it), or connect with the client certificate that
 granted it; anyone else is refused (PERMISSION_DENIED, exit 6).
 
-One Release call through the client's transport. Release is not idempotent,
-so it goes to the next address only while no connection could be made (as
-the library's own release does). A refusal (NOT_HOLDER, STALE_TOKEN,
-LEASE_EXPIRED) exits 6 naming the reason.
+One Release call through the client's transport, with a request id that is
+the same on each retry: a retry after a lost answer (on the next address)
+answers OK when the first attempt released (as the library's own release
+does). A refusal (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED) exits 6 naming
+the reason.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import grpc
 
 from fencepost.client.v1 import lock_pb2 as pb
+from fencepost.client._wire import new_request_id
 
 from .run import ENV_LEASE_SECRET
 from .common import (
@@ -78,9 +80,10 @@ def execute(args: argparse.Namespace) -> int:
     tls = tls_of(args)
     lock_name(args.name)
     secret = lease_secret(args.lease_secret)
-    request = pb.ReleaseRequest(name=args.name, lease_id=args.lease_id, token=args.token)
+    request = pb.ReleaseRequest(name=args.name, lease_id=args.lease_id, token=args.token,
+                                request_id=new_request_id())
     try:
-        asyncio.run(call(addresses, "Release", request, idempotent=False, name=args.name,
+        asyncio.run(call(addresses, "Release", request, idempotent=True, name=args.name,
                          lease_id=args.lease_id, token=args.token, tls=tls, secret=secret))
     except CallFailed as failed:
         err = failed.error

@@ -23,6 +23,15 @@ And, for a lock whose holds ask for a lock-delay, up to two keys under
 lock's range holds them, and :meth:`Keys.parse` rejects them): the record of
 the last such hold, and the wait of a delay that runs (see
 ``fencepost.coordinator.lock_delay``).
+
+And one key per recent call that changed state and carried a request id,
+its request record ``<prefix>.request.<request id>`` (no ``/``: no lock
+holds it and :meth:`Keys.parse` rejects it; a request id is 1 to 64
+characters of ``[A-Za-z0-9_-]``), attached to a lease of the coordinators'
+own that is never kept alive, so that it ends 60 to 120 s after it was
+written: JSON naming the call (see ``fencepost.coordinator.requests``).
+Each such lease carries a marker key ``<prefix>.request.~<lease id as 16
+hex digits>`` (``~`` is in no request id).
 """
 
 from __future__ import annotations
@@ -60,6 +69,10 @@ DEFAULT_PREFIX = "/fencepost/locks/"
 TOKEN_RECORD_SUFFIX = b".tokens"
 #: Each lease's ownership record's key is the prefix followed by this and the lease id in 16 hex digits.
 LEASE_RECORD_INFIX = b".lease."
+#: Each request record's key is the prefix followed by this and the request id.
+REQUEST_RECORD_INFIX = b".request."
+#: A records lease's marker key is the prefix, REQUEST_RECORD_INFIX, this and the lease id in 16 hex digits.
+RECORDS_LEASE_MARK = b"~"
 
 
 def token_floor(record: bytes | None) -> int:
@@ -108,6 +121,8 @@ class Keys:
         self.token_record = self.prefix + TOKEN_RECORD_SUFFIX
         #: Every lease's ownership record starts with this: ``<prefix>.lease.``.
         self.lease_records = self.prefix + LEASE_RECORD_INFIX
+        #: Every request record starts with this: ``<prefix>.request.``.
+        self.request_records = self.prefix + REQUEST_RECORD_INFIX
 
     def lock_prefix(self, name: str) -> bytes:
         """The key range of lock ``name`` (every contender's key starts with it)."""
@@ -128,6 +143,24 @@ class Keys:
     def lease_record(self, lease_id: int) -> bytes:
         """The key of lease ``lease_id``'s ownership record (not a lock key: :meth:`parse` returns None for it)."""
         return self.lease_records + f"{lease_id:016x}".encode()
+
+    def request_record(self, request_id: str) -> bytes:
+        """The key of the record of the call with ``request_id`` (a checked id: ``[A-Za-z0-9_-]``, 1 to 64).
+
+        Not a lock key: :meth:`parse` returns None for it, and no lock's range holds it.
+        """
+        return self.request_records + request_id.encode("ascii")
+
+    def records_lease_marker(self, lease_id: int) -> bytes:
+        """The key that marks lease ``lease_id`` as a records lease: ``<prefix>.request.~<16 hex>``.
+
+        ``~`` is in no request id, so no request record has this key.
+        """
+        return self.request_records + RECORDS_LEASE_MARK + f"{lease_id:016x}".encode()
+
+    def is_record(self, key: bytes) -> bool:
+        """Whether ``key`` is a lease's ownership record or a request record (not a lock key)."""
+        return key.startswith(self.lease_records) or key.startswith(self.request_records)
 
     def parse(self, key: bytes) -> tuple[str, int] | None:
         """Split a contender key into (lock name, lease id); None if it is not one."""

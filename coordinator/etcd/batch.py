@@ -36,7 +36,12 @@ The rules that make batching safe and invisible to the lock algorithm:
    its lock's own lock-delay keys, :mod:`..lock_delay`) and locks' ranges
    never overlap (:class:`~fencepost.client.v1.keys.Keys`), so
    a nested Txn reads and writes exactly what it would alone, and no two
-   nested Txns write one key. Only the Txns of :mod:`..lock` that are marked
+   nested Txns write one key. One exception: a release's success branch
+   may also put its request record (:mod:`..requests`), a key outside
+   every lock's range and unique per call; two Txns with one request id are
+   a retry of one call (one lock: never in one batch) or a reuse of the id
+   by another call, which etcd refuses as a duplicate key, and the batch is
+   then sent alone, Txn by Txn (rule 4). Only the Txns of :mod:`..lock` that are marked
    (:meth:`~.client.EtcdClient.lock_txn`: acquire, the waiting acquire's
    first write, release, withdraw and the waiter-key withdrawals) are
    batched; every other Txn (ownership records, the token record) goes alone.

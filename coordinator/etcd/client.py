@@ -277,7 +277,8 @@ class EtcdClient:
         """A lock's Txn, sent with the other lock Txns that wait for the one in flight (:mod:`.batch`).
 
         Like :meth:`txn` (alone at once when nothing is in flight), for a Txn
-        whose compares and ops all lie in one lock's key range.
+        whose compares and ops all lie in one lock's key range (but for the
+        put of a request record, see :mod:`.batch`).
 
         Args:
             plan: The Txn and how to read its answer.

@@ -1,0 +1,470 @@
+"""Retries safe to repeat (issue 13, item 4): request ids and request records, against a real etcd.
+
+The done-when test: a server interceptor lets a call through to the real
+LockService and LOSES ITS ANSWER (the caller sees UNAVAILABLE, as after a
+broken connection), for the first Acquire, the first Release, and the first
+Withdraw of a waiting Acquire the client gave up; the client retries each
+with the same request id, and the outcome is one grant, one release and no
+waiter key left in etcd. Calls on the KeepAlive stream are off in these
+clients (``stream_calls=False``): the interceptor sees unary calls only.
+Then the request record store itself (:mod:`fencepost.coordinator.requests`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from etcd3aio import Etcd3Client
+
+from fencepost.client import AsyncLockClient
+from fencepost.client.errors import InvalidArgument, NotHolder, from_rpc_error
+from fencepost.client.v1 import details, etcdops, lock_pb2, lock_pb2_grpc
+from fencepost.client.v1.details import ErrorReason
+from fencepost.client.v1.keys import Keys
+from fencepost.coordinator.etcd import EtcdClient
+from fencepost.coordinator.lease import Leases
+from fencepost.coordinator.lock import LockManager
+from fencepost.coordinator.policy import Access, Policy
+from fencepost.coordinator.requests import Call, RequestIdReused, RequestRecords, validate_request_id
+from fencepost.coordinator.server import SERVER_OPTIONS
+from fencepost.coordinator.service import LockService
+from fencepost.coordinator.watch import DeleteWatcher
+
+from .conftest import (
+    assert_invalid_field,
+    describe_waiters_is,
+    error_info,
+    lease_ids,
+    list_keys,
+    records_leases,
+    wait_for,
+)
+from .owned_stub import OwnedStub
+
+#: Every caller may do everything (AdminRevoke needs a policy that grants "admin").
+OPEN_POLICY = """
+[[allow]]
+anonymous = true
+actions = ["acquire", "release", "describe", "admin"]
+names = ["*"]
+"""
+
+
+class LoseAnswers(grpc.aio.ServerInterceptor):
+    """Lets unary calls through to the servicer, and loses the answer of the next ``n`` calls of a method.
+
+    A lost answer: the handler ran to its end (its change is made), then the
+    call ends with UNAVAILABLE instead of the response.
+    """
+
+    def __init__(self) -> None:
+        self._lose: collections.Counter[str] = collections.Counter()
+        #: method -> [(request, response, lost)] of each call whose handler returned, in order.
+        self.calls: dict[str, list[tuple[Any, Any, bool]]] = collections.defaultdict(list)
+        self._changed = asyncio.Event()
+
+    def lose(self, method: str, n: int = 1) -> None:
+        """Lose the answers of the next ``n`` calls of ``method`` (``"Release"``, ...) that succeed."""
+        self._lose[method] += n
+
+    async def answered(self, method: str, n: int, timeout: float = 10.0) -> None:
+        """Wait until ``n`` calls of ``method`` had their answer delivered (not lost)."""
+        async with asyncio.timeout(timeout):
+            while sum(1 for *_, lost in self.calls[method] if not lost) < n:
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        inner = handler.unary_unary
+
+        async def lossy(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            response = await inner(request, context)
+            lost = self._lose[method] > 0
+            if lost:
+                self._lose[method] -= 1
+            self.calls[method].append((request, response, lost))
+            self._changed.set()
+            if lost:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the answer was lost (test)")
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(lossy, request_deserializer=handler.request_deserializer,
+                                                   response_serializer=handler.response_serializer)
+
+
+class LossyServer:
+    """The real LockService (with a policy granting all) behind :class:`LoseAnswers`, on 127.0.0.1:0.
+
+    Waiter keys of Acquires that end without an answer are kept 60 s (not 2 s), so that only a
+    Withdraw can delete them within a test.
+    """
+
+    def __init__(self, etcd_endpoint: str, prefix: str) -> None:
+        self.keys = Keys(prefix)
+        self.etcd = EtcdClient([etcd_endpoint])
+        self.watcher = DeleteWatcher(self.etcd, self.keys)
+        self.locks = LockManager(self.etcd, self.keys, self.watcher, reattach_seconds=60.0)
+        self.service = LockService(Leases(self.etcd), self.locks, self.watcher, self.keys,
+                                   access=Access(Policy.from_text(OPEN_POLICY)))
+        self.lossy = LoseAnswers()
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[self.lossy])
+        lock_pb2_grpc.add_LockServiceServicer_to_server(self.service, self.server)
+        self.address = ""
+
+    async def start(self) -> None:
+        await self.etcd.connect()
+        self.watcher.start()
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        self.address = f"127.0.0.1:{port}"
+
+    async def close(self) -> None:
+        self.service.enter_graceful_shutdown()
+        await self.server.stop(0)
+        await self.service.close()
+        await self.locks.close()
+        await self.watcher.close()
+        await self.etcd.close()
+
+
+@pytest.fixture
+async def lossy(etcd: Any, prefix: str) -> AsyncIterator[LossyServer]:
+    server = LossyServer(etcd.endpoint, prefix)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+def _client(server: LossyServer) -> AsyncLockClient:
+    return AsyncLockClient(server.address, stream_calls=False, connect_timeout=5.0)
+
+
+# ---------------------------------------------------------------- the done-when test
+
+
+async def test_acquire_whose_answer_is_lost_is_granted_once(lossy: LossyServer, prefix: str,
+                                                            etcd_client: Etcd3Client) -> None:
+    """An Acquire whose grant answer is lost is retried with the same request id and gets the same grant."""
+    lossy.lossy.lose("Acquire")
+    async with _client(lossy) as client:
+        handle = await client.acquire("retried-acquire", ttl=10.0, timeout=5.0)
+        calls = lossy.lossy.calls["Acquire"]
+        assert [lost for *_, lost in calls] == [True, False]
+        (first, lost_answer, _), (retry, answer, _) = calls
+        assert first.request_id and retry.request_id == first.request_id
+        assert lost_answer.acquired and lost_answer.token == answer.token == handle.token
+        keys = await list_keys(etcd_client, prefix)
+        assert keys == [lossy.keys.contender("retried-acquire", handle.lease_id)]  # one key: one grant
+        assert (await etcd_client.kv.get(keys[0], timeout=5)).kvs[0].create_revision == handle.token
+        await handle.release()
+    assert await list_keys(etcd_client, prefix) == []
+
+
+async def test_release_whose_answer_is_lost_answers_ok_and_the_next_waiter_gets_the_lock(
+        lossy: LossyServer, prefix: str, etcd_client: Etcd3Client) -> None:
+    """A Release whose answer is lost is retried with the same request id and answers OK (not NotHolder):
+    the lock was released once and the next waiter is granted."""
+    name = "retried-release"
+    async with _client(lossy) as holder_client, _client(lossy) as waiter_client:
+        handle = await holder_client.acquire(name, ttl=10.0, timeout=5.0)
+        waiting = asyncio.create_task(waiter_client.acquire(name, ttl=10.0, timeout=15.0))
+        stub = lock_pb2_grpc.LockServiceStub(holder_client._transport.channel)
+        await wait_for(lambda: describe_waiters_is(stub, name, 1), 10, what="the waiter to queue")
+        lossy.lossy.lose("Release")
+        await handle.release()  # raises NotHolder if the retry did the release again
+        assert handle.released
+        calls = lossy.lossy.calls["Release"]
+        assert [lost for *_, lost in calls] == [True, False]
+        (first, lost_answer, _), (retry, answer, _) = calls
+        assert first.request_id and retry.request_id == first.request_id
+        assert answer.revision == lost_answer.revision  # the retry answered from the first attempt's record
+        successor = await asyncio.wait_for(waiting, 10)
+        assert successor.token > handle.token
+        assert await list_keys(etcd_client, prefix) == [lossy.keys.contender(name, successor.lease_id)]
+        await successor.release()
+
+
+async def test_abandoned_wait_whose_withdraw_answer_is_lost_leaves_no_waiter_key(
+        lossy: LossyServer, prefix: str, etcd_client: Etcd3Client) -> None:
+    """A waiting Acquire the client gives up is withdrawn; the Withdraw whose answer is lost is retried
+    and no waiter key stays in etcd (under a lease the client keeps alive)."""
+    name = "retried-withdraw"
+    async with _client(lossy) as holder_client, _client(lossy) as waiter_client:
+        handle = await holder_client.acquire(name, ttl=10.0, timeout=5.0)
+        other = await waiter_client.acquire("keeps-the-lease-alive", ttl=10.0, timeout=5.0)
+        waiting = asyncio.create_task(waiter_client.acquire(name, ttl=10.0, timeout=30.0))
+        stub = lock_pb2_grpc.LockServiceStub(holder_client._transport.channel)
+        await wait_for(lambda: describe_waiters_is(stub, name, 1), 10, what="the waiter to queue")
+        waiter_key = lossy.keys.contender(name, other.lease_id)
+        assert waiter_key in await list_keys(etcd_client, prefix)
+        lossy.lossy.lose("Withdraw")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await lossy.lossy.answered("Withdraw", 1)
+        calls = lossy.lossy.calls["Withdraw"]
+        assert [lost for *_, lost in calls] == [True, False]
+        (first, lost_answer, _), (retry, answer, _) = calls
+        assert first.request_id and retry.request_id == first.request_id
+        assert lost_answer.found and not lost_answer.held and not answer.found
+        # Read etcd directly: the holder's key and the other lock's, no waiter key (the lease lives on).
+        assert sorted(await list_keys(etcd_client, prefix)) == sorted(
+            [lossy.keys.contender(name, handle.lease_id), lossy.keys.contender("keeps-the-lease-alive",
+                                                                                other.lease_id)])
+        assert not other.lost.is_set()
+        await other.release()
+        await handle.release()
+
+
+async def test_admin_revoke_whose_answer_is_lost_does_not_revoke_the_next_holder(lossy: LossyServer) -> None:
+    """An AdminRevoke whose answer is lost is retried with the same request id and answers as the first:
+    the holder it revoked is named again, and the next holder keeps the lock."""
+    name = "retried-revoke"
+    async with _client(lossy) as first_client, _client(lossy) as second_client, _client(lossy) as admin:
+        first = await first_client.acquire(name, ttl=10.0, timeout=5.0)
+        waiting = asyncio.create_task(second_client.acquire(name, ttl=10.0, timeout=15.0))
+        stub = lock_pb2_grpc.LockServiceStub(first_client._transport.channel)
+        await wait_for(lambda: describe_waiters_is(stub, name, 1), 10, what="the waiter to queue")
+        lossy.lossy.lose("AdminRevoke")
+        revoked = await admin.admin_revoke(name)
+        assert (revoked.revoked, revoked.lease_id, revoked.token) == (True, first.lease_id, first.token)
+        second = await asyncio.wait_for(waiting, 10)
+        calls = lossy.lossy.calls["AdminRevoke"]
+        assert [lost for *_, lost in calls] == [True, False]
+        assert calls[0][0].request_id and calls[1][0].request_id == calls[0][0].request_id
+        assert not second.lost.is_set()
+        assert (await admin.describe(name)).holder_token == second.token  # the next holder was not revoked
+        await second.release()
+
+
+# ---------------------------------------------------------------- the request record store
+
+
+@pytest.fixture
+async def etcd_layer(etcd: Any) -> AsyncIterator[EtcdClient]:
+    client = EtcdClient([etcd.endpoint])
+    await client.connect()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("request_id", ["", "a", "A-z_09", "f" * 64, "0123456789abcdef0123456789abcdef"])
+def test_validate_request_id_when_good(request_id: str) -> None:
+    """Empty (no record), or 1 to 64 characters of [A-Za-z0-9_-], is accepted as it is."""
+    assert validate_request_id(request_id) == request_id
+
+
+@pytest.mark.parametrize("request_id", ["f" * 65, "a b", "a/b", "a.b", "é", "id\n", "*"])
+def test_validate_request_id_when_bad(request_id: str) -> None:
+    """Anything else is InvalidArgument naming the field ``request_id``."""
+    with pytest.raises(InvalidArgument) as info:
+        validate_request_id(request_id)
+    assert info.value.field == "request_id"
+
+
+def test_request_record_key_when_parsed_is_no_lock_key() -> None:
+    """A request record's key lies in no lock's key range and does not parse as a contender key."""
+    keys = Keys("/p/")
+    key = keys.request_record("abc-DEF_1")
+    assert key == b"/p/.request.abc-DEF_1"
+    assert keys.parse(key) is None and keys.is_record(key)
+    for name in (".request.abc-DEF_1", ".request", ".request.abc-DEF_1/x", ""):
+        if name:
+            assert not key.startswith(keys.lock_prefix(name))
+
+
+async def test_records_when_written_live_on_a_records_lease_that_is_not_kept_alive(
+        etcd_layer: EtcdClient, prefix: str, etcd_client: Etcd3Client) -> None:
+    """A record is attached to the records lease; a new lease is granted once the current one is
+    ``rotate`` old (in the background) and used after ``use``; a record ends with its lease."""
+    now = [1000.0]
+    records = RequestRecords(etcd_layer, Keys(prefix), ttl_seconds=2, rotate_seconds=0.5, use_seconds=1.0,
+                             clock=lambda: now[0])
+    call = Call("Release", "x", 7, 9)
+    try:
+        assert await records.ops_for("", call) == []
+        ops = await records.ops_for("r1", call)
+        first = records.lease_id
+        assert first and ops[0].request_put.lease == first
+        await etcd_layer.txn(_put_plan(ops))
+        kv = (await etcd_client.kv.get(Keys(prefix).request_record("r1"), timeout=5)).kvs[0]
+        assert kv.lease == first
+        assert first in await records_leases(etcd_client)  # marked as a records lease (not a caller's)
+        assert first not in await lease_ids(etcd_client)
+        assert (await records.outcome("r1", call)) is not None
+        now[0] += 0.6  # past rotate: still the same lease, a new one is granted in the background
+        assert (await records.ops_for("r2", call))[0].request_put.lease == first
+        now[0] += 0.6  # past use: a new lease (waited for if the background grant is not done)
+        second = (await records.ops_for("r3", call))[0].request_put.lease
+        assert second and second != first
+        # Never kept alive: the record ends with its lease, 2 s after its grant.
+        await wait_for(lambda: _absent(etcd_client, Keys(prefix).request_record("r1")), 10,
+                       what="the record to expire with its records lease")
+        assert await records.outcome("r1", call) is None
+    finally:
+        await records.close()
+
+
+async def _absent(client: Etcd3Client, key: bytes) -> bool:
+    return not (await client.kv.get(key, timeout=5)).kvs
+
+
+def _put_plan(ops: list[Any]) -> Any:
+    from fencepost.coordinator.etcd import TxnPlan
+
+    return TxnPlan(etcdops.txn([], ops), lambda resp: True, [], lambda resp: True)
+
+
+async def test_records_when_an_id_is_reused_by_another_call(etcd_layer: EtcdClient, prefix: str) -> None:
+    """The record answers only the call that wrote it; another call with the id is RequestIdReused."""
+    records = RequestRecords(etcd_layer, Keys(prefix))
+    written = Call("Release", "x", 7, 9)
+    try:
+        await etcd_layer.txn(_put_plan(await records.ops_for("id-1", written)))
+        record = await records.outcome("id-1", written)
+        assert record is not None and record.call == written and record.revision > 0
+        for other in (Call("Release", "x", 7, 10), Call("Release", "y", 7, 9), Call("Resign", "x", 7, 9)):
+            with pytest.raises(RequestIdReused) as info:
+                await records.outcome("id-1", other)
+            assert info.value.field == "request_id" and info.value.request_id == "id-1"
+        assert await records.outcome("id-2", written) is None
+    finally:
+        await records.close()
+
+
+async def test_release_retry_when_the_id_is_the_same_or_reused(coordinator: Any, stub: OwnedStub) -> None:
+    """Through the service: a Release sent again with its request id answers OK with the first revision;
+    with that id and another token, REQUEST_ID_REUSED naming the id; without an id, NOT_HOLDER."""
+    lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
+    grant = await stub.Acquire(lock_pb2.AcquireRequest(name="r", lease_id=lease.lease_id), timeout=5)
+    release = lock_pb2.ReleaseRequest(name="r", lease_id=lease.lease_id, token=grant.token, request_id="rel-1")
+    first = await stub.Release(release, timeout=5)
+    again = await stub.Release(release, timeout=5)
+    assert again.revision == first.revision > 0
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Release(lock_pb2.ReleaseRequest(name="r", lease_id=lease.lease_id, token=grant.token + 1,
+                                                   request_id="rel-1"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    reused = error_info(info.value)
+    assert reused is not None and reused.reason == "REQUEST_ID_REUSED"
+    assert reused.metadata[details.REQUEST_ID] == "rel-1" and reused.metadata[details.FIELD] == "request_id"
+    err = from_rpc_error(info.value)
+    assert isinstance(err, InvalidArgument) and err.field == "request_id"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Release(lock_pb2.ReleaseRequest(name="r", lease_id=lease.lease_id, token=grant.token), timeout=5)
+    assert isinstance(from_rpc_error(info.value), NotHolder)
+    await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease.lease_id), timeout=5)
+
+
+@pytest.mark.parametrize("method", ["Acquire", "Release", "Withdraw", "AdminRevoke"])
+async def test_request_id_when_malformed_is_invalid_argument(coordinator: Any, stub: OwnedStub, method: str) -> None:
+    """Every call that takes a request id refuses a malformed one with INVALID_ARGUMENT naming ``request_id``."""
+    request = {
+        "Acquire": lock_pb2.AcquireRequest(name="m", lease_id=1, request_id="no spaces"),
+        "Release": lock_pb2.ReleaseRequest(name="m", lease_id=1, token=1, request_id="no spaces"),
+        "Withdraw": lock_pb2.WithdrawRequest(name="m", lease_id=1, request_id="no spaces"),
+        "AdminRevoke": lock_pb2.AdminRevokeRequest(name="m", request_id="x" * 65),
+    }[method]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await getattr(stub, method)(request, timeout=5)
+    assert_invalid_field(info.value, "request_id")
+
+
+def test_request_id_reused_maps_to_its_reason() -> None:
+    """REQUEST_ID_REUSED is INVALID_ARGUMENT in the one table both sides use."""
+    assert details.CODE_BY_REASON[ErrorReason.REQUEST_ID_REUSED] == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_release_on_the_stream_when_sent_again_with_its_request_id(coordinator: Any, stub: OwnedStub) -> None:
+    """The request id rides in the ReleaseRequest sent on the KeepAlive stream: a Release sent again
+    there with its id (a retry after a stream broke) answers ``released`` with the first revision."""
+    from .test_stream_calls import Session
+
+    session = Session(stub)
+    try:
+        lease = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)).lease_id
+        token = (await session.ask("acquire", lock_pb2.AcquireRequest(name="s", lease_id=lease))).acquired.token
+        release = lock_pb2.ReleaseRequest(name="s", lease_id=lease, token=token, request_id="stream-1")
+        first = await session.ask("release", release)
+        again = await session.ask("release", release)
+        assert first.WhichOneof("response") == again.WhichOneof("response") == "released"
+        assert again.released.revision == first.released.revision > token
+        bare = await session.ask("release", lock_pb2.ReleaseRequest(name="s", lease_id=lease, token=token))
+        assert bare.WhichOneof("response") == "failed"  # without the id: NOT_HOLDER, as before
+        await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), timeout=5)
+    finally:
+        await session.close()
+
+
+async def test_records_when_one_id_is_reused_by_two_releases_of_one_batch(
+        etcd_layer: EtcdClient, prefix: str, etcd_client: Etcd3Client, caplog: pytest.LogCaptureFixture) -> None:
+    """Two Releases of different locks with one request id in one batch of lock Txns: etcd refuses the
+    batch (two puts of one key), the batcher sends each alone, and both locks are released."""
+    keys = Keys(prefix)
+    watcher = DeleteWatcher(etcd_layer, keys)
+    watcher.start()
+    locks = LockManager(etcd_layer, keys, watcher)
+    records = RequestRecords(etcd_layer, keys)
+    lease_id, _ = await etcd_layer.lease_grant(10)
+    try:
+        tokens = {name: (await locks.acquire(name, lease_id, 0.0)).token for name in ("x", "y", "z")}
+
+        def release(name: str, request_id: str) -> Awaitable[int]:
+            call = Call("Release", name, lease_id, tokens[name])
+            return records.run(request_id, call, lambda also: locks.release(name, lease_id, tokens[name], also=also))
+
+        await records.ops_for("warm-up", Call("Release", "-", 0))  # the records lease first: the three go at once
+        # x goes alone (nothing in flight); y and z queue behind it and go as one batch.
+        with caplog.at_level(logging.INFO, logger="fencepost.coordinator.etcd.batch"):
+            revisions = await asyncio.gather(release("x", "id-x"), release("y", "dup"), release("z", "dup"))
+        assert all(revisions) and await list_keys(etcd_client, prefix) == []
+        assert any("duplicate key" in r.getMessage() for r in caplog.records)  # the batch was refused, then alone
+    finally:
+        await records.close()
+        await locks.close()
+        await watcher.close()
+        await etcd_layer.lease_revoke(lease_id)
+
+
+async def test_cli_release_and_admin_revoke_whose_answers_are_lost(lossy: LossyServer) -> None:
+    """``fencepost release`` and ``fencepost admin revoke`` retry after a lost answer with the same request
+    id: release exits 0 (not 6: NOT_HOLDER), revoke names the lease it revoked, not the next holder's."""
+    from .test_cli import run_cli
+
+    async with _client(lossy) as first_client, _client(lossy) as second_client:
+        first = await first_client.acquire("cli-retries", ttl=10.0, timeout=5.0)
+        lossy.lossy.lose("Release")
+        released = await run_cli("release", "cli-retries", "--lease-id", str(first.lease_id), "--token",
+                                 str(first.token), "--lease-secret", first.lease_secret, "--address", lossy.address)
+        assert released.rc == 0, released
+        calls = lossy.lossy.calls["Release"]
+        assert [lost for *_, lost in calls] == [True, False] and calls[0][0].request_id == calls[1][0].request_id
+        second = await second_client.acquire("cli-retries", ttl=10.0, timeout=5.0)
+        third = asyncio.create_task(first_client.acquire("cli-retries", ttl=10.0, timeout=15.0))
+        stub = lock_pb2_grpc.LockServiceStub(first_client._transport.channel)
+        await wait_for(lambda: describe_waiters_is(stub, "cli-retries", 1), 10, what="the waiter to queue")
+        lossy.lossy.lose("AdminRevoke")
+        revoked = await run_cli("admin", "revoke", "cli-retries", "--json", "--address", lossy.address)
+        assert revoked.rc == 0, revoked
+        assert json.loads(revoked.out)["lease_id"] == second.lease_id
+        assert [lost for *_, lost in lossy.lossy.calls["AdminRevoke"]] == [True, False]
+        holder = await asyncio.wait_for(third, 10)
+        assert (await second_client.describe("cli-retries")).holder_token == holder.token  # not revoked
+        await holder.release()
