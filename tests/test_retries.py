@@ -199,6 +199,47 @@ async def test_release_whose_answer_is_lost_answers_ok_and_the_next_waiter_gets_
         await successor.release()
 
 
+async def test_resign_whose_answer_is_lost_answers_ok_and_the_next_candidate_leads(
+        lossy: LossyServer, prefix: str, etcd_client: Etcd3Client) -> None:
+    """A Resign whose answer is lost is retried with the same request id and answers OK (not NotHolder):
+    one resignation, and the next candidate leads with a larger token."""
+    async with _client(lossy) as leader_client, _client(lossy) as candidate_client:
+        leadership = await leader_client.campaign("retried-resign", b"a", ttl=10.0, timeout=5.0)
+        waiting = asyncio.create_task(candidate_client.campaign("retried-resign", b"b", ttl=10.0, timeout=15.0))
+        await lossy.lossy.answered("LeaseGrant", 2)
+        lossy.lossy.lose("Resign")
+        await leadership.resign()  # raises NotHolder if the retry resigned again
+        calls = lossy.lossy.calls["Resign"]
+        assert [lost for *_, lost in calls] == [True, False]
+        (first, lost_answer, _), (retry, answer, _) = calls
+        assert first.request_id and retry.request_id == first.request_id
+        assert answer.revision == lost_answer.revision
+        successor = await asyncio.wait_for(waiting, 10)
+        assert successor.token > leadership.token
+        await successor.resign()
+    assert await list_keys(etcd_client, prefix) == []
+
+
+async def test_release_permit_whose_answer_is_lost_answers_ok_and_frees_the_slot(
+        lossy: LossyServer, prefix: str, etcd_client: Etcd3Client) -> None:
+    """A ReleasePermit whose answer is lost is retried with the same request id and answers OK: one release,
+    and the next contender gets the slot with a larger token."""
+    async with _client(lossy) as holder_client, _client(lossy) as waiter_client:
+        permit = await holder_client.semaphore("retried-permit", 1, ttl=10.0).acquire(timeout=5.0)
+        waiting = asyncio.create_task(waiter_client.semaphore("retried-permit", 1, ttl=10.0).acquire(timeout=15.0))
+        await lossy.lossy.answered("LeaseGrant", 2)
+        lossy.lossy.lose("ReleasePermit")
+        await permit.release()
+        calls = lossy.lossy.calls["ReleasePermit"]
+        assert [lost for *_, lost in calls] == [True, False]
+        (first, lost_answer, _), (retry, answer, _) = calls
+        assert first.request_id and retry.request_id == first.request_id
+        assert answer.revision == lost_answer.revision
+        successor = await asyncio.wait_for(waiting, 10)
+        assert successor.slot == permit.slot == 0 and successor.token > permit.token
+        await successor.release()
+
+
 async def test_abandoned_wait_whose_withdraw_answer_is_lost_leaves_no_waiter_key(
         lossy: LossyServer, prefix: str, etcd_client: Etcd3Client) -> None:
     """A waiting Acquire the client gives up is withdrawn; the Withdraw whose answer is lost is retried
