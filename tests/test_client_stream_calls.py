@@ -486,7 +486,9 @@ async def test_client_spans_of_calls_on_the_stream(coordinator: Coordinator,
         assert dict(call.attributes or {}) == {
             "rpc.system": "grpc", "rpc.service": "fencepost.v1.LockService", "rpc.method": "Acquire",
             "rpc.grpc.status_code": 0, "fencepost.lock.name": "traced", "fencepost.lease_id": handle.lease_id,
-            "fencepost.token": handle.token, "fencepost.outcome": "granted"}
+            "fencepost.token": handle.token, "fencepost.outcome": "granted",
+            "fencepost.request_id": call.attributes["fencepost.request_id"]}  # type: ignore[index]
+        assert len(call.attributes["fencepost.request_id"]) == 32  # type: ignore[index,arg-type]  # a uuid4's hex
         release = spans["fencepost.v1.LockService/Release"]
         assert release.attributes["fencepost.outcome"] == "released"  # type: ignore[index]
         grants = [r for r in caplog.records if getattr(r, "event", None) == "grant"]

@@ -68,7 +68,7 @@ async def test_lock_when_cancel_on_lost_fires(monkeypatch: pytest.MonkeyPatch) -
     handle = parts.hold(parts.lease())
     client = fc.AsyncLockClient(UNUSED_ADDRESS)
 
-    async def fake_acquire(name: str, ttl: float = 10.0, timeout: float | None = None) -> AsyncLockHandle:
+    async def fake_acquire(name: str, ttl: float = 10.0, timeout: float | None = None, **_: Any) -> AsyncLockHandle:
         return handle
 
     monkeypatch.setattr(client, "acquire", fake_acquire)
