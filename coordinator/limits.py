@@ -28,7 +28,7 @@ What is counted, and when it stops counting:
   and not yet ended (followed by :class:`~.holds.HoldTracker`), plus its
   Acquire calls in progress here. An Acquire of a lock the lease already
   holds (idempotent) is never refused by this limit;
-- the **streams** of a caller: its KeepAlive streams open here;
+- the **streams** of a caller: its KeepAlive and Observe streams open here;
 - the **rates**: a token bucket per caller and call (LeaseGrant, Acquire),
   ``rate`` tokens a second up to ``burst``; each call takes one. A bucket
   left to fill up is forgotten; at most :data:`MAX_TRACKED_CALLERS` buckets
@@ -89,9 +89,9 @@ class Limits:
             together (``--max-leases``): the bound when callers are connections.
         max_holds_per_lease: holds granted here to one lease and not yet ended,
             plus its Acquire calls in progress here (``--max-holds-per-lease``).
-        max_streams_per_caller: KeepAlive streams of one caller open here
+        max_streams_per_caller: KeepAlive and Observe streams of one caller open here
             (``--max-streams-per-caller``).
-        max_streams: KeepAlive streams open here, all callers
+        max_streams: KeepAlive and Observe streams open here, all callers
             (``--max-streams``; refused with TOO_MANY_STREAMS).
         max_waiters: Acquire calls with a wait in progress here, all callers
             (``--max-waiters``; refused with TOO_MANY_WAITERS).
@@ -171,8 +171,8 @@ _HELP: dict[str, str] = {
     "max_leases": "leases granted by this coordinator and not yet ended, all callers together",
     "max_holds_per_lease": "holds granted by this coordinator to one lease and not yet ended, plus its Acquire calls "
                            "in progress here",
-    "max_streams_per_caller": "KeepAlive streams of one caller open on this coordinator",
-    "max_streams": "KeepAlive streams open on this coordinator (then TOO_MANY_STREAMS)",
+    "max_streams_per_caller": "KeepAlive and Observe streams of one caller open on this coordinator",
+    "max_streams": "KeepAlive and Observe streams open on this coordinator (then TOO_MANY_STREAMS)",
     "max_waiters": "Acquire calls with a wait in progress on this coordinator (then TOO_MANY_WAITERS)",
     "lease_grant_rate": "LeaseGrant calls per second of one caller, on average (RetryInfo says when to retry)",
     "lease_grant_burst": "LeaseGrant calls one caller may make at once after a pause; 1 or more",
@@ -509,7 +509,7 @@ class LimitTracker:
         limit = self.limits.max_streams_per_caller
         open_now = self._streams.get(caller, 0)
         if limit and open_now >= limit:
-            raise _exceeded("max_streams_per_caller", limit, f"{open_now} KeepAlive streams of this caller are open")
+            raise _exceeded("max_streams_per_caller", limit, f"{open_now} streams (KeepAlive, Observe) of this caller are open")
         self._streams[caller] = open_now + 1
 
     def stream_closed(self, caller: str) -> None:

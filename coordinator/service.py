@@ -652,6 +652,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                       ) -> AsyncIterator[lock_pb2.ObserveResponse]:
         changes: AsyncIterator[Any] | None = None
         step: asyncio.Future[Any] | None = None
+        counted, caller_key = False, ""
         try:
             if isinstance(request, Undecodable):
                 raise request.error()
@@ -662,6 +663,13 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             self._access.check(context, DESCRIBE, request.election)
             if self.closing.is_set():
                 raise shutting_down()
+            # An Observe holds an etcd watch: it counts as a stream for the stream limits.
+            if self._streams >= self._max_streams:
+                raise ResourceExhausted(f"more than {self._max_streams} streams",
+                                        reason=reason_name(ErrorReason.TOO_MANY_STREAMS))
+            self._limits.stream_opened(caller_key := caller_of(context).key)
+            self._streams += 1
+            counted = True
             await self._locks.tokens.ready()
             changes = self._elections.observe(request.election, request.after_revision)
             closing = asyncio.ensure_future(self.closing.wait())
@@ -686,6 +694,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                 await asyncio.gather(step, return_exceptions=True)
             if changes is not None:
                 await changes.aclose()  # type: ignore[attr-defined]
+            if counted:
+                self._streams -= 1
+                self._limits.stream_closed(caller_key)
 
     async def KeepAlive(self, request_iterator: AsyncIterable[lock_pb2.KeepAliveRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[lock_pb2.KeepAliveResponse]:

@@ -362,6 +362,31 @@ async def test_acquire_past_rate_is_refused_with_retry_info_and_the_client_waits
 
 
 @pytest.mark.parametrize("limited", [Limits(max_streams_per_caller=1)], indirect=True)
+async def test_observe_streams_count_toward_the_callers_stream_limit(limited: Coordinator) -> None:
+    """An Observe stream holds an etcd watch: with one stream per caller allowed, a second Observe (or a
+    KeepAlive stream beside an Observe) is refused with LIMIT_EXCEEDED; once the first ends, another opens."""
+    async with _channel(limited) as chan:
+        stub = OwnedStub(chan)
+        first = stub.Observe(lock_pb2.ObserveRequest(election="limited"))
+        assert not (await first.read()).HasField("leader")  # open and counted: no leader yet
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Observe(lock_pb2.ObserveRequest(election="other")).read()
+        _assert_limit(info.value, "max-streams-per-caller", "1")
+        first.cancel()
+
+        async def opens() -> bool:
+            again = stub.Observe(lock_pb2.ObserveRequest(election="limited"))
+            try:
+                return not (await again.read()).HasField("leader")
+            except grpc.aio.AioRpcError:
+                return False
+            finally:
+                again.cancel()
+
+        await wait_for(opens, 10, what="an Observe to open once the first ended")
+
+
+@pytest.mark.parametrize("limited", [Limits(max_streams_per_caller=1)], indirect=True)
 async def test_keepalive_stream_past_caller_limit_is_refused(limited: Coordinator) -> None:
     """A second KeepAlive stream on one connection gets LIMIT_EXCEEDED; once the first ends, another opens."""
     async with _channel(limited) as chan:

@@ -434,7 +434,10 @@ class LockServiceServicer:
         that an observer that reconnects (to any replica) misses and repeats
         nothing. If etcd compacted R away, the first message is the current
         state with `compacted` = true (leaders in between cannot be known).
-        Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+        An Observe stream holds an etcd watch: it counts as a stream for the
+        coordinator's stream limits.
+        Errors: INVALID_ARGUMENT (election, after_revision), RESOURCE_EXHAUSTED
+        (TOO_MANY_STREAMS; LIMIT_EXCEEDED: max-streams-per-caller), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -354,7 +354,10 @@ class LockServiceStub:
     that an observer that reconnects (to any replica) misses and repeats
     nothing. If etcd compacted R away, the first message is the current
     state with `compacted` = true (leaders in between cannot be known).
-    Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+    An Observe stream holds an etcd watch: it counts as a stream for the
+    coordinator's stream limits.
+    Errors: INVALID_ARGUMENT (election, after_revision), RESOURCE_EXHAUSTED
+    (TOO_MANY_STREAMS; LIMIT_EXCEEDED: max-streams-per-caller), UNAVAILABLE.
     """
     AcquirePermit: _grpc.UnaryUnaryMultiCallable[_lock_pb2.AcquirePermitRequest, _lock_pb2.AcquirePermitResponse]
     """---- Semaphores with a fencing token per permit. A semaphore of N
@@ -635,7 +638,10 @@ class LockServiceAsyncStub(LockServiceStub):
     that an observer that reconnects (to any replica) misses and repeats
     nothing. If etcd compacted R away, the first message is the current
     state with `compacted` = true (leaders in between cannot be known).
-    Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+    An Observe stream holds an etcd watch: it counts as a stream for the
+    coordinator's stream limits.
+    Errors: INVALID_ARGUMENT (election, after_revision), RESOURCE_EXHAUSTED
+    (TOO_MANY_STREAMS; LIMIT_EXCEEDED: max-streams-per-caller), UNAVAILABLE.
     """
     AcquirePermit: _aio.UnaryUnaryMultiCallable[_lock_pb2.AcquirePermitRequest, _lock_pb2.AcquirePermitResponse]  # type: ignore[assignment]
     """---- Semaphores with a fencing token per permit. A semaphore of N
@@ -1009,7 +1015,10 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         that an observer that reconnects (to any replica) misses and repeats
         nothing. If etcd compacted R away, the first message is the current
         state with `compacted` = true (leaders in between cannot be known).
-        Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+        An Observe stream holds an etcd watch: it counts as a stream for the
+        coordinator's stream limits.
+        Errors: INVALID_ARGUMENT (election, after_revision), RESOURCE_EXHAUSTED
+        (TOO_MANY_STREAMS; LIMIT_EXCEEDED: max-streams-per-caller), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod

@@ -2197,7 +2197,7 @@ export enum ErrorReason {
   SHUTTING_DOWN = 8,
 
   /**
-   * TOO_MANY_STREAMS: the coordinator's limit on KeepAlive streams.
+   * TOO_MANY_STREAMS: the coordinator's limit on KeepAlive and Observe streams.
    * Status RESOURCE_EXHAUSTED.
    *
    * @generated from enum value: TOO_MANY_STREAMS = 9;
@@ -2653,7 +2653,10 @@ export const LockService: GenService<{
    * that an observer that reconnects (to any replica) misses and repeats
    * nothing. If etcd compacted R away, the first message is the current
    * state with `compacted` = true (leaders in between cannot be known).
-   * Errors: INVALID_ARGUMENT (election, after_revision), UNAVAILABLE.
+   * An Observe stream holds an etcd watch: it counts as a stream for the
+   * coordinator's stream limits.
+   * Errors: INVALID_ARGUMENT (election, after_revision), RESOURCE_EXHAUSTED
+   * (TOO_MANY_STREAMS; LIMIT_EXCEEDED: max-streams-per-caller), UNAVAILABLE.
    *
    * @generated from rpc fencepost.v1.LockService.Observe
    */
