@@ -9,7 +9,7 @@ from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
 from ._election import LeaderInfo, Leadership
 from ._info import EtcdInfo, Revoked, ServerInfo, Session
 from ._semaphore import AsyncSemaphore, PermitHolder, SemaphoreInfo
-from ._sync import LockClient, LockHandle, Semaphore
+from ._sync import LeaderObserver, LockClient, LockHandle, Semaphore, SyncLeadership
 from ._tls import TlsConfig
 from .errors import (
     AccessDenied,
@@ -44,6 +44,7 @@ __all__ = [
     "HeldLock",
     "InvalidArgument",
     "LeaderInfo",
+    "LeaderObserver",
     "Leadership",
     "LeaseLost",
     "LimitExceeded",
@@ -65,6 +66,7 @@ __all__ = [
     "ServerInfo",
     "Session",
     "StaleTokenError",
+    "SyncLeadership",
     "TlsConfig",
     "TlsError",
     "Unavailable",
