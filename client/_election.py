@@ -287,12 +287,19 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
     leader whose token is below the last one yielded, or the same leader with
     the same value, is never yielded again; nor two Nones in a row.
 
+    Once a coordinator has accepted the Observe, the observation goes on
+    through any later outage (it resumes when a coordinator answers again,
+    as the KeepAlive stream does); only the first connection is bounded by
+    ``connect_timeout``.
+
     Raises:
         InvalidArgument: bad election.
         AccessDenied: the policy does not allow ``describe`` on ``election``.
-        Unavailable: no coordinator reachable for ``connect_timeout`` seconds.
+        Unavailable: no coordinator reachable for ``connect_timeout`` seconds before the first Observe
+            was accepted.
     """
     after = 0
+    accepted = False  # a coordinator accepted an Observe (its initial metadata came): outages are waited out
     last: tuple[int, bytes] | None = None  # (token, value) last yielded
     yielded_none = False
     loop = asyncio.get_running_loop()
@@ -304,9 +311,16 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
         assert channel is not None and stub is not None
         try:
             if failing_since is not None:
-                await transport.wait_connected(failing_since + transport.connect_timeout)
+                # Before the first acceptance, connect_timeout bounds the whole attempt; after it, each
+                # wait for a connection is bounded, and the loop waits the outage out.
+                await transport.wait_connected(
+                    (loop.time() if accepted else failing_since) + transport.connect_timeout)
             call = stub.Observe(pb.ObserveRequest(election=election, after_revision=after))
             try:
+                # A resumed Observe sends nothing until the leader changes: its initial metadata (sent when
+                # the coordinator accepts it) says the stream is up again.
+                await call.initial_metadata()
+                accepted, failing_since, delays = True, None, CLIENT_BACKOFF.delays()
                 async for resp in call:
                     failing_since, delays = None, CLIENT_BACKOFF.delays()
                     after = int(resp.revision)
@@ -329,10 +343,14 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
             log.debug("fencepost: observe of %r broke (%s); resuming after revision %d", election, err.code(), after)
         except grpc.aio.UsageError:  # the channel was closed by a rotation: use the new one
             pass
+        except Unavailable:
+            if not accepted:
+                raise
+            log.debug("fencepost: observe of %r: no coordinator reachable yet; still trying", election)
         now = loop.time()
         if failing_since is None:
             failing_since = now
-        elif now - failing_since > transport.connect_timeout:
+        elif now - failing_since > transport.connect_timeout and not accepted:
             raise Unavailable(f"observe of {election!r}: no coordinator reachable", name=election)
         transport.rotate(channel, force=True)
         await asyncio.sleep(next(delays))

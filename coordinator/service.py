@@ -672,6 +672,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             counted = True
             await self._locks.tokens.ready()
             changes = self._elections.observe(request.election, request.after_revision)
+            # Accepted: the client learns the stream is up even if nothing changes for a long time
+            # (a resumed Observe sends nothing until the leader changes).
+            await context.send_initial_metadata(())
             closing = asyncio.ensure_future(self.closing.wait())
             try:
                 while True:

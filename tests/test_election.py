@@ -355,6 +355,40 @@ async def test_observe_sees_every_leader_in_order_across_a_coordinator_restart(e
         await asyncio.wait_for(second.stop(grace=0), 20)
 
 
+async def test_observe_waits_out_outages_longer_than_connect_timeout(etcd: Any, prefix: str) -> None:
+    """Once accepted, an observation goes on through coordinator outages longer than connect_timeout, and
+    through a second outage after a quiet spell (a resumed Observe that receives nothing is still up: its
+    initial metadata says so); the change made after them is seen."""
+    from fencepost.coordinator.server import Coordinator
+
+    coordinator = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    await asyncio.wait_for(coordinator.start(), 20)
+    address = f"127.0.0.1:{coordinator.port}"
+    try:
+        async with AsyncLockClient(address, connect_timeout=1.0) as watcher:
+            seen: list[LeaderInfo | None] = []
+            changed = asyncio.Event()
+            observer = asyncio.create_task(_collect(watcher, "outages", seen, changed))
+            await asyncio.wait_for(changed.wait(), 10)
+            for outage, quiet in ((2.5, 1.5), (0.2, 0.0)):  # seconds down (connect_timeout is 1 s), then up
+                await asyncio.wait_for(coordinator.stop(grace=0), 20)
+                await asyncio.sleep(outage)  # the outage itself is what is tested
+                coordinator = Coordinator([etcd.endpoint], listen=address, prefix=prefix)
+                await asyncio.wait_for(coordinator.start(), 20)
+                await asyncio.sleep(quiet)  # nothing changes meanwhile: the resumed Observe sends nothing
+                assert not observer.done(), observer
+            async with AsyncLockClient(address) as candidate:
+                lead = await candidate.campaign("outages", b"after", timeout=5)
+                await asyncio.wait_for(_seen(seen, changed, 1), 15)
+                assert [(s.token, s.value) for s in seen if s is not None] == [(lead.token, b"after")]
+                await lead.resign()
+            observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await observer
+    finally:
+        await asyncio.wait_for(coordinator.stop(grace=0), 20)
+
+
 async def _until_none(seen: list[LeaderInfo | None], changed: asyncio.Event) -> None:
     while not seen or seen[-1] is not None:
         changed.clear()
