@@ -6,9 +6,10 @@ serve one etcd; add them up in Prometheus). No label carries a lock name or
 a lease id: the label values are fixed sets. ``prefix`` is "" unless the
 operator names lock-name prefixes (``serve --metrics-name-prefix``): then it
 is the longest of them that the lock name starts with. Elections' and
-semaphores' holds are locks with internal names (:mod:`fencepost.client.v1.kinds`,
-a control character first, which no configured prefix has): they count
-under ``prefix=""``, and no label ever shows their names either.
+semaphores' holds (locks with internal names, :mod:`fencepost.client.v1.kinds`)
+count by the election's or semaphore's own name: ``jobs/`` covers the lock,
+the election and the semaphore named ``jobs/x`` alike. No label ever shows
+a name.
 
 ==================================  =========  ==================  ==============================================
 metric                              type       labels              meaning
@@ -51,6 +52,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fencepost.client.v1 import kinds
 from fencepost.client.v1.details import ErrorReason
 from fencepost.client.v1.keys import MAX_NAME_BYTES
 
@@ -209,7 +211,12 @@ class LockMetrics:
                                "--max-lag, LeaseGrant is refused.", registry=registry)
 
     def prefix_of(self, name: str) -> str:
-        """The ``prefix`` label of lock ``name``: the longest configured prefix it starts with, else ""."""
+        """The ``prefix`` label of lock ``name``: the longest configured prefix it starts with, else "".
+
+        An internal name (an election's or a semaphore's lock) counts by its election's or semaphore's name.
+        """
+        if kinds.is_internal(name):
+            name = kinds.public_hold(name).name
         for prefix in self._prefixes:
             if name.startswith(prefix):
                 return prefix

@@ -507,11 +507,11 @@ class KeepAliveStream:
             return  # already reported once
         self._metrics.watched_holds(-1)
         unsubscribe()
-        if not (reason == ErrorReason.NOT_HOLDER and self._released.take(hold)):
-            log_event(_log, logging.INFO, "hold_ended", f"hold of {hold.name!r} by lease {hold.lease_id:#x} "
-                      f"ended: {reason_name(reason)}", name=hold.name, lease_id=hold.lease_id, token=hold.token,
-                      reason=reason_name(reason), **self._caller)
         public = kinds.public_hold(hold.name)
+        if not (reason == ErrorReason.NOT_HOLDER and self._released.take(hold)):
+            log_event(_log, logging.INFO, "hold_ended", f"hold of {kinds.describe(hold.name)} by lease "
+                      f"{hold.lease_id:#x} ended: {reason_name(reason)}", name=public.name, lease_id=hold.lease_id,
+                      token=hold.token, reason=reason_name(reason), **_kind_fields(public), **self._caller)
         self._send(lock_pb2.KeepAliveResponse(hold_ended=lock_pb2.HoldEnded(
             name=public.name, lease_id=hold.lease_id, token=hold.token, reason=reason, kind=public.kind,
             slot=max(public.slot, 0))))
@@ -529,3 +529,12 @@ def _internal(watch: lock_pb2.WatchHold) -> str:
         return kinds.internal_name(watch.kind, watch.name, watch.slot)
     except ValueError as exc:
         raise InvalidArgument(f"kind {watch.kind} is not a HoldKind", field="kind") from exc
+
+
+def _kind_fields(public: kinds.PublicHold) -> dict[str, object]:
+    """The log fields that tell an election's or a semaphore permit's hold from a lock's: none for a lock."""
+    if public.kind == lock_pb2.HOLD_KIND_ELECTION:
+        return {"kind": "election"}
+    if public.kind == lock_pb2.HOLD_KIND_SEMAPHORE:
+        return {"kind": "semaphore", "slot": public.slot}
+    return {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import sys
 from typing import Any
@@ -22,6 +23,7 @@ from fencepost.client import (
     NotHolder,
 )
 from fencepost.client.v1 import kinds, lock_pb2, lock_pb2_grpc
+from fencepost.coordinator.events import FIELDS_ATTR
 from fencepost.client.v1.keys import MAX_VALUE_BYTES, Keys
 
 from .conftest import cli_env, error_info, wait_for
@@ -276,8 +278,11 @@ async def test_policy_checks_elections_by_name(etcd: Any, prefix: str) -> None:
         await asyncio.wait_for(coord.stop(grace=0), 20)
 
 
-async def test_leadership_loss_is_signalled(address: str, etcd_client: Etcd3Client, prefix: str) -> None:
-    """When the leader's lease is revoked, its handle is lost as a lock's is, and the next candidate leads."""
+async def test_leadership_loss_is_signalled(address: str, etcd_client: Etcd3Client, prefix: str,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """When the leader's lease is revoked, its handle is lost as a lock's is, and the next candidate leads; the
+    coordinator's hold_ended line names the election as such (never its internal lock name)."""
+    caplog.set_level(logging.INFO, logger="fencepost.coordinator")
     async with AsyncLockClient(address) as client, AsyncLockClient(address) as other:
         lead = await client.campaign("loss", b"a", ttl=10, timeout=5)
         called = asyncio.Event()
@@ -295,6 +300,13 @@ async def test_leadership_loss_is_signalled(address: str, etcd_client: Etcd3Clie
         with pytest.raises(LeaseLost):
             lead.check()
         await second.resign()
+    ended = [r for r in caplog.records if getattr(r, "event", None) == "hold_ended"]
+    assert ended, [r.getMessage() for r in caplog.records]
+    for record in ended:
+        assert "\x01" not in record.getMessage() and "\x01" not in repr(record.__dict__), record.getMessage()
+        fields = getattr(record, FIELDS_ATTR)
+        assert (fields["name"], fields["kind"]) == ("loss", "election"), fields
+        assert "election 'loss'" in record.getMessage(), record.getMessage()
 
 
 async def _collect(client: AsyncLockClient, election: str, into: list[LeaderInfo | None],

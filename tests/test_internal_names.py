@@ -85,11 +85,15 @@ def test_sessions_show_elections_and_semaphores_by_kind() -> None:
     assert shown([kinds.semaphore_permits_record("s")], []) == ([], [])
 
 
-def test_lock_metrics_never_label_an_internal_name_with_a_lock_prefix() -> None:
-    """Elections' and semaphores' holds count under prefix "" whatever lock-name prefixes are configured."""
+def test_lock_metrics_label_elections_and_semaphores_by_their_own_names() -> None:
+    """Elections' and semaphores' holds count under the prefix of the election's or semaphore's name, as a
+    lock of that name would (the trial's `--metrics-name-prefix jobs/` with an election jobs/e)."""
     metrics = LockMetrics(CollectorRegistry(), ["e", "s", "jobs/"])
     assert metrics.prefix_of("jobs/x") == "jobs/"
-    assert all(metrics.prefix_of(name) == "" for name in (ELECTION, QUEUE, SLOT))
+    assert (metrics.prefix_of(ELECTION), metrics.prefix_of(QUEUE), metrics.prefix_of(SLOT)) == ("e", "s", "s")
+    assert metrics.prefix_of(kinds.election_lock("jobs/e")) == "jobs/"
+    assert metrics.prefix_of(kinds.semaphore_slot("jobs/s", 1)) == "jobs/"
+    assert metrics.prefix_of(kinds.election_lock("other")) == ""
     with pytest.raises(ValueError):
         LockMetrics(CollectorRegistry(), [kinds.INTERNAL])
 

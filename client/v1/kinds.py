@@ -22,7 +22,7 @@ from typing import NamedTuple
 from .lock_pb2 import HoldKind
 
 __all__ = [
-    "HoldKind", "PublicHold", "election_lock", "internal_name", "is_internal", "public_hold",
+    "HoldKind", "PublicHold", "describe", "election_lock", "internal_name", "is_internal", "public_hold",
     "semaphore_queue", "semaphore_slot", "semaphore_slots", "semaphore_permits_record",
 ]
 
@@ -71,6 +71,17 @@ def semaphore_slots(name: str) -> str:
 def semaphore_permits_record(name: str) -> str:
     """The internal name whose lock prefix holds semaphore ``name``'s number of permits (key ``<range>permits``)."""
     return "\x01p/" + name
+
+
+def describe(name: str) -> str:
+    """An internal or public lock name as a person reads it: ``lock 'a'``, ``election 'a'``,
+    ``semaphore 'a' slot 2`` (``semaphore 'a'`` for a place in its queue)."""
+    public = public_hold(name)
+    if public.kind == HoldKind.HOLD_KIND_ELECTION:
+        return f"election {public.name!r}"
+    if public.kind == HoldKind.HOLD_KIND_SEMAPHORE:
+        return f"semaphore {public.name!r}" + (f" slot {public.slot}" if public.slot >= 0 else "")
+    return f"lock {public.name!r}"
 
 
 def internal_name(kind: int, name: str, slot: int = 0) -> str:
