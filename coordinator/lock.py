@@ -615,10 +615,17 @@ class LockManager:
         validate_lock_name(name)
         lock = self._keys.lock_prefix(name)
         count = etcdops.RequestOp(request_range=etcdops.count(lock))
-        resp = await self._etcd.read([etcdops.holder_of(lock, limit=DESCRIBE_WAITERS + 1), count], name=name)
+        resp = await self._etcd.read([etcdops.holder_of(lock, limit=DESCRIBE_WAITERS + 1), count,
+                                      self._delays.read(lock)], name=name)
         self._tokens.check_serving()
-        listed, counted = (r.response_range for r in resp.responses)
+        listed, counted, delays = (r.response_range for r in resp.responses)
         contenders = [self._holder(kv) for kv in listed.kvs]
+        if contenders:
+            head = listed.kvs[0]
+            parsed = self._keys.parse(bytes(head.key))
+            if not self._delays.settled(delays, parsed[1] if parsed else 0, int(head.create_revision), 0):
+                # A lock-delay holds the first contender back: nobody holds the lock, all of them wait.
+                return Description(None, -1, 0, int(counted.count), contenders, int(resp.header.revision))
         if not contenders:
             return Description(None, -1, 0, 0, [], int(resp.header.revision))
         holder = contenders[0]

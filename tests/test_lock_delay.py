@@ -73,12 +73,23 @@ async def test_waiter_after_a_revoked_holder_is_granted_no_earlier_than_the_dela
         await wait_for(lambda: describe_waiters_is(stub, "revoked", 1), 10, what="the waiter")
         seen = _seen_deleted(coordinator, Keys(prefix).contender("revoked", held.lease_id))
         await _revoke(etcd_client, held.lease_id)
+        await seen
+        # While the delay runs, Describe shows no holder (the waiter is not granted yet) and the waiter queued.
+        await wait_for(lambda: _delay_running(etcd_client, prefix, "revoked"), 10, what="the delay to start")
+        during = await stub.Describe(lock_pb2.DescribeRequest(name="revoked"), timeout=5)
+        assert not during.held and not during.HasField("holder") and during.waiter_count == 1, during
+        assert [w.lease_id for w in during.waiters] != [held.lease_id] and len(during.waiters) == 1
         granted = await asyncio.wait_for(waiter, 15)
         waited = time.monotonic() - await seen
         assert DELAY <= waited <= DELAY + SLACK, waited
         assert granted.token > held.token
         assert await _delay_keys(etcd_client, prefix, "revoked") == []  # the wait ended, b recorded no delay
         await granted.release()
+
+
+async def _delay_running(etcd_client: Etcd3Client, prefix: str, name: str) -> bool:
+    """Whether the lock-delay of ``name`` runs: its wait key (on a lease of its own) exists."""
+    return any(key.endswith(b"!wait") for key in await _delay_keys(etcd_client, prefix, name))
 
 
 async def test_clean_release_grants_the_next_holder_at_once(
@@ -131,8 +142,10 @@ async def test_try_acquire_during_the_delay_is_refused_without_a_holder(
         assert info.value.holder_lease_id == 0 and info.value.holder_token == 0
         assert "lock-delay" in str(info.value)
         assert len(await _delay_keys(etcd_client, prefix, "idle")) == 1  # the wait, on its own lease
-        with pytest.raises(LockHeld):
+        with pytest.raises(LockHeld) as again:
             await b.try_acquire("idle", ttl=10.0)
+        cli = common.acquire_error(again.value, "idle", 0.0, [address])  # what fencepost acquire --try says
+        assert cli.exit_code == common.EXIT_HELD and "lock-delay" in str(cli) and "is held" not in str(cli), cli
         granted = await b.acquire("idle", ttl=10.0, timeout=10.0)
         waited = time.monotonic() - first_try
         assert DELAY <= waited <= DELAY + SLACK, waited

@@ -276,7 +276,9 @@ class LockServiceServicer:
 
     def Describe(self, request, context):
         """Describe reports the holder, fencing token, waiters and TTL left for one
-        lock name. Read-only; a snapshot at one etcd revision.
+        lock name. Read-only; a snapshot at one etcd revision. While the
+        lock-delay of a lost holder runs, the lock has no holder (held = false)
+        and every contender is a waiter (ListLocks does not tell that apart).
         Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

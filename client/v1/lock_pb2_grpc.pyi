@@ -232,7 +232,9 @@ class LockServiceStub:
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
     """Describe reports the holder, fencing token, waiters and TTL left for one
-    lock name. Read-only; a snapshot at one etcd revision.
+    lock name. Read-only; a snapshot at one etcd revision. While the
+    lock-delay of a lost holder runs, the lock has no holder (held = false)
+    and every contender is a waiter (ListLocks does not tell that apart).
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
     ListLocks: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ListLocksRequest, _lock_pb2.ListLocksResponse]
@@ -516,7 +518,9 @@ class LockServiceAsyncStub(LockServiceStub):
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe reports the holder, fencing token, waiters and TTL left for one
-    lock name. Read-only; a snapshot at one etcd revision.
+    lock name. Read-only; a snapshot at one etcd revision. While the
+    lock-delay of a lost holder runs, the lock has no holder (held = false)
+    and every contender is a waiter (ListLocks does not tell that apart).
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
     ListLocks: _aio.UnaryUnaryMultiCallable[_lock_pb2.ListLocksRequest, _lock_pb2.ListLocksResponse]  # type: ignore[assignment]
@@ -839,7 +843,9 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_lock_pb2.DescribeResponse, _abc.Awaitable[_lock_pb2.DescribeResponse]]:
         """Describe reports the holder, fencing token, waiters and TTL left for one
-        lock name. Read-only; a snapshot at one etcd revision.
+        lock name. Read-only; a snapshot at one etcd revision. While the
+        lock-delay of a lost holder runs, the lock has no holder (held = false)
+        and every contender is a waiter (ListLocks does not tell that apart).
         Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
         """
 
