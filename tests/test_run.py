@@ -19,7 +19,7 @@ from fencepost.client import AsyncLockClient
 from fencepost.client.cli.run import RUN_EXIT_CODES, exit_status
 from fencepost.client.v1 import lock_pb2
 
-from .conftest import CliResult, cli_env
+from .conftest import CliResult, cli_env, wait_for
 from .owned_stub import SECRETS, OwnedStub
 
 # A Python child that reports its environment, then waits; on SIGTERM it says so
@@ -307,6 +307,31 @@ async def test_run_when_lease_revoked_kills_the_whole_process_tree(address: str)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+async def test_run_when_killed_with_sigkill_its_command_dies_too(address: str) -> None:
+    """A ``fencepost run`` killed with SIGKILL cannot stop its command itself: the kernel kills the command
+    with it (PR_SET_PDEATHSIG, set before the exec), so no command outlives its supervisor's hold."""
+    name = lock_name()
+    async with running(name, "--ttl", "5", "--address", address,
+                       "--", sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+                       ) as r:
+        assert r.proc.stdout is not None
+        child = int((await asyncio.wait_for(r.proc.stdout.readline(), 30)).decode())
+        try:
+            assert _running_pid(child)
+            with open(f"/proc/{child}/cmdline", "rb") as cmdline:  # the command itself, exec'd in place
+                assert b"time.sleep(600)" in cmdline.read()
+            r.proc.kill()
+            await asyncio.wait_for(r.proc.wait(), 10)  # (not communicate: a surviving command holds the pipes)
+
+            async def gone() -> bool:
+                return not _running_pid(child)
+
+            await wait_for(gone, 10, what="the command to die with its supervisor")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
 
 async def test_run_when_child_exits_leaving_processes_ends_them_before_releasing(address: str) -> None:

@@ -52,6 +52,7 @@ import asyncio
 import contextlib
 import math
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -350,7 +351,46 @@ def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: 
     return env
 
 
+#: On Linux the command is started through this: it asks the kernel to SIGKILL it when the process that
+#: started it (``fencepost run``/``elect``) dies, even by SIGKILL (prctl PR_SET_PDEATHSIG; it survives the
+#: exec), then execs the command. Without it a killed supervisor would leave its command running after the
+#: hold ended. Arguments: the supervisor's pid, then the command.
+DIE_WITH_PARENT = """\
+import ctypes, os, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+if os.getppid() != int(sys.argv[1]):  # the supervisor died before the prctl
+    os._exit(137)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except FileNotFoundError as err:
+    print(f"command not found: {sys.argv[2]}: {err.strerror}", file=sys.stderr)
+    os._exit(127)
+except OSError as err:
+    print(f"cannot execute {sys.argv[2]}: {err.strerror}", file=sys.stderr)
+    os._exit(126)
+"""
+
+
+def _resolve(command: Sequence[str], env: dict[str, str]) -> None:
+    """Refuse a command that cannot run before starting anything (as the exec itself would).
+
+    Raises:
+        CommandError: not found (127) or not executable (126).
+    """
+    program = command[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise CommandError(f"command not found: {program}", EXIT_NOT_FOUND)
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise CommandError(f"cannot execute: {program}", EXIT_CANNOT_EXECUTE)
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise CommandError(f"command not found: {program}", EXIT_NOT_FOUND)
+
+
 async def _start(command: Sequence[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    if sys.platform.startswith("linux"):
+        _resolve(command, env)
+        command = [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT, str(os.getpid()), *command]
     try:
         return await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True)
     except FileNotFoundError:
