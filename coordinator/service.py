@@ -112,6 +112,38 @@ def _check_fields(name: str, lease_id: int, token: int | None = None) -> None:
         validate_token(token)
 
 
+#: The kinds of hold AdminRevoke ends.
+_REVOKE_KINDS = (kinds.HoldKind.HOLD_KIND_LOCK, kinds.HoldKind.HOLD_KIND_ELECTION, kinds.HoldKind.HOLD_KIND_SEMAPHORE)
+
+
+def _check_revoke_kind(kind: int, slot: int) -> None:
+    """Refuse an AdminRevoke's unknown ``kind``, or a ``slot`` given for a lock or an election, or out of
+    0 to MAX_PERMITS - 1 (the semaphore's own number of permits is checked once it is read).
+
+    Raises:
+        InvalidArgument: field ``kind`` or ``slot``.
+    """
+    if kind not in _REVOKE_KINDS:
+        raise InvalidArgument(f"kind is {kind}; must be HOLD_KIND_LOCK (0), HOLD_KIND_ELECTION (1) or "
+                              "HOLD_KIND_SEMAPHORE (2)", field="kind")
+    if kind != kinds.HoldKind.HOLD_KIND_SEMAPHORE and slot:
+        raise InvalidArgument(f"slot is {slot}; a slot names a semaphore's permit: give it only with "
+                              "kind HOLD_KIND_SEMAPHORE", field="slot")
+    if kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
+        validate_slot(slot)
+
+
+def _revoked_what(request: lock_pb2.AdminRevokeRequest) -> dict[str, Any]:
+    """The audit line's extra fields of an AdminRevoke: its kind (and slot) unless it names a lock."""
+    if request.kind == kinds.HoldKind.HOLD_KIND_ELECTION:
+        return {"kind": "election"}
+    if request.kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
+        return {"kind": "semaphore", "slot": request.slot}
+    if request.kind != kinds.HoldKind.HOLD_KIND_LOCK:
+        return {"kind": int(request.kind)}
+    return {}
+
+
 def _leader(leader: Leader | None) -> lock_pb2.LeaderInfo | None:
     return lock_pb2.LeaderInfo(lease_id=leader.lease_id, token=leader.token, value=leader.value) if leader else None
 
@@ -420,13 +452,18 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._admit(context, "revoke", request.name)
         await self._locks.tokens.ready()
         request_id = request.request_id or None
+        shown = _revoked_what(request)
         try:
             validate_name(request.name)  # a lock's: an election's or a semaphore's internal name is refused
-            holder = (await self._locks.describe(request.name)).holder
+            _check_revoke_kind(request.kind, request.slot)
+            holder = await self._holder_to_revoke(request)
             # With a request_id, what this call revokes is recorded first (etcd cannot revoke inside a
             # Txn): a retry finds the record and revokes that lease again (a no-op once it is gone)
-            # and answers as the first attempt, instead of revoking the next holder.
-            earlier = await self._records.claim(request.request_id, Call("AdminRevoke", request.name),
+            # and answers as the first attempt, instead of revoking the next holder. The call names the
+            # internal name, so that reusing the id for another kind or slot is REQUEST_ID_REUSED.
+            call = Call("AdminRevoke", kinds.internal_name(request.kind, request.name, request.slot),
+                        slot=request.slot)
+            earlier = await self._records.claim(request.request_id, call,
                                                 {"lease_id": holder.lease_id, "token": holder.token} if holder else {})
             if earlier is not None:
                 recorded = earlier.outcome
@@ -436,15 +473,34 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                 found = await self._revoke_lease(holder.lease_id) or earlier is not None
         except FencepostError as exc:
             self._audit(context, "revoke", request.name, "failed", logging.WARNING, error=exc.message,
-                        request_id=request_id)
+                        request_id=request_id, **shown)
             raise
         if not found:
-            self._audit(context, "revoke", request.name, "not_held", logging.WARNING, request_id=request_id)
+            self._audit(context, "revoke", request.name, "not_held", logging.WARNING, request_id=request_id, **shown)
             return lock_pb2.AdminRevokeResponse(revoked=False)
         assert holder is not None
         self._audit(context, "revoke", request.name, "revoked", logging.WARNING, lease_id=holder.lease_id,
-                    token=holder.token, request_id=request_id, retried=True if earlier is not None else None)
+                    token=holder.token, request_id=request_id, retried=True if earlier is not None else None, **shown)
         return lock_pb2.AdminRevokeResponse(revoked=True, lease_id=holder.lease_id, token=holder.token)
+
+    async def _holder_to_revoke(self, request: lock_pb2.AdminRevokeRequest) -> Holder | None:
+        """The holder an AdminRevoke ends (checked already): the lock's holder, the election's leader, or
+        the holder of the semaphore's permit ``slot``; None when there is none.
+
+        Raises:
+            InvalidArgument: field ``slot``: not below the semaphore's number of permits.
+            DataLoss, Unavailable: as the reads.
+        """
+        if request.kind == kinds.HoldKind.HOLD_KIND_ELECTION:
+            leader, _ = await self._elections.leader(request.name)
+            return Holder(leader.lease_id, leader.token) if leader is not None else None
+        if request.kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
+            d = await self._semaphores.describe(request.name)
+            if d.permits and request.slot >= d.permits:
+                raise InvalidArgument(f"slot is {request.slot}; semaphore {request.name!r} has {d.permits} permits "
+                                      f"(slots 0 to {d.permits - 1})", name=request.name, field="slot")
+            return next((Holder(p.lease_id, p.token) for p in d.holders if p.slot == request.slot), None)
+        return (await self._locks.describe(request.name)).holder
 
     async def _revoke_lease(self, lease_id: int) -> bool:
         """Revoke lease ``lease_id`` for an operator (bypassing ownership), with the holds' bookkeeping.

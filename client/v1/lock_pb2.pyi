@@ -389,12 +389,16 @@ class ServerInfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., listen_address: _Optional[str] = ..., health_address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., key_prefix: _Optional[str] = ..., serving: _Optional[bool] = ..., etcd: _Optional[_Union[EtcdInfo, _Mapping]] = ..., keepalive_streams: _Optional[int] = ..., keepalive_leases: _Optional[int] = ..., watched_holds: _Optional[int] = ..., waiting_acquires: _Optional[int] = ..., contender_keys: _Optional[int] = ..., held_locks: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class AdminRevokeRequest(_message.Message):
-    __slots__ = ("request_id", "name")
+    __slots__ = ("request_id", "name", "kind", "slot")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     name: str
-    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    kind: HoldKind
+    slot: int
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[HoldKind, str]] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class AdminRevokeResponse(_message.Message):
     __slots__ = ("revoked", "lease_id", "token")

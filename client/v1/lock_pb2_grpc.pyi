@@ -272,26 +272,32 @@ class LockServiceStub:
     """
     AdminRevoke: _grpc.UnaryUnaryMultiCallable[_lock_pb2.AdminRevokeRequest, _lock_pb2.AdminRevokeResponse]
     """AdminRevoke ends the hold of lock `name` by revoking its holder's lease
-    in etcd (an operator's action: `fencepost admin revoke NAME`). The lease
+    in etcd (an operator's action: `fencepost admin revoke NAME`); with
+    `kind`, the leadership of election `name` (its leader's lease: `fencepost
+    admin revoke NAME --election`) or permit `slot` of semaphore `name` (that
+    permit holder's lease: `--semaphore --slot N`), the same way. The lease
     ends with every key attached to it: this hold, the lease's other holds
     and waits, and its ownership record. The holder hears it on its
     KeepAlive stream at once (HoldEnded, reason NOT_HOLDER: its key was
     deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
     later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
-    next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
+    next waiter (the next candidate, the next semaphore waiter) is granted
+    with a larger fencing token. The ownership of the lease is not checked: this is
     the one call that acts on a lease it does not own. The holder is read
     just before the revoke (etcd cannot revoke a lease inside a Txn): if the
     lock changed hands in between, the lease that held it is revoked all the
     same, and the response names that lease and its token. A lock that is free
-    answers revoked = false and changes nothing. Without a request_id,
+    (an election without a leader, a free permit slot, a semaphore never
+    used) answers revoked = false and changes nothing. Without a request_id,
     retrying after success revokes the next holder (NOT idempotent); with
     one, a retry answers as the first attempt did, naming the lease it
     revoked, and revokes nothing else (see "Retries"). Needs the `admin`
     action on `name` in the access policy; without a policy (`--policy`)
     every AdminRevoke is refused. Each call is logged (event `admin`, level
     WARNING).
-    Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED),
-    PERMISSION_DENIED/ACCESS_DENIED (not
+    Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED; kind:
+    not a HoldKind; slot: negative, not 0 for a lock or an election, or not
+    below the semaphore's number of permits), PERMISSION_DENIED/ACCESS_DENIED (not
     allowed `admin` on the name, or no access policy), UNAVAILABLE.
     """
     ListSessions: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ListSessionsRequest, _lock_pb2.ListSessionsResponse]
@@ -390,7 +396,9 @@ class LockServiceStub:
     place in the queue, whatever its state, and is idempotent (as
     Withdraw). A retry with the request_id of a ReleasePermit that
     succeeded answers as the first did.
-    Errors: as Release, and INVALID_ARGUMENT (slot).
+    Errors: as Release, and INVALID_ARGUMENT (slot: negative or above the
+    largest number of permits; and, when a release is refused, not below the
+    semaphore's own number of permits: no such permit can exist).
     """
     DescribeSemaphore: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeSemaphoreRequest, _lock_pb2.DescribeSemaphoreResponse]
     """DescribeSemaphore reports the permits, holders (slot, lease, token)
@@ -558,26 +566,32 @@ class LockServiceAsyncStub(LockServiceStub):
     """
     AdminRevoke: _aio.UnaryUnaryMultiCallable[_lock_pb2.AdminRevokeRequest, _lock_pb2.AdminRevokeResponse]  # type: ignore[assignment]
     """AdminRevoke ends the hold of lock `name` by revoking its holder's lease
-    in etcd (an operator's action: `fencepost admin revoke NAME`). The lease
+    in etcd (an operator's action: `fencepost admin revoke NAME`); with
+    `kind`, the leadership of election `name` (its leader's lease: `fencepost
+    admin revoke NAME --election`) or permit `slot` of semaphore `name` (that
+    permit holder's lease: `--semaphore --slot N`), the same way. The lease
     ends with every key attached to it: this hold, the lease's other holds
     and waits, and its ownership record. The holder hears it on its
     KeepAlive stream at once (HoldEnded, reason NOT_HOLDER: its key was
     deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
     later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
-    next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
+    next waiter (the next candidate, the next semaphore waiter) is granted
+    with a larger fencing token. The ownership of the lease is not checked: this is
     the one call that acts on a lease it does not own. The holder is read
     just before the revoke (etcd cannot revoke a lease inside a Txn): if the
     lock changed hands in between, the lease that held it is revoked all the
     same, and the response names that lease and its token. A lock that is free
-    answers revoked = false and changes nothing. Without a request_id,
+    (an election without a leader, a free permit slot, a semaphore never
+    used) answers revoked = false and changes nothing. Without a request_id,
     retrying after success revokes the next holder (NOT idempotent); with
     one, a retry answers as the first attempt did, naming the lease it
     revoked, and revokes nothing else (see "Retries"). Needs the `admin`
     action on `name` in the access policy; without a policy (`--policy`)
     every AdminRevoke is refused. Each call is logged (event `admin`, level
     WARNING).
-    Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED),
-    PERMISSION_DENIED/ACCESS_DENIED (not
+    Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED; kind:
+    not a HoldKind; slot: negative, not 0 for a lock or an election, or not
+    below the semaphore's number of permits), PERMISSION_DENIED/ACCESS_DENIED (not
     allowed `admin` on the name, or no access policy), UNAVAILABLE.
     """
     ListSessions: _aio.UnaryUnaryMultiCallable[_lock_pb2.ListSessionsRequest, _lock_pb2.ListSessionsResponse]  # type: ignore[assignment]
@@ -676,7 +690,9 @@ class LockServiceAsyncStub(LockServiceStub):
     place in the queue, whatever its state, and is idempotent (as
     Withdraw). A retry with the request_id of a ReleasePermit that
     succeeded answers as the first did.
-    Errors: as Release, and INVALID_ARGUMENT (slot).
+    Errors: as Release, and INVALID_ARGUMENT (slot: negative or above the
+    largest number of permits; and, when a release is refused, not below the
+    semaphore's own number of permits: no such permit can exist).
     """
     DescribeSemaphore: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeSemaphoreRequest, _lock_pb2.DescribeSemaphoreResponse]  # type: ignore[assignment]
     """DescribeSemaphore reports the permits, holders (slot, lease, token)
@@ -901,26 +917,32 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_lock_pb2.AdminRevokeResponse, _abc.Awaitable[_lock_pb2.AdminRevokeResponse]]:
         """AdminRevoke ends the hold of lock `name` by revoking its holder's lease
-        in etcd (an operator's action: `fencepost admin revoke NAME`). The lease
+        in etcd (an operator's action: `fencepost admin revoke NAME`); with
+        `kind`, the leadership of election `name` (its leader's lease: `fencepost
+        admin revoke NAME --election`) or permit `slot` of semaphore `name` (that
+        permit holder's lease: `--semaphore --slot N`), the same way. The lease
         ends with every key attached to it: this hold, the lease's other holds
         and waits, and its ownership record. The holder hears it on its
         KeepAlive stream at once (HoldEnded, reason NOT_HOLDER: its key was
         deleted; LEASE_EXPIRED when a keepalive found the lease gone first), its
         later keepalives answer ttl_seconds <= 0 (the lease is gone), and the
-        next waiter is granted with a larger fencing token. The ownership of the lease is not checked: this is
+        next waiter (the next candidate, the next semaphore waiter) is granted
+        with a larger fencing token. The ownership of the lease is not checked: this is
         the one call that acts on a lease it does not own. The holder is read
         just before the revoke (etcd cannot revoke a lease inside a Txn): if the
         lock changed hands in between, the lease that held it is revoked all the
         same, and the response names that lease and its token. A lock that is free
-        answers revoked = false and changes nothing. Without a request_id,
+        (an election without a leader, a free permit slot, a semaphore never
+        used) answers revoked = false and changes nothing. Without a request_id,
         retrying after success revokes the next holder (NOT idempotent); with
         one, a retry answers as the first attempt did, naming the lease it
         revoked, and revokes nothing else (see "Retries"). Needs the `admin`
         action on `name` in the access policy; without a policy (`--policy`)
         every AdminRevoke is refused. Each call is logged (event `admin`, level
         WARNING).
-        Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED),
-        PERMISSION_DENIED/ACCESS_DENIED (not
+        Errors: INVALID_ARGUMENT (name, request_id; REQUEST_ID_REUSED; kind:
+        not a HoldKind; slot: negative, not 0 for a lock or an election, or not
+        below the semaphore's number of permits), PERMISSION_DENIED/ACCESS_DENIED (not
         allowed `admin` on the name, or no access policy), UNAVAILABLE.
         """
 
@@ -1067,7 +1089,9 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         place in the queue, whatever its state, and is idempotent (as
         Withdraw). A retry with the request_id of a ReleasePermit that
         succeeded answers as the first did.
-        Errors: as Release, and INVALID_ARGUMENT (slot).
+        Errors: as Release, and INVALID_ARGUMENT (slot: negative or above the
+        largest number of permits; and, when a release is refused, not below the
+        semaphore's own number of permits: no such permit can exist).
         """
 
     @_abc_1.abstractmethod
