@@ -31,7 +31,7 @@ from opentelemetry.trace import TracerProvider
 
 from . import _election, _fork, _tls, _wire
 from ._election import Elector, LeaderInfo, Leadership
-from ._info import HeldLock, LockInfo, Revoked, ServerInfo, Session
+from ._info import HeldLock, LockInfo, Revoked, ServerInfo, Session, check_revoke
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from ._lock import Locker
 from ._semaphore import AsyncSemaphore, PermitLocker, check_permits
@@ -673,23 +673,33 @@ class AsyncLockClient:
             raise self._closed_error(None) or exc from exc
         return ServerInfo.from_response(resp)
 
-    async def admin_revoke(self, name: str) -> Revoked:
+    async def admin_revoke(self, name: str, *, kind: int = pb.HoldKind.HOLD_KIND_LOCK,
+                           slot: int | None = None) -> Revoked:
         """End the hold of lock ``name`` by revoking its holder's lease (AdminRevoke; an operator's call).
 
-        The lease ends with all its holds and waits; its holder is told at
-        once and the next waiter is granted with a larger fencing token.
+        With ``kind``, end the leadership of election ``name`` (its leader's
+        lease) or permit ``slot`` of semaphore ``name`` (that permit holder's
+        lease) the same way. The lease ends with all its holds and waits; its
+        holder is told at once (its handle's ``lost``) and the next waiter
+        (candidate, semaphore waiter) is granted with a larger fencing token.
         Carries a request id, the same on each retry, so that a retry after
         a lost answer (within 60 s) answers as the first attempt did instead
         of revoking the next holder.
 
         Args:
-            name: The lock name.
+            name: The lock name (the election's, the semaphore's).
+            kind: What ``name`` names, a ``HoldKind`` (``fencepost.client.v1.kinds.HoldKind``):
+                ``HOLD_KIND_LOCK`` (default), ``HOLD_KIND_ELECTION`` or ``HOLD_KIND_SEMAPHORE``.
+            slot: ``HOLD_KIND_SEMAPHORE`` only, and then required: the permit slot, 0 to the
+                semaphore's permits - 1.
 
         Returns:
-            What was revoked; ``revoked`` False when the lock was free.
+            What was revoked; ``revoked`` False when the lock was free (the
+            election had no leader, the slot no holder).
 
         Raises:
-            InvalidArgument: bad name.
+            InvalidArgument: bad name, kind or slot (before any RPC); a slot not below the
+                semaphore's number of permits (the coordinator's, field ``slot``).
             AccessDenied: the coordinator has no access policy, or it does not
                 grant this client's identity ``admin`` on ``name``.
             Unavailable: no coordinator reachable.
@@ -697,14 +707,15 @@ class AsyncLockClient:
         """
         self._check_fork()
         _wire.check_name(name)
+        wire_slot = check_revoke(kind, slot)
         await self._ensure_open(name)
         try:
-            request = pb.AdminRevokeRequest(name=name, request_id=_wire.new_request_id())
+            request = pb.AdminRevokeRequest(name=name, kind=kind, slot=wire_slot, request_id=_wire.new_request_id())
             resp = await self._transport.call(
                 "AdminRevoke", lambda _left: (request, self._connect_timeout), until=None, idempotent=True, name=name)
         except Unavailable as exc:
             raise self._closed_error(name) or exc from exc
-        return Revoked(name, bool(resp.revoked), int(resp.lease_id), int(resp.token))
+        return Revoked(name, bool(resp.revoked), int(resp.lease_id), int(resp.token), kind, wire_slot)
 
     async def list_sessions(self, *, page_size: int = 0) -> list[Session]:
         """List the live leases with their owner identity, TTLs, holds and waits (ListSessions; every page).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .errors import InvalidArgument
 from .v1 import lock_pb2 as pb
 
 __all__ = ["EtcdInfo", "HeldLock", "LockInfo", "Revoked", "ServerInfo", "Session"]
@@ -160,16 +161,56 @@ class Revoked:
     """What :meth:`AsyncLockClient.admin_revoke` did.
 
     Attributes:
-        name: The lock name.
-        revoked: Whether a lease was revoked (False: the lock was free).
-        lease_id: The revoked lease (the holder's); 0 when none.
+        name: The lock name (the election's, the semaphore's: see ``kind``).
+        revoked: Whether a lease was revoked (False: the lock, election or permit slot was free).
+        lease_id: The revoked lease (the holder's, leader's, permit holder's); 0 when none.
         token: The fencing token of the hold that ended; 0 when none.
+        kind: What ``name`` names: a ``HoldKind`` (``HOLD_KIND_LOCK``, ``_ELECTION``, ``_SEMAPHORE``).
+        slot: The semaphore's permit slot whose holder was revoked; 0 for the other kinds.
     """
 
     name: str
     revoked: bool
     lease_id: int
     token: int
+    kind: int = pb.HoldKind.HOLD_KIND_LOCK
+    slot: int = 0
+
+
+#: The kinds of hold :meth:`AsyncLockClient.admin_revoke` ends.
+REVOKE_KINDS = (pb.HoldKind.HOLD_KIND_LOCK, pb.HoldKind.HOLD_KIND_ELECTION, pb.HoldKind.HOLD_KIND_SEMAPHORE)
+
+
+def check_revoke(kind: int, slot: int | None) -> int:
+    """Check admin_revoke's ``kind`` and ``slot`` before any RPC; the slot to send.
+
+    Args:
+        kind: A ``HoldKind``: ``HOLD_KIND_LOCK`` (0), ``HOLD_KIND_ELECTION`` (1) or ``HOLD_KIND_SEMAPHORE`` (2).
+        slot: The permit slot (an int >= 0) for ``HOLD_KIND_SEMAPHORE``; None for the other kinds.
+
+    Returns:
+        The slot for the wire (0 unless a semaphore's).
+
+    Raises:
+        InvalidArgument: field ``kind`` (not one of those) or ``slot`` (missing for a semaphore, given for
+            another kind, not an int, or negative). The slot's upper bound is the semaphore's own number of
+            permits, checked by the coordinator.
+    """
+    if isinstance(kind, bool) or kind not in REVOKE_KINDS:
+        raise InvalidArgument(f"kind is {kind!r}; must be HoldKind.HOLD_KIND_LOCK, HOLD_KIND_ELECTION or "
+                              "HOLD_KIND_SEMAPHORE", field="kind")
+    if kind != pb.HoldKind.HOLD_KIND_SEMAPHORE:
+        if slot is not None:
+            raise InvalidArgument(f"slot is {slot!r}; a slot names a semaphore's permit: give it only with "
+                                  "kind HOLD_KIND_SEMAPHORE", field="slot")
+        return 0
+    if slot is None:
+        raise InvalidArgument("slot is missing; revoking a semaphore's permit holder needs the permit's slot",
+                              field="slot")
+    if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+        raise InvalidArgument(f"slot is {slot!r}; must be an int, 0 or more (below the semaphore's permits)",
+                              field="slot")
+    return slot
 
 
 @dataclasses.dataclass(frozen=True)

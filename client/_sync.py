@@ -26,12 +26,13 @@ from opentelemetry.trace import TracerProvider
 from . import _fork, _wire
 from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
 from ._election import LeaderInfo, Leadership, check_election, check_value
-from ._info import Revoked, ServerInfo, Session
+from ._info import Revoked, ServerInfo, Session, check_revoke
 from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
 from ._semaphore import SemaphoreInfo, check_permits
 from ._tls import TlsConfig
 from .errors import FencepostError
 from .handle import AsyncLockHandle
+from .v1 import lock_pb2 as pb
 
 __all__ = ["LeaderObserver", "LockClient", "LockHandle", "Semaphore", "SyncLeadership"]
 
@@ -682,20 +683,22 @@ class LockClient:
         self._check_fork()
         return self._run(self._aio.server_info())
 
-    def admin_revoke(self, name: str) -> Revoked:
-        """End the hold of lock ``name`` by revoking its holder's lease (see :meth:`AsyncLockClient.admin_revoke`).
+    def admin_revoke(self, name: str, *, kind: int = pb.HoldKind.HOLD_KIND_LOCK, slot: int | None = None) -> Revoked:
+        """End the hold of lock ``name`` (with ``kind``: election ``name``'s leadership, semaphore ``name``'s
+        permit ``slot``) by revoking its holder's lease (see :meth:`AsyncLockClient.admin_revoke`).
 
         Returns:
-            What was revoked; ``revoked`` False when the lock was free.
+            What was revoked; ``revoked`` False when the lock (election, permit slot) was free.
 
         Raises:
-            InvalidArgument: bad name.
+            InvalidArgument: bad name, kind or slot.
             AccessDenied: no access policy on the coordinator, or no ``admin`` on ``name`` for this identity.
             Unavailable: no coordinator reachable.
         """
         self._check_fork()
         _wire.check_name(name)
-        return self._run(self._aio.admin_revoke(name), name)
+        check_revoke(kind, slot)
+        return self._run(self._aio.admin_revoke(name, kind=kind, slot=slot), name)
 
     def list_sessions(self, *, page_size: int = 0) -> list[Session]:
         """List the live leases (see :meth:`AsyncLockClient.list_sessions`).

@@ -6,7 +6,9 @@ policy that grants the caller ``admin``, docs/security.md "Administration"):
 - ``fencepost admin revoke NAME``: end the hold of lock NAME by revoking its
   holder's lease (the holder is told at once, the next waiter is granted
   with a larger fencing token). Prints what was revoked; exit 0 also when
-  the lock was free (the line says so).
+  the lock was free (the line says so). ``--election``: depose election
+  NAME's leader the same way; ``--semaphore --slot N``: the holder of
+  semaphore NAME's permit N.
 - ``fencepost admin sessions [--json]``: every live lease with its owner
   identity, TTL and the locks it holds and waits for.
 
@@ -72,13 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "than --above and serve again")
     revoke = sub.add_parser(
         "revoke", formatter_class=Formatter, epilog=epilog(None, _NEEDS),
-        help="end the hold of a lock by revoking its holder's lease",
+        help="end the hold of a lock (an election's leader, a semaphore's permit) by revoking its holder's lease",
         description="Revoke the lease of lock NAME's holder (AdminRevoke): the lease ends with all its holds and "
                     "waits, the holder is told at once and its keepalives fail, and the next waiter is granted "
-                    "with a larger fencing token. A free lock is left alone (exit 0, the line says so).")
+                    "with a larger fencing token. A free lock is left alone (exit 0, the line says so). With "
+                    "--election, election NAME's leader is deposed the same way (the next candidate leads); with "
+                    "--semaphore --slot N, the holder of semaphore NAME's permit N (`fencepost status NAME "
+                    "--semaphore` lists the slots).")
     address_flag(revoke)
     tls_flags(revoke)
-    revoke.add_argument("name", metavar="NAME", help="the lock whose holder's lease is revoked")
+    revoke.add_argument("name", metavar="NAME", help="the lock (election, semaphore) whose holder's lease is revoked")
+    kind = revoke.add_mutually_exclusive_group()
+    kind.add_argument("--election", action="store_true", help="NAME is an election: revoke its leader's lease")
+    kind.add_argument("--semaphore", action="store_true",
+                      help="NAME is a semaphore: revoke the lease of the holder of permit --slot")
+    revoke.add_argument("--slot", type=_slot, metavar="N",
+                        help="with --semaphore (and then required): the permit slot, 0 to the semaphore's "
+                             "permits - 1")
     revoke.add_argument("--json", action="store_true", help="print one JSON object")
     sessions = sub.add_parser(
         "sessions", formatter_class=Formatter, epilog=epilog(None, _NEEDS),
@@ -90,6 +102,33 @@ def build_parser() -> argparse.ArgumentParser:
     tls_flags(sessions)
     sessions.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def _slot(text: str) -> int:
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"slot must be a whole number, 0 or more, got {text!r}") from None
+    if value < 0 or value >= 2**31:
+        raise argparse.ArgumentTypeError(f"slot must be 0 or more (below the semaphore's permits), got {text}")
+    return value
+
+
+def _revoke_target(args: argparse.Namespace) -> tuple[int, int, str]:
+    """The (HoldKind, slot, words for the output) of ``admin revoke``'s flags.
+
+    Raises:
+        CliError: --slot without --semaphore, or --semaphore without --slot (exit 2).
+    """
+    if args.semaphore:
+        if args.slot is None:
+            raise CliError("--semaphore needs --slot N (the permit whose holder is revoked)", EXIT_USAGE)
+        return pb.HoldKind.HOLD_KIND_SEMAPHORE, args.slot, f"semaphore {args.name} permit {args.slot}"
+    if args.slot is not None:
+        raise CliError("--slot is for a semaphore's permit: give it with --semaphore", EXIT_USAGE)
+    if args.election:
+        return pb.HoldKind.HOLD_KIND_ELECTION, 0, f"election {args.name}"
+    return pb.HoldKind.HOLD_KIND_LOCK, 0, args.name
 
 
 def sessions_json(address: str, revision: int, sessions: list[Any]) -> dict[str, Any]:
@@ -140,23 +179,33 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{len(found)} sessions, etcd revision {revision}, from {address}", flush=True)
         return EXIT_OK
     lock_name(args.name)
+    kind, slot, what = _revoke_target(args)
     # With a request id (the same on each retry), a retry after a lost answer answers as the first
     # attempt did instead of revoking the next holder: retried like an idempotent call.
-    request = pb.AdminRevokeRequest(name=args.name, request_id=new_request_id())
+    request = pb.AdminRevokeRequest(name=args.name, kind=kind, slot=slot, request_id=new_request_id())
     try:
         address, resp = asyncio.run(call(addresses, "AdminRevoke", request, idempotent=True, name=args.name,
                                          tls=tls))
     except CallFailed as failed:
         raise call_error(failed.error, addresses, failed.address, "AdminRevoke") from None
     if args.json:
-        print(json.dumps({"address": address, "name": args.name, "revoked": resp.revoked,
+        shown = {"kind": _KIND_WORDS[kind]} | ({"slot": slot} if kind == pb.HoldKind.HOLD_KIND_SEMAPHORE else {})
+        print(json.dumps({"address": address, "name": args.name, **shown, "revoked": resp.revoked,
                           "lease_id": resp.lease_id or None, "token": resp.token or None}), flush=True)
     elif resp.revoked:
-        print(f"revoked lease {lease_hex(resp.lease_id)} ({resp.lease_id}), the holder of {args.name} with token "
+        holder = "the leader" if kind == pb.HoldKind.HOLD_KIND_ELECTION else "the holder"
+        print(f"revoked lease {lease_hex(resp.lease_id)} ({resp.lease_id}), {holder} of {what} with token "
               f"{resp.token}", flush=True)
+    elif kind == pb.HoldKind.HOLD_KIND_ELECTION:
+        print(f"{what} has no leader: nothing revoked", flush=True)
     else:
-        print(f"{args.name} is not held: nothing revoked", flush=True)
+        print(f"{what} is not held: nothing revoked", flush=True)
     return EXIT_OK
+
+
+#: The ``kind`` of ``admin revoke --json``.
+_KIND_WORDS = {pb.HoldKind.HOLD_KIND_LOCK: "lock", pb.HoldKind.HOLD_KIND_ELECTION: "election",
+               pb.HoldKind.HOLD_KIND_SEMAPHORE: "semaphore"}
 
 
 def execute(argv: list[str]) -> int:
