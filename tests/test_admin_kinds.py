@@ -178,7 +178,8 @@ async def test_cli_admin_revoke_of_an_election_and_a_semaphore_slot(policed: Coo
         assert free.out.strip() == f"semaphore {SEMAPHORE} permit {slot} is not held: nothing revoked", free
 
     for flags, text in [(["--semaphore"], "--semaphore needs --slot"), (["--slot", "1"], "--slot is for"),
-                        (["--election", "--slot", "1"], "--slot is for"), (["--election", "--semaphore"], "not allowed"),
+                        (["--election", "--slot", "1"], "--slot is for"),
+                        (["--election", "--semaphore"], "not allowed"),
                         (["--semaphore", "--slot", "-1"], "slot must be 0 or more")]:
         bad = await run_cli("admin", "revoke", SEMAPHORE, *flags, *base)
         assert bad.rc == 2 and text in bad.err and len(bad.err.splitlines()) == 1, (flags, bad)
