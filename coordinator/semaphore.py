@@ -329,7 +329,8 @@ class Semaphores:
             The etcd revision of the release.
 
         Raises:
-            InvalidArgument: bad name, lease id, slot or token.
+            InvalidArgument: bad name, lease id, slot or token; when refused, a slot not below the semaphore's
+                number of permits (its permits record's; field ``slot``).
             NotHolder: the lease holds no such permit (``current_token``: the slot holder's, when held).
             StaleTokenError: the lease holds that slot under a newer token.
             LeaseLost: the lease is gone.
@@ -348,7 +349,10 @@ class Semaphores:
         def decide(resp: Any) -> tuple[int, Any, Holder | None]:
             if resp.succeeded:
                 return int(resp.header.revision), None, None
-            mine, owners = (r.response_range.kvs for r in resp.responses)
+            mine, owners, record = (r.response_range.kvs for r in resp.responses)
+            if record and slot >= int(record[0].value):  # no such permit: the caller's slot is wrong
+                raise InvalidArgument(f"slot is {slot}; semaphore {name!r} has {int(record[0].value)} permits "
+                                      f"(slots 0 to {int(record[0].value) - 1})", name=name, field="slot")
             holder = None
             if owners:
                 parsed = self._keys.parse(bytes(owners[0].key))
@@ -363,7 +367,8 @@ class Semaphores:
         revision, mine, holder = await self._etcd.txn(TxnPlan(
             etcdops.txn([etcdops.is_owner(skey, created)],
                         [etcdops.delete(skey), etcdops.delete(self._queue_key(name, lease_id)), *also],
-                        [etcdops.get(skey, keys_only=True), etcdops.holder_of(slot_lock)]),
+                        [etcdops.get(skey, keys_only=True), etcdops.holder_of(slot_lock),
+                         etcdops.get(self._record_key(name))]),
             decide, [etcdops.get(skey, keys_only=True)], released, name=name, lease_id=lease_id))
         if revision:
             return revision

@@ -13,7 +13,7 @@ import pytest
 from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient, LockClient, LockHeld, LockTimeout, NotHolder, PermitsMismatch
-from fencepost.client import StaleTokenError
+from fencepost.client import InvalidArgument, StaleTokenError
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import kinds, lock_pb2
 from fencepost.client.v1.keys import Keys
@@ -145,7 +145,8 @@ async def test_bad_input_names_the_field(stub: OwnedStub) -> None:
 
 async def test_release_semantics_and_idempotent_acquire(stub: OwnedStub, prefix: str,
                                                         etcd_client: Etcd3Client) -> None:
-    """AcquirePermit again returns the same slot and token; ReleasePermit refuses a wrong token or slot, then
+    """AcquirePermit again returns the same slot and token; ReleasePermit refuses a wrong token or slot (a slot
+    not below the semaphore's permits: INVALID_ARGUMENT naming it), then
     releases (both keys in one Txn); token 0 withdraws and says whether anything was there."""
     lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)
     md = secret_metadata(lease.lease_id)
@@ -161,6 +162,14 @@ async def test_release_semantics_and_idempotent_acquire(stub: OwnedStub, prefix:
                                                                    token=token), timeout=5, metadata=md)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert error_info(info.value).reason == reason  # type: ignore[union-attr]
+    for slot in (2, 999):  # no such permit in a semaphore of 2: the slot is wrong, not the holder
+        with pytest.raises(grpc.RpcError) as info:
+            await stub.ReleasePermit(lock_pb2.ReleasePermitRequest(name="idem", lease_id=lease.lease_id, slot=slot,
+                                                                   token=first.token), timeout=5, metadata=md)
+        assert_invalid_field(info.value, "slot")
+        assert "has 2 permits" in info.value.details()
+        refused = from_rpc_error(info.value)
+        assert isinstance(refused, InvalidArgument) and (refused.field, refused.name) == ("slot", "idem")
     released = await stub.ReleasePermit(lock_pb2.ReleasePermitRequest(
         name="idem", lease_id=lease.lease_id, slot=first.slot, token=first.token), timeout=5, metadata=md)
     assert released.revision > first.token
