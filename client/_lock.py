@@ -70,6 +70,7 @@ from .errors import (
     Unavailable,
 )
 from .handle import AsyncLockHandle
+from .v1 import kinds
 from .v1 import lock_pb2 as pb
 from .v1.details import ErrorReason, reason_name
 from .v1.retry import CLIENT_BACKOFF
@@ -260,7 +261,8 @@ class Locker:
                     if slot.lock.locked() or slot.users > 1:
                         holder = slot.holder
                         raise LockHeld(
-                            f"lock {name!r} is held by this client (lease {lease.lease_id:#x})",
+                            _held_here(name, lease.lease_id, f"lock {name!r} is held by this client (lease "
+                                                             f"{lease.lease_id:#x})"),
                             name=name,
                             lease_id=lease.lease_id,
                             holder_lease_id=lease.lease_id,
@@ -268,7 +270,7 @@ class Locker:
                         )
                     await slot.lock.acquire()
                 else:
-                    await _wait_slot(slot, until, name)
+                    await _wait_slot(slot, until, name, _held_here(name, lease.lease_id))
                 try:
                     if lease.lost:
                         slot.lock.release()
@@ -398,7 +400,7 @@ class Locker:
 
     async def _release(self, handle: AsyncLockHandle, until: float | None) -> None:
         if handle._released:
-            raise NotHolder("lock was already released", name=handle.name, lease_id=handle.lease_id)
+            raise NotHolder(f"{handle.what} was already released", name=handle.name, lease_id=handle.lease_id)
         if self._state() in ("new", "closed"):
             raise FencepostError("client is closed", name=handle.name, lease_id=handle.lease_id)
         if until is None:
@@ -411,7 +413,8 @@ class Locker:
                 # partition the call would wait for its whole timeout).
                 self._spawn(self._release_lost(handle, until), f"fencepost-release-{handle.name}")
             self.pool.finish_release(handle)
-            raise LeaseLost("lock hold was lost before release", name=handle.name, lease_id=handle.lease_id,
+            raise LeaseLost(f"{'lock hold' if handle.what == 'lock' else handle.what} was lost before release",
+                            name=handle.name, lease_id=handle.lease_id,
                             reason=reason)
         if handle._release_task is None:
             handle._releasing = True
@@ -474,6 +477,15 @@ class Locker:
             log.debug("fencepost: release of lost hold %r: %r", handle.name, err)
 
 
+def _held_here(name: str, lease_id: int, lock: str = "lock is held by this client") -> str:
+    """The message of an acquire refused because this client holds lock ``name`` under that lease already:
+    ``lock`` for a lock, the election's words for an election (``name`` its internal name)."""
+    public = kinds.public_hold(name)
+    if public.kind == kinds.HoldKind.HOLD_KIND_ELECTION:
+        return f"election {public.name!r} is led by this client (lease {lease_id:#x})"
+    return lock
+
+
 def _bounded(call_timeout: float, left: float | None) -> float:
     """The gRPC deadline of one attempt: ``call_timeout``, or less when the caller has less time ``left``."""
     return call_timeout if left is None else max(0.001, min(call_timeout, left))
@@ -490,8 +502,18 @@ def _settled(err: BaseException) -> bool:
     return err.reason in SETTLED_REASONS
 
 
-async def _wait_slot(slot: Slot, until: float | None, name: str) -> None:
-    """Wait for the local holder of ``slot`` to let go, until ``until`` (loop time) at most."""
+async def _wait_slot(slot: Slot, until: float | None, name: str, held: str = "lock is held by this client") -> None:
+    """Wait for the local holder of ``slot`` to let go, until ``until`` (loop time) at most.
+
+    Args:
+        slot: The local exclusion (one holder per lease and lock name).
+        until: Loop time to give up at; None: never.
+        name: The lock's name (an election's internal one), for the LockTimeout.
+        held: The LockTimeout's message (what this client holds).
+
+    Raises:
+        LockTimeout: the local holder still holds it at ``until``.
+    """
     if until is None:
         await slot.lock.acquire()
         return
@@ -499,4 +521,4 @@ async def _wait_slot(slot: Slot, until: float | None, name: str) -> None:
     try:
         await asyncio.wait_for(slot.lock.acquire(), max(0.0, left))
     except TimeoutError:
-        raise LockTimeout("lock is held by this client", name=name) from None
+        raise LockTimeout(held, name=name) from None

@@ -135,7 +135,8 @@ class PermitLocker(Locker):
                                        holder_token=slot.holder.token if slot.holder is not None else 0)
                     await slot.lock.acquire()
                 else:
-                    await _wait_slot(slot, until, name)
+                    await _wait_slot(slot, until, name, f"this client holds a permit of semaphore {name!r} (lease "
+                                                        f"{lease.lease_id:#x})")
                 try:
                     if lease.lost:
                         slot.lock.release()
@@ -353,7 +354,7 @@ class AsyncSemaphore:
         if isinstance(exc, asyncio.CancelledError) and task is not None and task in handle._cancelled_tasks \
                 and task.uncancel() == 0:
             await self._locker.release_quietly(handle)
-            raise LeaseLost("permit was lost", name=self.name, lease_id=handle.lease_id,
+            raise LeaseLost(f"{handle.what} was lost", name=self.name, lease_id=handle.lease_id,
                             reason=handle.lost_reason) from exc
         with contextlib.suppress(FencepostError):
             await self._locker.release_quietly(handle)

@@ -27,6 +27,32 @@ __all__ = ["AsyncLockHandle"]
 log = logging.getLogger("fencepost.client")
 
 
+#: What a fork refusal calls a handle of each kind of hold (a lock's: "lock handle").
+_HANDLE_WORDS = {kinds.HoldKind.HOLD_KIND_ELECTION: "leadership handle",
+                 kinds.HoldKind.HOLD_KIND_SEMAPHORE: "permit handle"}
+
+
+def hold_words(kind: int, name: str, slot: int = 0) -> str:
+    """A hold as the client's error messages name it: ``"lock"`` (the lock's name is in the error's ``name``,
+    and the lock messages stay as they were), ``"leadership of election 'e'"``, ``"permit 2 of semaphore 's'"``.
+
+    Args:
+        kind: A ``HoldKind``.
+        name: The lock, election or semaphore name.
+        slot: The permit slot (semaphores).
+    """
+    if kind == kinds.HoldKind.HOLD_KIND_ELECTION:
+        return f"leadership of election {name!r}"
+    if kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
+        return f"permit {slot} of semaphore {name!r}"
+    return "lock"
+
+
+def _hold(what: str) -> str:
+    """``what`` as the thing that is lost: "lock hold" for a lock (as the messages always said), else ``what``."""
+    return "lock hold" if what == "lock" else what
+
+
 def _run_in_thread(callback: Callable[[object], object], arg: object) -> None:
     """Run ``callback(arg)`` in a new daemon thread, logging what it raises."""
 
@@ -106,6 +132,12 @@ class AsyncLockHandle:
         return self._slot
 
     @property
+    def what(self) -> str:
+        """What this is a hold of, as error messages say it: ``"lock"``, ``"leadership of election 'e'"``,
+        ``"permit 2 of semaphore 's'"`` (a lock's name is in the errors' ``name`` already)."""
+        return hold_words(self._kind, self._name, self._slot)
+
+    @property
     def local_name(self) -> str:
         """The name of this hold's local exclusion in the client's lease pool (one local holder per lease):
         the lock name, an election's internal name, a semaphore's queue (one permit per lease per semaphore)."""
@@ -183,9 +215,10 @@ class AsyncLockHandle:
         """
         self._check_fork()
         if self._released:
-            raise NotHolder("lock was released", name=self._name, lease_id=self.lease_id)
+            raise NotHolder(f"{self.what} was released", name=self._name, lease_id=self.lease_id)
         if self.lost_reason is not None:
-            raise LeaseLost("lock hold was lost", name=self._name, lease_id=self.lease_id, reason=self.lost_reason)
+            raise LeaseLost(f"{_hold(self.what)} was lost", name=self._name, lease_id=self.lease_id,
+                            reason=self.lost_reason)
         if self._lease.remaining() <= 0.0:
             raise LeaseLost(
                 "lease deadline passed", name=self._name, lease_id=self.lease_id, reason=REASON_DEADLINE
@@ -261,12 +294,13 @@ class AsyncLockHandle:
 
     def _check_fork(self) -> None:
         if self._inherited():
-            raise _fork.inherited_error("lock handle", name=self._name, lease_id=self.lease_id)
+            raise _fork.inherited_error(_HANDLE_WORDS.get(self._kind, "lock handle"), name=self._name,
+                                        lease_id=self.lease_id)
 
     def _cancel(self, task: asyncio.Task[object]) -> None:
         if not task.done():
             self._cancelled_tasks.add(task)
-            task.cancel(f"fencepost: lock {self._name!r} lost ({self.lost_reason})")
+            task.cancel(f"fencepost: {kinds.describe(self.hold_name)} lost ({self.lost_reason})")
 
     def _mark_lost(self, reason: str) -> bool:
         """Signal the loss once: set ``lost``, run hooks, callbacks, cancel tasks.
@@ -299,7 +333,8 @@ class AsyncLockHandle:
 
     def __repr__(self) -> str:
         state = "released" if self._released else f"lost:{self.lost_reason}" if self.lost_reason else "held"
+        slot = f" slot={self._slot}" if self._kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE else ""
         return (
-            f"<AsyncLockHandle name={self._name!r} lease_id={self.lease_id} token={self._token} "
+            f"<AsyncLockHandle name={self._name!r}{slot} lease_id={self.lease_id} token={self._token} "
             f"ttl={self.ttl} {state}>"
         )

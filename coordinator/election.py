@@ -352,7 +352,8 @@ def public_errors(election: str) -> Iterator[None]:
     except FencepostError as exc:
         if exc.name == internal:
             exc.name = election
-        if exc.message:
-            exc.message = exc.message.replace(repr(internal), repr(election))
+        if exc.message:  # "lock '\x01e/E' not granted ..." reads "election 'E' not granted ..."
+            exc.message = exc.message.replace(f"lock {internal!r}", f"election {election!r}").replace(
+                repr(internal), repr(election))
             exc.args = (exc.message,)
         raise
