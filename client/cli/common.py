@@ -125,7 +125,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_LOST: "acquire, run: the lease or the lock was lost while holding it",
     EXIT_TIMEOUT: "acquire, run: --timeout passed before the lock was granted",
     EXIT_HELD: "acquire --try, run --try: the lock is held by someone else",
-    EXIT_PRECONDITION: "release: not released (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED or NOT_LEASE_OWNER)",
+    EXIT_PRECONDITION: "release: not released (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED or NOT_LEASE_OWNER); "
+                       "leader: the election has no leader",
     EXIT_INTERRUPTED: "acquire, run: interrupted before the lock was granted",
 }
 """Exit codes of the client commands (``status``, ``acquire``, ``release``; ``run`` and ``demo`` have their own)."""

@@ -1,7 +1,9 @@
 """``fencepost leader NAME [--watch] [--json]``: the leader of an election (its value, lease and token).
 
 Without ``--watch``: one Leader call (the addresses in turn, as ``status``);
-exit 1 with a message when the election has no leader. With ``--watch``:
+exit 6 with a message when the election has no leader (:data:`LEADER_EXIT_CODES`:
+etcd answers that case FAILED_PRECONDITION, "election: no leader", and 6 is
+the precondition code of the table; 1 stays "coordinator unreachable"). With ``--watch``:
 the current leader, then each change (a new leader, a new value, no leader)
 as it happens, one line each, until Ctrl-C (exit 0); the observation
 resumes across coordinator failover without missing or repeating a change.
@@ -20,8 +22,11 @@ from fencepost.client import AsyncLockClient, FencepostError, LeaderInfo, TlsCon
 from fencepost.client.v1 import lock_pb2 as pb
 
 from .common import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_PRECONDITION,
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     CallFailed,
     CliError,
     Formatter,
@@ -37,16 +42,29 @@ from .common import (
     tls_of,
 )
 
-__all__ = ["add_parser", "execute", "line"]
+__all__ = ["EXIT_NO_LEADER", "LEADER_EXIT_CODES", "add_parser", "execute", "fetch", "line"]
+
+#: ``fencepost leader NAME``'s exit code when the election has no leader (the table's precondition code).
+EXIT_NO_LEADER = EXIT_PRECONDITION
+
+LEADER_EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "the election has a leader (printed); --watch: stopped by SIGINT/SIGTERM",
+    EXIT_UNAVAILABLE: "coordinator unreachable (a failed TLS handshake too) or not serving, or another server error",
+    EXIT_USAGE: "bad input: a flag, an election name or a TLS file",
+    EXIT_NO_LEADER: "the election has no leader (without --watch; with --json the line is printed too)",
+    EXIT_INTERRUPTED: "interrupted before the answer came",
+}
+"""Exit codes of ``fencepost leader`` (shown by its --help)."""
 
 
 def add_parser(sub: Any) -> None:
     """Add the ``leader`` command to the ``fencepost`` subparsers ``sub``."""
     p = sub.add_parser(
-        "leader", formatter_class=Formatter, epilog=epilog(),
+        "leader", formatter_class=Formatter, epilog=epilog(LEADER_EXIT_CODES),
         help="show an election's leader (value, lease, token), or follow it with --watch",
-        description="The leader of the election NAME: its value, lease id and fencing token. Exits 1 when the "
-                    "election has no leader. With --watch, prints the leader and then each change until Ctrl-C.")
+        description="The leader of the election NAME: its value, lease id and fencing token. Exits "
+                    f"{EXIT_NO_LEADER} when the election has no leader. With --watch, prints the leader and then "
+                    "each change until Ctrl-C.")
     address_flag(p)
     tls_flags(p)
     p.add_argument("name", metavar="NAME", help="election name")
@@ -74,25 +92,40 @@ def execute(args: argparse.Namespace) -> int:
         0 when there is a leader (or after Ctrl-C with --watch).
 
     Raises:
-        CliError: no leader (exit 1, without --watch), bad input (exit 2), no coordinator answered (exit 1).
+        CliError: no leader (exit 6, without --watch), bad input (exit 2), no coordinator answered (exit 1).
     """
     addresses = addresses_of(args)
     tls = tls_of(args)
     name = lock_name(args.name)
     if args.watch:
         return asyncio.run(_watch(addresses, name, args.json, tls))
+    _, info = fetch(addresses, name, tls)
+    if info is None:
+        if args.json:
+            print(line(name, None, True), flush=True)
+        raise CliError(f"election {name} has no leader", EXIT_NO_LEADER)
+    print(line(name, info, args.json), flush=True)
+    return EXIT_OK
+
+
+def fetch(addresses: list[str], name: str, tls: TlsConfig | None) -> tuple[str, LeaderInfo | None]:
+    """Read election ``name``'s leader with one Leader call (``status``'s rules: the addresses in turn, 5 s).
+
+    Returns:
+        The address that answered, and the leader (None when the election has none).
+
+    Raises:
+        CliError: the call failed (exit 2 for INVALID_ARGUMENT, else 1).
+    """
     try:
-        _, resp = asyncio.run(call(addresses, "Leader", pb.LeaderRequest(election=name), idempotent=True, name=name,
-                                   tls=tls))
+        address, resp = asyncio.run(call(addresses, "Leader", pb.LeaderRequest(election=name), idempotent=True,
+                                         name=name, tls=tls))
     except CallFailed as failed:
         raise call_error(failed.error, addresses, failed.address, "Leader") from None
     if not resp.HasField("leader"):
-        if args.json:
-            print(line(name, None, True))
-        raise CliError(f"election {name} has no leader", EXIT_UNAVAILABLE)
-    info = LeaderInfo(bytes(resp.leader.value), int(resp.leader.lease_id), int(resp.leader.token), int(resp.revision))
-    print(line(name, info, args.json), flush=True)
-    return EXIT_OK
+        return address, None
+    return address, LeaderInfo(bytes(resp.leader.value), int(resp.leader.lease_id), int(resp.leader.token),
+                               int(resp.revision))
 
 
 async def _watch(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | None) -> int:

@@ -1,7 +1,13 @@
-"""``fencepost status [NAME] [--json]``: one lock's holder and waiters, or each coordinator's state.
+"""``fencepost status [NAME [--semaphore | --election]] [--json]``: one lock's holder and waiters, a
+semaphore's permits, an election's leader, or each coordinator's state.
 
 With NAME: one Describe call through the client's transport (the addresses
-in turn), printed as text or one JSON object. Without NAME: each address is
+in turn), printed as text or one JSON object; with ``--semaphore`` one
+DescribeSemaphore (its permits, each slot's holder with lease and token, its
+waiters; read as :class:`~fencepost.client.SemaphoreInfo`), with
+``--election`` one Leader call, printed as ``fencepost leader`` prints it.
+A free lock, a semaphore never used and an election without a leader are
+described (exit 0), as a held one is. Without NAME: each address is
 probed on its own with the grpc.health.v1 service (a Describe when the
 health service is missing or does not know LockService), since the point is
 to report every coordinator, not to fail over between them; a coordinator
@@ -22,18 +28,21 @@ from typing import Any
 
 import grpc
 
-from fencepost.client import ServerInfo, TlsConfig, _handshake
+from fencepost.client import SemaphoreInfo, ServerInfo, TlsConfig, _handshake
 from fencepost.client._tls import Security, security
 from fencepost.client._transport import DIAGNOSE_SECONDS
 from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1 import lock_pb2_grpc as pb_grpc
 
+from . import leader
 from .common import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     RPC_TIMEOUT_SECONDS,
     CallFailed,
+    CliError,
     Formatter,
     address_flag,
     addresses_of,
@@ -59,15 +68,24 @@ def add_parser(sub: Any) -> None:
     """Add the ``status`` command to the ``fencepost`` subparsers ``sub``."""
     p = sub.add_parser(
         "status", formatter_class=Formatter, epilog=epilog(),
-        help="show a lock's holder, token and waiters, or each coordinator's health and state",
+        help="show a lock's holder, token and waiters (a semaphore's permits, an election's leader), or each "
+             "coordinator's health and state",
         description="With NAME: the holder's lease id, fencing token, TTL left and waiters "
-                    "of that lock. Without NAME: whether each coordinator serves, with its version, "
+                    "of that lock; with --semaphore, the semaphore's number of permits, each slot's holder (lease "
+                    "id and fencing token) and its waiters; with --election, the election's leader (value, lease "
+                    "id, fencing token), as `fencepost leader NAME` shows it. A free lock, a semaphore never used "
+                    "and an election without a leader exit 0 too. Without NAME: whether each coordinator serves, "
+                    "with its version, "
                     "uptime, addresses, key prefix, etcd (endpoints, version, ids, revision, raft leader "
                     "and term) and counts (its own streams, leases, watched holds and waiting acquires; "
                     "the held locks and waiters of the whole cluster).")
     address_flag(p)
     tls_flags(p)
-    p.add_argument("name", nargs="?", metavar="NAME", help="lock name")
+    p.add_argument("name", nargs="?", metavar="NAME", help="lock name (a semaphore's, an election's)")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--semaphore", action="store_true",
+                      help="NAME is a semaphore: its permits, each slot's holder, its waiters")
+    kind.add_argument("--election", action="store_true", help="NAME is an election: its leader")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -83,8 +101,15 @@ def execute(args: argparse.Namespace) -> int:
     addresses = addresses_of(args)
     tls = tls_of(args)
     if args.name is None:
+        if args.semaphore or args.election:
+            raise CliError(f"--{'semaphore' if args.semaphore else 'election'} needs a NAME", EXIT_USAGE)
         return _health(addresses, args.json, tls)
-    return _describe(addresses, lock_name(args.name), args.json, tls)
+    name = lock_name(args.name)
+    if args.semaphore:
+        return _semaphore(addresses, name, args.json, tls)
+    if args.election:
+        return _election(addresses, name, args.json, tls)
+    return _describe(addresses, name, args.json, tls)
 
 
 # ---------------------------------------------------------------------------
@@ -131,6 +156,59 @@ def _describe(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | N
     if resp.waiter_count > 10:
         print(f"    ... and {resp.waiter_count - 10} more")
     print(f"  revision       {resp.revision}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# One semaphore, one election
+# ---------------------------------------------------------------------------
+
+
+def semaphore_json(info: SemaphoreInfo, address: str) -> dict[str, Any]:
+    """The JSON object of ``status NAME --semaphore --json``: ``permits`` 0 for a semaphore never used."""
+    return {
+        "name": info.name,
+        "address": address,
+        "kind": "semaphore",
+        "permits": info.permits,
+        "held": len(info.holders),
+        "holders": [{"slot": h.slot, "lease_id": h.lease_id, "lease_id_hex": lease_hex(h.lease_id),
+                     "token": h.token} for h in info.holders],
+        "waiter_count": info.waiter_count,
+        "revision": info.revision,
+    }
+
+
+def semaphore_lines(info: SemaphoreInfo) -> list[str]:
+    """The text of ``status NAME --semaphore``: one line per permit slot, then the waiters and the revision."""
+    if not info.permits:
+        return [f"{info.name}: semaphore never used (no permits record)", f"  revision       {info.revision}"]
+    lines = [f"{info.name}: semaphore of {info.permits} permits, {len(info.holders)} held"]
+    by_slot = {h.slot: h for h in info.holders}
+    width = len(str(info.permits - 1))
+    for slot in range(info.permits):
+        h = by_slot.get(slot)
+        shown = "free" if h is None else f"lease {lease_hex(h.lease_id)} ({h.lease_id}), fencing token {h.token}"
+        lines.append(f"  slot {slot:<{width}}  {shown}")
+    lines.append(f"  waiters        {info.waiter_count}")
+    lines.append(f"  revision       {info.revision}")
+    return lines
+
+
+def _semaphore(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | None) -> int:
+    try:
+        address, resp = asyncio.run(call(addresses, "DescribeSemaphore", pb.DescribeSemaphoreRequest(name=name),
+                                         idempotent=True, name=name, tls=tls))
+    except CallFailed as failed:
+        raise call_error(failed.error, addresses, failed.address, "DescribeSemaphore") from None
+    info = SemaphoreInfo.from_response(name, resp)
+    print(json.dumps(semaphore_json(info, address)) if as_json else "\n".join(semaphore_lines(info)), flush=True)
+    return EXIT_OK
+
+
+def _election(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | None) -> int:
+    _, info = leader.fetch(addresses, name, tls)
+    print(leader.line(name, info, as_json), flush=True)
     return EXIT_OK
 
 
