@@ -125,7 +125,9 @@ class Call:
 
     Attributes:
         method: The RPC (``"Release"``, ``"Resign"``, ``"ReleasePermit"``, ``"AdminRevoke"``).
-        name: The lock, election or semaphore name the call named (as the caller gave it).
+        name: The lock, election or semaphore name the call named (as the caller gave it; AdminRevoke of an
+            election's leader or a semaphore's permit: the internal lock name of that election or permit slot,
+            :func:`~fencepost.client.v1.kinds.internal_name`, so that an id reused for another kind is told apart).
         lease_id: The lease the call named (0: none, as AdminRevoke).
         token: The fencing token the call named (0: none).
         slot: The permit slot the call named (ReleasePermit; 0 otherwise).
