@@ -130,7 +130,7 @@ class Call:
             :func:`~fencepost.client.v1.kinds.internal_name`, so that an id reused for another kind is told apart).
         lease_id: The lease the call named (0: none, as AdminRevoke).
         token: The fencing token the call named (0: none).
-        slot: The permit slot the call named (ReleasePermit; 0 otherwise).
+        slot: The permit slot the call named (ReleasePermit, AdminRevoke of a permit; 0 otherwise).
     """
 
     method: str
