@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from fencepost.client.errors import FencepostError, InvalidArgument, LeaseLost, NotHolder, StaleTokenError
-from fencepost.client.v1 import etcdops
+from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.client.v1.keys import MAX_REQUEST_ID_CHARS, Keys
@@ -161,6 +161,12 @@ def _encode(call: Call, outcome: Mapping[str, int] | None = None) -> bytes:
     if outcome:
         value["outcome"] = dict(outcome)
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _shown(name: str) -> str:
+    """A recorded call's name as a message shows it: ``'a'`` for a lock, ``election 'a'``, ``semaphore 'a' slot 2``
+    for the internal names AdminRevoke records (never the internal name itself)."""
+    return kinds.describe(name) if kinds.is_internal(name) else repr(name)
 
 
 def _decode(kv: Any) -> Record:
@@ -332,7 +338,8 @@ class RequestRecords:
             return None if dict(record.outcome) == dict(outcome) else record  # ours (answer lost), or an earlier one
 
         return await self._etcd.txn(TxnPlan(etcdops.txn([etcdops.is_absent(key)], put, [etcdops.get(key)]),
-                                            decide, [etcdops.get(key)], resolve, name=call.name))
+                                            decide, [etcdops.get(key)], resolve,
+                                            name=kinds.public_hold(call.name).name))
 
     async def close(self) -> None:
         """Stop a grant in flight. The records leases are left to expire (another replica may need the records)."""
@@ -351,10 +358,10 @@ class RequestRecords:
         except ValueError:
             record = None
         if record is None or record.call != call:
-            first = f"{record.call.method} of {record.call.name!r}" if record is not None else "another call"
+            first = f"{record.call.method} of {_shown(record.call.name)}" if record is not None else "another call"
             raise RequestIdReused(f"request_id {request_id} was used for {first}, not for this {call.method}: "
-                                  "request ids must be unique per call", request_id=request_id, name=call.name,
-                                  lease_id=call.lease_id or None)
+                                  "request ids must be unique per call", request_id=request_id,
+                                  name=kinds.public_hold(call.name).name, lease_id=call.lease_id or None)
         return record
 
     async def _current_lease(self) -> int:

@@ -134,7 +134,18 @@ async def test_admin_revoke_when_kind_or_slot_is_bad(policed: Coordinator, pki: 
             await stub.AdminRevoke(lock_pb2.AdminRevokeRequest(name="jobs/free", kind=ELECT, request_id="r1"),
                                    timeout=10)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert details.parse(info.value).reason == "REQUEST_ID_REUSED"
+        reused = details.parse(info.value)
+        assert reused.reason == "REQUEST_ID_REUSED" and reused.metadata.get(details.NAME) == "jobs/free"
+        assert "used for AdminRevoke of 'jobs/free'" in reused.message, reused.message
+        await stub.AdminRevoke(lock_pb2.AdminRevokeRequest(name="jobs/free", kind=SEM, slot=1, request_id="r2"),
+                               timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # another slot: another call
+            await stub.AdminRevoke(lock_pb2.AdminRevokeRequest(name="jobs/free", kind=SEM, slot=0, request_id="r2"),
+                                   timeout=10)
+        reused = details.parse(info.value)
+        assert reused.reason == "REQUEST_ID_REUSED" and reused.metadata.get(details.NAME) == "jobs/free"
+        assert "used for AdminRevoke of semaphore 'jobs/free' slot 1" in reused.message, reused.message
+        assert "\x01" not in reused.message
 
         for kwargs, field in [({"kind": 7}, "kind"), ({"kind": True}, "kind"), ({"kind": SEM}, "slot"),
                               ({"kind": SEM, "slot": -1}, "slot"), ({"kind": SEM, "slot": "1"}, "slot"),
