@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._metrics import NO_CLIENT_METRICS, ClientMetrics
 from .errors import REASON_CLOSED, REASON_DEADLINE
+from .v1 import kinds
 
 #: Why a lease was retired from the pool: idle too long, or over the cap of idle leases.
 REASON_IDLE = "IDLE"
@@ -253,8 +254,8 @@ class LeasePool:
         self._drop_hold(handle)
         if handle._mark_lost(reason):
             self.metrics.lost(reason)
-            log.info("fencepost: lock %r (lease %d, token %d) lost (%s)", handle.name, handle.lease_id,
-                     handle.token, reason)
+            log.info("fencepost: %s (lease %d, token %d) lost (%s)", kinds.describe(handle.hold_name),
+                     handle.lease_id, handle.token, reason)
         self.free_slot(handle)
 
     def finish_release(self, handle: AsyncLockHandle) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -45,9 +46,12 @@ async def _finally_cancelled(task: asyncio.Task[Any]) -> AsyncIterator[asyncio.T
             await got.release()
 
 
-async def test_admin_revoke_of_an_election_deposes_its_leader(policed: Coordinator, pki: Pki) -> None:
-    """kind ELECTION revokes the leader's lease: its Leadership reports lost, the next candidate leads with a
-    larger token; the answer names the leader's lease and token; an election without a leader revokes nothing."""
+async def test_admin_revoke_of_an_election_deposes_its_leader(policed: Coordinator, pki: Pki,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """kind ELECTION revokes the leader's lease: its Leadership reports lost (the client's log line names the
+    election), the next candidate leads with a larger token; the answer names the leader's lease and token; an
+    election without a leader revokes nothing."""
+    caplog.set_level(logging.INFO, "fencepost.client")
     async with AsyncLockClient(policed.address, tls=pki.tls(pki.billing)) as a, \
             AsyncLockClient(policed.address, tls=pki.tls(pki.worker)) as b, \
             AsyncLockClient(policed.address, tls=pki.tls(pki.operator)) as operator:
@@ -64,6 +68,8 @@ async def test_admin_revoke_of_an_election_deposes_its_leader(policed: Coordinat
             assert not leader.is_valid() and leader.lost_reason in ("NOT_HOLDER", "LEASE_EXPIRED"), leader.lost_reason
             successor = await asyncio.wait_for(nxt, 10)
             assert successor.token > leader.token
+            assert f"fencepost: election {ELECTION!r} (lease {leader.lease_id}, token {leader.token}) lost" in \
+                caplog.text, caplog.text
             now = await operator.leader(ELECTION)
             assert now is not None and (now.value, now.lease_id, now.token) == (b"b", successor.lease_id,
                                                                                  successor.token)
