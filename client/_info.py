@@ -20,6 +20,7 @@ import dataclasses
 
 from .errors import InvalidArgument
 from .v1 import lock_pb2 as pb
+from .v1.keys import MAX_PERMITS
 
 __all__ = ["EtcdInfo", "HeldLock", "LockInfo", "Revoked", "ServerInfo", "Session"]
 
@@ -193,8 +194,8 @@ def check_revoke(kind: int, slot: int | None) -> int:
 
     Raises:
         InvalidArgument: field ``kind`` (not one of those) or ``slot`` (missing for a semaphore, given for
-            another kind, not an int, or negative). The slot's upper bound is the semaphore's own number of
-            permits, checked by the coordinator.
+            another kind, not an int, or not 0 to 999). The semaphore's own number of permits bounds it
+            too, checked by the coordinator.
     """
     if isinstance(kind, bool) or kind not in REVOKE_KINDS:
         raise InvalidArgument(f"kind is {kind!r}; must be HoldKind.HOLD_KIND_LOCK, HOLD_KIND_ELECTION or "
@@ -207,9 +208,9 @@ def check_revoke(kind: int, slot: int | None) -> int:
     if slot is None:
         raise InvalidArgument("slot is missing; revoking a semaphore's permit holder needs the permit's slot",
                               field="slot")
-    if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
-        raise InvalidArgument(f"slot is {slot!r}; must be an int, 0 or more (below the semaphore's permits)",
-                              field="slot")
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < MAX_PERMITS:
+        raise InvalidArgument(f"slot is {slot!r}; must be an int from 0 to {MAX_PERMITS - 1} (below the "
+                              "semaphore's permits)", field="slot")
     return slot
 
 

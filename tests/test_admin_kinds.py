@@ -155,6 +155,7 @@ async def test_admin_revoke_when_kind_or_slot_is_bad(policed: Coordinator, pki: 
 
         for kwargs, field in [({"kind": 7}, "kind"), ({"kind": True}, "kind"), ({"kind": SEM}, "slot"),
                               ({"kind": SEM, "slot": -1}, "slot"), ({"kind": SEM, "slot": "1"}, "slot"),
+                              ({"kind": SEM, "slot": 2**31}, "slot"),
                               ({"kind": ELECT, "slot": 0}, "slot"), ({"slot": 0}, "slot")]:
             with pytest.raises(InvalidArgument) as caught:
                 await operator.admin_revoke(SEMAPHORE, **kwargs)
@@ -197,6 +198,7 @@ async def test_cli_admin_revoke_of_an_election_and_a_semaphore_slot(policed: Coo
     for flags, text in [(["--semaphore"], "--semaphore needs --slot"), (["--slot", "1"], "--slot is for"),
                         (["--election", "--slot", "1"], "--slot is for"),
                         (["--election", "--semaphore"], "not allowed"),
-                        (["--semaphore", "--slot", "-1"], "slot must be 0 or more")]:
+                        (["--semaphore", "--slot", "-1"], "slot must be 0 or more"),
+                        (["--semaphore", "--slot", str(2**31)], "at most 999")]:
         bad = await run_cli("admin", "revoke", SEMAPHORE, *flags, *base)
         assert bad.rc == 2 and text in bad.err and len(bad.err.splitlines()) == 1, (flags, bad)

@@ -29,6 +29,7 @@ from typing import Any
 
 from fencepost.client import TlsConfig
 from fencepost.client.v1 import lock_pb2 as pb
+from fencepost.client.v1.keys import MAX_PERMITS
 from fencepost.client._wire import new_request_id
 
 from .common import (
@@ -109,8 +110,9 @@ def _slot(text: str) -> int:
         value = int(text.strip(), 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"slot must be a whole number, 0 or more, got {text!r}") from None
-    if value < 0 or value >= 2**31:
-        raise argparse.ArgumentTypeError(f"slot must be 0 or more (below the semaphore's permits), got {text}")
+    if not 0 <= value < MAX_PERMITS:
+        raise argparse.ArgumentTypeError(f"slot must be 0 or more (below the semaphore's permits, at most "
+                                         f"{MAX_PERMITS - 1}), got {text}")
     return value
 
 
