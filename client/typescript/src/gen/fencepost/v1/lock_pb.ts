@@ -1368,6 +1368,10 @@ export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
    * holder, HOLD_KIND_ELECTION the election's leader, HOLD_KIND_SEMAPHORE
    * the holder of permit `slot`. Another value: INVALID_ARGUMENT (kind).
    * The access policy's `admin` action is checked on `name` for every kind.
+   * A coordinator that predates this field ignores it and revokes the
+   * holder of the LOCK `name`, if there is one (harmless to safety: that
+   * holder is fenced like any other): in a rolling upgrade, send
+   * ELECTION and SEMAPHORE revokes only once every coordinator has it.
    *
    * @generated from field: fencepost.v1.HoldKind kind = 3;
    */
