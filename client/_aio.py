@@ -231,16 +231,19 @@ class AsyncLockClient:
         """The address of the coordinator currently used."""
         return self._transport.address
 
-    async def connect(self) -> None:
+    async def connect(self, timeout: float | None = None) -> None:
         """Connect to a coordinator and start the keepalive stream.
 
-        Tries the addresses in turn, with backoff, for up to
-        ``connect_timeout`` seconds. Called by ``async with``; calling it
-        again is a no-op.
+        Tries the addresses in turn, with backoff, for up to ``timeout``
+        seconds. Called by ``async with``; calling it again is a no-op.
+
+        Args:
+            timeout: Seconds to try for; None: ``connect_timeout``. Later
+                calls' retries still use ``connect_timeout``.
 
         Raises:
             TlsError: every address failed its TLS handshake (raised at once).
-            Unavailable: no coordinator answered within ``connect_timeout``.
+            Unavailable: no coordinator answered within ``timeout``.
             FencepostError: the client is closed, or was inherited through
                 fork (reason "FORKED").
         """
@@ -253,7 +256,8 @@ class AsyncLockClient:
         _fork.opened_channel()
         self._transport.open()
         try:
-            await self._transport.wait_connected(asyncio.get_running_loop().time() + self._connect_timeout)
+            wait = self._connect_timeout if timeout is None else max(0.0, timeout)
+            await self._transport.wait_connected(asyncio.get_running_loop().time() + wait)
         except BaseException:
             await self.close()
             raise

@@ -397,14 +397,18 @@ class LockClient:
         """How many leases the client keeps alive now (see AsyncLockClient.lease_count)."""
         return self._aio.lease_count
 
-    def connect(self) -> None:
+    def connect(self, timeout: float | None = None) -> None:
         """Start the loop thread, connect to a coordinator and start the keepalive stream.
 
         Called by ``with`` and by the first call; calling it again is a no-op.
 
+        Args:
+            timeout: Seconds to try for; None: ``connect_timeout``. Later
+                calls' retries still use ``connect_timeout``.
+
         Raises:
             TlsError: every address failed its TLS handshake (raised at once).
-            Unavailable: no coordinator answered within ``connect_timeout``.
+            Unavailable: no coordinator answered within ``timeout``.
             FencepostError: the client is closed, or was inherited through
                 fork (reason "FORKED").
         """
@@ -418,7 +422,7 @@ class LockClient:
                 thread.start()
                 self._loop, self._thread = loop, thread
         try:
-            self._submit(self._aio.connect())
+            self._submit(self._aio.connect(timeout))
         except BaseException:
             self.close()
             raise

@@ -506,13 +506,28 @@ async def test_demo_when_target_is_bad_exits_2() -> None:
         ["status"],
         ["release", "x", "--lease-id", "0x10", "--token", "3"],
         ["acquire", "x", "--ttl", "2", "--timeout", "1"],
+        ["run", "x", "--ttl", "2", "--timeout", "1", "--", "true"],
+        ["elect", "x", "--value", "v", "--timeout", "1", "--", "true"],
     ],
 )
 async def test_commands_when_coordinator_unreachable_exit_1(args: list[str]) -> None:
-    """With nothing listening, every client command exits 1 with one error line, no traceback."""
+    """With nothing listening, every client command exits 1 with one error line, no traceback; a --timeout
+    bounds the time spent trying to connect too (the client's own connect_timeout is 10 s)."""
+    started = time.monotonic()
     result = await run_cli(*args, "--address", f"127.0.0.1:{free_port()}", timeout=60)
+    elapsed = time.monotonic() - started
     assert result.rc == 1, result
     assert_one_line_error(result)
+    assert elapsed < 8, (args, elapsed)  # not the 10 s of connect_timeout (status and release: 5 s)
+
+
+async def test_acquire_with_timeout_0_still_connects_and_is_granted(address: str) -> None:
+    """--timeout 0 waits for no lock, but connecting still gets its minimum (MIN_CONNECT_SECONDS)."""
+    name = lock_name()
+    async with holding(name, "--ttl", "5", "--timeout", "0", "--address", address) as holder:
+        assert await holder.read_token() > 0
+        rc, _, err = await holder.finish(signal.SIGINT)
+        assert rc == 0, err
 
 
 async def test_help_lists_exit_codes() -> None:

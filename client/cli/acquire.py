@@ -38,7 +38,7 @@ from .common import (
     tls_flags,
     tls_of,
 )
-from .common import lock_delay_flag
+from .common import connect_within, lock_delay_flag
 
 __all__ = ["acquire_unless", "add_parser", "execute"]
 
@@ -58,7 +58,7 @@ def add_parser(sub: Any) -> None:
                    help="lease TTL in seconds, 1 to 86400 (default 10)")
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--timeout", type=parse_timeout, default=None, metavar="S",
-                      help="give up after S seconds of waiting (default: wait forever)")
+                      help="give up after S seconds of waiting, exit 4; exit 1 if no coordinator answers within S (at least 1 s) (default: wait forever)")
     wait.add_argument("--try", dest="try_once", action="store_true", help="try once; exit 5 if the lock is held")
     lock_delay_flag(p)
 
@@ -139,8 +139,10 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls:
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with AsyncLockClient(addresses, tls=tls) as client:
-            handle = await acquire_unless(client, args.name, ttl=args.ttl, timeout=args.timeout,
+        client = AsyncLockClient(addresses, tls=tls)
+        timeout = await connect_within(client, None if args.try_once else args.timeout)
+        async with client:
+            handle = await acquire_unless(client, args.name, ttl=args.ttl, timeout=timeout,
                                           try_once=args.try_once, interrupt=stop.wait(),
                                           lock_delay=args.lock_delay)
             if handle is None:

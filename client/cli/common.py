@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from fencepost.client import DEFAULT_ADDRESS, TlsConfig
+from fencepost.client import DEFAULT_ADDRESS, AsyncLockClient, TlsConfig
 from fencepost.client._tls import security
 from fencepost.client._transport import Transport
 from fencepost.client._wire import check_addresses, check_name
@@ -54,6 +54,7 @@ __all__ = [
     "EXIT_TIMEOUT",
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
+    "MIN_CONNECT_SECONDS",
     "RPC_TIMEOUT_SECONDS",
     "CallFailed",
     "CliError",
@@ -108,6 +109,31 @@ ETCD_UNAVAILABLE = "ETCD_UNAVAILABLE"
 
 RPC_TIMEOUT_SECONDS = 5.0
 """Seconds ``status`` and ``release`` keep trying to reach a coordinator, and the deadline of each call."""
+
+MIN_CONNECT_SECONDS = 1.0
+"""Shortest time ``acquire``, ``run`` and ``elect`` given ``--timeout S`` spend connecting (S may be 0)."""
+
+
+async def connect_within(client: AsyncLockClient, timeout: float | None) -> float | None:
+    """Connect ``client`` within ``--timeout`` (at least :data:`MIN_CONNECT_SECONDS`), so that it bounds the wait.
+
+    Args:
+        client: A client not yet connected.
+        timeout: The command's ``--timeout`` in seconds; None: the client's own ``connect_timeout``.
+
+    Returns:
+        What is left of ``timeout`` for the wait that follows, in seconds (>= 0); None when ``timeout`` is None.
+
+    Raises:
+        Unavailable, TlsError: as :meth:`AsyncLockClient.connect` (the client is then closed).
+    """
+    if timeout is None:
+        await client.connect()
+        return None
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await client.connect(timeout=max(timeout, MIN_CONNECT_SECONDS))
+    return max(0.0, timeout - (loop.time() - started))
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 1

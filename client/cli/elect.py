@@ -40,6 +40,7 @@ from .common import (
     acquire_error,
     address_flag,
     addresses_of,
+    connect_within,
     epilog,
     lock_name,
     parse_timeout,
@@ -93,7 +94,7 @@ def add_parser(sub: Any) -> None:
                    help="lease TTL in seconds, 1 to 86400 (default 10)")
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--timeout", type=parse_timeout, default=None, metavar="S",
-                      help="give up after S seconds of waiting, exit 4 (default: wait forever)")
+                      help="give up after S seconds of waiting, exit 4; exit 1 if no coordinator answers within S (at least 1 s) (default: wait forever)")
     wait.add_argument("--try", dest="try_once", action="store_true",
                       help="try once; exit 5 if the election has a leader")
     p.add_argument("--grace", type=_grace, default=5.0, metavar="S",
@@ -186,7 +187,10 @@ async def run_elected(addresses: Sequence[str], name: str, value: str, command: 
     for sig in FORWARDED_SIGNALS:
         loop.add_signal_handler(sig, received.put_nowait, sig)
     try:
-        async with AsyncLockClient(list(addresses), tls=tls) as client:
+        client = AsyncLockClient(list(addresses), tls=tls)
+        if timeout != 0.0:  # --try: timeout 0, connect as usual
+            timeout = await connect_within(client, timeout)
+        async with client:
             lead = await _campaign_unless(client, name, value, ttl=ttl, timeout=timeout, interrupt=received.get())
             if lead is None:
                 return RunResult(EXIT_INTERRUPTED, message=f"interrupted while campaigning in {name}; command not run")

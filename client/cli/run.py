@@ -96,7 +96,7 @@ from .common import (
     tls_flags,
     tls_of,
 )
-from .common import lock_delay_flag
+from .common import connect_within, lock_delay_flag
 
 __all__ = [
     "ENV_ADDRESS",
@@ -227,7 +227,7 @@ def add_parser(sub: Any) -> None:
                    help=f"NAME is a semaphore of N permits (1 to {MAX_PERMITS}): hold one permit, not the lock")
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--timeout", type=parse_timeout, default=None, metavar="S",
-                      help="give up after S seconds of waiting, exit 4 (default: wait forever)")
+                      help="give up after S seconds of waiting, exit 4; exit 1 if no coordinator answers within S (at least 1 s) (default: wait forever)")
     wait.add_argument("--try", dest="try_once", action="store_true", help="try once; exit 5 if the lock is held")
     p.add_argument("--grace", type=_grace, default=5.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL after the hold is lost (default 5)")
@@ -513,7 +513,9 @@ async def run_locked(
     for sig in FORWARDED_SIGNALS:
         loop.add_signal_handler(sig, received.put_nowait, sig)
     try:
-        async with AsyncLockClient(list(addresses), tls=tls) as client:
+        client = AsyncLockClient(list(addresses), tls=tls)
+        timeout = await connect_within(client, None if try_once else timeout)
+        async with client:
             acquiring = None
             if permits is not None:
                 semaphore = client.semaphore(name, permits, ttl=ttl)
