@@ -207,6 +207,9 @@ class Transport:
         loop = asyncio.get_running_loop()
         delays = CLIENT_BACKOFF.delays()
         tls_failed: dict[str, TlsError] = {}
+        # Each address gets its share of a wait shorter than connect_timeout (connect(timeout=)), so that
+        # one address that does not answer cannot take all of it.
+        per_try = min(self.per_try, max(0.1, (until - loop.time()) / len(self.addresses)))
         while True:
             channel, address = self.channel, self.address
             assert channel is not None
@@ -216,7 +219,7 @@ class Transport:
             if left <= 0:
                 raise Unavailable(_and_tls(f"no coordinator reachable at {', '.join(self.addresses)}", tls_failed))
             try:
-                if await self._wait_ready(channel, address, min(left, self.per_try), once=False) == READY:
+                if await self._wait_ready(channel, address, min(left, per_try), once=False) == READY:
                     return
                 self.rotate(channel, force=True)  # STALE: try a fresh connection
             except TlsError as err:
@@ -431,6 +434,16 @@ class Transport:
                         raise mapped from err
                     await asyncio.sleep(pause)
                     continue
+                if (self.fail_fast and err.code() == grpc.StatusCode.UNAVAILABLE and mapped.reason is None
+                        and address not in tls_failed):
+                    # The connection broke under the call: a coordinator that refuses this client's
+                    # certificate (or its lack of one) after a TLS 1.3 handshake can do that, once the
+                    # channel was READY. Say so, as a failed connection attempt would have.
+                    failure = await self.tls_failure(channel, address, max(0.0, budget()), details=err.details() or "")
+                    if failure is not None:
+                        tls_failed[address] = failure
+                        if len(tls_failed) >= len(self.addresses) or not idempotent or budget() <= 0:
+                            raise _every_handshake_failed(tls_failed, name=name, lease_id=lease_id) from None
                 if err.code() != grpc.StatusCode.UNAVAILABLE or not idempotent or budget() <= 0:
                     raise mapped from err
                 if mapped.reason is not None:  # a coordinator's own answer, not a broken connection

@@ -110,7 +110,7 @@ ETCD_UNAVAILABLE = "ETCD_UNAVAILABLE"
 RPC_TIMEOUT_SECONDS = 5.0
 """Seconds ``status`` and ``release`` keep trying to reach a coordinator, and the deadline of each call."""
 
-MIN_CONNECT_SECONDS = 1.0
+MIN_CONNECT_SECONDS = 2.0
 """Shortest time ``acquire``, ``run`` and ``elect`` given ``--timeout S`` spend connecting (S may be 0)."""
 
 
