@@ -70,7 +70,7 @@ from fencepost.client import AsyncLockClient, LockClient
 
 address = sys.argv[1]
 client = LockClient(address)
-handle = client.acquire("forked", ttl=3.0, timeout=5.0)
+handle = client.acquire("forked", ttl=2.0, timeout=5.0)
 report(what="parent", token=handle.token, lease_id=handle.lease_id)
 pid = os.fork()
 if pid == 0:
@@ -92,7 +92,7 @@ if pid == 0:
     os._exit(0)
 status = wait_child(pid, 30)
 # Past two TTLs: the parent's keepalives went on while and after the child ran.
-time.sleep(0) if handle.wait_lost(6.5) else None
+time.sleep(0) if handle.wait_lost(4.5) else None
 info = client.describe("forked")
 report(what="after", child_status=status, valid=handle.is_valid(), holder_token=info.holder_token,
        holder_lease_id=info.holder_lease_id)
@@ -153,7 +153,7 @@ def run_at_once(coro_fn):
 async def main(address):
     client = AsyncLockClient(address)
     await client.connect()
-    handle = await client.acquire("forked", ttl=3.0, timeout=5.0)
+    handle = await client.acquire("forked", ttl=2.0, timeout=5.0)
     pid = os.fork()
     if pid == 0:
         signal.alarm(20)
@@ -171,7 +171,7 @@ async def main(address):
         os._exit(0)
     status = await asyncio.to_thread(wait_child, pid, 30)
     try:
-        await asyncio.wait_for(handle.lost.wait(), 6.5)
+        await asyncio.wait_for(handle.lost.wait(), 4.5)
     except TimeoutError:
         pass
     info = await client.describe("forked")
