@@ -514,7 +514,9 @@ async def test_commands_when_coordinator_unreachable_exit_1(args: list[str]) -> 
     """With nothing listening, every client command exits 1 with one error line, no traceback; a --timeout
     bounds the time spent trying to connect too (the client's own connect_timeout is 10 s)."""
     started = time.monotonic()
-    result = await run_cli(*args, "--address", f"127.0.0.1:{free_port()}", timeout=60)
+    address = ["--address", f"127.0.0.1:{free_port()}"]
+    cut = args.index("--") if "--" in args else len(args)  # before a command's own arguments
+    result = await run_cli(*args[:cut], *address, *args[cut:], timeout=60)
     elapsed = time.monotonic() - started
     assert result.rc == 1, result
     assert_one_line_error(result)
