@@ -33,6 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -42,6 +43,7 @@ from fencepost.client.v1.keys import MAX_NAME_BYTES, Hold, Keys, prefix_end
 
 from .etcd import EtcdClient
 from .etcd.policy import Failure, classify
+from .lock_delay import delay_range, held_back_by
 from .lock import Holder
 from .tokens import TokenFloor
 
@@ -251,6 +253,7 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
         if next_start or not resp.more:
             break
         start = bytes(resp.kvs[-1].key) + b"\0"
+    locks = await _not_held_back(etcd, keys, locks, revision)
     to_token: Callable[[int], int] = int
     if tokens is not None:
         tokens.check_serving()
@@ -258,6 +261,34 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
     listed = [_listed(name, contenders, grants, to_token) for name, contenders in locks]
     listed = await _with_ttls(etcd, listed)
     return LockPage(listed, encode_page_token(revision, next_start) if next_start else "", revision)
+
+
+async def _not_held_back(etcd: EtcdClient, keys: Keys, locks: list[tuple[str, list[tuple[int, int]]]],
+                         revision: int) -> list[tuple[str, list[tuple[int, int]]]]:
+    """``locks`` but those a lock-delay holds back (:mod:`.lock_delay`): nobody holds them, as Describe says.
+
+    One keys-and-values Range of the page's delay keys at ``revision`` (they sort as the names do); none
+    when no lock of the page ever used a lock-delay beyond that read.
+    """
+    if not locks:
+        return locks
+    # Not always in the names' order: "a/" sorts after "ab/", but "a!" before "ab!".
+    ranges = [delay_range(keys, keys.lock_prefix(name)) for name, _ in locks]
+    request = etcdops.RangeRequest(key=min(ranges), range_end=prefix_end(max(ranges)), revision=revision)
+    resp = await etcd.range(request)
+    if not resp.kvs:
+        return locks
+    by_lock: dict[bytes, list[Any]] = {}
+    for kv in resp.kvs:
+        key = bytes(kv.key)
+        by_lock.setdefault(key[:key.rindex(b"!") + 1], []).append(kv)
+    kept = []
+    for name, contenders in locks:
+        found = by_lock.get(delay_range(keys, keys.lock_prefix(name)))
+        revision_of_head, lease_id = min(contenders)
+        if found is None or not held_back_by(found, lease_id, revision_of_head):
+            kept.append((name, contenders))
+    return kept
 
 
 def _listed(name: str, contenders: list[tuple[int, int]], grants: GrantTimes,

@@ -110,6 +110,22 @@ class DelayRecord:
             return None
 
 
+def held_back_by(delay_kvs: Any, lease_id: int, revision: int) -> bool:
+    """Whether the delay keys ``delay_kvs`` of a lock (its record and wait, as read) hold back its first
+    contender (``lease_id``, key create revision ``revision``): any delay state but that contender's own record.
+    """
+    return bool(delay_kvs) and not _own_record(delay_kvs, lease_id, revision)
+
+
+def _own_record(delay_kvs: Any, lease_id: int, revision: int) -> bool:
+    """Whether the record among ``delay_kvs`` is that of the hold (``lease_id``, ``revision``)."""
+    for kv in delay_kvs:
+        if bytes(kv.key).endswith(b"!" + _RECORD):
+            record = DelayRecord.parse(bytes(kv.value))
+            return record is not None and (record.lease_id, record.revision) == (lease_id, revision)
+    return False
+
+
 def _hold_tag(lease_id: int, revision: int | None) -> bytes:
     """The start of the value of the record of (lease, revision), or of any hold of the lease (None)."""
     return f"{lease_id:016x}:".encode() + (b"" if revision is None else f"{revision}:".encode())
@@ -175,14 +191,7 @@ class LockDelays:
         """
         if not delays.kvs:
             return delay == 0
-        return self._own_record(delays, lease_id, revision)
-
-    def _own_record(self, delays: Any, lease_id: int, revision: int) -> bool:
-        for kv in delays.kvs:
-            if bytes(kv.key).endswith(b"!" + _RECORD):
-                record = DelayRecord.parse(bytes(kv.value))
-                return record is not None and (record.lease_id, record.revision) == (lease_id, revision)
-        return False
+        return _own_record(delays.kvs, lease_id, revision)
 
     async def gate(self, lock: bytes, key: bytes, lease_id: int, revision: int, delay: int, delays: Any,
                    read_at: int, *, wait: bool = True) -> bool:

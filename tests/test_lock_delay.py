@@ -69,6 +69,9 @@ async def test_waiter_after_a_revoked_holder_is_granted_no_earlier_than_the_dela
     async with AsyncLockClient(address) as a, AsyncLockClient(address) as b:
         held = await a.acquire("revoked", ttl=10.0, timeout=5.0, lock_delay=DELAY)
         assert len(await _delay_keys(etcd_client, prefix, "revoked")) == 1  # the record of this hold
+        # Another lock, whose key sorts before "revoked"'s ("-" < "/") but its delay keys after ("!" < "-").
+        other = await b.acquire("revoked-z", ttl=10.0, timeout=5.0)
+        assert await _listed(stub) == {"revoked": held.lease_id, "revoked-z": other.lease_id}  # its own record
         waiter = asyncio.create_task(b.acquire("revoked", ttl=10.0, timeout=15.0))
         await wait_for(lambda: describe_waiters_is(stub, "revoked", 1), 10, what="the waiter")
         seen = _seen_deleted(coordinator, Keys(prefix).contender("revoked", held.lease_id))
@@ -79,12 +82,21 @@ async def test_waiter_after_a_revoked_holder_is_granted_no_earlier_than_the_dela
         during = await stub.Describe(lock_pb2.DescribeRequest(name="revoked"), timeout=5)
         assert not during.held and not during.HasField("holder") and during.waiter_count == 1, during
         assert [w.lease_id for w in during.waiters] != [held.lease_id] and len(during.waiters) == 1
+        assert await _listed(stub) == {"revoked-z": other.lease_id}  # ListLocks agrees: "revoked" is not held
         granted = await asyncio.wait_for(waiter, 15)
         waited = time.monotonic() - await seen
         assert DELAY <= waited <= DELAY + SLACK, waited
         assert granted.token > held.token
         assert await _delay_keys(etcd_client, prefix, "revoked") == []  # the wait ended, b recorded no delay
+        assert await _listed(stub) == {"revoked": granted.lease_id, "revoked-z": other.lease_id}
         await granted.release()
+        await other.release()
+
+
+async def _listed(stub: OwnedStub) -> dict[str, int]:
+    """ListLocks' locks (one page): name -> holder lease."""
+    page = await stub.ListLocks(lock_pb2.ListLocksRequest(prefix=""), timeout=5)
+    return {lock.name: lock.holder.lease_id for lock in page.locks}
 
 
 async def _delay_running(etcd_client: Etcd3Client, prefix: str, name: str) -> bool:

@@ -278,7 +278,7 @@ class LockServiceServicer:
         """Describe reports the holder, fencing token, waiters and TTL left for one
         lock name. Read-only; a snapshot at one etcd revision. While the
         lock-delay of a lost holder runs, the lock has no holder (held = false)
-        and every contender is a waiter (ListLocks does not tell that apart).
+        and every contender is a waiter (ListLocks leaves such a lock out).
         Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -289,7 +289,8 @@ class LockServiceServicer:
         """ListLocks lists the held locks whose names start with `prefix`, in the
         order of their etcd keys (percent-encoded names), one page at a time:
         holder, fencing token, TTL left, how long held and waiters of each.
-        Elections and semaphores are not listed (Leader, DescribeSemaphore).
+        Elections and semaphores are not listed (Leader, DescribeSemaphore),
+        nor a lock whose first contender a lock-delay holds back (Describe).
         Read-only. Every page of one listing is read at the etcd revision of its
         first page (carried in the page token), so the pages together are one
         snapshot; only the TTLs and held_seconds are read when each page is

@@ -234,14 +234,15 @@ class LockServiceStub:
     """Describe reports the holder, fencing token, waiters and TTL left for one
     lock name. Read-only; a snapshot at one etcd revision. While the
     lock-delay of a lost holder runs, the lock has no holder (held = false)
-    and every contender is a waiter (ListLocks does not tell that apart).
+    and every contender is a waiter (ListLocks leaves such a lock out).
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
     ListLocks: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ListLocksRequest, _lock_pb2.ListLocksResponse]
     """ListLocks lists the held locks whose names start with `prefix`, in the
     order of their etcd keys (percent-encoded names), one page at a time:
     holder, fencing token, TTL left, how long held and waiters of each.
-    Elections and semaphores are not listed (Leader, DescribeSemaphore).
+    Elections and semaphores are not listed (Leader, DescribeSemaphore),
+    nor a lock whose first contender a lock-delay holds back (Describe).
     Read-only. Every page of one listing is read at the etcd revision of its
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
@@ -528,14 +529,15 @@ class LockServiceAsyncStub(LockServiceStub):
     """Describe reports the holder, fencing token, waiters and TTL left for one
     lock name. Read-only; a snapshot at one etcd revision. While the
     lock-delay of a lost holder runs, the lock has no holder (held = false)
-    and every contender is a waiter (ListLocks does not tell that apart).
+    and every contender is a waiter (ListLocks leaves such a lock out).
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
     ListLocks: _aio.UnaryUnaryMultiCallable[_lock_pb2.ListLocksRequest, _lock_pb2.ListLocksResponse]  # type: ignore[assignment]
     """ListLocks lists the held locks whose names start with `prefix`, in the
     order of their etcd keys (percent-encoded names), one page at a time:
     holder, fencing token, TTL left, how long held and waiters of each.
-    Elections and semaphores are not listed (Leader, DescribeSemaphore).
+    Elections and semaphores are not listed (Leader, DescribeSemaphore),
+    nor a lock whose first contender a lock-delay holds back (Describe).
     Read-only. Every page of one listing is read at the etcd revision of its
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
@@ -861,7 +863,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """Describe reports the holder, fencing token, waiters and TTL left for one
         lock name. Read-only; a snapshot at one etcd revision. While the
         lock-delay of a lost holder runs, the lock has no holder (held = false)
-        and every contender is a waiter (ListLocks does not tell that apart).
+        and every contender is a waiter (ListLocks leaves such a lock out).
         Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
         """
 
@@ -874,7 +876,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListLocks lists the held locks whose names start with `prefix`, in the
         order of their etcd keys (percent-encoded names), one page at a time:
         holder, fencing token, TTL left, how long held and waiters of each.
-        Elections and semaphores are not listed (Leader, DescribeSemaphore).
+        Elections and semaphores are not listed (Leader, DescribeSemaphore),
+        nor a lock whose first contender a lock-delay holds back (Describe).
         Read-only. Every page of one listing is read at the etcd revision of its
         first page (carried in the page token), so the pages together are one
         snapshot; only the TTLs and held_seconds are read when each page is
