@@ -603,3 +603,64 @@ def test_serve_then_acquire_and_status_from_another_process(coordinator_process:
                 proc.kill()
                 proc.communicate()
     assert coordinator_process.terminate() == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["acquire", "x", "--ttl", "2"], 130),
+        (["run", "x", "--ttl", "2", "--timeout", "30", "--", "true"], 130),
+        (["run", "x", "--ttl", "2", "--permits", "2", "--", "true"], 130),
+        (["elect", "x", "--value", "v", "--", "true"], 130),
+        (["leader", "x", "--watch"], 0),  # as a watch stopped later
+    ],
+)
+async def test_signal_while_connecting_stops_the_command(args: list[str], code: int) -> None:
+    """SIGINT while the command is still connecting (a coordinator that accepts TCP and never answers) ends it
+    at once with its "interrupted" code, not after the connect wait (10 s, or all of --timeout)."""
+    connected = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # say nothing, keep the connection open
+        connected.set()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    cut = args.index("--") if "--" in args else len(args)
+    proc = await asyncio.create_subprocess_exec(
+        *_argv(*args[:cut], "--address", address, *args[cut:]), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cli_env())
+    try:
+        await asyncio.wait_for(connected.wait(), 20)  # it is connecting: its signal handlers are in place
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 20)
+        assert proc.returncode == code, (proc.returncode, err.decode())
+        assert time.monotonic() - started < 5, err.decode()
+        assert "Traceback" not in err.decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["acquire", "x", "--ttl", "2", "--try"],  # run and elect: the same connect_within
+        ["elect", "x", "--value", "v", "--timeout", "0", "--", "true"],
+    ],
+)
+async def test_try_and_timeout_0_connect_for_the_minimum_only(args: list[str]) -> None:
+    """--try and --timeout 0 with no coordinator: exit 1 after about MIN_CONNECT_SECONDS, not connect_timeout."""
+    started = time.monotonic()
+    cut = args.index("--") if "--" in args else len(args)
+    result = await run_cli(*args[:cut], "--address", f"127.0.0.1:{free_port()}", *args[cut:], timeout=60)
+    assert result.rc == 1, result
+    assert_one_line_error(result)
+    assert time.monotonic() - started < common.MIN_CONNECT_SECONDS + 4, result

@@ -38,7 +38,7 @@ from .common import (
     tls_flags,
     tls_of,
 )
-from .common import connect_within, lock_delay_flag
+from .common import ConnectInterrupted, connect_within, lock_delay_flag
 
 __all__ = ["acquire_unless", "add_parser", "execute"]
 
@@ -140,7 +140,10 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls:
         loop.add_signal_handler(sig, stop.set)
     try:
         client = AsyncLockClient(addresses, tls=tls)
-        timeout = await connect_within(client, None if args.try_once else args.timeout)
+        try:
+            timeout = await connect_within(client, 0.0 if args.try_once else args.timeout, stop.wait())
+        except ConnectInterrupted:
+            raise CliError(f"interrupted while waiting for {args.name}", EXIT_INTERRUPTED) from None
         async with client:
             handle = await acquire_unless(client, args.name, ttl=args.ttl, timeout=timeout,
                                           try_once=args.try_once, interrupt=stop.wait(),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import re
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -58,6 +59,7 @@ __all__ = [
     "RPC_TIMEOUT_SECONDS",
     "CallFailed",
     "CliError",
+    "ConnectInterrupted",
     "Formatter",
     "Parser",
     "acquire_error",
@@ -114,26 +116,46 @@ MIN_CONNECT_SECONDS = 2.0
 """Shortest time ``acquire``, ``run`` and ``elect`` given ``--timeout S`` spend connecting (S may be 0)."""
 
 
-async def connect_within(client: AsyncLockClient, timeout: float | None) -> float | None:
+class ConnectInterrupted(Exception):
+    """The interrupt (a signal) came while :func:`connect_within` was connecting; the client is closed."""
+
+
+async def connect_within(client: AsyncLockClient, timeout: float | None,
+                         interrupt: Awaitable[object] | None = None) -> float | None:
     """Connect ``client`` within ``--timeout`` (at least :data:`MIN_CONNECT_SECONDS`), so that it bounds the wait.
 
     Args:
         client: A client not yet connected.
-        timeout: The command's ``--timeout`` in seconds; None: the client's own ``connect_timeout``.
+        timeout: The command's ``--timeout`` in seconds (0 for ``--try``); None: the client's own
+            ``connect_timeout``.
+        interrupt: An awaitable (a signal's): if it completes first, connecting stops.
 
     Returns:
         What is left of ``timeout`` for the wait that follows, in seconds (>= 0); None when ``timeout`` is None.
 
     Raises:
+        ConnectInterrupted: ``interrupt`` completed first (the client is closed).
         Unavailable, TlsError: as :meth:`AsyncLockClient.connect` (the client is then closed).
     """
-    if timeout is None:
-        await client.connect()
-        return None
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await client.connect(timeout=max(timeout, MIN_CONNECT_SECONDS))
-    return max(0.0, timeout - (loop.time() - started))
+    connecting = asyncio.ensure_future(
+        client.connect() if timeout is None else client.connect(timeout=max(timeout, MIN_CONNECT_SECONDS)))
+    if interrupt is not None:
+        interrupted = asyncio.ensure_future(interrupt)
+        try:
+            await asyncio.wait({connecting, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            interrupted.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            with contextlib.suppress(BaseException):
+                await connecting
+            await client.close()
+            raise ConnectInterrupted
+    await connecting
+    return None if timeout is None else max(0.0, timeout - (loop.time() - started))
+
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 1

@@ -36,6 +36,7 @@ from .common import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
     CliError,
+    ConnectInterrupted,
     Formatter,
     acquire_error,
     address_flag,
@@ -188,8 +189,10 @@ async def run_elected(addresses: Sequence[str], name: str, value: str, command: 
         loop.add_signal_handler(sig, received.put_nowait, sig)
     try:
         client = AsyncLockClient(list(addresses), tls=tls)
-        if timeout != 0.0:  # --try: timeout 0, connect as usual
-            timeout = await connect_within(client, timeout)
+        try:
+            timeout = await connect_within(client, timeout, received.get())  # --try: timeout 0
+        except ConnectInterrupted:
+            return RunResult(EXIT_INTERRUPTED, message=f"interrupted while campaigning in {name}; command not run")
         async with client:
             lead = await _campaign_unless(client, name, value, ttl=ttl, timeout=timeout, interrupt=received.get())
             if lead is None:

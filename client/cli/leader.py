@@ -29,11 +29,13 @@ from .common import (
     EXIT_USAGE,
     CallFailed,
     CliError,
+    ConnectInterrupted,
     Formatter,
     address_flag,
     addresses_of,
     call,
     call_error,
+    connect_within,
     epilog,
     err_text,
     lease_hex,
@@ -134,7 +136,12 @@ async def _watch(addresses: list[str], name: str, as_json: bool, tls: TlsConfig 
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     try:
-        async with AsyncLockClient(addresses, tls=tls) as client:
+        client = AsyncLockClient(addresses, tls=tls)
+        try:
+            await connect_within(client, None, stop.wait())
+        except ConnectInterrupted:
+            return EXIT_OK  # stopped before it began, as a stopped watch
+        async with client:
             async def follow() -> None:
                 async for info in client.observe(name):
                     print(line(name, info, as_json), flush=True)

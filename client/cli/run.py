@@ -96,7 +96,7 @@ from .common import (
     tls_flags,
     tls_of,
 )
-from .common import connect_within, lock_delay_flag
+from .common import ConnectInterrupted, connect_within, lock_delay_flag
 
 __all__ = [
     "ENV_ADDRESS",
@@ -514,7 +514,10 @@ async def run_locked(
         loop.add_signal_handler(sig, received.put_nowait, sig)
     try:
         client = AsyncLockClient(list(addresses), tls=tls)
-        timeout = await connect_within(client, None if try_once else timeout)
+        try:
+            timeout = await connect_within(client, 0.0 if try_once else timeout, received.get())
+        except ConnectInterrupted:
+            return RunResult(interrupted_exit_code, message=f"interrupted while waiting for {name}; command not run")
         async with client:
             acquiring = None
             if permits is not None:
