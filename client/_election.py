@@ -99,13 +99,18 @@ def check_election(election: str) -> str:
 
 
 def check_value(value: bytes | str) -> bytes:
-    """A leader's value as bytes (a str is UTF-8 encoded), 0 to 65536 bytes.
+    """A leader's value as bytes (a str is UTF-8 encoded), 0 to ``MAX_VALUE_BYTES`` (32768) bytes.
 
     Raises:
-        InvalidArgument: not bytes or str, or too long (field "value").
+        InvalidArgument: not bytes or str, a str that UTF-8 cannot encode (a lone surrogate), or too long
+            (field "value").
     """
     if isinstance(value, str):
-        value = value.encode()
+        try:
+            value = value.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(f"value is a str that is not valid Unicode ({exc.reason} at position "
+                                  f"{exc.start}); give bytes for a value that is not text", field="value") from None
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise InvalidArgument(f"value must be bytes or str, not {type(value).__name__}", field="value")
     value = bytes(value)

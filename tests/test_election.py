@@ -171,7 +171,8 @@ async def test_client_checks_input_before_any_call(address: str) -> None:
     async with AsyncLockClient(address) as client:
         for kwargs, field in (({"election": "", "value": b""}, "election"),
                               ({"election": "e", "value": b"v" * (MAX_VALUE_BYTES + 1)}, "value"),
-                              ({"election": "e", "value": 3}, "value")):
+                              ({"election": "e", "value": 3}, "value"),
+                              ({"election": "e", "value": "\udcff"}, "value")):  # a lone surrogate: not UTF-8
             with pytest.raises(InvalidArgument) as caught:
                 await client.campaign(**kwargs)  # type: ignore[arg-type]
             assert caught.value.field == field
@@ -477,6 +478,23 @@ async def _fencepost(*args: str, timeout: float = 30.0) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def test_cli_elect_value_that_is_not_utf8_is_published_as_given(address: str) -> None:
+    """elect --value with bytes that are not UTF-8 publishes those bytes (a traceback before)."""
+    script = ("import asyncio, sys\n"
+              "from fencepost.client import AsyncLockClient\n"
+              "async def main():\n"
+              "    async with AsyncLockClient(sys.argv[1]) as c:\n"
+              "        print((await c.leader('raw')).value.hex())\n"
+              "asyncio.run(main())\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fencepost.client.cli", "elect", "raw", "--value", b"\xff\xfeok", "--try",
+        "--address", address, "--", sys.executable, "-c", script, address, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cli_env())
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().split() == [b"\xff\xfeok".hex()], (out, err)  # the leader's value, read while it leads
 
 
 async def test_cli_elect_and_leader(address: str, etcd_client: Etcd3Client) -> None:

@@ -142,7 +142,8 @@ def execute(args: argparse.Namespace) -> int:
 async def _campaign_unless(client: AsyncLockClient, name: str, value: str, *, ttl: float, timeout: float | None,
                            interrupt: Awaitable[object]) -> Leadership | None:
     """Campaign unless ``interrupt`` completes first; None when interrupted (a leadership won meanwhile is resigned)."""
-    campaigning = asyncio.ensure_future(client.campaign(name, value, ttl=ttl, timeout=timeout))
+    # The argument's own bytes (a value that is not UTF-8 arrives with surrogate escapes, as every argv does).
+    campaigning = asyncio.ensure_future(client.campaign(name, os.fsencode(value), ttl=ttl, timeout=timeout))
     interrupted = asyncio.ensure_future(interrupt)
     try:
         await asyncio.wait({campaigning, interrupted}, return_when=asyncio.FIRST_COMPLETED)
@@ -166,7 +167,7 @@ async def run_elected(addresses: Sequence[str], name: str, value: str, command: 
     Args:
         addresses: Coordinator addresses.
         name: The election's name.
-        value: The value published as leader (UTF-8).
+        value: The value published as leader (its bytes as given on the command line).
         command: The program and its arguments.
         ttl: Lease TTL in seconds.
         timeout: Seconds to wait to lead (0: one try); None waits forever.
