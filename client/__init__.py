@@ -31,6 +31,7 @@ from .errors import (
     Unavailable,
 )
 from .handle import AsyncLockHandle
+from .v1.kinds import HoldKind
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -42,6 +43,7 @@ __all__ = [
     "EtcdInfo",
     "FencepostError",
     "HeldLock",
+    "HoldKind",
     "InvalidArgument",
     "LeaderInfo",
     "LeaderObserver",

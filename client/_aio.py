@@ -677,7 +677,7 @@ class AsyncLockClient:
             raise self._closed_error(None) or exc from exc
         return ServerInfo.from_response(resp)
 
-    async def admin_revoke(self, name: str, *, kind: int = pb.HoldKind.HOLD_KIND_LOCK,
+    async def admin_revoke(self, name: str, *, kind: int | str = pb.HoldKind.HOLD_KIND_LOCK,
                            slot: int | None = None) -> Revoked:
         """End the hold of lock ``name`` by revoking its holder's lease (AdminRevoke; an operator's call).
 
@@ -692,8 +692,9 @@ class AsyncLockClient:
 
         Args:
             name: The lock name (the election's, the semaphore's).
-            kind: What ``name`` names, a ``HoldKind`` (``fencepost.client.v1.kinds.HoldKind``):
-                ``HOLD_KIND_LOCK`` (default), ``HOLD_KIND_ELECTION`` or ``HOLD_KIND_SEMAPHORE``.
+            kind: What ``name`` names: ``"lock"`` (the default), ``"election"`` or ``"semaphore"``,
+                or a ``HoldKind`` (``fencepost.client.HoldKind``): ``HOLD_KIND_LOCK``,
+                ``HOLD_KIND_ELECTION`` or ``HOLD_KIND_SEMAPHORE``.
             slot: ``HOLD_KIND_SEMAPHORE`` only, and then required: the permit slot, 0 to the
                 semaphore's permits - 1.
 
@@ -711,7 +712,7 @@ class AsyncLockClient:
         """
         self._check_fork()
         _wire.check_name(name)
-        wire_slot = check_revoke(kind, slot)
+        kind, wire_slot = check_revoke(kind, slot)
         await self._ensure_open(name)
         try:
             request = pb.AdminRevokeRequest(name=name, kind=kind, slot=wire_slot, request_id=_wire.new_request_id())

@@ -182,36 +182,45 @@ class Revoked:
 REVOKE_KINDS = (pb.HoldKind.HOLD_KIND_LOCK, pb.HoldKind.HOLD_KIND_ELECTION, pb.HoldKind.HOLD_KIND_SEMAPHORE)
 
 
-def check_revoke(kind: int, slot: int | None) -> int:
-    """Check admin_revoke's ``kind`` and ``slot`` before any RPC; the slot to send.
+#: admin_revoke's ``kind`` by name.
+KIND_NAMES = {"lock": pb.HoldKind.HOLD_KIND_LOCK, "election": pb.HoldKind.HOLD_KIND_ELECTION,
+              "semaphore": pb.HoldKind.HOLD_KIND_SEMAPHORE}
+
+
+def check_revoke(kind: int | str, slot: int | None) -> tuple[int, int]:
+    """Check admin_revoke's ``kind`` and ``slot`` before any RPC; the kind and slot to send.
 
     Args:
-        kind: A ``HoldKind``: ``HOLD_KIND_LOCK`` (0), ``HOLD_KIND_ELECTION`` (1) or ``HOLD_KIND_SEMAPHORE`` (2).
+        kind: A ``HoldKind``: ``HOLD_KIND_LOCK`` (0), ``HOLD_KIND_ELECTION`` (1) or ``HOLD_KIND_SEMAPHORE`` (2),
+            or its name: ``"lock"``, ``"election"`` or ``"semaphore"``.
         slot: The permit slot (an int >= 0) for ``HOLD_KIND_SEMAPHORE``; None for the other kinds.
 
     Returns:
-        The slot for the wire (0 unless a semaphore's).
+        (the ``HoldKind``, the slot for the wire: 0 unless a semaphore's).
 
     Raises:
         InvalidArgument: field ``kind`` (not one of those) or ``slot`` (missing for a semaphore, given for
             another kind, not an int, or not 0 to 999). The semaphore's own number of permits bounds it
             too, checked by the coordinator.
     """
+    if isinstance(kind, str):
+        kind = KIND_NAMES.get(kind.lower(), kind)  # type: ignore[assignment]
     if isinstance(kind, bool) or kind not in REVOKE_KINDS:
-        raise InvalidArgument(f"kind is {kind!r}; must be HoldKind.HOLD_KIND_LOCK, HOLD_KIND_ELECTION or "
-                              "HOLD_KIND_SEMAPHORE", field="kind")
+        raise InvalidArgument(f"kind is {kind!r}; must be \"lock\", \"election\" or \"semaphore\" (or "
+                              "HoldKind.HOLD_KIND_LOCK, HOLD_KIND_ELECTION or HOLD_KIND_SEMAPHORE)", field="kind")
+    kind = int(kind)
     if kind != pb.HoldKind.HOLD_KIND_SEMAPHORE:
         if slot is not None:
             raise InvalidArgument(f"slot is {slot!r}; a slot names a semaphore's permit: give it only with "
                                   "kind HOLD_KIND_SEMAPHORE", field="slot")
-        return 0
+        return kind, 0
     if slot is None:
         raise InvalidArgument("slot is missing; revoking a semaphore's permit holder needs the permit's slot",
                               field="slot")
     if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < MAX_PERMITS:
         raise InvalidArgument(f"slot is {slot!r}; must be an int from 0 to {MAX_PERMITS - 1} (below the "
                               "semaphore's permits)", field="slot")
-    return slot
+    return kind, slot
 
 
 @dataclasses.dataclass(frozen=True)

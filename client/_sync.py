@@ -687,7 +687,8 @@ class LockClient:
         self._check_fork()
         return self._run(self._aio.server_info())
 
-    def admin_revoke(self, name: str, *, kind: int = pb.HoldKind.HOLD_KIND_LOCK, slot: int | None = None) -> Revoked:
+    def admin_revoke(self, name: str, *, kind: int | str = pb.HoldKind.HOLD_KIND_LOCK,
+                     slot: int | None = None) -> Revoked:
         """End the hold of lock ``name`` (with ``kind``: election ``name``'s leadership, semaphore ``name``'s
         permit ``slot``) by revoking its holder's lease (see :meth:`AsyncLockClient.admin_revoke`).
 

@@ -73,7 +73,7 @@ async def test_admin_revoke_of_an_election_deposes_its_leader(policed: Coordinat
             now = await operator.leader(ELECTION)
             assert now is not None and (now.value, now.lease_id, now.token) == (b"b", successor.lease_id,
                                                                                  successor.token)
-        assert await operator.admin_revoke(ELECTION, kind=ELECT) == Revoked(ELECTION, False, 0, 0, ELECT, 0)
+        assert await operator.admin_revoke(ELECTION, kind="election") == Revoked(ELECTION, False, 0, 0, ELECT, 0)
 
 
 async def test_admin_revoke_of_a_semaphore_slot_deposes_that_permit_holder(policed: Coordinator, pki: Pki) -> None:
@@ -107,7 +107,7 @@ async def test_admin_revoke_of_a_semaphore_slot_deposes_that_permit_holder(polic
             await first.release()
 
             with LockClient(policed.address, tls=pki.tls(pki.operator)) as sync_operator:
-                free = await asyncio.to_thread(sync_operator.admin_revoke, SEMAPHORE, kind=SEM, slot=1 - k)
+                free = await asyncio.to_thread(sync_operator.admin_revoke, SEMAPHORE, kind="semaphore", slot=1 - k)
             assert free == Revoked(SEMAPHORE, False, 0, 0, SEM, 1 - k)
             assert granted.is_valid()
 

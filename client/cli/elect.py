@@ -95,7 +95,8 @@ def add_parser(sub: Any) -> None:
                    help="lease TTL in seconds, 1 to 86400 (default 10)")
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--timeout", type=parse_timeout, default=None, metavar="S",
-                      help="give up after S seconds of waiting, exit 4; exit 1 if no coordinator answers within S (at least 2 s) (default: wait forever)")
+                      help="give up after S seconds of waiting, exit 4; exit 1 if no coordinator answers "
+                           "within S (at least 2 s) (default: wait forever)")
     wait.add_argument("--try", dest="try_once", action="store_true",
                       help="try once; exit 5 if the election has a leader")
     p.add_argument("--grace", type=_grace, default=5.0, metavar="S",

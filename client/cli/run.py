@@ -227,7 +227,8 @@ def add_parser(sub: Any) -> None:
                    help=f"NAME is a semaphore of N permits (1 to {MAX_PERMITS}): hold one permit, not the lock")
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--timeout", type=parse_timeout, default=None, metavar="S",
-                      help="give up after S seconds of waiting, exit 4; exit 1 if no coordinator answers within S (at least 2 s) (default: wait forever)")
+                      help="give up after S seconds of waiting, exit 4; exit 1 if no coordinator answers "
+                           "within S (at least 2 s) (default: wait forever)")
     wait.add_argument("--try", dest="try_once", action="store_true", help="try once; exit 5 if the lock is held")
     p.add_argument("--grace", type=_grace, default=5.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL after the hold is lost (default 5)")

@@ -183,7 +183,8 @@ def semaphore_lines(info: SemaphoreInfo) -> list[str]:
     """The text of ``status NAME --semaphore``: one line per permit slot, then the waiters and the revision."""
     if not info.permits:
         return [f"{info.name}: semaphore never used (no permits record)", f"  revision       {info.revision}"]
-    lines = [f"{info.name}: semaphore of {info.permits} permits, {len(info.holders)} held"]
+    permits = f"{info.permits} permit{'' if info.permits == 1 else 's'}"
+    lines = [f"{info.name}: semaphore of {permits}, {len(info.holders)} held"]
     by_slot = {h.slot: h for h in info.holders}
     width = len(str(info.permits - 1))
     for slot in range(info.permits):
