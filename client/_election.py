@@ -51,7 +51,7 @@ from .errors import (
 from .handle import AsyncLockHandle
 from .v1 import kinds
 from .v1 import lock_pb2 as pb
-from .v1.keys import MAX_VALUE_BYTES
+from .v1.keys import MAX_VALUE_BYTES, OBSERVE_ACCEPTED_METADATA
 from .v1.retry import CLIENT_BACKOFF
 
 if TYPE_CHECKING:
@@ -310,6 +310,7 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
     loop = asyncio.get_running_loop()
     delays = CLIENT_BACKOFF.delays()
     failing_since: float | None = None
+    refused: FencepostError | None = None  # the last Observe a coordinator refused (not accepted yet)
     while True:
         await ensure_open()
         channel, stub = transport.channel, transport.stub
@@ -324,8 +325,13 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
             try:
                 # A resumed Observe sends nothing until the leader changes: its initial metadata (sent when
                 # the coordinator accepts it) says the stream is up again.
-                await call.initial_metadata()
-                accepted, failing_since, delays = True, None, CLIENT_BACKOFF.delays()
+                metadata = await call.initial_metadata()
+                # A coordinator marks its acceptance (after its first etcd read); one that refuses the
+                # Observe at once sends no metadata. (A coordinator older than the mark sends empty metadata
+                # on acceptance: the call then still runs.)
+                if any(key == OBSERVE_ACCEPTED_METADATA for key, _ in metadata or ()) or (
+                        not metadata and not call.done()):
+                    accepted, failing_since, delays = True, None, CLIENT_BACKOFF.delays()
                 async for resp in call:
                     failing_since, delays = None, CLIENT_BACKOFF.delays()
                     after = int(resp.revision)
@@ -346,16 +352,23 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
             if err.code() not in _RESUMABLE or current_task_cancelling():
                 raise from_rpc_error(err, name=election) from err
             log.debug("fencepost: observe of %r broke (%s); resuming after revision %d", election, err.code(), after)
+            refused = from_rpc_error(err, name=election)
+            if refused.reason is None:  # a broken connection, not a coordinator's own answer
+                refused = None
         except grpc.aio.UsageError:  # the channel was closed by a rotation: use the new one
             pass
         except Unavailable:
             if not accepted:
+                if refused is not None:  # the last coordinator that answered refused: say why
+                    raise refused from None
                 raise
             log.debug("fencepost: observe of %r: no coordinator reachable yet; still trying", election)
         now = loop.time()
         if failing_since is None:
             failing_since = now
         elif now - failing_since > transport.connect_timeout and not accepted:
+            if refused is not None:  # a coordinator answered, and refused (ETCD_UNAVAILABLE): say so
+                raise refused
             raise Unavailable(f"observe of {election!r}: no coordinator reachable", name=election)
         transport.rotate(channel, force=True)
         await asyncio.sleep(next(delays))

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,7 +242,8 @@ class Elections:
         kvs = resp.responses[0].response_range.kvs
         return (self._leader(kvs[0]) if kvs else None), int(resp.header.revision)
 
-    async def observe(self, election: str, after_revision: int = 0) -> AsyncIterator[Observed]:
+    async def observe(self, election: str, after_revision: int = 0,
+                      ready: Callable[[], object] | None = None) -> AsyncIterator[Observed]:
         """Every change of the leader of ``election``, from now or after ``after_revision``.
 
         Args:
@@ -252,6 +253,8 @@ class Elections:
                 nothing for R itself, then every change after R. When R
                 was compacted (or is ahead of etcd), the first item is the
                 current state with ``compacted`` set.
+            ready: called once the first read succeeded (before any item: a
+                resumed observe may give none for a long time).
 
         Yields:
             :class:`Observed`, one per change of the leader's (lease, token,
@@ -276,6 +279,8 @@ class Elections:
             assert first is not None
         for kv in first.kvs:
             candidates[bytes(kv.key)] = kv
+        if ready is not None:
+            ready()
         revision = int(first.header.revision) if after_revision == 0 or compacted else after_revision
         last = self._lowest(candidates)
         if after_revision == 0 or compacted:

@@ -43,7 +43,7 @@ import grpc
 from fencepost.client.errors import AccessDenied, FencepostError, InvalidArgument, LimitExceeded, ResourceExhausted
 from fencepost.client.v1 import kinds, lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
-from fencepost.client.v1.keys import Hold, Keys
+from fencepost.client.v1.keys import OBSERVE_ACCEPTED_METADATA, Hold, Keys
 
 from .decode import Undecodable
 from .election import Elections, Leader, public_errors, validate_election, validate_value
@@ -727,15 +727,28 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             self._streams += 1
             counted = True
             await self._locks.tokens.ready()
-            changes = self._elections.observe(request.election, request.after_revision)
-            # Accepted: the client learns the stream is up even if nothing changes for a long time
-            # (a resumed Observe sends nothing until the leader changes).
-            await context.send_initial_metadata(())
+            ready = asyncio.Event()
+            changes = self._elections.observe(request.election, request.after_revision, ready=ready.set)
+            accepted = False
             closing = asyncio.ensure_future(self.closing.wait())
             try:
                 while True:
                     step = asyncio.ensure_future(anext(changes))
-                    await asyncio.wait({step, closing}, return_when=asyncio.FIRST_COMPLETED)
+                    while not accepted:
+                        # Accepted once the first etcd read succeeded: the client learns the stream is up
+                        # even if nothing changes for a long time (a resumed Observe sends nothing until
+                        # the leader changes). Not before: an Observe refused at once (etcd unreachable)
+                        # must not count as accepted, or a client would retry it forever.
+                        readying = asyncio.ensure_future(ready.wait())
+                        await asyncio.wait({step, closing, readying}, return_when=asyncio.FIRST_COMPLETED)
+                        readying.cancel()
+                        if ready.is_set():
+                            await context.send_initial_metadata(((OBSERVE_ACCEPTED_METADATA, "1"),))
+                            accepted = True
+                        elif step.done() or closing.done():
+                            break
+                    if not step.done() and not closing.done():
+                        await asyncio.wait({step, closing}, return_when=asyncio.FIRST_COMPLETED)
                     if not step.done():
                         step.cancel()
                         await asyncio.gather(step, return_exceptions=True)

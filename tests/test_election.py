@@ -590,3 +590,26 @@ async def test_observe_after_a_compacted_revision_says_so(address: str, stub: An
         assert got.compacted and got.leader.value == b"v3" and got.leader.token == lead.token
         assert got.revision >= head
         await lead.resign()
+
+
+async def test_observe_refused_from_the_start_gives_up_after_connect_timeout(prefix: str) -> None:
+    """A coordinator whose etcd is unreachable refuses each Observe (ETCD_UNAVAILABLE): before any acceptance,
+    the observation gives up after connect_timeout with that error, as Leader would; it retried forever when a
+    refused Observe counted as accepted."""
+    import socket
+
+    from fencepost.client import Unavailable
+    from fencepost.coordinator.server import Coordinator
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{probe.getsockname()[1]}"  # no etcd there once closed
+    coord = Coordinator([nowhere], listen="127.0.0.1:0", prefix=prefix)
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        async with AsyncLockClient(f"127.0.0.1:{coord.port}", connect_timeout=1.0) as client:
+            with pytest.raises(Unavailable) as caught:
+                await asyncio.wait_for(anext(client.observe("nowhere")), 15)
+            assert caught.value.reason == "ETCD_UNAVAILABLE", caught.value
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)

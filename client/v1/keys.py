@@ -63,6 +63,9 @@ MAX_TOKEN = 2**63 - 1
 #: The gRPC metadata key under which a unary call naming a lease presents the lease's secret
 #: (LeaseGrantResponse.lease_secret; see proto/fencepost/v1/lock.proto, "Ownership").
 LEASE_SECRET_METADATA = "fencepost-lease-secret"
+#: The initial metadata key with which a coordinator says it accepted an Observe (its first etcd read
+#: succeeded); a refused Observe has none.
+OBSERVE_ACCEPTED_METADATA = "fencepost-observe-accepted"
 #: Default etcd key prefix of all locks.
 DEFAULT_PREFIX = "/fencepost/locks/"
 #: The token record's key is the prefix followed by this.

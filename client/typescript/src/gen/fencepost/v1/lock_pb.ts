@@ -2688,7 +2688,10 @@ export const LockService: GenService<{
    * nothing. If etcd compacted R away, the first message is the current
    * state with `compacted` = true (leaders in between cannot be known).
    * An Observe stream holds an etcd watch: it counts as a stream for the
-   * coordinator's stream limits.
+   * coordinator's stream limits. Once its first etcd read succeeded, the
+   * coordinator sends initial metadata `fencepost-observe-accepted: 1`
+   * (a resumed Observe may send no message for a long time: this says it
+   * is up); an Observe refused before (etcd unreachable) has none.
    * Errors: INVALID_ARGUMENT (election, after_revision), RESOURCE_EXHAUSTED
    * (TOO_MANY_STREAMS; LIMIT_EXCEEDED: max-streams-per-caller), UNAVAILABLE.
    *
