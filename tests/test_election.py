@@ -613,3 +613,28 @@ async def test_observe_refused_from_the_start_gives_up_after_connect_timeout(pre
             assert caught.value.reason == "ETCD_UNAVAILABLE", caught.value
     finally:
         await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+async def test_cli_elect_interrupted_while_waiting_exits_130_and_withdraws(address: str, etcd_client: Etcd3Client,
+                                                                           prefix: str) -> None:
+    """SIGINT while fencepost elect waits behind a leader: exit 130, the command not run, its candidacy gone."""
+    import signal
+
+    async with AsyncLockClient(address) as client:
+        lead = await client.campaign("intr", b"first", timeout=5)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fencepost.client.cli", "elect", "intr", "--value", "second", "--address", address,
+            "--", sys.executable, "-c", "print('ran')", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cli_env())
+        try:
+            await wait_for(lambda: _has(etcd_client, prefix, "intr", 2), 20, what="the CLI candidate queued")
+            proc.send_signal(signal.SIGINT)
+            out, err = await asyncio.wait_for(proc.communicate(), 20)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode == 130, err.decode()
+        assert b"ran" not in out
+        assert await _has(etcd_client, prefix, "intr", 1)  # only the leader's key is left
+        await lead.resign()
