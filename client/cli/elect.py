@@ -23,7 +23,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -49,6 +49,7 @@ from .common import (
     tls_flags,
     tls_of,
 )
+from .acquire import acquire_unless
 from .run import PROGRAM, RUN_EXIT_CODES, CommandError, RunResult, _exit_code, _grace, _note, _start, _supervise, \
     child_environment
 
@@ -142,22 +143,13 @@ def execute(args: argparse.Namespace) -> int:
 
 async def _campaign_unless(client: AsyncLockClient, name: str, value: str, *, ttl: float, timeout: float | None,
                            interrupt: Awaitable[object]) -> Leadership | None:
-    """Campaign unless ``interrupt`` completes first; None when interrupted (a leadership won meanwhile is resigned)."""
+    """Campaign unless ``interrupt`` completes first; None when interrupted (a leadership won meanwhile is resigned:
+    a Leadership's release is its resign)."""
     # The argument's own bytes (a value that is not UTF-8 arrives with surrogate escapes, as every argv does).
-    campaigning = asyncio.ensure_future(client.campaign(name, os.fsencode(value), ttl=ttl, timeout=timeout))
-    interrupted = asyncio.ensure_future(interrupt)
-    try:
-        await asyncio.wait({campaigning, interrupted}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        interrupted.cancel()
-    if campaigning.done():
-        return campaigning.result()
-    campaigning.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await campaigning
-    if not campaigning.cancelled() and campaigning.exception() is None:
-        await campaigning.result().resign()
-    return None
+    campaigning = client.campaign(name, os.fsencode(value), ttl=ttl, timeout=timeout)
+    lead = await acquire_unless(client, name, ttl=ttl, timeout=timeout, try_once=False, interrupt=interrupt,
+                                acquiring=campaigning)
+    return cast(Leadership | None, lead)
 
 
 async def run_elected(addresses: Sequence[str], name: str, value: str, command: Sequence[str], *, ttl: float,
