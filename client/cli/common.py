@@ -147,9 +147,9 @@ async def connect_within(client: AsyncLockClient, timeout: float | None,
             await asyncio.wait({connecting, interrupted}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             interrupted.cancel()
-        if not connecting.done():
+        if interrupted.done() and not interrupted.cancelled():  # it came (first, or with the connection): it wins
             connecting.cancel()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await connecting
             await client.close()
             raise ConnectInterrupted
