@@ -10,7 +10,7 @@ runs it on a private event loop thread. The parts it is built from:
 - :mod:`~fencepost.client._stream`: the KeepAlive stream and the deadline watcher;
 - :mod:`~fencepost.client._lock`: the calls of the lock recipe (grant, acquire,
   release, revoke) and how their answers change the leases and holds;
-- :mod:`~fencepost.client._tracing`: OpenTelemetry spans, when the
+- :mod:`~fencepost.client.tracing`: OpenTelemetry spans, when the
   application has set up an SDK (``fencepost.acquire`` around an acquire,
   with its calls as children).
 """
@@ -38,7 +38,7 @@ from ._semaphore import AsyncSemaphore, PermitLocker, check_permits
 from ._metrics import client_metrics
 from ._stream import DeadlineWatcher, KeepAliveStream
 from ._tls import TlsConfig
-from ._tracing import LEASE_ID, OUTCOME, TOKEN, Tracing, failed
+from .tracing import LEASE_ID, OUTCOME, TOKEN, Tracing, failed
 from ._transport import Transport
 from ._wire import DEFAULT_ADDRESS
 from .errors import FencepostError, LeaseLost, LockHeld, LockTimeout, Unavailable

@@ -32,7 +32,7 @@ No state outlives the call that made it unless the caller holds it:
   reported lost because its caller gave up).
 
 With tracing on, a release is a span ``fencepost.release`` (its Release
-call a child; see :mod:`~fencepost.client._tracing`); the acquire's span is
+call a child; see :mod:`~fencepost.client.tracing`); the acquire's span is
 made by the client. A clean-up spawned by a call is in the call's trace.
 
 A cancelled call waits up to :data:`CLEANUP_WAIT_SECONDS` for its clean-up
@@ -55,7 +55,7 @@ from google.protobuf.message import Message
 from . import _wire
 from ._lease import Lease, LeasePool, Slot
 from ._stream import KeepAliveStream, Spawn
-from ._tracing import OUTCOME, failed
+from .tracing import OUTCOME, failed
 from ._transport import Transport, current_task_cancelling
 from .errors import (
     REASON_DEADLINE,

@@ -39,7 +39,7 @@ it, else a unary call. A stream attempt fails with the ``AioRpcError`` the
 unary call would have raised (a stream that ends before the answer: a lost
 connection, UNAVAILABLE), so the retry rule above is the same for both.
 
-Traces: with tracing on (see :mod:`fencepost.client._tracing`), each attempt
+Traces: with tracing on (see :mod:`fencepost.client.tracing`), each attempt
 of a call is a CLIENT span ``fencepost.v1.LockService/<Method>``, child of
 the caller's current span, whose W3C context goes to the coordinator in the
 call's metadata (``traceparent``; on the stream, the message's
@@ -62,7 +62,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import _handshake
 from ._calls import StreamCalls
 from ._tls import PLAINTEXT, Security
-from ._tracing import (
+from .tracing import (
     OUTCOME,
     REQUEST_ID,
     Tracing,

@@ -34,7 +34,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.trace import TracerProvider
 
-from fencepost.client._tracing import Tracing
+from fencepost.client.tracing import Tracing
 from fencepost.client.errors import FencepostError
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys

@@ -26,7 +26,7 @@ calls ``fencepost.lock.name`` (unless ``lock_names`` is False),
 from the request, and
 ``fencepost.outcome`` (``granted``, ``held``, ``released``, ...; for a
 refusal the ErrorReason name its status carries), with the granted token
-or lease id from the response (see :mod:`fencepost.client._tracing`). A
+or lease id from the response (see :mod:`fencepost.client.tracing`). A
 stream's span lasts as long as the stream.
 
 :func:`export_from_environment` is what ``fencepost serve`` does: an SDK
@@ -52,7 +52,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider
 
-from fencepost.client._tracing import (
+from fencepost.client.tracing import (
     OUTCOME,
     REQUEST_ID,
     Tracing,

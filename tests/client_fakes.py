@@ -13,7 +13,7 @@ import grpc.aio
 from fencepost.client._lease import Lease, LeasePool
 from fencepost.client._lock import Locker
 from fencepost.client._stream import KeepAliveStream
-from fencepost.client._tracing import Tracing
+from fencepost.client.tracing import Tracing
 from fencepost.client.handle import AsyncLockHandle
 from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from fencepost.client import AsyncLockClient, LockClient, LockHeld, LockTimeout
-from fencepost.client._tracing import Tracing
+from fencepost.client.tracing import Tracing
 from fencepost.client.v1 import etcdops, lock_pb2
 from fencepost.coordinator import serve
 from fencepost.coordinator.embedded import EmbeddedEtcd

@@ -36,7 +36,7 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
-from fencepost.client._tracing import inject, rpc_attributes, set_rpc_status
+from fencepost.client.tracing import inject, rpc_attributes, set_rpc_status
 from fencepost.client.errors import FencepostError, LeaseLost
 from fencepost.client.v1 import etcdops
 from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
