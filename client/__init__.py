@@ -5,12 +5,12 @@ to the storage with every write, and let it reject writes that carry a token
 lower than one it has accepted. See :class:`AsyncLockClient`.
 """
 
-from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
-from ._election import LeaderInfo, Leadership
+from ._aio.client import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
+from ._recipes.election import LeaderInfo, Leadership
 from ._info import EtcdInfo, Revoked, ServerInfo, Session
-from ._semaphore import AsyncSemaphore, PermitHolder, SemaphoreInfo
-from ._sync import LeaderObserver, LockClient, LockHandle, Semaphore, SyncLeadership
-from ._tls import TlsConfig
+from ._recipes.semaphore import AsyncSemaphore, PermitHolder, SemaphoreInfo
+from ._sync.client import LeaderObserver, LockClient, LockHandle, Semaphore, SyncLeadership
+from ._transport.tls import TlsConfig
 from .errors import (
     AccessDenied,
     DataLoss,

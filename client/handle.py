@@ -1,7 +1,7 @@
 """Lock handles of the asyncio client.
 
 An :class:`AsyncLockHandle` is one hold: one grant of one lock under a lease
-(:class:`~fencepost.client._lease.Lease`), with its fencing token. It is lost
+(:class:`~fencepost.client._leases.lease.Lease`), with its fencing token. It is lost
 exactly once, whichever detection path fires first (local deadline, an
 acknowledgement saying the lease is gone, a HoldEnded event, a reconnect
 finding the lease gone), and never after it was released.
@@ -20,7 +20,7 @@ from .errors import REASON_DEADLINE, LeaseLost, NotHolder
 from .v1 import kinds
 
 if TYPE_CHECKING:
-    from ._lease import Lease
+    from ._leases.lease import Lease
 
 __all__ = ["AsyncLockHandle"]
 

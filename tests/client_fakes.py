@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from fencepost.client._lease import Lease, LeasePool
-from fencepost.client._lock import Locker
-from fencepost.client._stream import KeepAliveStream
+from fencepost.client._leases.lease import Lease, LeasePool
+from fencepost.client._recipes.lock import Locker
+from fencepost.client._leases.stream import KeepAliveStream
 from fencepost.client.tracing import Tracing
 from fencepost.client.handle import AsyncLockHandle
 from fencepost.client.v1 import details

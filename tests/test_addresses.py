@@ -1,6 +1,6 @@
 """Every address form the client and the CLI accept, against a real coordinator.
 
-The parser (``fencepost.client._wire.check_addresses``) accepts ``HOST:PORT``
+The parser (``fencepost.client._transport.wire.check_addresses``) accepts ``HOST:PORT``
 (host name, IPv4, ``[IPv6]``), ``dns:///HOST:PORT`` and ``unix:/ABSOLUTE/PATH``
 (or ``unix:///ABSOLUTE/PATH``); each form is used here for real: by the
 asyncio and sync clients, and by ``fencepost status`` and ``fencepost run``.

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import fencepost.client as fc
-from fencepost.client import _wire
+from fencepost.client._transport import wire as _wire
 from fencepost.client.v1.retry import CLIENT_BACKOFF
 
 from .client_fakes import (

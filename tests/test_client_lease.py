@@ -11,8 +11,8 @@ import threading
 import pytest
 
 import fencepost.client as fc
-from fencepost.client._lease import Lease, LeasePool, margin_for
-from fencepost.client._stream import DeadlineWatcher
+from fencepost.client._leases.lease import Lease, LeasePool, margin_for
+from fencepost.client._leases.stream import DeadlineWatcher
 from fencepost.client.errors import REASON_DEADLINE
 
 from .client_fakes import (

@@ -40,9 +40,9 @@ from fencepost.client import (
     StaleTokenError,
     Unavailable,
 )
-from fencepost.client._calls import CALLS_METADATA, Outbox, StreamCalls
-from fencepost.client import _transport as transport_module
-from fencepost.client._lease import Lease
+from fencepost.client._leases.calls import CALLS_METADATA, Outbox, StreamCalls
+from fencepost.client._transport import transport as transport_module
+from fencepost.client._leases.lease import Lease
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.handle import AsyncLockHandle
 from fencepost.client.v1 import details

@@ -25,7 +25,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 import fencepost.client as fc
-from fencepost.client import TlsConfig, _handshake, _tls
+from fencepost.client import TlsConfig
+from fencepost.client._transport import handshake as _handshake
+from fencepost.client._transport import tls as _tls
 
 from . import lock_servers, tls_pki
 from .lock_servers import LockServer, Start

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 import fencepost.client as fc
-from fencepost.client._transport import Transport
+from fencepost.client._transport.transport import Transport
 from fencepost.client.handle import AsyncLockHandle
 from fencepost.client.v1 import lock_pb2 as pb
 

@@ -30,7 +30,7 @@ from typing import Any
 from fencepost.client import TlsConfig
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1.keys import MAX_PERMITS
-from fencepost.client._wire import new_request_id
+from fencepost.client._transport.wire import new_request_id
 
 from .common import (
     EXIT_INTERRUPTED,

@@ -21,9 +21,9 @@ from typing import Any, NoReturn
 import grpc
 
 from fencepost.client import DEFAULT_ADDRESS, AsyncLockClient, TlsConfig
-from fencepost.client._tls import security
-from fencepost.client._transport import Transport
-from fencepost.client._wire import check_addresses, check_name
+from fencepost.client._transport.tls import security
+from fencepost.client._transport.transport import Transport
+from fencepost.client._transport.wire import check_addresses, check_name
 from fencepost.client.errors import (
     FencepostError,
     InvalidArgument,
@@ -380,7 +380,7 @@ def lock_name(name: str) -> str:
 def parse_addresses(values: Sequence[str] | None, env: str | None = None) -> list[str]:
     """Collect coordinator addresses from --address flags or FENCEPOST_ADDRESS.
 
-    Parsed by the client's own parser (:func:`fencepost.client._wire.check_addresses`),
+    Parsed by the client's own parser (:func:`fencepost.client._transport.wire.check_addresses`),
     so that the command line accepts exactly what ``LockClient`` accepts.
 
     Args:

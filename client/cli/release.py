@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 
 from fencepost.client.v1 import lock_pb2 as pb
-from fencepost.client._wire import new_request_id
+from fencepost.client._transport.wire import new_request_id
 
 from .run import ENV_LEASE_SECRET
 from .common import (

@@ -28,9 +28,10 @@ from typing import Any
 
 import grpc
 
-from fencepost.client import SemaphoreInfo, ServerInfo, TlsConfig, _handshake
-from fencepost.client._tls import Security, security
-from fencepost.client._transport import DIAGNOSE_SECONDS
+from fencepost.client import SemaphoreInfo, ServerInfo, TlsConfig
+from fencepost.client._transport import handshake
+from fencepost.client._transport.tls import Security, security
+from fencepost.client._transport.transport import DIAGNOSE_SECONDS
 from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1 import lock_pb2_grpc as pb_grpc
@@ -233,7 +234,7 @@ def _failure(status: details.StatusDetails, address: str, channels: Security) ->
     if _unreachable(status):
         if status.code == grpc.StatusCode.UNAVAILABLE:
             # A failed TLS handshake, named (the details alone, or one handshake of our own).
-            failure = asyncio.run(_handshake.failure(channels, status.message, address, DIAGNOSE_SECONDS))
+            failure = asyncio.run(handshake.failure(channels, status.message, address, DIAGNOSE_SECONDS))
             if failure is not None:
                 return "UNREACHABLE", tls_words(failure.message)
         return "UNREACHABLE", _first_line(status)

@@ -59,7 +59,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from .._wire import name_problem
+from .._transport.wire import name_problem
 from ..errors import InvalidArgument, Unavailable
 from ..v1 import etcdops
 from ..v1.details import ErrorReason

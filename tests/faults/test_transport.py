@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from fencepost.client import AsyncLockClient, _wire
+from fencepost.client import AsyncLockClient
+from fencepost.client._transport import wire as _wire
 from fencepost.coordinator.embedded import EmbeddedEtcd
 from tests.harness.proxy import Direction, Proxy
 

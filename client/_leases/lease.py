@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._metrics import NO_CLIENT_METRICS, ClientMetrics
-from .errors import REASON_CLOSED, REASON_DEADLINE
-from .v1 import kinds
+from .._metrics import NO_CLIENT_METRICS, ClientMetrics
+from ..errors import REASON_CLOSED, REASON_DEADLINE
+from ..v1 import kinds
 
 #: Why a lease was retired from the pool: idle too long, or over the cap of idle leases.
 REASON_IDLE = "IDLE"
@@ -37,7 +37,7 @@ IDLE_LEASE_TIMEOUT = 30.0
 MAX_IDLE_LEASES = 8
 
 if TYPE_CHECKING:
-    from .handle import AsyncLockHandle
+    from ..handle import AsyncLockHandle
 
 __all__ = ["IDLE_LEASE_TIMEOUT", "MAX_IDLE_LEASES", "REASON_IDLE", "Clock", "Lease", "LeasePool", "Slot", "margin_for"]
 

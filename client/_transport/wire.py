@@ -15,8 +15,8 @@ import sys
 import uuid
 from collections.abc import Sequence
 
-from .errors import InvalidArgument
-from .v1.keys import MAX_LOCK_DELAY_SECONDS, MAX_NAME_BYTES, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
+from ..errors import InvalidArgument
+from ..v1.keys import MAX_LOCK_DELAY_SECONDS, MAX_NAME_BYTES, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
 
 __all__ = [
     "ADDRESS_FORMS",

@@ -2,10 +2,10 @@
 
 :class:`Locker` makes the calls of the lock protocol (LeaseGrant,
 LeaseRevoke, Acquire, Release, Withdraw) through the
-:class:`~fencepost.client._transport.Transport` (Acquire, Release and
+:class:`~fencepost.client._transport.transport.Transport` (Acquire, Release and
 Withdraw as messages on the KeepAlive stream when it serves them, see
-:mod:`~fencepost.client._calls`; the same rules either way) and keeps the
-:class:`~fencepost.client._lease.LeasePool` in step with their answers:
+:mod:`~fencepost.client._leases.calls`; the same rules either way) and keeps the
+:class:`~fencepost.client._leases.lease.LeasePool` in step with their answers:
 
 - a lease is granted once per requested TTL and shared by every lock taken
   with that TTL; a second local acquire of a name held under that lease
@@ -52,12 +52,12 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from . import _wire
-from ._lease import Lease, LeasePool, Slot
-from ._stream import KeepAliveStream, Spawn
-from .tracing import OUTCOME, failed
-from ._transport import Transport, current_task_cancelling
-from .errors import (
+from .._transport import wire
+from .._leases.lease import Lease, LeasePool, Slot
+from .._leases.stream import KeepAliveStream, Spawn
+from ..tracing import OUTCOME, failed
+from .._transport.transport import Transport, current_task_cancelling
+from ..errors import (
     REASON_DEADLINE,
     FencepostError,
     InvalidArgument,
@@ -69,11 +69,11 @@ from .errors import (
     TlsError,
     Unavailable,
 )
-from .handle import AsyncLockHandle
-from .v1 import kinds
-from .v1 import lock_pb2 as pb
-from .v1.details import ErrorReason, reason_name
-from .v1.retry import CLIENT_BACKOFF
+from ..handle import AsyncLockHandle
+from ..v1 import kinds
+from ..v1 import lock_pb2 as pb
+from ..v1.details import ErrorReason, reason_name
+from ..v1.retry import CLIENT_BACKOFF
 
 __all__ = ["Locker"]
 
@@ -303,7 +303,7 @@ class Locker:
     async def _withdraw(self, lease: Lease, name: str, slot: Slot) -> None:
         """Delete this lease's key in lock ``name`` (Withdraw), retried while the lease lives; then free ``slot``."""
         delays = CLIENT_BACKOFF.delays()
-        request = pb.WithdrawRequest(name=name, lease_id=lease.lease_id, request_id=_wire.new_request_id())
+        request = pb.WithdrawRequest(name=name, lease_id=lease.lease_id, request_id=wire.new_request_id())
         try:
             while not lease.lost and self._state() == "open":
                 try:
@@ -331,10 +331,10 @@ class Locker:
 
     async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool,
                            lock_delay: int = 0) -> AsyncLockHandle:
-        request_id = _wire.new_request_id()  # the same on every attempt (only the wait left changes)
+        request_id = wire.new_request_id()  # the same on every attempt (only the wait left changes)
 
         def make(left: float | None) -> tuple[Message, float | None]:
-            wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
+            wait_ms, forever = (0, False) if try_once else wire.wait_to_wire(left)
             request = pb.AcquireRequest(name=name, lease_id=lease.lease_id, wait_ms=wait_ms, wait_forever=forever,
                                         lock_delay_seconds=lock_delay, request_id=request_id)
             if forever:
@@ -462,7 +462,7 @@ class Locker:
         # that failed (Unavailable), is the same call, so a retry of a Release that committed answers OK.
         # Hence retried after UNAVAILABLE like an idempotent call.
         if not handle._request_id:
-            handle._request_id = _wire.new_request_id()
+            handle._request_id = wire.new_request_id()
         request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token,
                                     request_id=handle._request_id)
         await self.transport.call("Release", lambda left: (request, _bounded(self._call_timeout, left)),

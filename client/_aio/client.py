@@ -3,12 +3,12 @@
 This is the one implementation; the sync :class:`~fencepost.client.LockClient`
 runs it on a private event loop thread. The parts it is built from:
 
-- :mod:`~fencepost.client._transport`: addresses, the channel, the unary call
+- :mod:`~fencepost.client._transport.transport`: addresses, the channel, the unary call
   retry loop;
-- :mod:`~fencepost.client._lease`: leases and their deadline rules, the pool
+- :mod:`~fencepost.client._leases.lease`: leases and their deadline rules, the pool
   of leases by TTL, holds and the local exclusion of one (lease, name);
-- :mod:`~fencepost.client._stream`: the KeepAlive stream and the deadline watcher;
-- :mod:`~fencepost.client._lock`: the calls of the lock recipe (grant, acquire,
+- :mod:`~fencepost.client._leases.stream`: the KeepAlive stream and the deadline watcher;
+- :mod:`~fencepost.client._recipes.lock`: the calls of the lock recipe (grant, acquire,
   release, revoke) and how their answers change the leases and holds;
 - :mod:`~fencepost.client.tracing`: OpenTelemetry spans, when the
   application has set up an SDK (``fencepost.acquire`` around an acquire,
@@ -29,22 +29,26 @@ import grpc.aio
 from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
-from . import _election, _fork, _tls, _wire
-from ._election import Elector, LeaderInfo, Leadership
-from ._info import HeldLock, LockInfo, Revoked, ServerInfo, Session, check_revoke
-from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
-from ._lock import Locker
-from ._semaphore import AsyncSemaphore, PermitLocker, check_permits
-from ._metrics import client_metrics
-from ._stream import DeadlineWatcher, KeepAliveStream
-from ._tls import TlsConfig
-from .tracing import LEASE_ID, OUTCOME, TOKEN, Tracing, failed
-from ._transport import Transport
-from ._wire import DEFAULT_ADDRESS
-from .errors import FencepostError, LeaseLost, LockHeld, LockTimeout, Unavailable
-from .handle import AsyncLockHandle
-from .v1 import kinds
-from .v1 import lock_pb2 as pb
+from .. import _fork
+from .._transport import wire
+from .._recipes.election import Elector, LeaderInfo, Leadership, check_election, check_value
+from .._recipes.election import leader as leader_of
+from .._recipes.election import observe as observe_leader
+from .._info import HeldLock, LockInfo, Revoked, ServerInfo, Session, check_revoke
+from .._leases.lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
+from .._recipes.lock import Locker
+from .._recipes.semaphore import AsyncSemaphore, PermitLocker, check_permits
+from .._metrics import client_metrics
+from .._leases.stream import DeadlineWatcher, KeepAliveStream
+from .._transport.tls import TlsConfig
+from .._transport.tls import security as tls_security
+from ..tracing import LEASE_ID, OUTCOME, TOKEN, Tracing, failed
+from .._transport.transport import Transport
+from .._transport.wire import DEFAULT_ADDRESS
+from ..errors import FencepostError, LeaseLost, LockHeld, LockTimeout, Unavailable
+from ..handle import AsyncLockHandle
+from ..v1 import kinds
+from ..v1 import lock_pb2 as pb
 
 __all__ = ["AsyncLockClient", "HeldLock", "LockInfo", "DEFAULT_ADDRESS"]
 
@@ -196,11 +200,11 @@ class AsyncLockClient:
     ) -> None:
         _fork.check_new_client()
         self._generation = _fork.generation()
-        addresses = _wire.check_addresses(address)
-        fraction = _wire.check_fraction(keepalive_fraction)
-        self._connect_timeout = _wire.check_connect_timeout(connect_timeout)
-        idle_timeout, max_idle = _wire.check_idle_leases(idle_lease_timeout, max_idle_leases)
-        security = _tls.security(tls)
+        addresses = wire.check_addresses(address)
+        fraction = wire.check_fraction(keepalive_fraction)
+        self._connect_timeout = wire.check_connect_timeout(connect_timeout)
+        idle_timeout, max_idle = wire.check_idle_leases(idle_lease_timeout, max_idle_leases)
+        security = tls_security(tls)
         self._metrics = client_metrics(metrics)
         self._state = "new"  # new -> open -> closing -> closed
         self._closed_event: asyncio.Event | None = None
@@ -507,10 +511,10 @@ class AsyncLockClient:
     async def _acquire(self, name: str, ttl: float, timeout: float | None, *, try_once: bool,
                        lock_delay: float = 0) -> AsyncLockHandle:
         self._check_fork()
-        _wire.check_name(name)
-        ttl_s = _wire.ttl_to_wire(ttl)
-        timeout = _wire.check_timeout(timeout)
-        delay_s = _wire.lock_delay_to_wire(lock_delay)
+        wire.check_name(name)
+        ttl_s = wire.ttl_to_wire(ttl)
+        timeout = wire.check_timeout(timeout)
+        delay_s = wire.lock_delay_to_wire(lock_delay)
         with self._metrics.acquiring(self._leases.clock):
             return await self._acquire_traced(name, ttl_s, timeout, try_once, delay_s)
 
@@ -582,9 +586,9 @@ class AsyncLockClient:
             FencepostError: the client was inherited through fork.
         """
         self._check_fork()
-        _wire.check_name(name)
+        wire.check_name(name)
         check_permits(permits)
-        ttl_s = _wire.ttl_to_wire(ttl)
+        ttl_s = wire.ttl_to_wire(ttl)
         if self._permits is None:
             self._permits = PermitLocker(self._locker)
         return AsyncSemaphore(self, self._permits, name, permits, ttl_s)
@@ -605,7 +609,7 @@ class AsyncLockClient:
                 fork (reason "FORKED").
         """
         self._check_fork()
-        _wire.check_name(name)
+        wire.check_name(name)
         await self._ensure_open(name)
         try:
             resp = await self._transport.call(
@@ -711,11 +715,11 @@ class AsyncLockClient:
             FencepostError: the client is closed, or was inherited through fork.
         """
         self._check_fork()
-        _wire.check_name(name)
+        wire.check_name(name)
         kind, wire_slot = check_revoke(kind, slot)
         await self._ensure_open(name)
         try:
-            request = pb.AdminRevokeRequest(name=name, kind=kind, slot=wire_slot, request_id=_wire.new_request_id())
+            request = pb.AdminRevokeRequest(name=name, kind=kind, slot=wire_slot, request_id=wire.new_request_id())
             resp = await self._transport.call(
                 "AdminRevoke", lambda _left: (request, self._connect_timeout), until=None, idempotent=True, name=name)
         except Unavailable as exc:
@@ -785,10 +789,10 @@ class AsyncLockClient:
             FencepostError: the client is closed, or was inherited through fork.
         """
         self._check_fork()
-        _election.check_election(election)
-        raw = _election.check_value(value)
-        ttl_s = _wire.ttl_to_wire(10.0 if ttl is None else ttl)
-        timeout = _wire.check_timeout(timeout)
+        check_election(election)
+        raw = check_value(value)
+        ttl_s = wire.ttl_to_wire(10.0 if ttl is None else ttl)
+        timeout = wire.check_timeout(timeout)
         await self._ensure_open(election)
         elector = Elector(self._locker, raw)
         try:
@@ -821,10 +825,10 @@ class AsyncLockClient:
             FencepostError: the client is closed, or was inherited through fork.
         """
         self._check_fork()
-        _election.check_election(election)
+        check_election(election)
         await self._ensure_open(election)
         try:
-            return await _election.leader(self._transport, election, self._connect_timeout)
+            return await leader_of(self._transport, election, self._connect_timeout)
         except Unavailable as exc:
             raise self._closed_error(election) or exc from exc
 
@@ -846,7 +850,7 @@ class AsyncLockClient:
             FencepostError: the client is closed, or was inherited through fork.
         """
         self._check_fork()
-        _election.check_election(election)
+        check_election(election)
         await self._ensure_open(election)
-        async for info in _election.observe(self._transport, election, ensure_open=lambda: self._ensure_open(election)):
+        async for info in observe_leader(self._transport, election, ensure_open=lambda: self._ensure_open(election)):
             yield info

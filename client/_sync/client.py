@@ -23,16 +23,17 @@ from typing import Any, TypeVar
 import grpc
 from opentelemetry.trace import TracerProvider
 
-from . import _fork, _wire
-from ._aio import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
-from ._election import LeaderInfo, Leadership, check_election, check_value
-from ._info import Revoked, ServerInfo, Session, check_revoke
-from ._lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
-from ._semaphore import SemaphoreInfo, check_permits
-from ._tls import TlsConfig
-from .errors import FencepostError
-from .handle import AsyncLockHandle
-from .v1 import lock_pb2 as pb
+from .. import _fork
+from .._transport import wire
+from .._aio.client import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
+from .._recipes.election import LeaderInfo, Leadership, check_election, check_value
+from .._info import Revoked, ServerInfo, Session, check_revoke
+from .._leases.lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
+from .._recipes.semaphore import SemaphoreInfo, check_permits
+from .._transport.tls import TlsConfig
+from ..errors import FencepostError
+from ..handle import AsyncLockHandle
+from ..v1 import lock_pb2 as pb
 
 __all__ = ["LeaderObserver", "LockClient", "LockHandle", "Semaphore", "SyncLeadership"]
 
@@ -43,10 +44,10 @@ log = logging.getLogger("fencepost.client")
 
 def _check(name: str, ttl: float, timeout: float | None, lock_delay: float = 0) -> None:
     """Check arguments on the caller's thread, before the loop thread starts or connects."""
-    _wire.check_name(name)
-    _wire.ttl_to_wire(ttl)
-    _wire.check_timeout(timeout)
-    _wire.lock_delay_to_wire(lock_delay)
+    wire.check_name(name)
+    wire.ttl_to_wire(ttl)
+    wire.check_timeout(timeout)
+    wire.lock_delay_to_wire(lock_delay)
 
 
 class LockHandle:
@@ -624,9 +625,9 @@ class LockClient:
             InvalidArgument: bad name, permits or ttl.
         """
         self._check_fork()
-        _wire.check_name(name)
+        wire.check_name(name)
         check_permits(permits)
-        _wire.ttl_to_wire(ttl)
+        wire.ttl_to_wire(ttl)
         return Semaphore(self, name, permits, ttl)
 
     def describe(self, name: str) -> LockInfo:
@@ -646,7 +647,7 @@ class LockClient:
                 (reason "FORKED").
         """
         self._check_fork()
-        _wire.check_name(name)
+        wire.check_name(name)
         return self._run(self._aio.describe(name), name)
 
     def list_locks(self, prefix: str = "", *, page_size: int = 0) -> list[HeldLock]:
@@ -701,7 +702,7 @@ class LockClient:
             Unavailable: no coordinator reachable.
         """
         self._check_fork()
-        _wire.check_name(name)
+        wire.check_name(name)
         check_revoke(kind, slot)
         return self._run(self._aio.admin_revoke(name, kind=kind, slot=slot), name)
 
@@ -733,8 +734,8 @@ class LockClient:
         self._check_fork()
         check_election(election)
         raw = check_value(value)
-        _wire.ttl_to_wire(10.0 if ttl is None else ttl)
-        _wire.check_timeout(timeout)
+        wire.ttl_to_wire(10.0 if ttl is None else ttl)
+        wire.check_timeout(timeout)
 
         async def run() -> SyncLeadership:
             return SyncLeadership(await self._aio.campaign(election, raw, ttl=ttl, timeout=timeout), self)
@@ -800,7 +801,7 @@ class Semaphore:
                 as :meth:`AsyncSemaphore.acquire`.
         """
         self._client._check_fork()
-        _wire.check_timeout(timeout)
+        wire.check_timeout(timeout)
 
         async def run() -> LockHandle:
             aio = self._client._aio.semaphore(self.name, self.permits, ttl=self.ttl)

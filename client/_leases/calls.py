@@ -7,10 +7,10 @@ instead of a unary gRPC call: the fast path under load (grpc.aio: about
 4,900 unary calls/s against 17,900 stream messages/s on 2 cores).
 
 :class:`StreamCalls` is told of each stream by the
-:class:`~fencepost.client._stream.KeepAliveStream` (:meth:`~StreamCalls.opened`,
+:class:`~fencepost.client._leases.stream.KeepAliveStream` (:meth:`~StreamCalls.opened`,
 :meth:`~StreamCalls.listen`, :meth:`~StreamCalls.ended`) and of each answer
 (:meth:`~StreamCalls.answer`). :meth:`~StreamCalls.call` is one attempt of
-a call, made by :meth:`fencepost.client._transport.Transport.call` instead
+a call, made by :meth:`fencepost.client._transport.transport.Transport.call` instead
 of the unary call when :meth:`~StreamCalls.serves` says the current stream
 serves it. An attempt that fails raises the ``grpc.aio.AioRpcError`` the
 unary call would have raised, so that the transport's one retry rule and
@@ -26,7 +26,7 @@ unary call would have raised, so that the transport's one retry rule and
 
 An acquire whose caller is cancelled or whose timeout passes is abandoned
 with a ``cancel`` message, as cancelling the unary call would (the client
-then withdraws it, see :mod:`fencepost.client._lock`).
+then withdraws it, see :mod:`fencepost.client._recipes.lock`).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from .v1 import lock_pb2 as pb
-from .v1.details import STATUS_DETAILS_KEY
+from ..v1 import lock_pb2 as pb
+from ..v1.details import STATUS_DETAILS_KEY
 
 __all__ = ["CALLS_METADATA", "Outbox", "StreamCalls"]
 

@@ -1,7 +1,7 @@
 """The keepalive stream: one bidirectional KeepAlive call for every lease and hold of a client.
 
 :class:`KeepAliveStream` keeps one ``KeepAlive`` stream open through the
-:class:`~fencepost.client._transport.Transport`, reopening it (with backoff,
+:class:`~fencepost.client._transport.transport.Transport`, reopening it (with backoff,
 after a rotation) whenever it breaks. Each lease sends a keepalive about
 every ``ttl * keepalive_fraction`` seconds; each hold is watched, so that the
 coordinator reports its end (HoldEnded). Messages are queued in an outbox;
@@ -20,7 +20,7 @@ local deadline passes, even if no message arrives (a partition, a half-open
 TCP stream).
 
 Calls on the stream: when the coordinator announces them (initial metadata,
-see :mod:`fencepost.client._calls`), Acquire, Release and Withdraw go as
+see :mod:`fencepost.client._leases.calls`), Acquire, Release and Withdraw go as
 messages on the stream (:attr:`KeepAliveStream.calls`) and their answers are
 dispatched here. A grant answered on the stream is watched there by the
 coordinator, and a release answered there drops that watch: :meth:`watch`
@@ -45,16 +45,16 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ._calls import Outbox, StreamCalls
-from ._lease import Lease, LeasePool
-from ._metrics import NO_CLIENT_METRICS, ClientMetrics
-from ._transport import Transport, current_task_cancelling
-from .errors import LimitExceeded, from_rpc_error
-from .handle import AsyncLockHandle
-from .v1 import kinds
-from .v1 import lock_pb2 as pb
-from .v1.details import ErrorReason, reason_name
-from .v1.retry import CLIENT_BACKOFF
+from .calls import Outbox, StreamCalls
+from .lease import Lease, LeasePool
+from .._metrics import NO_CLIENT_METRICS, ClientMetrics
+from .._transport.transport import Transport, current_task_cancelling
+from ..errors import LimitExceeded, from_rpc_error
+from ..handle import AsyncLockHandle
+from ..v1 import kinds
+from ..v1 import lock_pb2 as pb
+from ..v1.details import ErrorReason, reason_name
+from ..v1.retry import CLIENT_BACKOFF
 
 __all__ = ["DeadlineWatcher", "KeepAliveStream", "Spawn", "hold_end_reason"]
 

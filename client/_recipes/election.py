@@ -11,7 +11,7 @@ lost exactly as a lock hold is (``lost``, ``on_lost``, ``cancel_on_lost``,
 the local deadline). Its fencing token is strictly larger for each new
 leader of the election: pass it to the storage with every write the leader
 makes, as for a lock. :class:`Elector` is the lock recipe's
-:class:`~fencepost.client._lock.Locker` with the election's calls in place
+:class:`~fencepost.client._recipes.lock.Locker` with the election's calls in place
 of Acquire, Release and Withdraw (Campaign, Resign, Resign with token 0), so
 leases, local exclusion, retries and clean-up are the lock's.
 
@@ -34,11 +34,11 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from . import _wire
-from ._lease import Lease, Slot
-from ._lock import ACQUIRE_SLACK_SECONDS, Locker, _bounded
-from ._transport import current_task_cancelling
-from .errors import (
+from .._transport import wire
+from .._leases.lease import Lease, Slot
+from .lock import ACQUIRE_SLACK_SECONDS, Locker, _bounded
+from .._transport.transport import current_task_cancelling
+from ..errors import (
     FencepostError,
     InvalidArgument,
     LeaseLost,
@@ -48,14 +48,14 @@ from .errors import (
     Unavailable,
     from_rpc_error,
 )
-from .handle import AsyncLockHandle
-from .v1 import kinds
-from .v1 import lock_pb2 as pb
-from .v1.keys import MAX_VALUE_BYTES, OBSERVE_ACCEPTED_METADATA
-from .v1.retry import CLIENT_BACKOFF
+from ..handle import AsyncLockHandle
+from ..v1 import kinds
+from ..v1 import lock_pb2 as pb
+from ..v1.keys import MAX_VALUE_BYTES, OBSERVE_ACCEPTED_METADATA
+from ..v1.retry import CLIENT_BACKOFF
 
 if TYPE_CHECKING:
-    from ._transport import Transport
+    from .._transport.transport import Transport
 
 __all__ = ["Elector", "LeaderInfo", "Leadership", "check_election", "check_value", "observe"]
 
@@ -92,7 +92,7 @@ def check_election(election: str) -> str:
         InvalidArgument: field "election".
     """
     try:
-        return _wire.check_name(election)
+        return wire.check_name(election)
     except InvalidArgument as exc:
         raise InvalidArgument("election" + exc.message.removeprefix("name").removeprefix(" name"),
                               field="election") from None
@@ -185,10 +185,10 @@ class Elector(Locker):
                            lock_delay: float = 0) -> AsyncLockHandle:
         election = kinds.public_hold(name).name
 
-        request_id = _wire.new_request_id()  # the same on every attempt (only the wait left changes)
+        request_id = wire.new_request_id()  # the same on every attempt (only the wait left changes)
 
         def make(left: float | None) -> tuple[Message, float | None]:
-            wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
+            wait_ms, forever = (0, False) if try_once else wire.wait_to_wire(left)
             request = pb.CampaignRequest(election=election, lease_id=lease.lease_id, value=self.value,
                                          wait_ms=wait_ms, wait_forever=forever, request_id=request_id)
             if forever:
@@ -238,7 +238,7 @@ class Elector(Locker):
 
     async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
         if not handle._request_id:  # one per leadership: a retry of its Resign answers as the first did
-            handle._request_id = _wire.new_request_id()
+            handle._request_id = wire.new_request_id()
         request = pb.ResignRequest(election=handle.name, lease_id=handle.lease_id, token=handle.token,
                                    request_id=handle._request_id)
         await self.transport.call("Resign", lambda left: (request, _bounded(self._call_timeout, left)),

@@ -43,9 +43,9 @@ import contextlib
 import re
 import ssl
 
-from . import _wire
-from ._tls import Security, no_password
-from .errors import TlsError
+from . import wire
+from .tls import Security, no_password
+from ..errors import TlsError
 
 __all__ = ["cause", "diagnose", "failure"]
 
@@ -144,12 +144,12 @@ async def diagnose(security: Security, details: str, address: str, timeout: floa
 
 async def _probe(security: Security, context: ssl.SSLContext, address: str, name: str) -> str | None:
     """One TLS handshake with ``address``, then the first byte: what they show (see :func:`diagnose`)."""
-    path = _wire.unix_path(address)
+    path = wire.unix_path(address)
     try:
         if path is not None:
             reader, writer = await asyncio.open_unix_connection(path, ssl=context, server_hostname=name)
         else:
-            host, port = _wire.host_port(address) or ("", 0)
+            host, port = wire.host_port(address) or ("", 0)
             reader, writer = await asyncio.open_connection(host, port, ssl=context, server_hostname=name)
     except ssl.SSLError as err:
         reason = err.reason or ""

@@ -25,7 +25,7 @@ way a call stops trying ``connect_timeout`` seconds after its first
 failure, or at its own deadline.
 
 TLS: the channels are opened by the client's
-:class:`~fencepost.client._tls.Security`. Each time a channel fails to
+:class:`~fencepost.client._transport.tls.Security`. Each time a channel fails to
 connect, :meth:`Transport.tls_failure` asks whether the TLS handshake is
 why; an address that failed its handshake is not waited for again in that
 call, and once every address has, the call raises
@@ -33,7 +33,7 @@ call, and once every address has, the call raises
 not verify will not verify on the next try.
 
 Calls on the stream: a call given the client's
-:class:`~fencepost.client._calls.StreamCalls` (Acquire, Release, Withdraw)
+:class:`~fencepost.client._leases.calls.StreamCalls` (Acquire, Release, Withdraw)
 makes each attempt a message on the KeepAlive stream when the stream serves
 it, else a unary call. A stream attempt fails with the ``AioRpcError`` the
 unary call would have raised (a stream that ends before the answer: a lost
@@ -59,10 +59,10 @@ import grpc.aio
 from google.protobuf.message import Message
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import _handshake
-from ._calls import StreamCalls
-from ._tls import PLAINTEXT, Security
-from .tracing import (
+from . import handshake
+from .._leases.calls import StreamCalls
+from .tls import PLAINTEXT, Security
+from ..tracing import (
     OUTCOME,
     REQUEST_ID,
     Tracing,
@@ -72,12 +72,12 @@ from .tracing import (
     rpc_attributes,
     set_rpc_status,
 )
-from .errors import LOCK_SERVICE, FencepostError, LimitExceeded, TlsError, Unavailable, from_rpc_error
-from .v1 import details
-from .v1 import lock_pb2_grpc as pb_grpc
-from .v1.details import ErrorReason, reason_name
-from .v1.keys import LEASE_SECRET_METADATA
-from .v1.retry import CLIENT_BACKOFF
+from ..errors import LOCK_SERVICE, FencepostError, LimitExceeded, TlsError, Unavailable, from_rpc_error
+from ..v1 import details
+from ..v1 import lock_pb2_grpc as pb_grpc
+from ..v1.details import ErrorReason, reason_name
+from ..v1.keys import LEASE_SECRET_METADATA
+from ..v1.retry import CLIENT_BACKOFF
 
 __all__ = ["MakeRequest", "Transport", "current_task_cancelling"]
 
@@ -123,7 +123,7 @@ class Transport:
 
     Args:
         addresses: The address of each coordinator, in the order they are
-            tried, as :func:`fencepost.client._wire.check_addresses` returns them.
+            tried, as :func:`fencepost.client._transport.wire.check_addresses` returns them.
         connect_timeout: Seconds each call (and :meth:`wait_connected`) keeps
             trying to reach a coordinator; finite, > 0.
         fail_fast: Give up on an address as soon as a connection attempt to
@@ -324,7 +324,7 @@ class Transport:
             details = await _connect_error(channel, timeout)
             if details is None:
                 return None
-        return await _handshake.failure(self.security, details, address, timeout)
+        return await handshake.failure(self.security, details, address, timeout)
 
     async def call(
         self,

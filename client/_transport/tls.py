@@ -5,8 +5,8 @@ the client certificate and its key, and the name to check in the
 coordinator's certificate. :func:`security` reads and checks them once,
 when a client is made, into a :class:`Security` that opens every channel of
 that client (``grpc.aio.secure_channel``, or ``insecure_channel`` without
-TLS), with the options of :data:`fencepost.client._wire.CHANNEL_OPTIONS`.
-Why a handshake failed is read in :mod:`fencepost.client._handshake`.
+TLS), with the options of :data:`fencepost.client._transport.wire.CHANNEL_OPTIONS`.
+Why a handshake failed is read in :mod:`fencepost.client._transport.handshake`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import ssl
 import grpc
 import grpc.aio
 
-from . import _wire
-from .errors import InvalidArgument
+from . import wire
+from ..errors import InvalidArgument
 
 __all__ = ["PLAINTEXT", "Security", "TlsConfig", "UNIX_SERVER_NAME", "security"]
 
@@ -112,13 +112,13 @@ class Security:
         """The name the coordinator's certificate must carry when dialled at ``address``."""
         if self.server_name:
             return self.server_name
-        hp = _wire.host_port(address)
+        hp = wire.host_port(address)
         return UNIX_SERVER_NAME if hp is None else hp[0]
 
     def options(self, address: str) -> tuple[tuple[str, int | str], ...]:
-        """The channel options for ``address``: :data:`~fencepost.client._wire.CHANNEL_OPTIONS` and the name to check."""
-        options: tuple[tuple[str, int | str], ...] = _wire.CHANNEL_OPTIONS
-        if self.tls and (self.server_name or _wire.unix_path(address) is not None):
+        """The channel options for ``address``: :data:`~fencepost.client._transport.wire.CHANNEL_OPTIONS` and the name to check."""
+        options: tuple[tuple[str, int | str], ...] = wire.CHANNEL_OPTIONS
+        if self.tls and (self.server_name or wire.unix_path(address) is not None):
             options += (("grpc.ssl_target_name_override", self.name_checked(address)),)
         return options
 

@@ -14,8 +14,8 @@ local acquire of a semaphore under the same TTL waits for this client's
 permit to be released: a client holds at most one permit of a semaphore per
 TTL at a time; use several clients to hold several.
 
-Calls and clean-up follow :mod:`~fencepost.client._lock` (:class:`PermitLocker`
-is a :class:`~fencepost.client._lock.Locker` whose release is ReleasePermit):
+Calls and clean-up follow :mod:`~fencepost.client._recipes.lock` (:class:`PermitLocker`
+is a :class:`~fencepost.client._recipes.lock.Locker` whose release is ReleasePermit):
 an acquire that ends without a definite answer is withdrawn (ReleasePermit
 with token 0), a release keeps the permit until the coordinator answers.
 """
@@ -32,19 +32,19 @@ from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import Message
 
-from . import _wire
-from ._lease import Lease, Slot
-from ._lock import ACQUIRE_SLACK_SECONDS, LEASE_EXPIRED, Locker, _bounded, _settled, _wait_slot
-from .errors import FencepostError, InvalidArgument, LeaseLost, LockHeld, LockTimeout, PermitsMismatch, TlsError, \
+from .._transport import wire
+from .._leases.lease import Lease, Slot
+from .lock import ACQUIRE_SLACK_SECONDS, LEASE_EXPIRED, Locker, _bounded, _settled, _wait_slot
+from ..errors import FencepostError, InvalidArgument, LeaseLost, LockHeld, LockTimeout, PermitsMismatch, TlsError, \
     Unavailable
-from .handle import AsyncLockHandle
-from .v1 import kinds
-from .v1 import lock_pb2 as pb
-from .v1.keys import MAX_PERMITS
-from .v1.retry import CLIENT_BACKOFF
+from ..handle import AsyncLockHandle
+from ..v1 import kinds
+from ..v1 import lock_pb2 as pb
+from ..v1.keys import MAX_PERMITS
+from ..v1.retry import CLIENT_BACKOFF
 
 if TYPE_CHECKING:
-    from ._aio import AsyncLockClient
+    from .._aio.client import AsyncLockClient
 
 __all__ = ["AsyncSemaphore", "PermitHolder", "PermitLocker", "SemaphoreInfo", "check_permits"]
 
@@ -166,10 +166,10 @@ class PermitLocker(Locker):
 
     async def _acquire_permit_rpc(self, lease: Lease, name: str, permits: int, until: float | None,
                                   try_once: bool) -> AsyncLockHandle:
-        request_id = _wire.new_request_id()  # the same on every attempt (only the wait left changes)
+        request_id = wire.new_request_id()  # the same on every attempt (only the wait left changes)
 
         def make(left: float | None) -> tuple[Message, float | None]:
-            wait_ms, forever = (0, False) if try_once else _wire.wait_to_wire(left)
+            wait_ms, forever = (0, False) if try_once else wire.wait_to_wire(left)
             request = pb.AcquirePermitRequest(name=name, lease_id=lease.lease_id, permits=permits, wait_ms=wait_ms,
                                               wait_forever=forever, request_id=request_id)
             if forever:
@@ -229,7 +229,7 @@ class PermitLocker(Locker):
 
     async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
         if not handle._request_id:  # one per permit: a retry of its ReleasePermit answers as the first did
-            handle._request_id = _wire.new_request_id()
+            handle._request_id = wire.new_request_id()
         request = pb.ReleasePermitRequest(name=handle.name, lease_id=handle.lease_id, slot=handle.slot,
                                           token=handle.token, request_id=handle._request_id)
         await self.transport.call("ReleasePermit", lambda left: (request, _bounded(self._call_timeout, left)),
@@ -282,7 +282,7 @@ class AsyncSemaphore:
             Unavailable: no coordinator reachable.
             FencepostError: the client is closed, or was inherited through fork.
         """
-        timeout = _wire.check_timeout(timeout)
+        timeout = wire.check_timeout(timeout)
         until = await self._start(timeout)
         if until is not None and until - asyncio.get_running_loop().time() < _ONE_MS:
             try:

@@ -1,0 +1,2 @@
+"""The asyncio client, :class:`~fencepost.client.AsyncLockClient`: the one implementation of the API.
+"""

@@ -1,0 +1,2 @@
+"""The recipes: locks, semaphore permits and election campaigns, acquired and released the same way.
+"""
