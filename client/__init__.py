@@ -5,12 +5,15 @@ to the storage with every write, and let it reject writes that carry a token
 lower than one it has accepted. See :class:`AsyncLockClient`.
 """
 
-from ._aio.client import DEFAULT_ADDRESS, AsyncLockClient, HeldLock, LockInfo
+from ._aio.client import AsyncLockClient
+from ._info import EtcdInfo, HeldLock, LockInfo, Revoked, ServerInfo, Session
 from ._recipes.election import LeaderInfo, Leadership
-from ._info import EtcdInfo, Revoked, ServerInfo, Session
 from ._recipes.semaphore import AsyncSemaphore, PermitHolder, SemaphoreInfo
-from ._sync.client import LeaderObserver, LockClient, LockHandle, Semaphore, SyncLeadership
+from ._sync.client import LockClient, Semaphore
+from ._sync.handle import LockHandle, SyncLeadership
+from ._sync.observe import LeaderObserver
 from ._transport.tls import TlsConfig
+from ._transport.wire import DEFAULT_ADDRESS
 from .errors import (
     AccessDenied,
     DataLoss,

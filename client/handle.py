@@ -1,10 +1,19 @@
-"""Lock handles of the asyncio client.
+"""Hold handles: what one hold is, and the asyncio handle that owns its state.
 
-An :class:`AsyncLockHandle` is one hold: one grant of one lock under a lease
-(:class:`~fencepost.client._leases.lease.Lease`), with its fencing token. It is lost
-exactly once, whichever detection path fires first (local deadline, an
-acknowledgement saying the lease is gone, a HoldEnded event, a reconnect
-finding the lease gone), and never after it was released.
+A hold is one grant of one lock (an election's leadership, a semaphore's
+permit) under a lease (:class:`~fencepost.client._leases.lease.Lease`), with
+its fencing token. :class:`HoldView` gives the read-only properties of a hold
+once, for the asyncio :class:`AsyncLockHandle` and the sync
+:class:`~fencepost.client.LockHandle`.
+
+An :class:`AsyncLockHandle` is the only writer of its own state: the recipe
+that made it, the lease pool and the KeepAlive stream change it through its
+methods (:meth:`~AsyncLockHandle.start_release`,
+:meth:`~AsyncLockHandle.note_hold_ended`, :meth:`~AsyncLockHandle.mark_lost`,
+:meth:`~AsyncLockHandle.mark_released`). It is lost exactly once, whichever
+detection path fires first (local deadline, an acknowledgement saying the
+lease is gone, a HoldEnded event, a reconnect finding the lease gone), and
+never after it was released.
 """
 
 from __future__ import annotations
@@ -16,13 +25,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from . import _fork
+from ._transport import wire
 from .errors import REASON_DEADLINE, LeaseLost, NotHolder
 from .v1 import kinds
 
 if TYPE_CHECKING:
     from ._leases.lease import Lease
 
-__all__ = ["AsyncLockHandle"]
+__all__ = ["AsyncLockHandle", "HoldView"]
 
 log = logging.getLogger("fencepost.client")
 
@@ -48,7 +58,7 @@ def hold_words(kind: int, name: str, slot: int = 0) -> str:
     return "lock"
 
 
-def _hold(what: str) -> str:
+def _lost_words(what: str) -> str:
     """``what`` as the thing that is lost: "lock hold" for a lock (as the messages always said), else ``what``."""
     return "lock hold" if what == "lock" else what
 
@@ -65,111 +75,56 @@ def _run_in_thread(callback: Callable[[object], object], arg: object) -> None:
     threading.Thread(target=run, name="fencepost-on-lost", daemon=True).start()
 
 
-class AsyncLockHandle:
-    """One grant of a lock, held under a lease, with its fencing token.
+class HoldView:
+    """The read-only properties of one hold, written once for :class:`AsyncLockHandle` and the sync ``LockHandle``.
 
-    Returned by :meth:`AsyncLockClient.acquire` and friends; not built by
-    callers. Pass :attr:`token` to the storage with every write: the lease can
-    be lost at any moment (a pause longer than the TTL), and only the storage
-    can then refuse the late write.
-
-    In a child forked from the process that made it, a handle is never
-    valid (``valid_for()`` is 0) and :meth:`check`, :meth:`release`,
-    :meth:`on_lost` and :meth:`cancel_on_lost` raise FencepostError (reason
-    "FORKED") at once: the hold stays the parent's.
-
-    Attributes:
-        lost: Set (once) when the hold is lost; never set by a release.
-        lost_reason: Why it was lost (``"DEADLINE"``, ``"LEASE_EXPIRED"``,
-            ``"NOT_HOLDER"``...), None while not lost.
+    Args:
+        hold: The asyncio handle whose state this shows (an AsyncLockHandle shows its own).
     """
 
-    def __init__(
-        self,
-        name: str,
-        lease: Lease,
-        token: int,
-        release: Callable[[AsyncLockHandle], Awaitable[None]],
-        *,
-        kind: int = 0,
-        slot: int = 0,
-    ) -> None:
-        self._name = name
-        self._kind = kind
-        self._slot = slot
-        #: The hold's name in the client's bookkeeping: the lock name, or the internal
-        #: name of an election's or a semaphore slot's lock (:mod:`fencepost.client.v1.kinds`).
-        self.hold_name = kinds.internal_name(kind, name, slot)
-        self._lease = lease
-        self._token = token
-        self._release_fn = release
-        self.lost = asyncio.Event()
-        self.lost_reason: str | None = None
-        self._released = False
-        self._releasing = False
-        self._release_task: asyncio.Future[None] | None = None  # the Release call in flight
-        self._request_id = ""  # the request id of its Release: one per hold, the same on every retry
-        self._ended_during_release: str | None = None
-        self._callbacks: list[Callable[[AsyncLockHandle], object]] = []
-        self._hooks: list[Callable[[AsyncLockHandle], None]] = []
-        self._tasks: list[asyncio.Task[object]] = []
-        self._cancelled_tasks: set[asyncio.Task[object]] = set()
-        self._generation = _fork.generation()
+    def __init__(self, hold: AsyncLockHandle) -> None:
+        self._hold = hold
 
     @property
     def name(self) -> str:
         """The lock name (the election's or semaphore's, for those holds)."""
-        return self._name
-
-    @property
-    def kind(self) -> int:
-        """What this is a hold of: a ``HoldKind`` (``HOLD_KIND_LOCK``, ``_ELECTION``, ``_SEMAPHORE``)."""
-        return self._kind
+        return self._hold._name
 
     @property
     def slot(self) -> int:
         """The permit slot (0 .. permits-1) of a semaphore permit; 0 for other holds."""
-        return self._slot
-
-    @property
-    def what(self) -> str:
-        """What this is a hold of, as error messages say it: ``"lock"``, ``"leadership of election 'e'"``,
-        ``"permit 2 of semaphore 's'"`` (a lock's name is in the errors' ``name`` already)."""
-        return hold_words(self._kind, self._name, self._slot)
-
-    @property
-    def local_name(self) -> str:
-        """The name of this hold's local exclusion in the client's lease pool (one local holder per lease):
-        the lock name, an election's internal name, a semaphore's queue (one permit per lease per semaphore)."""
-        if self._kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
-            return kinds.semaphore_queue(self._name)
-        return self.hold_name
+        return self._hold._slot
 
     @property
     def lease_id(self) -> int:
         """The id of the lease holding the lock."""
-        return self._lease.lease_id
+        return self._hold._lease.lease_id
 
     @property
     def lease_secret(self) -> str:
         """The secret of the lease holding the lock: whoever presents it may act on the lease ("" when the
         coordinator sent none). A credential: never log it; it is not in the handle's repr."""
-        return self._lease.secret
+        return self._hold._lease.secret
 
     @property
     def token(self) -> int:
         """The fencing token of this grant (> 0: its key's create revision + the token floor)."""
-        return self._token
+        return self._hold._token
 
     @property
     def ttl(self) -> int:
         """The lease's TTL in seconds as granted by the server (>= the requested TTL)."""
-        return self._lease.ttl
+        return self._hold._lease.ttl
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the hold was lost (``"DEADLINE"``, ``"LEASE_EXPIRED"``, ``"NOT_HOLDER"``...), None while not lost."""
+        return self._hold._lost_reason
 
     @property
     def released(self) -> bool:
         """Whether :meth:`release` has completed (or the client closed)."""
-        return self._released
+        return self._hold._released
 
     @property
     def deadline(self) -> float:
@@ -180,12 +135,12 @@ class AsyncLockHandle:
             keepalive + granted TTL - :attr:`margin`. It only moves forward;
             past it the hold is reported lost even if no message arrived.
         """
-        return self._lease.deadline
+        return self._hold._lease.deadline
 
     @property
     def margin(self) -> float:
         """Seconds the local deadline keeps short of the granted TTL (``min(1, max(0.1, TTL / 10))``)."""
-        return self._lease.margin
+        return self._hold._lease.margin
 
     def valid_for(self) -> float:
         """Seconds left on the conservative local deadline.
@@ -196,9 +151,9 @@ class AsyncLockHandle:
             the last acknowledged keepalive; not a promise that no one else
             holds the lock (use the token for that). 0.0 in a forked child.
         """
-        if self._released or self.lost_reason is not None or self._inherited():
+        if self.released or self.lost_reason is not None or self._inherited():
             return 0.0
-        return self._lease.remaining()
+        return self._hold._lease.remaining()
 
     def is_valid(self) -> bool:
         """Whether the hold is still believed live (``valid_for() > 0``)."""
@@ -214,15 +169,99 @@ class AsyncLockHandle:
             FencepostError: the handle was inherited through fork (reason "FORKED").
         """
         self._check_fork()
-        if self._released:
-            raise NotHolder(f"{self.what} was released", name=self._name, lease_id=self.lease_id)
+        hold = self._hold
+        if self.released:
+            raise NotHolder(f"{hold.what} was released", name=self.name, lease_id=self.lease_id)
         if self.lost_reason is not None:
-            raise LeaseLost(f"{_hold(self.what)} was lost", name=self._name, lease_id=self.lease_id,
+            raise LeaseLost(f"{_lost_words(hold.what)} was lost", name=self.name, lease_id=self.lease_id,
                             reason=self.lost_reason)
-        if self._lease.remaining() <= 0.0:
+        if hold._lease.remaining() <= 0.0:
             raise LeaseLost(
-                "lease deadline passed", name=self._name, lease_id=self.lease_id, reason=REASON_DEADLINE
+                "lease deadline passed", name=self.name, lease_id=self.lease_id, reason=REASON_DEADLINE
             )
+
+    def _inherited(self) -> bool:
+        return self._hold._generation != _fork.generation()
+
+    def _check_fork(self) -> None:
+        if self._inherited():
+            raise _fork.inherited_error(_HANDLE_WORDS.get(self._hold._kind, "lock handle"), name=self.name,
+                                        lease_id=self.lease_id)
+
+
+class AsyncLockHandle(HoldView):
+    """One grant of a lock, held under a lease, with its fencing token.
+
+    Returned by :meth:`AsyncLockClient.acquire` and friends; not built by
+    callers. Pass :attr:`token` to the storage with every write: the lease can
+    be lost at any moment (a pause longer than the TTL), and only the storage
+    can then refuse the late write.
+
+    In a child forked from the process that made it, a handle is never
+    valid (``valid_for()`` is 0) and :meth:`check`, :meth:`release`,
+    :meth:`on_lost` and :meth:`cancel_on_lost` raise FencepostError (reason
+    "FORKED") at once: the hold stays the parent's.
+
+    The methods under "Bookkeeping" are the client's: the recipe that made
+    the handle, the lease pool and the KeepAlive stream change its state
+    through them. Applications do not call them.
+
+    Attributes:
+        lost: Set (once) when the hold is lost; never set by a release
+            (:attr:`lost_reason` says why).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        lease: Lease,
+        token: int,
+        release: Callable[[AsyncLockHandle], Awaitable[None]],
+        *,
+        kind: int = 0,
+        slot: int = 0,
+    ) -> None:
+        super().__init__(self)
+        self._name = name
+        self._kind = kind
+        self._slot = slot
+        #: The hold's name in the client's bookkeeping: the lock name, or the internal
+        #: name of an election's or a semaphore slot's lock (:mod:`fencepost.client.v1.kinds`).
+        self.hold_name = kinds.internal_name(kind, name, slot)
+        self._lease = lease
+        self._token = token
+        self._release_fn = release
+        self.lost = asyncio.Event()
+        self._lost_reason: str | None = None
+        self._released = False
+        self._releasing = False
+        self._release_task: asyncio.Future[None] | None = None  # the Release call in flight
+        self._request_id = ""  # the request id of its Release: one per hold, the same on every retry
+        self._ended_during_release: str | None = None
+        self._callbacks: list[Callable[[AsyncLockHandle], object]] = []
+        self._hooks: list[Callable[[AsyncLockHandle], None]] = []
+        self._tasks: list[asyncio.Task[object]] = []
+        self._cancelled_tasks: set[asyncio.Task[object]] = set()
+        self._generation = _fork.generation()
+
+    @property
+    def kind(self) -> int:
+        """What this is a hold of: a ``HoldKind`` (``HOLD_KIND_LOCK``, ``_ELECTION``, ``_SEMAPHORE``)."""
+        return self._kind
+
+    @property
+    def what(self) -> str:
+        """What this is a hold of, as error messages say it: ``"lock"``, ``"leadership of election 'e'"``,
+        ``"permit 2 of semaphore 's'"`` (a lock's name is in the errors' ``name`` already)."""
+        return hold_words(self._kind, self._name, self._slot)
+
+    @property
+    def local_name(self) -> str:
+        """The name of this hold's local exclusion in the client's lease pool (one local holder per lease):
+        the lock name, an election's internal name, a semaphore's queue (one permit per lease per semaphore)."""
+        if self._kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
+            return kinds.semaphore_queue(self._name)
+        return self.hold_name
 
     async def release(self) -> None:
         """Release the lock (one Release RPC).
@@ -261,7 +300,7 @@ class AsyncLockHandle:
             FencepostError: the handle was inherited through fork (reason "FORKED").
         """
         self._check_fork()
-        if self.lost_reason is not None:
+        if self._lost_reason is not None:
             _run_in_thread(callback, self)  # type: ignore[arg-type]
         elif not self._released:
             self._callbacks.append(callback)
@@ -284,33 +323,79 @@ class AsyncLockHandle:
             task = asyncio.current_task()
             if task is None:
                 raise RuntimeError("cancel_on_lost() needs a task outside of a running task")
-        if self.lost_reason is not None:
+        if self._lost_reason is not None:
             self._cancel(task)
         elif not self._released:
             self._tasks.append(task)
 
-    def _inherited(self) -> bool:
-        return self._generation != _fork.generation()
+    # ------------------------------------------------------------------ bookkeeping (the client's)
 
-    def _check_fork(self) -> None:
-        if self._inherited():
-            raise _fork.inherited_error(_HANDLE_WORDS.get(self._kind, "lock handle"), name=self._name,
-                                        lease_id=self.lease_id)
+    @property
+    def lease(self) -> Lease:
+        """The client's record of the lease this hold is under (its deadline, its other holds)."""
+        return self._lease
 
-    def _cancel(self, task: asyncio.Task[object]) -> None:
-        if not task.done():
-            self._cancelled_tasks.add(task)
-            task.cancel(f"fencepost: {kinds.describe(self.hold_name)} lost ({self.lost_reason})")
+    @property
+    def releasing(self) -> bool:
+        """Whether a Release call of this hold is in flight."""
+        return self._releasing
 
-    def _mark_lost(self, reason: str) -> bool:
+    @property
+    def ended_during_release(self) -> str | None:
+        """The reason of a HoldEnded that arrived while the Release was in flight (see :meth:`note_hold_ended`)."""
+        return self._ended_during_release
+
+    def release_request_id(self) -> str:
+        """The request id of this hold's Release: made at first use, the same on every retry and later call."""
+        if not self._request_id:
+            self._request_id = wire.new_request_id()
+        return self._request_id
+
+    def start_release(self, call: Callable[[], Awaitable[None]],
+                      settle: Callable[[asyncio.Future[None]], None]) -> asyncio.Future[None]:
+        """The Release call of this hold: ``call()`` started unless one is in flight, shared by every caller.
+
+        The call is not cancelled with its caller: a Release that reached the
+        server may have committed, and only its answer tells. When it ends,
+        the hold is no longer :attr:`releasing` and ``settle(done)`` applies
+        its outcome (also when every caller was cancelled).
+
+        Returns:
+            The call in flight (shield it when awaiting).
+        """
+        if self._release_task is None:
+            self._releasing = True
+            task = self._release_task = asyncio.ensure_future(call())
+            task.add_done_callback(lambda done: self._release_ended(done, settle))
+        return self._release_task
+
+    def _release_ended(self, done: asyncio.Future[None], settle: Callable[[asyncio.Future[None]], None]) -> None:
+        self._release_task = None
+        self._releasing = False
+        settle(done)
+
+    def note_hold_ended(self, reason: str) -> bool:
+        """A HoldEnded event for this hold arrived, with ``reason``.
+
+        Returns:
+            True when the hold is to be lost now; False while its Release is in
+            flight: the reason is kept (:attr:`ended_during_release`) for the
+            release's outcome to interpret (most likely that very Release ended it).
+        """
+        if self._releasing:
+            self._ended_during_release = reason
+            return False
+        return True
+
+    def mark_lost(self, reason: str) -> bool:
         """Signal the loss once: set ``lost``, run hooks, callbacks, cancel tasks.
 
         Returns:
             True the first time; False if already lost or released.
         """
-        if self.lost_reason is not None or self._released:
+        if self._lost_reason is not None or self._released:
             return False
-        self.lost_reason = reason
+        self._lost_reason = reason
         self.lost.set()
         for hook in self._hooks:
             try:
@@ -325,14 +410,28 @@ class AsyncLockHandle:
             self._cancel(task)
         return True
 
-    def _mark_released(self) -> None:
+    def mark_released(self) -> None:
+        """The hold is released (or known gone, or its client closed): no callback or task is told of a loss."""
         self._released = True
         self._releasing = False
         self._callbacks.clear()
         self._tasks.clear()
 
+    def add_lost_hook(self, hook: Callable[[AsyncLockHandle], None]) -> None:
+        """Call ``hook(handle)`` on the loop, synchronously, when the hold is lost (a sync handle's event)."""
+        self._hooks.append(hook)
+
+    def cancelled_by_loss(self, task: asyncio.Task[object]) -> bool:
+        """Whether ``task`` was cancelled because the hold was lost (:meth:`cancel_on_lost`)."""
+        return task in self._cancelled_tasks
+
+    def _cancel(self, task: asyncio.Task[object]) -> None:
+        if not task.done():
+            self._cancelled_tasks.add(task)
+            task.cancel(f"fencepost: {kinds.describe(self.hold_name)} lost ({self._lost_reason})")
+
     def __repr__(self) -> str:
-        state = "released" if self._released else f"lost:{self.lost_reason}" if self.lost_reason else "held"
+        state = "released" if self._released else f"lost:{self._lost_reason}" if self._lost_reason else "held"
         slot = f" slot={self._slot}" if self._kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE else ""
         return (
             f"<AsyncLockHandle name={self._name!r}{slot} lease_id={self.lease_id} token={self._token} "

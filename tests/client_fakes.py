@@ -11,7 +11,8 @@ import grpc
 import grpc.aio
 
 from fencepost.client._leases.lease import Lease, LeasePool
-from fencepost.client._recipes.lock import Locker
+from fencepost.client._recipes.holds import Holds
+from fencepost.client._recipes.lock import LockRecipe
 from fencepost.client._leases.stream import KeepAliveStream
 from fencepost.client.tracing import Tracing
 from fencepost.client.handle import AsyncLockHandle
@@ -77,7 +78,7 @@ def join_callbacks() -> None:
 
 
 class Parts:
-    """A lease pool, a keepalive stream and a locker wired as the client wires them, over a FakeTransport."""
+    """A lease pool, a keepalive stream and the holds wired as the client wires them, over a FakeTransport."""
 
     def __init__(self, clock: FakeClock | None = None) -> None:
         self.clock = clock or FakeClock()
@@ -86,8 +87,8 @@ class Parts:
         self.tasks: list[asyncio.Task[Any]] = []
         self.stream = KeepAliveStream(self.transport, self.pool, fraction=1 / 3,  # type: ignore[arg-type]
                                       spawn=self.spawn)
-        self.locker = Locker(self.transport, self.pool, self.stream, spawn=self.spawn,  # type: ignore[arg-type]
-                             on_new_lease=lambda lease: None, state=lambda: "open")
+        self.holds = Holds(self.transport, self.pool, self.stream, spawn=self.spawn,  # type: ignore[arg-type]
+                           on_new_lease=lambda lease: None, state=lambda: "open")
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -103,13 +104,13 @@ class Parts:
 
     def hold(self, lease: Lease, name: str = "a", token: int = 5) -> AsyncLockHandle:
         """A live hold of ``name`` under ``lease``, as if just granted."""
-        handle = AsyncLockHandle(name, lease, token, self.locker.release)
-        lease.holds[name] = handle
+        handle = AsyncLockHandle(name, lease, token, LockRecipe(self.holds, name).release)
+        self.pool.add_hold(handle)
         return handle
 
     async def acquire(self, name: str = "a", *, token: int = 5, grant: bool = True) -> AsyncLockHandle:
-        """Acquire ``name`` through the locker, answering its calls (and the LeaseGrant when ``grant``)."""
-        acquiring = asyncio.ensure_future(self.locker.acquire(name, 10, None, try_once=False))
+        """Acquire ``name`` through the holds, answering its calls (and the LeaseGrant when ``grant``)."""
+        acquiring = asyncio.ensure_future(self.holds.acquire(LockRecipe(self.holds, name), 10, None, try_once=False))
         if grant:
             _, reply = await next_call(self.transport, "LeaseGrant")
             reply.set_result(pb.LeaseGrantResponse(lease_id=77, ttl_seconds=10))

@@ -12,7 +12,7 @@ import pytest
 
 import fencepost.client as fc
 from fencepost.client._leases.lease import Lease, LeasePool, margin_for
-from fencepost.client._leases.stream import DeadlineWatcher
+from fencepost.client._leases.deadlines import DeadlineWatcher
 from fencepost.client.errors import REASON_DEADLINE
 
 from .client_fakes import (

@@ -43,6 +43,7 @@ from fencepost.client import (
 from fencepost.client._leases.calls import CALLS_METADATA, Outbox, StreamCalls
 from fencepost.client._transport import transport as transport_module
 from fencepost.client._leases.lease import Lease
+from fencepost.client._recipes.lock import LockRecipe
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.handle import AsyncLockHandle
 from fencepost.client.v1 import details
@@ -295,7 +296,7 @@ async def test_sync_client_cycle_on_the_stream(coordinator: Coordinator, unary_c
     """The sync LockClient runs the same machinery: its cycle goes on the stream too."""
     def job() -> int:
         with LockClient(coordinator.address) as client:
-            wait = client._run(stream_ready(client._aio))
+            wait = client._loop.run(stream_ready(client._aio))
             assert wait is None
             with client.lock("sync", ttl=5, timeout=5) as handle:
                 return handle.token
@@ -328,18 +329,18 @@ async def test_errors_on_the_stream_when_compared_with_unary(coordinator: Coordi
         found: dict[str, list[Outcome]] = {}
         for client in (streamed, unary):
             mine = await client.acquire(f"mine-{id(client)}", ttl=5)
-            lease = mine._lease
+            lease = mine.lease
             foreign = Lease(held.lease_id, 5, 0.0, clock=lambda: 0.0, secret="not-the-secret")
             until = asyncio.get_running_loop().time() + 5
-            locker = client._locker
+            busy, elsewhere = LockRecipe(client._holds, "busy"), LockRecipe(client._holds, "elsewhere")
             found.setdefault("held", []).append(await outcome(lambda: client.try_acquire("busy", ttl=5)))
             found.setdefault("timeout", []).append(await outcome(lambda: client.acquire("busy", ttl=5, timeout=0.2)))
-            found.setdefault("not holder", []).append(await outcome(lambda: locker._release_rpc(
-                AsyncLockHandle("busy", lease, held.token, locker.release), until)))
-            found.setdefault("stale", []).append(await outcome(lambda: locker._release_rpc(
-                AsyncLockHandle(mine.name, lease, mine.token - 1, locker.release), until)))
-            found.setdefault("foreign", []).append(await outcome(lambda: locker._acquire_rpc(
-                foreign, "elsewhere", until, True)))
+            found.setdefault("not holder", []).append(await outcome(lambda: busy.release_call(
+                AsyncLockHandle("busy", lease, held.token, busy.release), until)))
+            found.setdefault("stale", []).append(await outcome(lambda: busy.release_call(
+                AsyncLockHandle(mine.name, lease, mine.token - 1, busy.release), until)))
+            found.setdefault("foreign", []).append(await outcome(lambda: elsewhere.acquire_call(
+                foreign, until, True)))
             await mine.release()
         await held.release()
         assert streamed._stream.calls.serves("Acquire")  # the stream stayed up through every refusal

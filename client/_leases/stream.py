@@ -15,9 +15,8 @@ loses the lease. A HoldEnded is matched by (name, lease id, token): an event
 for an older grant of the same name is ignored, and one that arrives while
 the hold's Release is in flight is left to the release to interpret.
 
-:class:`DeadlineWatcher` declares a lease lost (reason ``DEADLINE``) when its
-local deadline passes, even if no message arrives (a partition, a half-open
-TCP stream).
+The local deadlines are watched by :class:`~.deadlines.DeadlineWatcher`:
+a lease is lost when its deadline passes, even if no message arrives.
 
 Calls on the stream: when the coordinator announces them (initial metadata,
 see :mod:`fencepost.client._leases.calls`), Acquire, Release and Withdraw go as
@@ -56,7 +55,7 @@ from ..v1 import lock_pb2 as pb
 from ..v1.details import ErrorReason, reason_name
 from ..v1.retry import CLIENT_BACKOFF
 
-__all__ = ["DeadlineWatcher", "KeepAliveStream", "Spawn", "hold_end_reason"]
+__all__ = ["KeepAliveStream", "Spawn", "hold_end_reason"]
 
 log = logging.getLogger("fencepost.client")
 
@@ -162,7 +161,7 @@ class KeepAliveStream:
         if key in self._watched_by_grant:
             self._watched_by_grant.discard(key)
             return
-        self.send(pb.KeepAliveRequest(watch=_hold(handle), lease_secret=handle._lease.secret))
+        self.send(pb.KeepAliveRequest(watch=_hold(handle), lease_secret=handle.lease_secret))
 
     def unwatch(self, handle: AsyncLockHandle) -> None:
         """Stop hearing about ``handle``'s hold after its release (nothing to send when released on this stream)."""
@@ -231,10 +230,10 @@ class KeepAliveStream:
         if handle is None:
             return
         reason = hold_end_reason(event.reason)
-        if handle._releasing:
-            handle._ended_during_release = reason
-        elif reason == LEASE_EXPIRED:
-            self.pool.lose(handle._lease, reason)
+        if not handle.note_hold_ended(reason):
+            return  # its release is in flight: the release's outcome interprets the event
+        if reason == LEASE_EXPIRED:
+            self.pool.lose(handle.lease, reason)
         else:
             self.pool.lose_hold(handle, reason)
 
@@ -337,40 +336,6 @@ class KeepAliveStream:
         if failure is not None and failure.message not in self._tls_told:
             self._tls_told.add(failure.message)
             log.warning("fencepost: keepalive stream cannot be opened: %s; retrying until it can", failure.message)
-
-
-class DeadlineWatcher:
-    """Declares leases lost when their local deadline passes, and retires idle ones (monotonic clock only).
-
-    Args:
-        pool: The leases to watch, and their clock.
-        on_retired: Called with each lease the pool retired for being idle
-            (see :meth:`LeasePool.retire_idle`): the client revokes it.
-    """
-
-    def __init__(self, pool: LeasePool, on_retired: Callable[[Lease], None] = lambda lease: None) -> None:
-        self.pool = pool
-        self._on_retired = on_retired
-        self._wakeup = asyncio.Event()
-
-    def wake(self) -> None:
-        """Look at the deadlines and the idle leases again now (a lease was added, or became idle)."""
-        self._wakeup.set()
-
-    async def run(self) -> None:
-        """Lose each lease at its deadline and retire idle ones, until cancelled."""
-        while True:
-            delay = self.pool.expire()
-            retired, idle_delay = self.pool.retire_idle()
-            for lease in retired:
-                self._on_retired(lease)
-            if idle_delay is not None:
-                delay = idle_delay if delay is None else min(delay, idle_delay)
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), delay)
-            except TimeoutError:
-                pass
 
 
 async def _drain(outbox: Outbox) -> AsyncIterator[pb.KeepAliveRequest]:

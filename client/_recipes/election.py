@@ -10,10 +10,10 @@ kept under a lease of the client's pool, watched on the KeepAlive stream and
 lost exactly as a lock hold is (``lost``, ``on_lost``, ``cancel_on_lost``,
 the local deadline). Its fencing token is strictly larger for each new
 leader of the election: pass it to the storage with every write the leader
-makes, as for a lock. :class:`Elector` is the lock recipe's
-:class:`~fencepost.client._recipes.lock.Locker` with the election's calls in place
-of Acquire, Release and Withdraw (Campaign, Resign, Resign with token 0), so
-leases, local exclusion, retries and clean-up are the lock's.
+makes, as for a lock. A :class:`CampaignRecipe` plugs the election's calls
+(Campaign, Resign, Resign with token 0) into the acquire loop and the
+release of :class:`~.holds.Holds` in place of the lock's, so leases, local
+exclusion, retries and clean-up are the lock's.
 
 :func:`observe` follows the leader across reconnects: each Observe stream
 is resumed with ``after_revision`` = the revision of the last message, on
@@ -32,11 +32,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
-from google.protobuf.message import Message
 
 from .._transport import wire
-from .._leases.lease import Lease, Slot
-from .lock import ACQUIRE_SLACK_SECONDS, Locker, _bounded
 from .._transport.transport import current_task_cancelling
 from ..errors import (
     FencepostError,
@@ -53,11 +50,14 @@ from ..v1 import kinds
 from ..v1 import lock_pb2 as pb
 from ..v1.keys import MAX_VALUE_BYTES, OBSERVE_ACCEPTED_METADATA
 from ..v1.retry import CLIENT_BACKOFF
+from .recipe import LEASE_EXPIRED, NOT_HOLDER, Recipe, bounded, wait_request
 
 if TYPE_CHECKING:
+    from .._leases.lease import Lease
     from .._transport.transport import Transport
+    from .holds import Holds
 
-__all__ = ["Elector", "LeaderInfo", "Leadership", "check_election", "check_value", "observe"]
+__all__ = ["CampaignRecipe", "LeaderInfo", "Leadership", "check_election", "check_value", "leader", "observe"]
 
 log = logging.getLogger("fencepost.client")
 
@@ -161,89 +161,67 @@ class Leadership(AsyncLockHandle):
         return super().__repr__().replace("<AsyncLockHandle name=", "<Leadership election=", 1)
 
 
-class Elector(Locker):
-    """The lock recipe's Locker with the election's calls: Campaign, Resign, Resign with token 0.
+class CampaignRecipe(Recipe):
+    """One campaign in ``election`` (Campaign), withdrawn by Resign with token 0, released by Resign.
 
-    Made per campaign (it carries that campaign's ``value``) on the client's
-    transport, pool and stream. Its holds are keyed by their internal names
-    (:func:`fencepost.client.v1.kinds.election_lock`), so that election
-    ``E`` and lock ``E`` never share a slot.
+    Its holds are keyed by their internal names
+    (:func:`fencepost.client.v1.kinds.election_lock`), so that election ``E``
+    and lock ``E`` never share a slot; the acquire loop's own errors name
+    that internal lock (the client says the election's name instead).
+
+    Args:
+        holds: The client's holds and leases.
+        election: The election's name (checked).
+        value: What the leader publishes (checked).
     """
 
-    def __init__(self, locker: Locker, value: bytes = b"") -> None:
-        super().__init__(locker.transport, locker.pool, locker.stream, spawn=locker._spawn,
-                         on_new_lease=locker._on_new_lease, state=locker._state, on_idle=locker._on_idle)
+    acting = "campaigning"
+    withdraw_failure_level = logging.DEBUG
+
+    def __init__(self, holds: Holds, election: str, value: bytes = b"") -> None:
+        super().__init__(holds, kinds.election_lock(election))
+        self.election = election
         self.value = value
 
-    async def campaign(self, election: str, ttl: int, until: float | None, *, try_once: bool) -> Leadership:
-        """Campaign in ``election`` under the lease for ``ttl`` until elected (see ``AsyncLockClient.campaign``)."""
-        handle = await self.acquire(kinds.election_lock(election), ttl, until, try_once=try_once)
-        assert isinstance(handle, Leadership)
-        return handle
+    def held_here(self, lease_id: int, *, waiting: bool) -> str:
+        return f"election {self.election!r} is led by this client (lease {lease_id:#x})"
 
-    async def _acquire_rpc(self, lease: Lease, name: str, until: float | None, try_once: bool,
-                           lock_delay: float = 0) -> AsyncLockHandle:
-        election = kinds.public_hold(name).name
+    def not_granted_now(self, held: LockHeld) -> str:
+        return (f"election {self.election!r}: not elected within 0 s: led by lease {held.holder_lease_id:#x} "
+                f"(token {held.holder_token})")
 
+    async def acquire_call(self, lease: Lease, until: float | None, try_once: bool) -> AsyncLockHandle:
+        election, holds = self.election, self.holds
         request_id = wire.new_request_id()  # the same on every attempt (only the wait left changes)
-
-        def make(left: float | None) -> tuple[Message, float | None]:
-            wait_ms, forever = (0, False) if try_once else wire.wait_to_wire(left)
-            request = pb.CampaignRequest(election=election, lease_id=lease.lease_id, value=self.value,
-                                         wait_ms=wait_ms, wait_forever=forever, request_id=request_id)
-            if forever:
-                return request, None
-            if try_once:
-                return request, self._call_timeout
-            return request, wait_ms / 1000 + ACQUIRE_SLACK_SECONDS
-
-        resp = await self.transport.call("Campaign", make, until=until, idempotent=True, name=election,
-                                         lease_id=lease.lease_id, secret=lease.secret)
+        make = wait_request(lambda wait_ms, forever: pb.CampaignRequest(
+            election=election, lease_id=lease.lease_id, value=self.value, wait_ms=wait_ms, wait_forever=forever,
+            request_id=request_id), try_once=try_once, call_timeout=holds.call_timeout)
+        resp = await holds.transport.call("Campaign", make, until=until, idempotent=True, name=election,
+                                          lease_id=lease.lease_id, secret=lease.secret)
         if not resp.elected:
             leader = resp.leader if resp.HasField("leader") else pb.LeaderInfo()
             raise LockHeld(f"election {election!r} is led by lease {leader.lease_id:#x} with token {leader.token}",
                            name=election, lease_id=lease.lease_id, holder_lease_id=int(leader.lease_id),
                            holder_token=int(leader.token))
-        handle = Leadership(election, lease, int(resp.token), self.value, self.release, self.proclaim)
-        if lease.lost:
-            self._spawn(self.release_quietly(handle), f"fencepost-resign-{election}")
-            raise LeaseLost("the lease was lost while campaigning", name=election, lease_id=lease.lease_id,
-                            reason=lease.lost_reason or "LEASE_EXPIRED")
-        lease.holds[handle.hold_name] = handle
-        self.stream.watch(handle)
-        return handle
+        return Leadership(election, lease, int(resp.token), self.value, self.release, self.proclaim)
 
-    async def _withdraw(self, lease: Lease, name: str, slot: Slot) -> None:
-        """Withdraw the candidacy an abandoned Campaign may have left (Resign with token 0), then free ``slot``."""
-        election = kinds.public_hold(name).name
-        delays = CLIENT_BACKOFF.delays()
-        try:
-            while not lease.lost and self._state() == "open":
-                try:
-                    await self.transport.call(
-                        "Resign", lambda _left: (pb.ResignRequest(election=election, lease_id=lease.lease_id),
-                                                 self._call_timeout),
-                        until=None, idempotent=True, name=election, lease_id=lease.lease_id, secret=lease.secret)
-                except Unavailable as err:
-                    log.debug("fencepost: withdrawal of candidacy in %r failed, retrying: %r", election, err)
-                    await asyncio.sleep(next(delays))
-                    continue
-                except FencepostError as err:
-                    log.debug("fencepost: could not withdraw the candidacy in %r (it ends with the lease): %r",
-                              election, err)
-                return
-        finally:
-            slot.lock.release()
-            self.pool.drop_slot_if_idle(lease.lease_id, name)
+    async def withdraw_call(self, lease: Lease) -> str | None:
+        """Resign with token 0: withdraw the candidacy an abandoned Campaign may have left."""
+        holds = self.holds
+        await holds.transport.call(
+            "Resign", lambda _left: (pb.ResignRequest(election=self.election, lease_id=lease.lease_id),
+                                     holds.call_timeout),
+            until=None, idempotent=True, name=self.election, lease_id=lease.lease_id, secret=lease.secret)
+        return None
 
-    async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
-        if not handle._request_id:  # one per leadership: a retry of its Resign answers as the first did
-            handle._request_id = wire.new_request_id()
+    async def release_call(self, handle: AsyncLockHandle, until: float) -> None:
+        holds = self.holds
+        # One request id per leadership: a retry of its Resign answers as the first did.
         request = pb.ResignRequest(election=handle.name, lease_id=handle.lease_id, token=handle.token,
-                                   request_id=handle._request_id)
-        await self.transport.call("Resign", lambda left: (request, _bounded(self._call_timeout, left)),
-                                  until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
-                                  token=handle.token, secret=handle._lease.secret)
+                                   request_id=handle.release_request_id())
+        await holds.transport.call("Resign", lambda left: (request, bounded(holds.call_timeout, left)),
+                                   until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
+                                   token=handle.token, secret=handle.lease_secret)
 
     async def proclaim(self, handle: Leadership, value: bytes) -> None:
         """Set ``handle``'s value (Proclaim, idempotent: retried on UNAVAILABLE); a refusal loses the hold.
@@ -253,15 +231,16 @@ class Elector(Locker):
             Unavailable, FencepostError: as the coordinator answered.
         """
         handle.check()
+        holds = self.holds
         request = pb.ProclaimRequest(election=handle.name, lease_id=handle.lease_id, token=handle.token, value=value)
         try:
-            await self.transport.call("Proclaim", lambda left: (request, _bounded(self._call_timeout, left)),
-                                      until=None, idempotent=True, name=handle.name, lease_id=handle.lease_id,
-                                      token=handle.token, secret=handle._lease.secret)
+            await holds.transport.call("Proclaim", lambda left: (request, bounded(holds.call_timeout, left)),
+                                       until=None, idempotent=True, name=handle.name, lease_id=handle.lease_id,
+                                       token=handle.token, secret=handle.lease_secret)
         except (NotHolder, StaleTokenError, LeaseLost) as err:
             if isinstance(err, LeaseLost):
-                self.pool.lose(handle._lease, "LEASE_EXPIRED")
-            self.pool.lose_hold(handle, err.reason or "NOT_HOLDER")
+                holds.pool.lose(handle.lease, LEASE_EXPIRED)
+            holds.pool.lose_hold(handle, err.reason or NOT_HOLDER)
             raise
         handle.value = value
 

@@ -14,45 +14,36 @@ local acquire of a semaphore under the same TTL waits for this client's
 permit to be released: a client holds at most one permit of a semaphore per
 TTL at a time; use several clients to hold several.
 
-Calls and clean-up follow :mod:`~fencepost.client._recipes.lock` (:class:`PermitLocker`
-is a :class:`~fencepost.client._recipes.lock.Locker` whose release is ReleasePermit):
-an acquire that ends without a definite answer is withdrawn (ReleasePermit
-with token 0), a release keeps the permit until the coordinator answers.
+Calls and clean-up are the lock's (:class:`~.holds.Holds`, with a
+:class:`PermitRecipe` in place of the lock's): an acquire that ends without a
+definite answer is withdrawn (ReleasePermit with token 0), a release keeps
+the permit until the coordinator answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-from google.protobuf.message import Message
-
 from .._transport import wire
-from .._leases.lease import Lease, Slot
-from .lock import ACQUIRE_SLACK_SECONDS, LEASE_EXPIRED, Locker, _bounded, _settled, _wait_slot
-from ..errors import FencepostError, InvalidArgument, LeaseLost, LockHeld, LockTimeout, PermitsMismatch, TlsError, \
-    Unavailable
+from ..errors import FencepostError, InvalidArgument, LeaseLost, LockHeld, LockTimeout, PermitsMismatch, Unavailable
 from ..handle import AsyncLockHandle
 from ..v1 import kinds
 from ..v1 import lock_pb2 as pb
 from ..v1.keys import MAX_PERMITS
-from ..v1.retry import CLIENT_BACKOFF
+from .recipe import Recipe, bounded, wait_request
 
 if TYPE_CHECKING:
-    from .._aio.client import AsyncLockClient
+    from .._leases.lease import Lease
+    from .holds import Holds
 
-__all__ = ["AsyncSemaphore", "PermitHolder", "PermitLocker", "SemaphoreInfo", "check_permits"]
+__all__ = ["AsyncSemaphore", "PermitHolder", "PermitRecipe", "SemaphoreInfo", "check_permits"]
 
-log = logging.getLogger("fencepost.client")
 T = TypeVar("T")
-
-# An acquire with less than this left to wait makes one try (the wire's wait_ms counts in ms).
-_ONE_MS = 0.001
 
 
 def check_permits(permits: int) -> int:
@@ -100,86 +91,37 @@ class SemaphoreInfo:
                                                   for h in resp.holders), int(resp.waiter_count), int(resp.revision))
 
 
-class PermitLocker(Locker):
-    """The client's :class:`Locker` for semaphore permits: same leases, pool, stream and clean-up rules.
+class PermitRecipe(Recipe):
+    """One acquire of a permit of semaphore ``name`` (AcquirePermit), and the release of its grant (ReleasePermit).
 
     Args:
-        locker: The client's lock locker, whose parts this one shares.
+        holds: The client's holds and leases.
+        name: The semaphore's name (checked).
+        permits: Its number of permits (checked).
     """
 
-    def __init__(self, locker: Locker) -> None:
-        super().__init__(locker.transport, locker.pool, locker.stream, spawn=locker._spawn,
-                         on_new_lease=locker._on_new_lease, state=locker._state, on_idle=locker._on_idle)
+    def __init__(self, holds: Holds, name: str, permits: int) -> None:
+        # The local exclusion: one permit per lease and semaphore (handle.local_name).
+        super().__init__(holds, name, kinds.semaphore_queue(name))
+        self.permits = permits
 
-    async def acquire_permit(self, name: str, permits: int, ttl: int, until: float | None, *,
-                             try_once: bool) -> AsyncLockHandle:
-        """Acquire a permit of ``name`` under the lease for ``ttl`` (see :meth:`AsyncSemaphore.acquire`).
+    def held_here(self, lease_id: int, *, waiting: bool) -> str:
+        return f"this client holds a permit of semaphore {self.name!r} (lease {lease_id:#x})"
 
-        Raises:
-            LockHeld: ``try_once`` and every permit is held (or this client holds one under that TTL).
-            LockTimeout, LeaseLost, PermitsMismatch, FencepostError: as :meth:`AsyncSemaphore.acquire` says.
-        """
-        queue = kinds.semaphore_queue(name)  # the local exclusion: one permit per lease (handle.local_name)
-        retries_on_lost_lease = 1
-        while True:
-            lease = await self.lease_for(ttl, until)
-            self.pool.used(lease)
-            key = (lease.lease_id, queue)
-            slot = self.pool.slot(*key)
-            slot.users += 1
-            try:
-                if try_once:
-                    if slot.lock.locked() or slot.users > 1:
-                        raise LockHeld(f"this client holds a permit of semaphore {name!r} (lease {lease.lease_id:#x})",
-                                       name=name, lease_id=lease.lease_id, holder_lease_id=lease.lease_id,
-                                       holder_token=slot.holder.token if slot.holder is not None else 0)
-                    await slot.lock.acquire()
-                else:
-                    await _wait_slot(slot, until, name, f"this client holds a permit of semaphore {name!r} (lease "
-                                                        f"{lease.lease_id:#x})")
-                try:
-                    if lease.lost:
-                        slot.lock.release()
-                        continue
-                    handle = await self._acquire_permit_rpc(lease, name, permits, until, try_once)
-                except LeaseLost:
-                    slot.lock.release()
-                    self.pool.lose(lease, LEASE_EXPIRED)
-                    if retries_on_lost_lease <= 0:
-                        raise
-                    retries_on_lost_lease -= 1
-                    continue
-                except BaseException as err:
-                    if isinstance(err, PermitsMismatch) or _settled(err) or lease.lost or self._state() != "open":
-                        slot.lock.release()
-                        raise
-                    # The call may have queued, or been granted, for a caller who will never know: withdraw.
-                    await self._clean_up(self._withdraw_permit(lease, name, slot), f"fencepost-withdraw-{name}")
-                    raise
-                slot.holder = handle
-                return handle
-            finally:
-                slot.users -= 1
-                self.pool.drop_slot_if_idle(*key)
-                self.pool.unused(lease)
-                self._on_idle()
+    def not_granted_now(self, held: LockHeld) -> str:
+        return f"semaphore {self.name!r} granted no permit within 0 s: {held.message}"
 
-    async def _acquire_permit_rpc(self, lease: Lease, name: str, permits: int, until: float | None,
-                                  try_once: bool) -> AsyncLockHandle:
+    def settled(self, err: BaseException) -> bool:
+        return isinstance(err, PermitsMismatch) or super().settled(err)
+
+    async def acquire_call(self, lease: Lease, until: float | None, try_once: bool) -> AsyncLockHandle:
+        name, holds = self.name, self.holds
         request_id = wire.new_request_id()  # the same on every attempt (only the wait left changes)
-
-        def make(left: float | None) -> tuple[Message, float | None]:
-            wait_ms, forever = (0, False) if try_once else wire.wait_to_wire(left)
-            request = pb.AcquirePermitRequest(name=name, lease_id=lease.lease_id, permits=permits, wait_ms=wait_ms,
-                                              wait_forever=forever, request_id=request_id)
-            if forever:
-                return request, None
-            if try_once:
-                return request, self._call_timeout
-            return request, wait_ms / 1000 + ACQUIRE_SLACK_SECONDS
-
-        resp = await self.transport.call("AcquirePermit", make, until=until, idempotent=True, name=name,
-                                         lease_id=lease.lease_id, secret=lease.secret)
+        make = wait_request(lambda wait_ms, forever: pb.AcquirePermitRequest(
+            name=name, lease_id=lease.lease_id, permits=self.permits, wait_ms=wait_ms, wait_forever=forever,
+            request_id=request_id), try_once=try_once, call_timeout=holds.call_timeout)
+        resp = await holds.transport.call("AcquirePermit", make, until=until, idempotent=True, name=name,
+                                          lease_id=lease.lease_id, secret=lease.secret)
         if not resp.acquired:
             held = ", ".join(f"slot {h.slot}: lease {h.lease_id:#x} token {h.token}" for h in resp.holders)
             if not try_once:
@@ -189,52 +131,26 @@ class PermitLocker(Locker):
             raise LockHeld(f"every permit of semaphore {name!r} is held ({held})", name=name, lease_id=lease.lease_id,
                            holder_lease_id=int(first.lease_id) if first else 0,
                            holder_token=int(first.token) if first else 0)
-        handle = AsyncLockHandle(name, lease, int(resp.token), self.release, kind=kinds.HoldKind.HOLD_KIND_SEMAPHORE,
-                                 slot=int(resp.slot))
-        if lease.lost:
-            self._spawn(self.release_quietly(handle), f"fencepost-release-{name}")
-            raise LeaseLost("the lease was lost while acquiring", name=name, lease_id=lease.lease_id,
-                            reason=lease.lost_reason or LEASE_EXPIRED)
-        lease.holds[handle.hold_name] = handle
-        self.stream.watch(handle)
-        return handle
+        return AsyncLockHandle(name, lease, int(resp.token), self.release, kind=kinds.HoldKind.HOLD_KIND_SEMAPHORE,
+                               slot=int(resp.slot))
 
-    async def _withdraw_permit(self, lease: Lease, name: str, slot: Slot) -> None:
-        """ReleasePermit with token 0 (withdraw whatever the lease has there), retried while the lease lives."""
-        delays = CLIENT_BACKOFF.delays()
-        try:
-            while not lease.lost and self._state() == "open":
-                try:
-                    resp = await self.transport.call(
-                        "ReleasePermit", lambda _left: (pb.ReleasePermitRequest(name=name, lease_id=lease.lease_id),
-                                                        self._call_timeout),
-                        until=None, idempotent=True, name=name, lease_id=lease.lease_id, secret=lease.secret)
-                except LeaseLost:
-                    return
-                except (Unavailable, TlsError) as err:
-                    log.debug("fencepost: withdraw of semaphore %r failed, retrying: %r", name, err)
-                    await asyncio.sleep(next(delays))
-                    continue
-                except FencepostError as err:
-                    log.warning("fencepost: could not withdraw from semaphore %r (lease %d; its keys end with the "
-                                "lease): %s", name, lease.lease_id, err)
-                    return
-                if resp.found:
-                    log.debug("fencepost: withdrew what an abandoned acquire left in semaphore %r (lease %d)",
-                              name, lease.lease_id)
-                return
-        finally:
-            slot.lock.release()
-            self.pool.drop_slot_if_idle(lease.lease_id, kinds.semaphore_queue(name))
+    async def withdraw_call(self, lease: Lease) -> str | None:
+        """ReleasePermit with token 0: withdraw whatever the lease has in the semaphore."""
+        holds = self.holds
+        resp = await holds.transport.call(
+            "ReleasePermit", lambda _left: (pb.ReleasePermitRequest(name=self.name, lease_id=lease.lease_id),
+                                            holds.call_timeout),
+            until=None, idempotent=True, name=self.name, lease_id=lease.lease_id, secret=lease.secret)
+        return "what it left" if resp.found else None
 
-    async def _release_rpc(self, handle: AsyncLockHandle, until: float) -> None:
-        if not handle._request_id:  # one per permit: a retry of its ReleasePermit answers as the first did
-            handle._request_id = wire.new_request_id()
+    async def release_call(self, handle: AsyncLockHandle, until: float) -> None:
+        holds = self.holds
+        # One request id per permit: a retry of its ReleasePermit answers as the first did.
         request = pb.ReleasePermitRequest(name=handle.name, lease_id=handle.lease_id, slot=handle.slot,
-                                          token=handle.token, request_id=handle._request_id)
-        await self.transport.call("ReleasePermit", lambda left: (request, _bounded(self._call_timeout, left)),
-                                  until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
-                                  token=handle.token, secret=handle._lease.secret)
+                                          token=handle.token, request_id=handle.release_request_id())
+        await holds.transport.call("ReleasePermit", lambda left: (request, bounded(holds.call_timeout, left)),
+                                   until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
+                                   token=handle.token, secret=handle.lease_secret)
 
 
 class AsyncSemaphore:
@@ -256,9 +172,12 @@ class AsyncSemaphore:
             await storage.write(f"gpu#{permit.slot}", data, token=permit.token)
     """
 
-    def __init__(self, client: AsyncLockClient, locker: PermitLocker, name: str, permits: int, ttl: int) -> None:
-        self._client = client
-        self._locker = locker
+    def __init__(self, holds: Holds, name: str, permits: int, ttl: int, *,
+                 usable: Callable[[str], Awaitable[None]],
+                 closed_error: Callable[[str], FencepostError | None]) -> None:
+        self._holds = holds
+        self._usable = usable  # raises unless the client may call now (opens a new one)
+        self._closed_error = closed_error  # the error of a call that close() ended, None while open
         self.name = name
         self.permits = permits
         self.ttl = ttl
@@ -283,15 +202,9 @@ class AsyncSemaphore:
             FencepostError: the client is closed, or was inherited through fork.
         """
         timeout = wire.check_timeout(timeout)
-        until = await self._start(timeout)
-        if until is not None and until - asyncio.get_running_loop().time() < _ONE_MS:
-            try:
-                return await self._locker.acquire_permit(self.name, self.permits, self.ttl, None, try_once=True)
-            except LockHeld as held:
-                raise LockTimeout(f"semaphore {self.name!r} granted no permit within 0 s: {held.message}",
-                                  name=self.name, lease_id=held.lease_id) from None
-        return await self._call(self._locker.acquire_permit(self.name, self.permits, self.ttl, until,
-                                                            try_once=False))
+        await self._usable(self.name)
+        until = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        return await self._call(self._holds.acquire(self._recipe(), self.ttl, until, try_once=False))
 
     async def try_acquire(self) -> AsyncLockHandle:
         """Take a permit if one is free, without waiting.
@@ -304,8 +217,8 @@ class AsyncSemaphore:
                 or this client holds one under this TTL.
             PermitsMismatch, Unavailable, FencepostError: as :meth:`acquire`.
         """
-        await self._start(None)
-        return await self._call(self._locker.acquire_permit(self.name, self.permits, self.ttl, None, try_once=True))
+        await self._usable(self.name)
+        return await self._call(self._holds.acquire(self._recipe(), self.ttl, None, try_once=True))
 
     async def describe(self) -> SemaphoreInfo:
         """Report the permits, holders (slot, lease, token) and waiters of the semaphore (DescribeSemaphore).
@@ -314,24 +227,21 @@ class AsyncSemaphore:
             Unavailable: no coordinator reachable.
             FencepostError: the client is closed, or was inherited through fork.
         """
-        await self._start(None)
-        resp = await self._call(self._locker.transport.call(
+        await self._usable(self.name)
+        resp = await self._call(self._holds.transport.call(
             "DescribeSemaphore", lambda _left: (pb.DescribeSemaphoreRequest(name=self.name),
-                                                self._locker._call_timeout),
+                                                self._holds.call_timeout),
             until=None, idempotent=True, name=self.name))
         return SemaphoreInfo.from_response(self.name, resp)
 
-    async def _start(self, timeout: float | None) -> float | None:
-        """Check the client is usable (open it if new); the loop time to stop waiting at, None for never."""
-        self._client._check_fork()
-        await self._client._ensure_open(self.name)
-        return None if timeout is None else asyncio.get_running_loop().time() + timeout
+    def _recipe(self) -> PermitRecipe:
+        return PermitRecipe(self._holds, self.name, self.permits)
 
     async def _call(self, step: Awaitable[T]) -> T:
         try:
             return await step
         except FencepostError as exc:
-            closed = self._client._closed_error(self.name)
+            closed = self._closed_error(self.name)
             if closed is not None and isinstance(exc, Unavailable):
                 raise closed from exc
             raise
@@ -351,13 +261,13 @@ class AsyncSemaphore:
         if exc is None:
             await handle.release()
             return
-        if isinstance(exc, asyncio.CancelledError) and task is not None and task in handle._cancelled_tasks \
+        if isinstance(exc, asyncio.CancelledError) and task is not None and handle.cancelled_by_loss(task) \
                 and task.uncancel() == 0:
-            await self._locker.release_quietly(handle)
+            await self._holds.release_quietly(handle)
             raise LeaseLost(f"{handle.what} was lost", name=self.name, lease_id=handle.lease_id,
                             reason=handle.lost_reason) from exc
         with contextlib.suppress(FencepostError):
-            await self._locker.release_quietly(handle)
+            await self._holds.release_quietly(handle)
 
     def __repr__(self) -> str:
         return f"<AsyncSemaphore name={self.name!r} permits={self.permits} ttl={self.ttl}>"

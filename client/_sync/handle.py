@@ -1,0 +1,124 @@
+"""The handles of the sync client: a hold's asyncio handle seen from any thread.
+
+A :class:`LockHandle` shows the state of the
+:class:`~fencepost.client.AsyncLockHandle` it wraps (its read-only
+properties are :class:`~fencepost.client.handle.HoldView`'s, written once)
+and runs its calls on the client's loop thread; its ``lost`` is a
+``threading.Event``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from .._recipes.election import Leadership, check_value
+from ..handle import AsyncLockHandle, HoldView
+from .loop import LoopThread
+
+__all__ = ["LockHandle", "SyncLeadership"]
+
+
+class LockHandle(HoldView):
+    """One grant of a lock with its fencing token (sync twin of :class:`AsyncLockHandle`).
+
+    Returned by :meth:`LockClient.acquire` and friends. Usable from any
+    thread. Pass :attr:`token` to the storage with every write. Its
+    properties and :meth:`check` are :class:`AsyncLockHandle`'s.
+
+    Attributes:
+        lost: A ``threading.Event`` set (once) when the hold is lost; never
+            set by a release.
+    """
+
+    def __init__(self, inner: AsyncLockHandle, loop: LoopThread) -> None:
+        # Built on the client's loop thread, so that the hook is registered
+        # before any loss can be signalled.
+        super().__init__(inner)
+        self._loop = loop
+        self.lost = threading.Event()
+        if inner.lost_reason is not None:
+            self.lost.set()
+        inner.add_lost_hook(lambda _h: self.lost.set())
+
+    def release(self) -> None:
+        """Release the lock (one Release RPC); ownership is kept if it fails (see :meth:`AsyncLockHandle.release`).
+
+        Raises:
+            NotHolder, StaleTokenError, LeaseLost, Unavailable: as :meth:`AsyncLockHandle.release`.
+            FencepostError: the client is closed, also by ``close()`` from another
+                thread during the call, or the handle was inherited through
+                fork (reason "FORKED"; the parent keeps the hold).
+        """
+        self._check_fork()
+        self._loop.run(self._hold.release(), self.name)
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block until the hold is lost or ``timeout`` seconds pass.
+
+        Args:
+            timeout: Seconds to wait; None waits forever.
+
+        Returns:
+            True if the hold was lost, False on timeout.
+
+        Raises:
+            FencepostError: the handle was inherited through fork (reason "FORKED").
+        """
+        self._check_fork()
+        return self.lost.wait(timeout)
+
+    def on_lost(self, callback: Callable[[LockHandle], object]) -> None:
+        """Call ``callback(handle)`` once, in a new daemon thread, when the hold is lost.
+
+        Called at once if it already is; never for a released handle.
+        Exceptions are logged. Callable from any thread.
+
+        Args:
+            callback: Called with this handle; its return value is ignored.
+
+        Raises:
+            FencepostError: the handle was inherited through fork (reason "FORKED").
+        """
+        self._check_fork()
+
+        async def register() -> None:
+            self._hold.on_lost(lambda _h: callback(self))
+
+        self._loop.run(register())
+
+    def __repr__(self) -> str:
+        return repr(self._hold).replace("AsyncLockHandle", "LockHandle", 1)
+
+
+class SyncLeadership(LockHandle):
+    """The leadership of an election (sync twin of :class:`~fencepost.client.Leadership`).
+
+    Returned by :meth:`LockClient.campaign`: a :class:`LockHandle` (``token``,
+    ``lost``, ``on_lost``, ...) whose ``name`` is the election's, plus its
+    ``value``, :meth:`proclaim` and :meth:`resign`.
+    """
+
+    _hold: Leadership
+
+    @property
+    def value(self) -> bytes:
+        """The value the leader publishes (Campaign's, then the last Proclaim's)."""
+        return self._hold.value
+
+    def proclaim(self, value: bytes | str) -> None:
+        """Publish a new value without a new election (see :meth:`Leadership.proclaim`).
+
+        Raises:
+            InvalidArgument, NotHolder, LeaseLost, Unavailable: as :meth:`Leadership.proclaim`.
+        """
+        self._check_fork()
+        raw = check_value(value)
+        self._loop.run(self._hold.proclaim(raw), self.name)
+
+    def resign(self) -> None:
+        """Give up the leadership (Resign); as :meth:`release`."""
+        self.release()
+
+    def __repr__(self) -> str:
+        return repr(self._hold)
