@@ -1,11 +1,11 @@
-"""The client's transport: coordinator addresses, the channel, and the unary call retry loop.
+"""The client's transport: the unary call retry loop over the channel to one coordinator at a time.
 
-One :class:`Transport` holds a ``grpc.aio`` channel to one coordinator
-address at a time. When that coordinator misbehaves it moves to the next
-address (rotation), and every unary call goes through :meth:`Transport.call`,
-which waits for a connection, retries what may be retried with the one
-backoff policy (:data:`fencepost.client.v1.retry.CLIENT_BACKOFF`), and turns
-a failed call into a :class:`~fencepost.client.FencepostError` with
+A :class:`Transport` is a :class:`~.connection.Connection` (the channel,
+rotation, waiting for a connection, TLS failures named) through which every
+unary call goes: :meth:`Transport.call` waits for a connection, retries what
+may be retried with the one backoff policy
+(:data:`fencepost.client.v1.retry.CLIENT_BACKOFF`), and turns a failed call
+into a :class:`~fencepost.client.FencepostError` with
 :func:`~fencepost.client.errors.from_rpc_error`.
 
 Retry rule: an idempotent call (Acquire, Withdraw, LeaseRevoke, Describe;
@@ -24,13 +24,9 @@ raised at once (:class:`~fencepost.client.errors.LimitExceeded`). Either
 way a call stops trying ``connect_timeout`` seconds after its first
 failure, or at its own deadline.
 
-TLS: the channels are opened by the client's
-:class:`~fencepost.client._transport.tls.Security`. Each time a channel fails to
-connect, :meth:`Transport.tls_failure` asks whether the TLS handshake is
-why; an address that failed its handshake is not waited for again in that
+TLS: an address that failed its handshake is not waited for again in a
 call, and once every address has, the call raises
-:class:`~fencepost.client.errors.TlsError` at once: a certificate that does
-not verify will not verify on the next try.
+:class:`~fencepost.client.errors.TlsError` at once (see :mod:`.connection`).
 
 Calls on the stream: a call given the client's
 :class:`~fencepost.client._leases.calls.StreamCalls` (Acquire, Release, Withdraw)
@@ -49,7 +45,6 @@ call's metadata (``traceparent``; on the stream, the message's
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,8 +54,8 @@ import grpc.aio
 from google.protobuf.message import Message
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import handshake
 from .._leases.calls import StreamCalls
+from .connection import FAILED, STALE, Connection, and_tls, every_handshake_failed
 from .tls import PLAINTEXT, Security
 from ..tracing import (
     OUTCOME,
@@ -81,27 +76,6 @@ from ..v1.retry import CLIENT_BACKOFF
 
 __all__ = ["MakeRequest", "Transport", "current_task_cancelling"]
 
-log = logging.getLogger("fencepost.client")
-
-#: Grace given to calls still running on a channel being replaced, in seconds.
-ROTATE_GRACE_SECONDS = 0.5
-
-#: Longest wait, in :meth:`Transport.close`, for gRPC to report the end of
-#: the connectivity watches of the closed channels, in seconds.
-DRAIN_SECONDS = 2.0
-
-#: Longest time spent finding out why a connection failed (a call that
-#: fails at once, and maybe one TLS handshake of our own), in seconds.
-DIAGNOSE_SECONDS = 2.0
-
-# What Transport._wait_ready saw.
-READY, FAILED, STALE = "ready", "failed", "stale"
-
-#: The method of the call that reads a failed channel's last error. It fails
-#: without reaching a server when the channel cannot connect; if the channel
-#: connects meanwhile, a coordinator answers it (grpc.health.v1), harmlessly.
-_PROBE_METHOD = "/grpc.health.v1.Health/Check"
-
 SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
 
 #: The W3C trace context header, sent in a stream call's ``traceparent`` field.
@@ -118,213 +92,19 @@ def current_task_cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-class Transport:
-    """Channels to a list of coordinator addresses, one at a time, and the unary call loop.
+class Transport(Connection):
+    """The unary call loop over a :class:`~.connection.Connection`: retries, error mapping, spans.
 
     Args:
-        addresses: The address of each coordinator, in the order they are
-            tried, as :func:`fencepost.client._transport.wire.check_addresses` returns them.
-        connect_timeout: Seconds each call (and :meth:`wait_connected`) keeps
-            trying to reach a coordinator; finite, > 0.
-        fail_fast: Give up on an address as soon as a connection attempt to
-            it fails, and make each call try every address once only (a
-            command line tool's policy). By default (a long-lived client) a
-            call waits up to ``per_try`` seconds for each address to come up,
-            and goes round the addresses with backoff until ``connect_timeout``.
-        security: How channels are opened: plaintext (the default) or TLS.
+        addresses, connect_timeout, fail_fast, security: As for :class:`~.connection.Connection`.
         tracing: Whether (and with which tracer) each attempt is a span; by
             default the global tracer provider's, lock names included.
     """
 
     def __init__(self, addresses: Sequence[str], *, connect_timeout: float, fail_fast: bool = False,
                  security: Security = PLAINTEXT, tracing: Tracing | None = None) -> None:
-        self.addresses: tuple[str, ...] = tuple(addresses)
-        self.connect_timeout = connect_timeout
-        self.fail_fast = fail_fast
-        self.security = security
+        super().__init__(addresses, connect_timeout=connect_timeout, fail_fast=fail_fast, security=security)
         self.tracing = tracing if tracing is not None else Tracing()
-        self.channel: grpc.aio.Channel | None = None
-        self.stub: pb_grpc.LockServiceStub | None = None
-        self.closed = False
-        self._index = 0
-        self._closing: set[asyncio.Task[None]] = set()
-        # Connectivity watches still registered with gRPC (see _watch).
-        self._watches: set[asyncio.Task[None]] = set()
-
-    @property
-    def address(self) -> str:
-        """The address of the coordinator currently used."""
-        return self.addresses[self._index]
-
-    @property
-    def per_try(self) -> float:
-        """Seconds to wait for one address to connect before trying the next."""
-        return max(1.0, self.connect_timeout / len(self.addresses))
-
-    def open(self) -> None:
-        """Open a channel to the current address (no connection is made yet)."""
-        self.channel = self.security.channel(self.address)
-        self.stub = pb_grpc.LockServiceStub(self.channel)
-
-    def rotate(self, failed: grpc.aio.Channel | None, *, force: bool = False) -> None:
-        """Move to the next address after the channel ``failed`` misbehaved (once per channel).
-
-        Args:
-            failed: The channel that failed; nothing happens unless it is the
-                current one (another caller rotated already).
-            force: Replace the channel even when it is the only address and
-                its connection is READY (the server ended a stream, or is
-                shutting down).
-        """
-        current = self.channel
-        if failed is None or current is None or failed is not current or self.closed:
-            return
-        if not force and len(self.addresses) == 1:
-            if failed.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY:
-                return
-        self._index = (self._index + 1) % len(self.addresses)
-        self.open()
-        task = asyncio.ensure_future(failed.close(grace=ROTATE_GRACE_SECONDS))
-        task.set_name("fencepost-close-channel")
-        self._closing.add(task)
-        task.add_done_callback(self._closed_one)
-
-    def _closed_one(self, task: asyncio.Task[None]) -> None:
-        self._closing.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("fencepost: closing a replaced channel failed: %r", task.exception())
-
-    async def wait_connected(self, until: float) -> None:
-        """Wait until the current channel is READY, rotating addresses with backoff.
-
-        Args:
-            until: Loop time (``loop.time()``) after which to give up.
-
-        Raises:
-            TlsError: every address failed its TLS handshake (at once, not at ``until``).
-            Unavailable: no coordinator connected before ``until``.
-        """
-        loop = asyncio.get_running_loop()
-        delays = CLIENT_BACKOFF.delays()
-        tls_failed: dict[str, TlsError] = {}
-        # Each address gets its share of a wait shorter than connect_timeout (connect(timeout=)), so that
-        # one address that does not answer cannot take all of it.
-        per_try = min(self.per_try, max(0.1, (until - loop.time()) / len(self.addresses)))
-        while True:
-            channel, address = self.channel, self.address
-            assert channel is not None
-            if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
-                return
-            left = until - loop.time()
-            if left <= 0:
-                raise Unavailable(_and_tls(f"no coordinator reachable at {', '.join(self.addresses)}", tls_failed))
-            try:
-                if await self._wait_ready(channel, address, min(left, per_try), once=False) == READY:
-                    return
-                self.rotate(channel, force=True)  # STALE: try a fresh connection
-            except TlsError as err:
-                tls_failed.setdefault(address, err)
-                if len(tls_failed) >= len(self.addresses):
-                    raise _every_handshake_failed(tls_failed) from None
-                self.rotate(channel, force=True)
-            except TimeoutError:
-                self.rotate(channel, force=True)
-                await asyncio.sleep(min(next(delays), max(0.0, until - loop.time())))
-
-    async def _wait_ready(self, channel: grpc.aio.Channel, address: str, timeout: float, *, once: bool) -> str:
-        """Wait until ``channel`` (to ``address``) is READY, asking at each failed connection whether TLS is why.
-
-        A TLS failure seen on a channel that had already failed before this
-        wait began may be stale (gRPC reports the last attempt until its
-        reconnect backoff ends, and the certificates may have been fixed
-        since): it is not raised, STALE is returned so that the caller tries
-        a fresh channel.
-
-        Args:
-            channel: The channel to wait for.
-            address: Its address.
-            timeout: Seconds to wait.
-            once: Return FAILED at the first failed connection (that is not a TLS failure).
-
-        Returns:
-            READY; FAILED after a failed connection when ``once``; STALE.
-
-        Raises:
-            TlsError: a connection attempt made during this wait failed its TLS handshake.
-            TimeoutError: not READY within ``timeout`` seconds.
-            grpc.aio.UsageError: the channel was closed (replaced by a rotation).
-        """
-        loop = asyncio.get_running_loop()
-        until = loop.time() + timeout
-        state = channel.get_state(try_to_connect=True)
-        stale = state == grpc.ChannelConnectivity.TRANSIENT_FAILURE
-        while state != grpc.ChannelConnectivity.READY:
-            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                failure = await self.tls_failure(channel, address, until - loop.time())
-                if failure is not None:
-                    if stale:
-                        return STALE
-                    raise failure
-                if once:
-                    return FAILED
-            left = until - loop.time()
-            if left <= 0:
-                raise TimeoutError
-            await self._watch(channel, state, left)
-            state = channel.get_state(try_to_connect=True)
-            stale = False
-        return READY
-
-    async def _watch(self, channel: grpc.aio.Channel, state: grpc.ChannelConnectivity, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for ``channel`` to leave ``state``.
-
-        The watch is a task of its own, kept until gRPC answers it, and never
-        cancelled: cancelling the wait does not withdraw a watch from gRPC,
-        which answers it on this loop at the channel's next change of state
-        (at the latest when it is closed). :meth:`close` waits for the
-        answers, so that none reaches this loop after it is closed (grpc.aio
-        would then print "RuntimeError: Event loop is closed" from another loop).
-
-        Raises:
-            TimeoutError: the state did not change within ``timeout``.
-            grpc.aio.UsageError: the channel was closed (replaced by a rotation).
-        """
-        watch = asyncio.ensure_future(channel.wait_for_state_change(state))
-        watch.set_name("fencepost-watch-channel")
-        self._watches.add(watch)
-        watch.add_done_callback(self._watched)
-        await asyncio.wait((watch,), timeout=timeout)
-        if not watch.done():
-            raise TimeoutError
-        watch.result()
-
-    def _watched(self, task: asyncio.Task[None]) -> None:
-        self._watches.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a watch outliving its wait may end with the channel's close
-
-    async def tls_failure(self, channel: grpc.aio.Channel, address: str, timeout: float,
-                          details: str | None = None) -> TlsError | None:
-        """Whether the TLS handshake is why ``channel`` cannot connect to ``address``.
-
-        Args:
-            channel: A channel that failed to connect (TRANSIENT_FAILURE).
-            address: Its address.
-            timeout: Seconds this may take (at most :data:`DIAGNOSE_SECONDS`).
-            details: gRPC's details of a call that failed for want of a
-                connection, when the caller has them; else a call that fails
-                at once reads them.
-
-        Returns:
-            The TlsError naming the cause, or None when the failure is not
-            (known to be) TLS: nothing listens, a reset, a timeout.
-        """
-        timeout = max(0.05, min(timeout, DIAGNOSE_SECONDS))
-        if details is None:
-            details = await _connect_error(channel, timeout)
-            if details is None:
-                return None
-        return await handshake.failure(self.security, details, address, timeout)
 
     async def call(
         self,
@@ -391,14 +171,14 @@ class Transport:
             if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
                 left = budget()
                 if left <= 0:
-                    raise Unavailable(_and_tls("no coordinator reachable", tls_failed), name=name, lease_id=lease_id)
+                    raise Unavailable(and_tls("no coordinator reachable", tls_failed), name=name, lease_id=lease_id)
                 try:
                     wait = left if self.fail_fast else min(left, self.per_try)
                     outcome = await self._wait_ready(channel, address, wait, once=self.fail_fast)
                 except TlsError as err:
                     tls_failed.setdefault(address, err)
                     if len(tls_failed) >= len(self.addresses):
-                        raise _every_handshake_failed(tls_failed, name=name, lease_id=lease_id) from None
+                        raise every_handshake_failed(tls_failed, name=name, lease_id=lease_id) from None
                     self.rotate(channel, force=True)
                     continue
                 except TimeoutError:
@@ -417,7 +197,7 @@ class Transport:
                     unreachable += 1
                     self.rotate(channel, force=True)
                     if unreachable + len(tls_failed) >= len(self.addresses):
-                        raise Unavailable(_and_tls("every connection attempt failed", tls_failed),
+                        raise Unavailable(and_tls("every connection attempt failed", tls_failed),
                                           name=name, lease_id=lease_id)
                     continue
             request, timeout = make(None if until is None else until - loop.time())
@@ -443,7 +223,7 @@ class Transport:
                     if failure is not None:
                         tls_failed[address] = failure
                         if len(tls_failed) >= len(self.addresses) or not idempotent or budget() <= 0:
-                            raise _every_handshake_failed(tls_failed, name=name, lease_id=lease_id) from None
+                            raise every_handshake_failed(tls_failed, name=name, lease_id=lease_id) from None
                 if err.code() != grpc.StatusCode.UNAVAILABLE or not idempotent or budget() <= 0:
                     raise mapped from err
                 if mapped.reason is not None:  # a coordinator's own answer, not a broken connection
@@ -505,59 +285,3 @@ class Transport:
             set_rpc_status(span, grpc.StatusCode.OK, server=False)
             span.set_attributes(response_facts(method, response))
             return response
-
-    async def close(self) -> None:
-        """Stop every call: close the channel and the ones being replaced. Idempotent.
-
-        Returns once every channel this transport opened is closed (those
-        replaced by a rotation within :data:`ROTATE_GRACE_SECONDS`) and gRPC
-        has answered their connectivity watches (within :data:`DRAIN_SECONDS`):
-        then gRPC has nothing left to deliver to this event loop, which may be
-        closed (the sync client closes its private loop next).
-        """
-        self.closed = True
-        if self.channel is not None:
-            await self.channel.close()
-        # Not cancelled: a close task cancelled before it has run, or during
-        # its grace, would leave its channel open, connecting and watched.
-        closing = list(self._closing)
-        if closing:
-            await asyncio.gather(*closing, return_exceptions=True)
-        watches = list(self._watches)
-        if watches:
-            _done, left = await asyncio.wait(watches, timeout=DRAIN_SECONDS)
-            if left:
-                log.debug("fencepost: %d channel watches still unanswered after close", len(left))
-
-
-async def _connect_error(channel: grpc.aio.Channel, timeout: float) -> str | None:
-    """gRPC's details of why ``channel`` cannot connect: those of a call that fails without reaching a server.
-
-    Returns:
-        The details of the call's UNAVAILABLE status (``"failed to connect to
-        all addresses; last error: ..."``), or None when it ended otherwise
-        (the channel connected meanwhile).
-    """
-    try:
-        await channel.unary_unary(_PROBE_METHOD)(b"", timeout=timeout)
-    except grpc.aio.AioRpcError as err:
-        return (err.details() or "") if err.code() == grpc.StatusCode.UNAVAILABLE else None
-    return None
-
-
-def _and_tls(message: str, failures: dict[str, TlsError]) -> str:
-    """``message``, followed by the TLS failures seen on the way, if any."""
-    if not failures:
-        return message
-    return f"{message} ({'; '.join(err.message for err in failures.values())})"
-
-
-def _every_handshake_failed(failures: dict[str, TlsError], *, name: str | None = None,
-                            lease_id: int | None = None) -> TlsError:
-    """The TlsError to raise once every address has failed its handshake."""
-    first = next(iter(failures.values()))
-    message = first.message
-    if len(failures) > 1:
-        message = "TLS handshake failed with every coordinator: " + "; ".join(
-            f"{address}: {err.cause}" for address, err in failures.items())
-    return TlsError(message, address=first.address, cause=first.cause, name=name, lease_id=lease_id)

@@ -31,7 +31,7 @@ import grpc
 from fencepost.client import SemaphoreInfo, ServerInfo, TlsConfig
 from fencepost.client._transport import handshake
 from fencepost.client._transport.tls import Security, security
-from fencepost.client._transport.transport import DIAGNOSE_SECONDS
+from fencepost.client._transport.connection import DIAGNOSE_SECONDS
 from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1 import lock_pb2_grpc as pb_grpc
