@@ -58,27 +58,10 @@ from .v1 import details
 from .v1.details import ErrorReason, reason_name
 
 __all__ = [
-    "FencepostError",
-    "InvalidArgument",
-    "LockHeld",
-    "LockTimeout",
-    "LeaseLost",
-    "NotHolder",
-    "StaleTokenError",
-    "PermitsMismatch",
-    "MissingRecordError",
-    "Unavailable",
-    "TlsError",
-    "DataLoss",
-    "ResourceExhausted",
-    "PermissionDenied",
-    "AccessDenied",
-    "LimitExceeded",
-    "NotLeaseOwner",
-    "from_rpc_error",
-    "REASON_CLOSED",
-    "REASON_FORKED",
-    "REASON_DEADLINE",
+    "FencepostError", "InvalidArgument", "LockHeld", "LockTimeout", "LeaseLost", "NotHolder", "StaleTokenError",
+    "PermitsMismatch", "MissingRecordError", "Unavailable", "TlsError", "DataLoss", "ResourceExhausted",
+    "PermissionDenied", "AccessDenied", "LimitExceeded", "NotLeaseOwner", "from_rpc_error", "REASON_CLOSED",
+    "REASON_FORKED", "REASON_DEADLINE",
 ]
 
 # The client-local reasons: not ErrorReason values, never sent by a server.
