@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fencepost.client import cli
-from fencepost.client.cli import common
+from fencepost.client.cli import common, flags
 
 from .conftest import CliResult, cli_env, wait_for
 
@@ -542,19 +542,19 @@ async def test_help_lists_exit_codes() -> None:
 
 def test_parse_lease_id_accepts_decimal_and_hex() -> None:
     """Lease ids are accepted in decimal and as 0x-hex."""
-    assert common.parse_lease_id("7587867312345") == 7587867312345
-    assert common.parse_lease_id("0x6E6C8E1C9A") == 0x6E6C8E1C9A
+    assert flags.parse_lease_id("7587867312345") == 7587867312345
+    assert flags.parse_lease_id("0x6E6C8E1C9A") == 0x6E6C8E1C9A
 
 
 def test_parse_addresses_splits_commas_and_defaults() -> None:
     """--address may repeat or be comma-separated; the default is 127.0.0.1:7420."""
-    assert common.parse_addresses(None) == [common.DEFAULT_ADDRESS]
-    assert common.parse_addresses(None, "a:1, b:2") == ["a:1", "b:2"]
-    assert common.parse_addresses(["a:1,b:2", "c:3", "a:1"], "ignored:9") == ["a:1", "b:2", "c:3"]
-    assert common.parse_addresses(None, "") == [common.DEFAULT_ADDRESS]
+    assert flags.parse_addresses(None) == [common.DEFAULT_ADDRESS]
+    assert flags.parse_addresses(None, "a:1, b:2") == ["a:1", "b:2"]
+    assert flags.parse_addresses(["a:1,b:2", "c:3", "a:1"], "ignored:9") == ["a:1", "b:2", "c:3"]
+    assert flags.parse_addresses(None, "") == [common.DEFAULT_ADDRESS]
     for explicit in ([""], [","], ["a:1", ""]):
         with pytest.raises(common.CliError) as info:
-            common.parse_addresses(explicit)
+            flags.parse_addresses(explicit)
         assert info.value.exit_code == common.EXIT_USAGE
 
 

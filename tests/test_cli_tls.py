@@ -20,7 +20,7 @@ import pytest
 
 from fencepost.client import TlsConfig
 from fencepost.client import cli
-from fencepost.client.cli import common
+from fencepost.client.cli import common, flags
 from fencepost.client.cli.run import child_environment
 
 from . import lock_servers, tls_pki
@@ -63,17 +63,17 @@ NONE = {flag: None for flag in common.TLS_FLAGS}
 
 def test_parse_tls_when_flags_and_variables_combine(pki: Pki) -> None:
     """No setting is plaintext; --tls or FENCEPOST_TLS=1 alone trusts the system's CAs; a flag wins over its variable."""
-    assert common.parse_tls(NONE, False, {}) is None
-    assert common.parse_tls(NONE, False, {common.TLS_ENV: "0"}) is None
-    assert common.parse_tls(NONE, True, {}) == TlsConfig()
-    assert common.parse_tls(NONE, False, {common.TLS_ENV: "yes"}) == TlsConfig()
-    assert common.parse_tls({**NONE, "--ca": pki.ca_file}, False, {}) == TlsConfig(ca=pki.ca_file)
-    assert common.parse_tls({**NONE, "--tls-server-name": "n.example"}, False, {}) == TlsConfig(server_name="n.example")
-    mixed = common.parse_tls({**NONE, "--cert": pki.client.cert, "--key": pki.client.key}, False,
+    assert flags.parse_tls(NONE, False, {}) is None
+    assert flags.parse_tls(NONE, False, {common.TLS_ENV: "0"}) is None
+    assert flags.parse_tls(NONE, True, {}) == TlsConfig()
+    assert flags.parse_tls(NONE, False, {common.TLS_ENV: "yes"}) == TlsConfig()
+    assert flags.parse_tls({**NONE, "--ca": pki.ca_file}, False, {}) == TlsConfig(ca=pki.ca_file)
+    assert flags.parse_tls({**NONE, "--tls-server-name": "n.example"}, False, {}) == TlsConfig(server_name="n.example")
+    mixed = flags.parse_tls({**NONE, "--cert": pki.client.cert, "--key": pki.client.key}, False,
                              {common.CA_ENV: pki.ca_file, common.CERT_ENV: "/nonexistent.pem"})
     assert mixed == TlsConfig(ca=pki.ca_file, cert=pki.client.cert, key=pki.client.key)
     with pytest.raises(common.CliError, match=r"invalid \$FENCEPOST_TLS: 'maybe'") as info:
-        common.parse_tls(NONE, False, {common.TLS_ENV: "maybe"})
+        flags.parse_tls(NONE, False, {common.TLS_ENV: "maybe"})
     assert info.value.exit_code == common.EXIT_USAGE
 
 

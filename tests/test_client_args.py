@@ -192,7 +192,7 @@ def test_client_init_when_address_is_valid(address: str) -> None:
 )
 def test_cli_and_client_parse_addresses_alike(value: str) -> None:
     """The CLI's --address and FENCEPOST_ADDRESS go through the client's one parser: same result or both refuse."""
-    from fencepost.client.cli import common
+    from fencepost.client.cli import common, flags
 
     try:
         client: list[str] | None = _wire.check_addresses(value)
@@ -202,7 +202,7 @@ def test_cli_and_client_parse_addresses_alike(value: str) -> None:
         if env is not None and not env:
             continue  # an empty FENCEPOST_ADDRESS is unset: the default
         try:
-            cli = common.parse_addresses(flag, env)
+            cli = flags.parse_addresses(flag, env)
         except common.CliError as err:
             assert client is None and err.exit_code == common.EXIT_USAGE
             assert "address" in str(err)

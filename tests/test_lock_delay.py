@@ -21,7 +21,7 @@ import pytest
 from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient, InvalidArgument, LockHeld
-from fencepost.client.cli import common
+from fencepost.client.cli import common, flags
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 from fencepost.coordinator.lock_delay import delay_range
@@ -278,7 +278,7 @@ async def test_cli_acquire_and_run_pass_lock_delay(address: str, prefix: str, et
             await run.communicate()
     assert await _delay_keys(etcd_client, prefix, "run-delay") == []
 
-    assert common.parse_lock_delay("2.5") == 2.5
+    assert flags.parse_lock_delay("2.5") == 2.5
     for bad in ("-1", "3601", "nan", "soon"):
         with pytest.raises(argparse.ArgumentTypeError, match="lock-delay"):
-            common.parse_lock_delay(bad)
+            flags.parse_lock_delay(bad)

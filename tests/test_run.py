@@ -16,7 +16,8 @@ import grpc
 import pytest
 
 from fencepost.client import AsyncLockClient
-from fencepost.client.cli.run import RUN_EXIT_CODES, exit_status
+from fencepost.client.cli.child import exit_status
+from fencepost.client.cli.run import RUN_EXIT_CODES
 from fencepost.client.v1 import lock_pb2
 
 from .conftest import CliResult, cli_env, wait_for

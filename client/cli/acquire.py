@@ -26,19 +26,14 @@ from .common import (
     EXIT_LOST,
     EXIT_OK,
     CliError,
+    ConnectInterrupted,
     Formatter,
     acquire_error,
-    address_flag,
-    addresses_of,
+    connect_within,
     epilog,
     lease_hex,
-    lock_name,
-    parse_timeout,
-    parse_ttl,
-    tls_flags,
-    tls_of,
 )
-from .common import ConnectInterrupted, connect_within, lock_delay_flag
+from .flags import address_flag, addresses_of, lock_delay_flag, lock_name, parse_timeout, parse_ttl, tls_flags, tls_of
 
 __all__ = ["acquire_unless", "add_parser", "execute"]
 

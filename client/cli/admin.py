@@ -40,17 +40,13 @@ from .common import (
     CliError,
     Formatter,
     Parser,
-    address_flag,
-    addresses_of,
     call,
     call_error,
     epilog,
     err_text,
     lease_hex,
-    lock_name,
-    tls_flags,
-    tls_of,
 )
+from .flags import address_flag, addresses_of, lock_name, tls_flags, tls_of
 
 __all__ = ["HELP", "build_parser", "execute", "sessions_json", "sessions_table"]
 

@@ -39,19 +39,14 @@ from .common import (
     ConnectInterrupted,
     Formatter,
     acquire_error,
-    address_flag,
-    addresses_of,
     connect_within,
     epilog,
-    lock_name,
-    parse_timeout,
-    parse_ttl,
-    tls_flags,
-    tls_of,
 )
+from .flags import address_flag, addresses_of, lock_name, parse_timeout, parse_ttl, tls_flags, tls_of
 from .acquire import acquire_unless
-from .run import PROGRAM, RUN_EXIT_CODES, CommandError, RunResult, _exit_code, _grace, _note, _start, _supervise, \
-    child_environment
+from .child import FORWARDED_SIGNALS, PROGRAM, CommandError, RunResult, note, parse_grace, parse_lost_exit_code, \
+    start, supervise
+from .run import RUN_EXIT_CODES, child_environment
 
 __all__ = ["ELECT_EXIT_CODES", "ENV_ELECTION_VALUE", "add_parser", "execute", "run_elected"]
 
@@ -100,9 +95,9 @@ def add_parser(sub: Any) -> None:
                            "within S (at least 2 s) (default: wait forever)")
     wait.add_argument("--try", dest="try_once", action="store_true",
                       help="try once; exit 5 if the election has a leader")
-    p.add_argument("--grace", type=_grace, default=5.0, metavar="S",
+    p.add_argument("--grace", type=parse_grace, default=5.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL after the leadership is lost (default 5)")
-    p.add_argument("--lost-exit-code", type=_exit_code, default=EXIT_LOST, metavar="N",
+    p.add_argument("--lost-exit-code", type=parse_lost_exit_code, default=EXIT_LOST, metavar="N",
                    help=f"exit code when the leadership is lost while CMD runs (default {EXIT_LOST})")
 
 
@@ -169,13 +164,12 @@ async def run_elected(addresses: Sequence[str], name: str, value: str, command: 
         tls: TLS settings; None for plaintext.
 
     Returns:
-        A :class:`~.run.RunResult`; the child has exited and been reaped.
+        A :class:`~.child.RunResult`; the child has exited and been reaped.
 
     Raises:
         CommandError: the command could not be started (the leadership is resigned first).
         fencepost.client.FencepostError: this process did not become leader (LockTimeout, Unavailable, ...).
     """
-    from .run import FORWARDED_SIGNALS
 
     loop = asyncio.get_running_loop()
     received: asyncio.Queue[int] = asyncio.Queue()
@@ -195,14 +189,14 @@ async def run_elected(addresses: Sequence[str], name: str, value: str, command: 
                                     ttl=lead.ttl, addresses=addresses, tls=tls, lease_secret=lead.lease_secret)
             env[ENV_ELECTION_VALUE] = value
             try:
-                proc = await _start(command, env)
+                proc = await start(command, env)
             except CommandError:
                 with contextlib.suppress(FencepostError):
                     await lead.resign()
                 raise
-            _note(f"leading election {lead.name} with token {lead.token}, lease 0x{lead.lease_id:x} "
+            note(f"leading election {lead.name} with token {lead.token}, lease 0x{lead.lease_id:x} "
                   f"({lead.lease_id}), ttl {lead.ttl:g} s; running pid {proc.pid}: {' '.join(command)}")
-            return await _supervise(proc, lead, received, grace=grace, lost_exit_code=lost_exit_code)
+            return await supervise(proc, lead, received, grace=grace, lost_exit_code=lost_exit_code)
     finally:
         for sig in FORWARDED_SIGNALS:
             loop.remove_signal_handler(sig)

@@ -31,18 +31,14 @@ from .common import (
     CliError,
     ConnectInterrupted,
     Formatter,
-    address_flag,
-    addresses_of,
     call,
     call_error,
     connect_within,
     epilog,
     err_text,
     lease_hex,
-    lock_name,
-    tls_flags,
-    tls_of,
 )
+from .flags import address_flag, addresses_of, lock_name, tls_flags, tls_of
 
 __all__ = ["EXIT_NO_LEADER", "LEADER_EXIT_CODES", "add_parser", "execute", "fetch", "line"]
 

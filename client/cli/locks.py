@@ -21,21 +21,8 @@ from typing import Any
 from fencepost.client import TlsConfig
 from fencepost.client.v1 import lock_pb2 as pb
 
-from .common import (
-    EXIT_OK,
-    EXIT_USAGE,
-    CallFailed,
-    CliError,
-    Formatter,
-    address_flag,
-    addresses_of,
-    call,
-    call_error,
-    epilog,
-    lease_hex,
-    tls_flags,
-    tls_of,
-)
+from .common import EXIT_OK, EXIT_USAGE, CallFailed, CliError, Formatter, call, call_error, epilog, lease_hex
+from .flags import address_flag, addresses_of, tls_flags, tls_of
 
 __all__ = ["COLUMNS", "add_parser", "execute", "listing_json", "table"]
 

@@ -31,20 +31,13 @@ from .common import (
     CallFailed,
     CliError,
     Formatter,
-    address_flag,
-    addresses_of,
     call,
     call_error,
     epilog,
     err_text,
     lease_hex,
-    lease_secret,
-    lock_name,
-    parse_lease_id,
-    parse_token,
-    tls_flags,
-    tls_of,
 )
+from .flags import address_flag, addresses_of, lease_secret, lock_name, parse_lease_id, parse_token, tls_flags, tls_of
 
 __all__ = ["add_parser", "execute"]
 

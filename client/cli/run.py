@@ -50,31 +50,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
-import shutil
-import signal
 import sys
 from collections.abc import Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from fencepost.client import (
-    AsyncLockClient,
-    AsyncLockHandle,
-    FencepostError,
-    LeaseLost,
-    NotHolder,
-    PermitsMismatch,
-    StaleTokenError,
-    TlsConfig,
-)
+from fencepost.client import AsyncLockClient, FencepostError, PermitsMismatch, TlsConfig
 from fencepost.client.v1.keys import MAX_PERMITS
 
 from .acquire import acquire_unless
+from .child import (
+    EXIT_CANNOT_EXECUTE,
+    EXIT_NOT_FOUND,
+    FORWARDED_SIGNALS,
+    CommandError,
+    RunResult,
+    note,
+    parse_grace,
+    parse_lost_exit_code,
+    start,
+    supervise,
+)
 from .common import (
     ADDRESS_ENV,
     EXIT_HELD,
@@ -84,11 +82,16 @@ from .common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CliError,
+    ConnectInterrupted,
     Formatter,
     acquire_error,
+    connect_within,
+    epilog,
+)
+from .flags import (
     address_flag,
     addresses_of,
-    epilog,
+    lock_delay_flag,
     lock_name,
     parse_timeout,
     parse_ttl,
@@ -96,7 +99,6 @@ from .common import (
     tls_flags,
     tls_of,
 )
-from .common import ConnectInterrupted, connect_within, lock_delay_flag
 
 __all__ = [
     "ENV_ADDRESS",
@@ -107,12 +109,9 @@ __all__ = [
     "ENV_TOKEN",
     "ENV_TTL",
     "RUN_EXIT_CODES",
-    "CommandError",
-    "RunResult",
     "add_parser",
     "child_environment",
     "execute",
-    "exit_status",
     "run_locked",
 ]
 
@@ -134,14 +133,6 @@ ENV_ADDRESS = ADDRESS_ENV
 (the variable the ``fencepost`` command reads, so ``fencepost status`` works
 in the child)."""
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""Signals that ``fencepost run`` forwards to its child."""
-
-EXIT_CANNOT_EXECUTE = 126
-"""The command exists but could not be executed (as in POSIX shells)."""
-EXIT_NOT_FOUND = 127
-"""The command was not found (as in POSIX shells)."""
-
 RUN_EXIT_CODES: dict[str, str] = {
     "N": "the command's own exit status (128+N when signal N killed it)",
     str(EXIT_UNAVAILABLE): "coordinator unreachable or not serving, or another server error",
@@ -158,32 +149,6 @@ RUN_EXIT_CODES: dict[str, str] = {
 """Exit codes of ``fencepost run``. A command that exits 1 to 5 itself is told
 apart from fencepost's own failures only by the one-line message on stderr
 (and, for 3, by choosing another --lost-exit-code)."""
-
-MAX_GRACE_SECONDS = 3600.0
-"""Longest --grace, in seconds."""
-
-
-def _grace(text: str) -> float:
-    """Parse --grace: seconds, 0 to 3600."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"grace must be a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= MAX_GRACE_SECONDS:
-        raise argparse.ArgumentTypeError(f"grace must be 0 to {MAX_GRACE_SECONDS:g} seconds, got {text}")
-    return value
-
-
-def _exit_code(text: str) -> int:
-    """Parse --lost-exit-code: 1 to 255."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"lost-exit-code must be an integer, got {text!r}") from None
-    if not 1 <= value <= 255:
-        raise argparse.ArgumentTypeError(f"lost-exit-code must be 1 to 255, got {text}")
-    return value
-
 
 def _permits(text: str) -> int:
     """Parse --permits: 1 to MAX_PERMITS."""
@@ -230,9 +195,9 @@ def add_parser(sub: Any) -> None:
                       help="give up after S seconds of waiting, exit 4; exit 1 if no coordinator answers "
                            "within S (at least 2 s) (default: wait forever)")
     wait.add_argument("--try", dest="try_once", action="store_true", help="try once; exit 5 if the lock is held")
-    p.add_argument("--grace", type=_grace, default=5.0, metavar="S",
+    p.add_argument("--grace", type=parse_grace, default=5.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL after the hold is lost (default 5)")
-    p.add_argument("--lost-exit-code", type=_exit_code, default=EXIT_LOST, metavar="N",
+    p.add_argument("--lost-exit-code", type=parse_lost_exit_code, default=EXIT_LOST, metavar="N",
                    help=f"exit code when the hold is lost while CMD runs (default {EXIT_LOST})")
     lock_delay_flag(p)
 
@@ -274,48 +239,6 @@ def execute(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-@dataclass
-class RunResult:
-    """How a ``fencepost run`` ended.
-
-    Attributes:
-        exit_code: The code ``fencepost run`` exits with.
-        child_status: The child's exit status (``128 + N`` for signal N), or
-            None when it never started.
-        lost_reason: Why the hold was lost, or None when it was not.
-        message: A one-line note for stderr, or None.
-    """
-
-    exit_code: int
-    child_status: int | None = None
-    lost_reason: str | None = None
-    message: str | None = None
-
-
-class CommandError(Exception):
-    """The command could not be started.
-
-    Attributes:
-        exit_code: 127 (not found) or 126 (not executable).
-    """
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def exit_status(returncode: int) -> int:
-    """Turn a ``Popen.returncode`` into a shell-style exit status.
-
-    Args:
-        returncode: ``>= 0`` for an exit, ``-N`` when signal N killed the process.
-
-    Returns:
-        ``returncode``, or ``128 + N`` for a signal.
-    """
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: int,
                       ttl: float, addresses: Sequence[str], tls: TlsConfig | None = None,
                       lease_secret: str = "", slot: int | None = None) -> dict[str, str]:
@@ -350,124 +273,6 @@ def child_environment(base: dict[str, str], *, name: str, token: int, lease_id: 
     env[ENV_TTL] = f"{ttl:g}"
     env[ENV_ADDRESS] = ",".join(addresses)
     return env
-
-
-#: On Linux the command is started through this: it asks the kernel to SIGKILL it when the process that
-#: started it (``fencepost run``/``elect``) dies, even by SIGKILL (prctl PR_SET_PDEATHSIG; it survives the
-#: exec), then execs the command. Without it a killed supervisor would leave its command running after the
-#: hold ended. Arguments: the supervisor's pid, then the command.
-DIE_WITH_PARENT = """\
-import ctypes, os, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-if os.getppid() != int(sys.argv[1]):  # the supervisor died before the prctl
-    os._exit(137)
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except FileNotFoundError as err:
-    print(f"command not found: {sys.argv[2]}: {err.strerror}", file=sys.stderr)
-    os._exit(127)
-except OSError as err:
-    print(f"cannot execute {sys.argv[2]}: {err.strerror}", file=sys.stderr)
-    os._exit(126)
-"""
-
-
-def _resolve(command: Sequence[str], env: dict[str, str]) -> None:
-    """Refuse a command that cannot run before starting anything (as the exec itself would).
-
-    Raises:
-        CommandError: not found (127) or not executable (126).
-    """
-    program = command[0]
-    if os.sep in program:
-        if not os.path.exists(program):
-            raise CommandError(f"command not found: {program}", EXIT_NOT_FOUND)
-        if os.path.isdir(program) or not os.access(program, os.X_OK):
-            raise CommandError(f"cannot execute: {program}", EXIT_CANNOT_EXECUTE)
-    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
-        raise CommandError(f"command not found: {program}", EXIT_NOT_FOUND)
-
-
-async def _start(command: Sequence[str], env: dict[str, str]) -> asyncio.subprocess.Process:
-    if sys.platform.startswith("linux"):
-        _resolve(command, env)
-        command = [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT, str(os.getpid()), *command]
-    try:
-        return await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True)
-    except FileNotFoundError:
-        raise CommandError(f"command not found: {command[0]}", EXIT_NOT_FOUND) from None
-    except PermissionError:
-        raise CommandError(f"cannot execute: {command[0]}", EXIT_CANNOT_EXECUTE) from None
-    except OSError as err:
-        raise CommandError(f"cannot execute {command[0]}: {err.strerror or err}",
-                           EXIT_CANNOT_EXECUTE) from None
-
-
-def _send(proc: asyncio.subprocess.Process, sig: int) -> None:
-    """Send ``sig`` to the child's process group (it leads its own: the group id is its pid).
-
-    The group outlives the child while a process of the tree it started
-    runs, and its id cannot be reused meanwhile; once it is empty, nothing
-    happens.
-    """
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _group_alive(proc: asyncio.subprocess.Process) -> bool:
-    """Whether a process of the child's group still exists (a zombie not yet reaped counts)."""
-    try:
-        os.killpg(proc.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-#: After SIGKILL, how long to wait for the group to be gone before going on (a
-#: zombie whose parent does not reap it would keep the group "alive" for ever).
-KILLED_WAIT_SECONDS = 2.0
-#: How often to look whether the group is empty while waiting for it.
-GROUP_POLL_SECONDS = 0.02
-
-
-async def _end_group(proc: asyncio.subprocess.Process, exited: asyncio.Future[int], grace: float,
-                     why: str) -> None:
-    """SIGTERM the child's process group, SIGKILL what is left after ``grace`` s; return when it is gone.
-
-    Args:
-        proc: The child (leader of the group).
-        exited: The child's ``wait()``; done once it is reaped.
-        grace: Seconds between SIGTERM and SIGKILL.
-        why: What the note on stderr says led to this.
-    """
-    loop = asyncio.get_running_loop()
-    _note(f"{why}; sending SIGTERM to process group {proc.pid}, SIGKILL in {grace:g} s")
-    _send(proc, signal.SIGTERM)
-
-    async def gone(until: float) -> bool:
-        while not exited.done() or _group_alive(proc):
-            left = until - loop.time()
-            if left <= 0:
-                return False
-            await asyncio.wait({exited}, timeout=min(GROUP_POLL_SECONDS, left))
-        return True
-
-    if await gone(loop.time() + grace):
-        return
-    _note(f"process group {proc.pid} still running after {grace:g} s; sending SIGKILL")
-    _send(proc, signal.SIGKILL)
-    await exited
-    await gone(loop.time() + KILLED_WAIT_SECONDS)
-
-
-#: The command whose supervision of a child is running (its notes start with it): run, or elect.
-PROGRAM: ContextVar[str] = ContextVar("fencepost_program", default="fencepost run")
-
-
-def _note(text: str) -> None:
-    print(f"{PROGRAM.get()}: {text}", file=sys.stderr, flush=True)
 
 
 async def run_locked(
@@ -535,70 +340,19 @@ async def run_locked(
                                     lease_secret=handle.lease_secret,
                                     slot=handle.slot if permits is not None else None)
             try:
-                proc = await _start(command, env)
+                proc = await start(command, env)
             except CommandError:
                 with contextlib.suppress(FencepostError):
                     await handle.release()
                 raise
             what = f"a permit of {handle.name} (slot {handle.slot})" if permits is not None else handle.name
-            _note(f"holding {what} with token {handle.token}, lease 0x{handle.lease_id:x} "
+            note(f"holding {what} with token {handle.token}, lease 0x{handle.lease_id:x} "
                   f"({handle.lease_id}), ttl {handle.ttl:g} s; running pid {proc.pid}: "
                   f"{' '.join(command)}")
-            return await _supervise(proc, handle, received, grace=grace,
+            return await supervise(proc, handle, received, grace=grace,
                                     lost_exit_code=lost_exit_code)
     finally:
         for sig in FORWARDED_SIGNALS:
             loop.remove_signal_handler(sig)
 
 
-async def _supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, received: asyncio.Queue[int],
-                     *, grace: float, lost_exit_code: int) -> RunResult:
-    """Wait for the child while forwarding signals; stop it if the hold is lost."""
-    exited = asyncio.ensure_future(proc.wait())
-    lost = asyncio.ensure_future(handle.lost.wait())
-    forwarding = asyncio.ensure_future(_forward(proc, received))
-    try:
-        await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
-        if not exited.done():
-            reason = handle.lost_reason or "lost"
-            await _end_group(proc, exited, grace, f"lost {handle.name} (token {handle.token}): {reason}")
-            status = exit_status(exited.result())
-            return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {handle.name} token {handle.token}; "
-                             f"command stopped (status {status})")
-        status = exit_status(exited.result())
-        if _group_alive(proc):  # it left processes running: they go before the lock does
-            await _end_group(proc, exited, grace, f"pid {proc.pid} exited (status {status}) and left "
-                                                  f"processes running in its group")
-        if handle.lost.is_set():
-            reason = handle.lost_reason or "lost"
-            return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {handle.name} token {handle.token} was lost before "
-                             f"the command exited (status {status})")
-        try:
-            await handle.release()
-        except (LeaseLost, NotHolder, StaleTokenError) as err:
-            reason = getattr(err, "reason", None) or type(err).__name__
-            return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {handle.name} token {handle.token} was lost before "
-                             f"it was released (command status {status})")
-        except FencepostError as err:
-            # Unreachable coordinator: the hold was not known to be lost while the
-            # command ran; the lease expires one TTL after the last keepalive.
-            return RunResult(status, status, None,
-                             f"could not release {handle.name} ({type(err).__name__}); it is "
-                             f"freed when the lease expires, within {handle.ttl:g} s")
-        return RunResult(status, status)
-    finally:
-        forwarding.cancel()
-        lost.cancel()
-        if not exited.done() or _group_alive(proc):  # only when cancelled from outside
-            _send(proc, signal.SIGKILL)
-            with contextlib.suppress(BaseException):
-                await exited
-
-
-async def _forward(proc: asyncio.subprocess.Process, received: asyncio.Queue[int]) -> None:
-    while True:
-        sig = await received.get()
-        _send(proc, sig)

@@ -45,17 +45,13 @@ from .common import (
     CallFailed,
     CliError,
     Formatter,
-    address_flag,
-    addresses_of,
     call,
     call_error,
     epilog,
     lease_hex,
-    lock_name,
-    tls_flags,
-    tls_of,
     tls_words,
 )
+from .flags import address_flag, addresses_of, lock_name, tls_flags, tls_of
 
 __all__ = ["HEALTH_SERVICE", "PROBE_NAME", "add_parser", "execute"]
 

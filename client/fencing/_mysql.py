@@ -71,7 +71,7 @@ from typing import Any
 
 from ..errors import MissingRecordError, StaleTokenError
 from ._guard import TOKEN_FIELD, RejectHook
-from ._sql import SqlGuard, _check_columns, _q, update_statement
+from ._sql import SqlGuard, check_columns, quoted, update_statement
 
 #: pymysql.constants.CLIENT.FOUND_ROWS: affected rows = matched rows (not changed rows).
 CLIENT_FOUND_ROWS = 2
@@ -101,13 +101,13 @@ def mysql_upsert_statement(table: str, key_column: str, columns: list[str], *,
         InvalidArgument: a name is not an identifier, or ``columns`` names the
             key or the token column (field ``values``).
     """
-    _check_columns(table, key_column, token_column, columns)
+    check_columns(table, key_column, token_column, columns)
     names = [key_column, *columns, token_column]
-    tok = _q(token_column, "`")
+    tok = quoted(token_column, "`")
     cond = f"{tok} IS NULL OR {tok} <= %s"
     # Left to right: the token column comes last so every condition reads the stored token.
-    sets = ", ".join(f"{_q(c, '`')} = IF({cond}, %s, {_q(c, '`')})" for c in [*columns, token_column])
-    return (f"INSERT INTO {_q(table, '`')} ({', '.join(_q(n, '`') for n in names)}) "
+    sets = ", ".join(f"{quoted(c, '`')} = IF({cond}, %s, {quoted(c, '`')})" for c in [*columns, token_column])
+    return (f"INSERT INTO {quoted(table, '`')} ({', '.join(quoted(n, '`') for n in names)}) "
             f"VALUES ({', '.join('%s' for _ in names)}) ON DUPLICATE KEY UPDATE {sets}")
 
 
@@ -242,8 +242,8 @@ class MySqlGuard(SqlGuard):
         """The row's token read with FOR UPDATE (current, not snapshot): (token, row found)."""
         cur = self.conn.cursor()
         try:
-            cur.execute(f"SELECT {_q(self.token_column, '`')} FROM {_q(self.table, '`')} "
-                        f"WHERE {_q(self.key_column, '`')} = %s FOR UPDATE", [key])
+            cur.execute(f"SELECT {quoted(self.token_column, '`')} FROM {quoted(self.table, '`')} "
+                        f"WHERE {quoted(self.key_column, '`')} = %s FOR UPDATE", [key])
             row = cur.fetchone()
         finally:
             cur.close()

@@ -58,7 +58,7 @@ _PLACEHOLDERS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 MYSQL_DRIVERS = frozenset({"pymysql", "MySQLdb", "mysql", "mariadb"})
 
 
-def _q(name: str, quote: str = '"') -> str:
+def quoted(name: str, quote: str = '"') -> str:
     return f"{quote}{name}{quote}"
 
 
@@ -91,7 +91,7 @@ def _paramstyle(conn: Any, paramstyle: str | None) -> str:
     return _PLACEHOLDERS[paramstyle]
 
 
-def _check_columns(table: str, key_column: str, token_column: str, columns: list[str]) -> None:
+def check_columns(table: str, key_column: str, token_column: str, columns: list[str]) -> None:
     """Check the names of a statement: identifiers, and no written column that the guard owns.
 
     The token column is written by the guard alone (a caller's value there
@@ -130,12 +130,12 @@ def update_statement(table: str, key_column: str, columns: list[str], *,
         InvalidArgument: a name is not an identifier, or ``columns`` names the
             key or the token column (field ``values``).
     """
-    _check_columns(table, key_column, token_column, columns)
+    check_columns(table, key_column, token_column, columns)
     p = placeholder
-    sets = "".join(f"{_q(c, quote)} = {p}, " for c in columns)
-    tok = _q(token_column, quote)
-    return (f"UPDATE {_q(table, quote)} SET {sets}{tok} = {p} "
-            f"WHERE {_q(key_column, quote)} = {p} AND ({tok} IS NULL OR {tok} <= {p})")
+    sets = "".join(f"{quoted(c, quote)} = {p}, " for c in columns)
+    tok = quoted(token_column, quote)
+    return (f"UPDATE {quoted(table, quote)} SET {sets}{tok} = {p} "
+            f"WHERE {quoted(key_column, quote)} = {p} AND ({tok} IS NULL OR {tok} <= {p})")
 
 
 def upsert_statement(table: str, key_column: str, columns: list[str], *,
@@ -146,15 +146,15 @@ def upsert_statement(table: str, key_column: str, columns: list[str], *,
         InvalidArgument: a name is not an identifier, or ``columns`` names the
             key or the token column (field ``values``).
     """
-    _check_columns(table, key_column, token_column, columns)
+    check_columns(table, key_column, token_column, columns)
     p = placeholder
     names = [key_column, *columns, token_column]
-    tok = _q(token_column)
-    sets = ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in [*columns, token_column])
-    return (f"INSERT INTO {_q(table)} ({', '.join(_q(n) for n in names)}) "
+    tok = quoted(token_column)
+    sets = ", ".join(f"{quoted(c)} = excluded.{quoted(c)}" for c in [*columns, token_column])
+    return (f"INSERT INTO {quoted(table)} ({', '.join(quoted(n) for n in names)}) "
             f"VALUES ({', '.join(p for _ in names)}) "
-            f"ON CONFLICT ({_q(key_column)}) DO UPDATE SET {sets} "
-            f"WHERE {_q(table)}.{tok} IS NULL OR {_q(table)}.{tok} <= excluded.{tok}")
+            f"ON CONFLICT ({quoted(key_column)}) DO UPDATE SET {sets} "
+            f"WHERE {quoted(table)}.{tok} IS NULL OR {quoted(table)}.{tok} <= excluded.{tok}")
 
 
 def add_token_column(conn: Any, table: str, *, token_column: str = TOKEN_FIELD,
@@ -181,7 +181,7 @@ def add_token_column(conn: Any, table: str, *, token_column: str = TOKEN_FIELD,
     quote = "`" if is_mysql(conn) else '"'
     cur = conn.cursor()
     try:
-        cur.execute(f"ALTER TABLE {_q(table, quote)} ADD COLUMN {_q(token_column, quote)} BIGINT")
+        cur.execute(f"ALTER TABLE {quoted(table, quote)} ADD COLUMN {quoted(token_column, quote)} BIGINT")
     finally:
         cur.close()
     if commit:
@@ -224,7 +224,7 @@ class SqlGuard(FencingGuard):
         if is_mysql(conn) and not self.mysql:
             raise InvalidArgument("conn is a MySQL/MariaDB connection: use MySqlGuard (MySQL has no ON CONFLICT "
                                   "and quotes names with backticks)", field="conn")
-        _check_columns(table, key_column, token_column, [])
+        check_columns(table, key_column, token_column, [])
         self.table = table
         self.key_column = key_column
         self.token_column = token_column
@@ -322,8 +322,8 @@ class SqlGuard(FencingGuard):
         p = self.placeholder
         cur = self.conn.cursor()
         try:
-            cur.execute(f"SELECT {_q(self.token_column)} FROM {_q(self.table)} "
-                        f"WHERE {_q(self.key_column)} = {p}", [key])
+            cur.execute(f"SELECT {quoted(self.token_column)} FROM {quoted(self.table)} "
+                        f"WHERE {quoted(self.key_column)} = {p}", [key])
             row = cur.fetchone()
         finally:
             cur.close()

@@ -41,16 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..common import (
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    CliError,
-    Formatter,
-    parse_address,
-    parse_ttl,
-)
+from ..common import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError, Formatter
+from ..flags import parse_address, parse_ttl
 from .scenario import INVOICE_ID, DemoError, RunRecord, Store, run_scenario
 from .timeline import timeline
 
