@@ -4,5 +4,6 @@
   addresses, request ids);
 - :mod:`.tls`: TLS settings (:class:`~.tls.TlsConfig`) and how channels are opened;
 - :mod:`.handshake`: why a TLS handshake failed, in words;
-- :mod:`.transport`: the channel to one coordinator at a time, rotation, and every unary call's retries.
+- :mod:`.connection`: the channel to one coordinator at a time, rotation, waiting for a connection;
+- :mod:`.transport`: every unary call's retries, error mapping and span, over that connection.
 """
