@@ -15,7 +15,7 @@ import pytest
 
 from fencepost.client import AsyncLockClient, InvalidArgument, LockClient, Revoked
 from fencepost.client.v1 import details, kinds, lock_pb2
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.process.coordinator import Coordinator
 
 from .conftest import assert_invalid_field, wait_for
 from .owned_stub import OwnedStub

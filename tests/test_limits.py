@@ -1,4 +1,4 @@
-"""Limits against one bad or buggy client (coordinator/limits.py, issue 9).
+"""Limits against one bad or buggy client (coordinator/admission/limits.py, issue 9).
 
 Unit tests of the token bucket and the tracker run on an injected clock;
 the others drive a real coordinator (small limits) through the generated
@@ -20,9 +20,9 @@ import pytest
 
 import fencepost.client as fc
 from fencepost.client.v1 import details, lock_pb2, lock_pb2_grpc
-from fencepost.coordinator import limits as limits_mod
-from fencepost.coordinator.events import FIELDS_ATTR
-from fencepost.coordinator.limits import (
+from fencepost.coordinator.admission import limits as limits_mod
+from fencepost.coordinator.telemetry.events import FIELDS_ATTR
+from fencepost.coordinator.admission.limits import (
     LOG_INTERVAL_SECONDS,
     LimitTracker,
     Limits,
@@ -30,7 +30,7 @@ from fencepost.coordinator.limits import (
     add_limit_arguments,
     limits_from_args,
 )
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.process.coordinator import Coordinator
 
 from .owned_stub import OwnedStub
 

@@ -1,6 +1,6 @@
 """Overload: while the coordinator stays behind, new leases are refused and live ones kept alive.
 
-Overload is what lasts (coordinator/overload.py): the figure is the smallest
+Overload is what lasts (coordinator/admission/overload.py): the figure is the smallest
 of the last few measurements, so a single pause does not count. The
 in-process coordinator shares the test's event loop: blocking that loop
 once (``time.sleep`` in it) is a coordinator SIGSTOPped and continued; a
@@ -19,8 +19,8 @@ import pytest
 
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2
-from fencepost.coordinator.limits import FLAGS, Limits, limits_from_args
-from fencepost.coordinator.overload import TICKS, LoopLag
+from fencepost.coordinator.admission.limits import FLAGS, Limits, limits_from_args
+from fencepost.coordinator.admission.overload import TICKS, LoopLag
 
 from .conftest import error_info, wait_for
 from .owned_stub import OwnedStub

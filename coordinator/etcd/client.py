@@ -3,8 +3,8 @@
 It sends each call to the current member (:class:`~.members.Members`), with
 the auth token as ``token`` metadata when the coordinator has etcd
 credentials, under the per-call deadline and retry rule of its operation
-(:data:`~.policy.RULES`), and turns a failure that ends the call into the
-coordinator's error (:func:`~.policy.error_for`). A Txn whose outcome is
+(:data:`~.failures.RULES`), and turns a failure that ends the call into the
+coordinator's error (:func:`~.failures.error_for`). A Txn whose outcome is
 unknown is resolved by its :class:`TxnPlan`'s read-back, never re-sent
 blindly. The lock Txns (:meth:`EtcdClient.lock_txn`) that arrive while one
 is in flight go to etcd together as one Txn (:mod:`.batch`).
@@ -42,13 +42,12 @@ from fencepost.client.v1 import etcdops
 from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
 from fencepost.client.v1.retry import ETCD_BACKOFF, Backoff
 
-from ..errors import etcd_unavailable
-from ..lock_metrics import NO_METRICS, LockMetrics
+from ..telemetry.metrics import NO_METRICS, LockMetrics
 from . import deadline
 from .batch import DEFAULT_MAX_REQUESTS, DEFAULT_MAX_TXN_OPS, TxnBatcher
+from .failures import RULES, UNKNOWN_OUTCOME, Failure, Op, Rule, classify, error_for, etcd_unavailable
 from .keepalive import KeepAlives
 from .members import EtcdAuth, EtcdTls, Members
-from .policy import RULES, UNKNOWN_OUTCOME, Failure, Op, Rule, classify, error_for
 
 __all__ = ["NOT_APPLIED", "EtcdClient", "HeaderWatch", "Stubs", "TxnPlan"]
 
@@ -110,7 +109,7 @@ class Stubs:
 
 
 class HeaderWatch(Protocol):
-    """Sees the header of every linearizable KV answer (:class:`~fencepost.coordinator.tokens.TokenFloor`)."""
+    """Sees the header of every linearizable KV answer (:class:`~fencepost.coordinator.recipes.tokens.TokenFloor`)."""
 
     def mark(self) -> int:
         """Taken before a Range or Txn is sent."""
@@ -570,7 +569,7 @@ class EtcdClient:
     async def _unary(self, op: Op, method: Callable[[Stubs], Any], request: Any, *, name: str | None = None,
                      lease_id: int | None = None, read_back: Callable[[], Awaitable[Any]] | None = None,
                      anonymous: bool = False) -> Any:
-        """Send one unary call under ``op``'s rule (see :mod:`.policy`)."""
+        """Send one unary call under ``op``'s rule (see :mod:`.failures`)."""
         rule = self._rules[op]
         delays = self._backoff.delays()
         failure, last = Failure.TIMEOUT, None

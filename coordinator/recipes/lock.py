@@ -1,0 +1,709 @@
+"""The lock algorithm on etcd: acquire, release, describe.
+
+After etcd's ``concurrency.Mutex`` (client/v3/concurrency/mutex.go): a lock
+named N is a key range; each contender puts one key attached to its lease;
+the holder is the key with the lowest create revision; a waiter waits for the
+deletion of the key just before its own (first come, first served, no
+thundering herd). The fencing token is the holder key's create revision
+plus the token floor (:mod:`.tokens`; 0 until an operator recovers from an
+etcd restore): etcd revisions are cluster-wide and only grow, so each new
+holder of N gets a strictly larger token (Kleppmann 2016; Chubby's
+sequencers, Burrows 2006). Inside this module revisions are revisions; they
+become tokens (and tokens revisions) only through the :class:`~.tokens.TokenFloor`.
+
+Costs with a lease granted beforehand: an uncontended acquire is one etcd
+Txn, a release one Txn. A lock-delay (:mod:`.lock_delay`) adds a compare or
+a range read to the grants' Txns and reads and a nested Txn to the
+releases', and etcd requests only to the holds that ask for one. Every "is this still the holder" decision is made by
+a compare inside one Txn (:func:`fencepost.client.v1.etcdops.is_owner`),
+never by a read followed by a write. Every Txn goes through the etcd layer
+with a read-back that resolves it when its outcome is unknown. Each Txn of
+one lock (all its ops in that lock's key range) goes through
+:meth:`~..etcd.EtcdClient.lock_txn`, which sends concurrent ones of different
+locks to etcd as one Txn (:mod:`..etcd.batch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from fencepost.client.errors import (
+    FencepostError,
+    LeaseLost,
+    LockTimeout,
+    NotHolder,
+    ResourceExhausted,
+    StaleTokenError,
+    Unavailable,
+)
+from fencepost.client.v1 import etcdops
+from fencepost.client.v1.details import ErrorReason, reason_name
+from fencepost.client.v1.keys import Hold, Keys
+from fencepost.client.v1.retry import ETCD_BACKOFF
+
+from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
+from ..telemetry.metrics import NO_METRICS, LockMetrics
+from .lock_delay import HeldBack, LockDelays, validate_lock_delay
+from .tokens import TokenFloor
+from .validate import validate_lease_id, validate_lock_name, validate_token
+from .watch import DeleteWatcher
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Most queued contenders listed by describe().
+DESCRIBE_WAITERS = 100
+
+#: Seconds the key of a waiting Acquire that ended without an answer (the call
+#: was cancelled: the caller gave up, or its connection broke) is kept before
+#: it is deleted. A caller whose connection broke Acquires again within this
+#: time, here or on another replica, and keeps its key, its revision and so its
+#: place in the queue; a caller that gave up withdraws its key itself at once
+#: (the Withdraw call). A grant cannot wait for this: the key of a call that
+#: ended after its grant is the caller's to release.
+REATTACH_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A contender: its lease and the fencing token of its key (the token it holds, or will hold, under)."""
+
+    lease_id: int
+    token: int
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    """The outcome of acquire(): granted with ``token``, or (try once only) the current holder.
+
+    ``freed_at``: for a grant after a wait, the monotonic clock reading when the
+    deletion that made this contender the holder reached the lock watch (the
+    previous hold's end, for ``fencepost_handoff_seconds``); None otherwise.
+    """
+
+    acquired: bool
+    token: int = 0
+    holder: Holder | None = None
+    freed_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Description:
+    """A snapshot of one lock at one etcd revision."""
+
+    holder: Holder | None
+    ttl_remaining_seconds: int
+    ttl_seconds: int
+    waiter_count: int
+    waiters: list[Holder] = field(default_factory=list)
+    revision: int = 0
+
+
+def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_alive: bool, *,
+                    floor: int = 0) -> FencepostError:
+    """The error of a release whose ``is_owner`` compare failed.
+
+    Args:
+        hold: What the caller asked to release.
+        mine: The lease's key in that lock as read in the Txn's failure
+            branch (a KeyValue), None when it has none.
+        holder: The lock's holder read in the same failure branch, None when free.
+        lease_alive: Whether the lease still exists (only consulted when ``mine`` is None).
+        floor: The token floor (the token of ``mine`` is its create revision + ``floor``).
+
+    Returns:
+        StaleTokenError (the lease's key is newer: ``current_token`` is its
+        token), LeaseLost (no key and no lease), or NotHolder
+        (``current_token`` is the holder's token when the lock is held).
+    """
+    name, lease_id, token = hold
+    current = holder.token if holder is not None else None
+    if mine is not None:
+        created = int(mine.create_revision) + floor
+        if created > token:
+            return StaleTokenError(f"token {token} of {name!r} is stale: the lease holds it under {created}",
+                                   name=name, lease_id=lease_id, token=token, current_token=created)
+        return NotHolder(f"token {token} was not granted to lease {lease_id:#x} for {name!r} (its key there "
+                         f"has token {created})", name=name, lease_id=lease_id, token=token, current_token=current)
+    if not lease_alive:
+        return LeaseLost(f"lease {lease_id:#x} has expired or was revoked", name=name, lease_id=lease_id)
+    return NotHolder(f"lease {lease_id:#x} does not hold {name!r}", name=name, lease_id=lease_id, token=token,
+                     current_token=current)
+
+
+class LockManager:
+    """Acquire, release and describe locks stored in etcd.
+
+    Args:
+        etcd: the coordinator's etcd layer.
+        keys: the key layout.
+        watcher: the running deletion watcher for the same prefix.
+        max_waiters: most Acquire calls that may wait at once on this coordinator.
+        metrics: follows the number of those (``fencepost_waiting_acquires``).
+        reattach_seconds: how long the key of a waiting Acquire that ended without
+            an answer (cancelled) is kept for the caller to Acquire again in its place.
+        tokens: turns revisions into fencing tokens and refuses while tokens would
+            go back; None for a floor of 0 that never refuses.
+    """
+
+    def __init__(self, etcd: EtcdClient, keys: Keys, watcher: DeleteWatcher, *, max_waiters: int = 10_000,
+                 metrics: LockMetrics = NO_METRICS, reattach_seconds: float = REATTACH_SECONDS,
+                 tokens: TokenFloor | None = None) -> None:
+        self._etcd = etcd
+        self._tokens = tokens if tokens is not None else TokenFloor(None, keys)
+        self._metrics = metrics
+        self._keys = keys
+        self._watcher = watcher
+        self._delays = LockDelays(etcd, keys, watcher)
+        self._max_waiters = max_waiters
+        self._waiting = 0
+        self._reattach_seconds = reattach_seconds
+        self._later: set[asyncio.Task[None]] = set()
+        self._writing: dict[bytes, asyncio.Future[Any]] = {}  # key -> an Acquire's write in flight
+
+    @property
+    def waiting(self) -> int:
+        """The Acquire calls with a wait in progress on this coordinator."""
+        return self._waiting
+
+    @property
+    def tokens(self) -> TokenFloor:
+        """The token floor: every token this module hands out or checks goes through it."""
+        return self._tokens
+
+    @property
+    def etcd(self) -> EtcdClient:
+        """The etcd layer the locks live in (read-only listings use it directly)."""
+        return self._etcd
+
+    @property
+    def watcher(self) -> DeleteWatcher:
+        """The deletion watcher the waits use."""
+        return self._watcher
+
+    @property
+    def reattach_seconds(self) -> float:
+        """How long the key of a cancelled waiting call is kept for its caller to come back (REATTACH_SECONDS)."""
+        return self._reattach_seconds
+
+    def pending_write(self, key: bytes) -> asyncio.Future[Any] | None:
+        """The write of contender key ``key`` by an Acquire still in flight here, if any (a withdrawal waits for it)."""
+        return self._writing.get(key)
+
+    async def acquire(self, name: str, lease_id: int, wait: float | None, lock_delay: int = 0, *,
+                      value: bytes | None = None) -> AcquireResult:
+        """Take lock ``name`` for lease ``lease_id``.
+
+        Args:
+            name: the lock name (validated here).
+            lease_id: the contender's lease.
+            wait: 0.0 to try once, seconds to wait at most, or None to wait
+                until granted or cancelled.
+            lock_delay: the lock-delay of this hold in whole seconds, 0 to 3600
+                (:mod:`.lock_delay`): after an unclean end of it, the next grant waits.
+                Any grant waits for the delay of an earlier hold that ended uncleanly;
+                meanwhile a try-once Acquire answers acquired=False with no holder.
+            value: the value of the contender's key (an election candidate's,
+                :mod:`.election`); a key already there (the same lease asking
+                again) gets it too. None: a lock's empty value, and a try-once
+                Acquire leaves a key already there as it is.
+
+        Returns:
+            acquired=True with the fencing token; or, only when trying once,
+            acquired=False with the current holder (nothing is left queued).
+            Idempotent per (lease, name): a lease that already holds the lock
+            gets the same token again.
+
+        Raises:
+            InvalidArgument: bad name, lease id or lock_delay.
+            LockTimeout: not granted within ``wait`` seconds (the waiter key is deleted).
+            LeaseLost: the lease is gone, or the waiter key was deleted while waiting.
+            ResourceExhausted: this coordinator's queue limit (TOO_MANY_WAITERS).
+            DataLoss: tokens would go back (etcd restored from an older snapshot);
+                a key written for this call is withdrawn.
+            Unavailable: etcd unreachable.
+        """
+        validate_lock_name(name)
+        validate_lease_id(lease_id)
+        validate_lock_delay(lock_delay)
+        if wait == 0:
+            return await self._issued(name, lease_id, await self._try_once(name, lease_id, lock_delay, value))
+        if self._waiting >= self._max_waiters:
+            raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
+                                    reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
+        self._waiting += 1
+        self._metrics.waiting_acquires(+1)
+        try:
+            result = await self._acquire_waiting(name, lease_id, wait, lock_delay=lock_delay, value=value or b"")
+        finally:
+            self._waiting -= 1
+            self._metrics.waiting_acquires(-1)
+        return await self._issued(name, lease_id, result)
+
+    async def queue(self, name: str, lease_id: int, wait: float | None, *, places: int) -> AcquireResult:
+        """Queue ``lease_id`` in lock ``name`` and wait until fewer than ``places`` keys are before its key.
+
+        A semaphore's queue (:mod:`.semaphore`): its first ``places`` members
+        may hold permits. Queued and waited for as a waiting :meth:`acquire`
+        (counted in :attr:`waiting`, kept for :data:`REATTACH_SECONDS` when the
+        call is cancelled, withdrawn on timeout); ``places`` = 1 is a lock's wait.
+
+        Args:
+            name: the lock name (validated here).
+            lease_id: the contender's lease.
+            wait: seconds to wait at most (0.0: only if among the first ``places`` at once),
+                or None to wait until then or cancelled.
+            places: how many keys may be at the front (>= 1).
+
+        Returns:
+            acquired=True with ``token`` the key's create revision (not a fencing
+            token: the caller takes it no further than its own compares).
+
+        Raises:
+            As :meth:`acquire` (LockTimeout also for ``wait`` 0: the key is withdrawn).
+        """
+        validate_lock_name(name)
+        validate_lease_id(lease_id)
+        if self._waiting >= self._max_waiters:
+            raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
+                                    reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
+        self._waiting += 1
+        self._metrics.waiting_acquires(+1)
+        try:
+            return await self._acquire_waiting(name, lease_id, wait, places)
+        finally:
+            self._waiting -= 1
+            self._metrics.waiting_acquires(-1)
+
+    async def _issued(self, name: str, lease_id: int, result: AcquireResult) -> AcquireResult:
+        """``result`` (create revisions) with fencing tokens; a grant refused by the token floor is withdrawn."""
+        try:
+            if result.acquired:
+                return replace(result, token=self._tokens.token(result.token))
+            holder = result.holder
+            return AcquireResult(False, holder=None if holder is None else Holder(
+                holder.lease_id, self._tokens.token(holder.token)))
+        except FencepostError:
+            if result.acquired:  # granted in etcd, but its token would not be safe: leave no hold behind
+                await self._withdraw(self._keys.contender(name, lease_id), result.token)
+            raise
+
+    async def _try_once(self, name: str, lease_id: int, lock_delay: int, value: bytes | None = None) -> AcquireResult:
+        key = self._keys.contender(name, lease_id)
+        lock = self._keys.lock_prefix(name)
+
+        def owned(owners: Any) -> AcquireResult:
+            if not owners.kvs:
+                return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back: the lock is free
+            owner = owners.kvs[0]
+            if bytes(owner.key) == key:
+                return AcquireResult(True, token=int(owner.create_revision))
+            return AcquireResult(False, holder=self._contender(owner))
+
+        def decide(resp: Any) -> AcquireResult | HeldBack:
+            if resp.succeeded:
+                return AcquireResult(True, token=int(resp.header.revision))
+            owners, delays = resp.responses[0].response_range, resp.responses[1].response_range
+            if not owners.kvs:  # free, but a lock-delay holds it back (lock_delay.py)
+                return HeldBack(delays, int(resp.header.revision))
+            return owned(owners)
+
+        # A value to set (an election's): the failure branch also rewrites our key if it is there with another value.
+        rewrite = [] if value is None else [etcdops.txn_op([etcdops.value_differs(key, value)],
+                                                           [etcdops.put(key, value, lease_id=lease_id)])]
+
+        async def grant() -> AcquireResult | HeldBack:
+            result = await self._etcd.lock_txn(TxnPlan(
+                etcdops.txn([etcdops.is_free(lock), self._delays.is_clear(lock)],
+                            [etcdops.put(key, value or b"", lease_id=lease_id)],
+                            [etcdops.holder_of(lock), self._delays.read(lock), *rewrite]),
+                decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
+                name=name, lease_id=lease_id), lock)
+            if lock_delay and isinstance(result, AcquireResult) and result.acquired:
+                await self._delays.remember(lock, key, lease_id, result.token, lock_delay)
+            return result
+
+        # The whole range compares to create revision 0 only when it is empty.
+        # A cancelled call's Txn goes on (tracked: a Withdraw waits for it); a grant that reaches
+        # nobody is withdrawn REATTACH_SECONDS later, unless the caller Acquires again meanwhile.
+        step = self._writing_step(key, grant())
+        try:
+            result = await asyncio.shield(step)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                done = await step
+                if isinstance(done, AcquireResult) and done.acquired:
+                    self._withdraw_later(key, done.token, done.token)
+            raise
+        if isinstance(result, HeldBack):
+            await self._delays.gate(lock, key, lease_id, 0, lock_delay, result.delays, result.revision, wait=False)
+            return AcquireResult(False)
+        return result
+
+    async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None,
+                               places: int = 1, value: bytes = b"", lock_delay: int = 0) -> AcquireResult:
+        key = self._keys.contender(name, lease_id)
+        lock = self._keys.lock_prefix(name)
+
+        # (our key's create revision, its mod revision, the create revisions of the first `places` keys,
+        # the lock-delay range)
+        def queued(mine: Any, owners: Any, delays: Any) -> tuple[int, int, list[int], Any]:
+            if not mine.kvs:
+                return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back
+            firsts = [int(kv.create_revision) for kv in owners.kvs]
+            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), firsts, delays
+
+        def decide(resp: Any) -> tuple[int, int, list[int], Any]:
+            if resp.succeeded:
+                owners, delays = resp.responses[1].response_range, resp.responses[2].response_range
+                revision = int(resp.header.revision)
+                return revision, revision, [int(kv.create_revision) for kv in owners.kvs], delays
+            _, mine, owners, delays = (r.response_range if r.WhichOneof("response") == "response_range" else None
+                                       for r in resp.responses)
+            if not mine.kvs:  # deleted between the compare and the read: cannot be, Txn is atomic
+                raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
+            return queued(mine, owners, delays)
+
+        def resolve(resp: Any) -> tuple[int, int, list[int], Any]:
+            # Read back after a lost answer: our key is there, created or touched by this call or before it.
+            return queued(*(r.response_range for r in resp.responses))
+
+        # A key already there (this lease queued before, and its call ended: a broken connection, a
+        # coordinator that stopped) is kept with its create revision, its place in the queue, and
+        # written again: the new mod revision tells a pending deferred withdrawal that it was reattached.
+        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock, limit=places), self._delays.read(lock)]
+        step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
+            etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, value, lease_id=lease_id), *reads[1:]],
+                        [etcdops.put(key, value, lease_id=lease_id), *reads]),
+            decide, reads, resolve, name=name, lease_id=lease_id), lock))
+        try:
+            my_rev, mod_rev, firsts, delays = await asyncio.shield(step)
+        except asyncio.CancelledError:
+            # Cancelled while queueing: finish the write, then withdraw the key unless it is reattached.
+            with contextlib.suppress(Exception):
+                my_rev, mod_rev, _, _ = await step
+                self._withdraw_later(key, my_rev, mod_rev)
+            raise
+        if my_rev in firsts and self._delays.settled(delays, lease_id, my_rev, lock_delay):
+            return AcquireResult(True, token=my_rev)
+        try:
+            async with asyncio.timeout(wait):
+                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev, places, lock_delay)
+            return AcquireResult(True, token=my_rev, freed_at=freed_at)
+        except TimeoutError as exc:
+            await self._withdraw(key, my_rev)
+            raise LockTimeout(f"lock {name!r} not granted within {wait:.3f} s", name=name, lease_id=lease_id) from exc
+        except asyncio.CancelledError:
+            # The call ended without an answer: the caller gave up (its client then withdraws), or its
+            # connection broke (it will Acquire again, here or on another replica, and keep its place).
+            self._withdraw_later(key, my_rev, mod_rev)
+            raise
+        except BaseException:
+            await self._withdraw(key, my_rev)
+            raise
+
+    def _writing_step(self, key: bytes, write: Awaitable[T]) -> asyncio.Future[T]:
+        """Run an Acquire's write of ``key`` as a task a Withdraw of the same key waits for.
+
+        The write of a cancelled Acquire goes on; without this, the caller's
+        Withdraw could reach etcd first, find nothing, and the late write
+        would then leave a key (a grant) nobody knows of.
+        """
+        step = asyncio.ensure_future(write)
+        self._writing[key] = step
+
+        def done(finished: asyncio.Future[T]) -> None:
+            if self._writing.get(key) is finished:
+                del self._writing[key]
+
+        step.add_done_callback(done)
+        return step
+
+    def _withdraw_later(self, key: bytes, my_rev: int, mod_rev: int) -> None:
+        """Delete a waiter key after :data:`REATTACH_SECONDS` unless an Acquire wrote it again meanwhile."""
+        async def later() -> None:
+            await asyncio.sleep(self._reattach_seconds)
+            plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev), etcdops.is_unchanged(key, mod_rev)],
+                                       [etcdops.delete(key), self._forget(key, my_rev)]),
+                           lambda resp: bool(resp.succeeded), [], lambda resp: True)
+            try:
+                if await self._etcd.lock_txn(plan, _lock_of(key)):
+                    _log.debug("withdrew waiter key %r of an Acquire that ended without an answer", key)
+            except FencepostError as exc:
+                _log.warning("could not withdraw waiter key %r: %s", key, exc)
+
+        with unbounded():
+            task = asyncio.ensure_future(later())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def withdraw(self, name: str, lease_id: int) -> tuple[bool, bool, int]:
+        """Delete the key of ``lease_id`` in lock ``name``, a hold or a queued wait, whatever its token.
+
+        For a caller that gave up an Acquire whose outcome it does not know.
+        Idempotent.
+
+        Args:
+            name: the lock name (validated here).
+            lease_id: the contender's lease.
+
+        Returns:
+            (found: the lease had a key there, held: that key held the lock,
+            revision: of the deletion, or of the read that found none).
+
+        Raises:
+            InvalidArgument: bad name or lease id.
+            Unavailable: etcd unreachable.
+        """
+        validate_lock_name(name)
+        validate_lease_id(lease_id)
+        key = self._keys.contender(name, lease_id)
+        lock = self._keys.lock_prefix(name)
+        pending = self._writing.get(key)
+        if pending is not None:  # an Acquire's write of this key still in flight here: let it land first
+            await asyncio.wait({pending})
+
+        def decide(resp: Any) -> tuple[bool, bool, int]:
+            mine, owners = resp.responses[0].response_range, resp.responses[1].response_range
+            found = bool(mine.kvs)
+            held = found and bool(owners.kvs) and bytes(owners.kvs[0].key) == key
+            return found, held, int(resp.header.revision)
+
+        def resolve(resp: Any) -> tuple[bool, bool, int]:
+            if resp.responses[0].response_range.kvs:
+                return NOT_APPLIED  # type: ignore[no-any-return]  # still there: send again
+            return False, False, int(resp.header.revision)
+
+        return await self._etcd.lock_txn(TxnPlan(
+            etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), etcdops.delete(key),
+                             self._delays.forget(lock, lease_id, None)]),
+            decide, [etcdops.get(key, keys_only=True)], resolve, name=name, lease_id=lease_id), lock)
+
+    async def close(self) -> None:
+        """Stop the deferred withdrawals still waiting (their keys end with their leases)."""
+        for task in list(self._later):
+            task.cancel()
+        for task in list(self._later):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int,
+                         places: int = 1, lock_delay: int = 0) -> float | None:
+        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range (fewer than ``places`` before
+        it), and any lock-delay has passed.
+
+        With ``places`` > 1 (a semaphore's queue) it waits for the deletion of
+        any of the ``places`` keys just before its own: a deletion further
+        ahead leaves at least ``places`` before it and does not change which
+        keys those nearest are (no key is ever created before an existing one).
+
+        Returns:
+            The monotonic clock reading when the deletion of the last key
+            waited for was seen: the key before ours, deleted when nothing was
+            before it, so the holder's (the hand-off's start). None when the
+            wait did not end on a deletion event (the watch could not tell),
+            or a lock-delay held the grant back.
+        """
+        delays = ETCD_BACKOFF.delays()
+        freed_at: float | None = None
+        while True:
+            try:
+                resp = await self._etcd.read([etcdops.last_before(lock, my_rev, limit=places), self._delays.read(lock)],
+                                             compare=[etcdops.is_owner(key, my_rev)], name=name, lease_id=lease_id)
+                if resp.succeeded and len(resp.responses[0].response_range.kvs) < places:
+                    # First (among the first `places`) at this revision: granted, unless a lock-delay runs
+                    # (then read again after it).
+                    if await self._delays.gate(lock, key, lease_id, my_rev, lock_delay,
+                                               resp.responses[1].response_range, int(resp.header.revision)):
+                        return freed_at
+                    freed_at = None
+                    continue
+            except Unavailable:
+                await asyncio.sleep(next(delays))  # etcd blip: keep our place, retry within the wait
+                continue
+            delays = ETCD_BACKOFF.delays()
+            if not resp.succeeded:
+                # Our key is gone: the lease expired or was revoked, or someone deleted it.
+                raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
+                                name=name, lease_id=lease_id)
+            predecessors = resp.responses[0].response_range.kvs
+            seen = await wait_any_deleted(self._watcher, [bytes(kv.key) for kv in predecessors],
+                                      int(resp.header.revision))
+            freed_at = time.monotonic() if seen else None
+
+    async def _withdraw(self, key: bytes, my_rev: int) -> None:
+        """Delete our waiter key (if it is still the one we created), shielded from cancellation."""
+        def gone(resp: Any) -> bool:
+            kvs = resp.responses[0].response_range.kvs
+            return NOT_APPLIED if kvs and int(kvs[0].create_revision) == my_rev else True  # type: ignore[no-any-return]
+
+        plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev)], [etcdops.delete(key), self._forget(key, my_rev)]),
+                       lambda resp: True, [etcdops.get(key, keys_only=True)], gone)
+        try:
+            with unbounded():  # not bounded by the deadline of the call that ends
+                await _finish_even_if_cancelled(self._etcd.lock_txn(plan, _lock_of(key)))
+        except FencepostError as exc:
+            # The key stays until its lease ends; log it so an operator can see it.
+            _log.warning("could not withdraw waiter key %r: %s", key, exc)
+
+    async def release(self, name: str, lease_id: int, token: int, *, also: Sequence[Any] = ()) -> int:
+        """Release the hold of ``name`` by ``lease_id`` granted with ``token``: one Txn.
+
+        Args:
+            name, lease_id, token: The hold.
+            also: Ops added to the Txn's success branch, applied with the
+                release only: the call's request record (:mod:`.requests`).
+
+        Returns:
+            The etcd revision of the release (when its answer was lost and
+            the read-back found the key gone: the revision of that read).
+
+        Raises:
+            InvalidArgument: bad name, lease id or token.
+            NotHolder: the lease holds no such lock (``current_token``: the holder's, when held).
+            StaleTokenError: the lease holds the lock under a newer token (``current_token``).
+            LeaseLost: the lease is gone.
+            Unavailable: etcd unreachable.
+        """
+        validate_lock_name(name)
+        validate_lease_id(lease_id)
+        validate_token(token)
+        # A token at or below the floor names no key (every key's token is above it): compare with a
+        # create revision no key has (0 would match an absent key).
+        created = self._tokens.revision(token)
+        created = created if created > 0 else -1
+        hold = Hold(name, lease_id, token)
+        key = self._keys.contender(name, lease_id)
+        lock = self._keys.lock_prefix(name)
+
+        def decide(resp: Any) -> tuple[int, Any, Holder | None]:
+            if resp.succeeded:
+                return int(resp.header.revision), None, None
+            mine, owners = (r.response_range.kvs for r in resp.responses)
+            return 0, (mine[0] if mine else None), (self._holder(owners[0]) if owners else None)
+
+        def released(resp: Any) -> tuple[int, Any, Holder | None]:
+            kvs = resp.responses[0].response_range.kvs
+            if kvs:
+                return NOT_APPLIED  # type: ignore[no-any-return]  # a key is there: send again for the real answer
+            return int(resp.header.revision), None, None
+
+        revision, mine, holder = await self._etcd.lock_txn(TxnPlan(
+            etcdops.txn([etcdops.is_owner(key, created)],
+                        [etcdops.delete(key), self._delays.forget(lock, lease_id, created), *also],
+                        [etcdops.get(key, keys_only=True), etcdops.holder_of(lock)]),
+            decide, [etcdops.get(key, keys_only=True)], released, name=name, lease_id=lease_id), lock)
+        if revision:
+            return revision
+        alive = True if mine is not None else await self.lease_alive(lease_id)
+        raise release_refusal(hold, mine, holder, alive, floor=self._tokens.floor)
+
+    async def describe(self, name: str) -> Description:
+        """Report the holder, token, waiters and TTL left of lock ``name``.
+
+        Raises:
+            InvalidArgument: bad name.
+            DataLoss: tokens would go back (etcd restored from an older snapshot).
+            Unavailable: etcd unreachable.
+        """
+        validate_lock_name(name)
+        lock = self._keys.lock_prefix(name)
+        count = etcdops.RequestOp(request_range=etcdops.count(lock))
+        resp = await self._etcd.read([etcdops.holder_of(lock, limit=DESCRIBE_WAITERS + 1), count,
+                                      self._delays.read(lock)], name=name)
+        self._tokens.check_serving()
+        listed, counted, delays = (r.response_range for r in resp.responses)
+        contenders = [self._holder(kv) for kv in listed.kvs]
+        if contenders:
+            head = listed.kvs[0]
+            parsed = self._keys.parse(bytes(head.key))
+            if not self._delays.settled(delays, parsed[1] if parsed else 0, int(head.create_revision), 0):
+                # A lock-delay holds the first contender back: nobody holds the lock, all of them wait.
+                return Description(None, -1, 0, int(counted.count), contenders, int(resp.header.revision))
+        if not contenders:
+            return Description(None, -1, 0, 0, [], int(resp.header.revision))
+        holder = contenders[0]
+        ttl_left, granted = -1, 0
+        with contextlib.suppress(FencepostError):
+            ttl_left, granted = await self._etcd.lease_ttl(holder.lease_id)
+        return Description(holder, ttl_left, granted, int(counted.count) - 1, contenders[1:], int(resp.header.revision))
+
+    async def hold_exists(self, hold: Hold) -> bool:
+        """Whether ``hold.lease_id`` still holds ``hold.name`` under ``hold.token`` (one read).
+
+        Raises:
+            Unavailable: etcd unreachable.
+        """
+        key = self._keys.contender(hold.name, hold.lease_id)
+        resp = await self._etcd.range(etcdops.get(key, keys_only=True).request_range, name=hold.name,
+                                      lease_id=hold.lease_id)
+        return bool(resp.kvs) and int(resp.kvs[0].create_revision) == self._tokens.revision(hold.token)
+
+    async def lease_alive(self, lease_id: int) -> bool:
+        """Whether lease ``lease_id`` still exists (one LeaseTimeToLive).
+
+        Raises:
+            Unavailable: etcd unreachable.
+        """
+        ttl, _ = await self._etcd.lease_ttl(lease_id)
+        return ttl > 0
+
+
+    def _forget(self, key: bytes, my_rev: int) -> Any:
+        """The op that deletes the lock-delay record of the hold of contender key ``key`` created at ``my_rev``."""
+        parsed = self._keys.parse(key)
+        return self._delays.forget(_lock_of(key), parsed[1] if parsed else 0, my_rev)
+
+    def _contender(self, kv: Any) -> Holder:
+        """The contender of key ``kv`` with its create revision (not yet a token)."""
+        parsed = self._keys.parse(bytes(kv.key))
+        return Holder(parsed[1] if parsed else 0, int(kv.create_revision))
+
+    def _holder(self, kv: Any) -> Holder:
+        """The contender of key ``kv`` with its fencing token, to report."""
+        contender = self._contender(kv)
+        return Holder(contender.lease_id, self._tokens.reported(contender.token))
+
+
+async def wait_any_deleted(watcher: DeleteWatcher, keys: list[bytes], revision: int) -> bool:
+    """Return once any of ``keys``, seen at ``revision``, may have been deleted (:meth:`DeleteWatcher.wait_deleted`).
+
+    Returns:
+        True when it returned on a deletion event itself.
+    """
+    if len(keys) == 1:
+        return await watcher.wait_deleted(keys[0], revision)
+    waits = [asyncio.ensure_future(watcher.wait_deleted(key, revision)) for key in keys]
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        return any(not w.cancelled() and w.exception() is None and w.result() for w in done)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+def _lock_of(key: bytes) -> bytes:
+    """The lock key prefix of a contender key (``<prefix><encoded name>/<lease id>``: no "/" after the name's)."""
+    return key[:key.rindex(b"/") + 1]
+
+
+async def _finish_even_if_cancelled(step: Awaitable[T]) -> T:
+    """Await ``step`` to the end even if the caller is cancelled meanwhile.
+
+    A write to etcd that the caller abandons half-way could leave a waiter key
+    behind that nobody knows of; finishing it lets the caller clean up. The
+    cancellation is re-raised once the step is done.
+    """
+    task = asyncio.ensure_future(step)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
