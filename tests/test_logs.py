@@ -162,7 +162,7 @@ def test_text_log_appends_fields(etcd: EmbeddedEtcd, prefix: str, tmp_path: Path
     lines = log.read_text().splitlines()
     refusal = [line for line in lines if "Release refused" in line]
     assert len(refusal) == 1, lines
-    assert " INFO fencepost.coordinator.api.service: Release refused: LEASE_EXPIRED: " in refusal[0]
+    assert " INFO fencepost.coordinator.api.status: Release refused: LEASE_EXPIRED: " in refusal[0]
     assert ' call=Release reason=LEASE_EXPIRED name="two words" lease_id=12345 peer=ipv4:127.0.0.1:' in refusal[0]
     assert any(line.endswith("etcd reachable: SERVING") for line in lines), lines  # no fields: unchanged
     assert any("shutting down" in line and line.endswith(" grace_s=1.0 streams=0") for line in lines), lines

@@ -349,7 +349,7 @@ async def test_policy_when_two_identities_call(policed: Coordinator, pki: Pki,
     """Each identity is allowed and denied exactly as the policy file says, for acquire, release, describe and
     list; a denial is PERMISSION_DENIED/ACCESS_DENIED naming action and name, one log line, and AccessDenied in
     the Python client."""
-    caplog.set_level(logging.INFO, "fencepost.coordinator.api.service")
+    caplog.set_level(logging.INFO, "fencepost.coordinator.api")
     async with open_channel(policed.address, pki.billing.credentials) as bc, \
             open_channel(policed.address, pki.worker.credentials) as wc:
         billing, worker = OwnedStub(bc), OwnedStub(wc)

@@ -23,9 +23,17 @@ AccessDenied                 ACCESS_DENIED (PERMISSION_DENIED), ``action`` set
 PermitsMismatch              PERMITS_MISMATCH (FAILED_PRECONDITION), ``permits`` set
 InvalidArgument(reason=...)  REQUEST_ID_REUSED (INVALID_ARGUMENT), ``field`` = "request_id"
 ===========================  =================================================
+
+:class:`Refusals` ends a call with that status: counted in
+``fencepost_refusals_total`` and logged as one ``refusal`` event (a refusal
+at a limit at most once per caller and limit every 10 s, see
+:meth:`~..admission.limit_tracker.LimitTracker.log_refusal`).
 """
 
 from __future__ import annotations
+
+import logging
+from typing import Any
 
 import grpc
 
@@ -42,7 +50,14 @@ from fencepost.client.errors import (
 from fencepost.client.v1 import details
 from fencepost.client.v1.details import ErrorReason, reason_name
 
-__all__ = ["reason_of", "shutting_down", "to_status"]
+from ..admission.identity import caller_of
+from ..admission.limit_tracker import LimitTracker
+from ..telemetry.events import caller, log_event
+from ..telemetry.metrics import NO_METRICS, LockMetrics
+
+__all__ = ["Refusals", "reason_of", "shutting_down", "to_status"]
+
+_log = logging.getLogger(__name__)
 
 
 def reason_of(exc: FencepostError) -> int:
@@ -105,3 +120,50 @@ def shutting_down() -> Unavailable:
     """The error for a call or stream refused because the coordinator is stopping."""
     return Unavailable("coordinator is shutting down", reason=reason_name(ErrorReason.SHUTTING_DOWN),
                        retry_delay=details.RETRY_DELAY_BY_REASON[ErrorReason.SHUTTING_DOWN])
+
+
+class Refusals:
+    """Ends refused calls: each with its status, counted, and logged once (a refusal at a limit: rate-limited).
+
+    Args:
+        metrics: counts each refusal by reason (``fencepost_refusals_total``).
+        limits: says whether a refusal at a limit is logged now (one line per caller and limit per 10 s).
+    """
+
+    def __init__(self, metrics: LockMetrics = NO_METRICS, limits: LimitTracker | None = None) -> None:
+        self._metrics = metrics
+        self._limits = limits
+
+    async def refuse(self, context: grpc.aio.ServicerContext, exc: FencepostError, call: str, *,
+                     log: bool = True) -> None:
+        """End the call with ``exc``'s status (this raises), counted in ``fencepost_refusals_total``.
+
+        Args:
+            context: the call's context (``abort_with_status`` ends it).
+            exc: why it is refused.
+            call: the RPC's name, for the ``refusal`` event.
+            log: False for a stream the coordinator itself ends at shutdown (``stream_close`` says so).
+
+        Raises:
+            grpc.aio.AbortError: always (from ``context.abort_with_status``; a call on a KeepAlive
+                stream raises :class:`~.stream_calls.CallAborted`).
+        """
+        status = to_status(exc)
+        reason = reason_name(reason_of(exc))
+        self._metrics.refused(reason)
+        level, limited = logging.INFO, {}
+        if log and isinstance(exc, LimitExceeded) and self._limits is not None:
+            who = caller_of(context)  # one line per caller and limit per 10 s: a loop must not flood
+            suppressed = self._limits.log_refusal(who.key, exc.limit)
+            log = suppressed is not None
+            level, limited = logging.WARNING, {"limit": exc.limit, "value": exc.value, "identity": who.identity,
+                                               "suppressed": suppressed}
+        if log:
+            identity = getattr(exc, "identity", None)
+            if reason == reason_name(ErrorReason.NOT_LEASE_OWNER):
+                identity = caller_of(context).identity
+            fields: dict[str, Any] = {"action": getattr(exc, "action", None), "identity": identity, **limited}
+            log_event(_log, level, "refusal", f"{call} refused: {reason}: {exc.message}", call=call,
+                      reason=reason, name=exc.name, lease_id=exc.lease_id, token=getattr(exc, "token", None),
+                      current_token=getattr(exc, "current_token", None), **fields, **caller(context))
+        await context.abort_with_status(status)

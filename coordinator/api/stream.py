@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
@@ -46,12 +45,13 @@ from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from ..admission.identity import Caller
 from ..admission.ownership import Ownership
-from ..recipes.lease import Leases
+from ..recipes.lease import KeptLeases, Leases
 from ..recipes.lock import LockManager
 from ..recipes.watch import DeleteWatcher
 from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .decode import Undecodable
+from .releases import RecentReleases
 from .stream_calls import CALLS, CallAborted, call_context, failed, invalid
 
 _log = logging.getLogger(__name__)
@@ -61,83 +61,6 @@ _END = object()
 
 #: A response that waited longer than this to be sent, in seconds, is told to ``on_late``.
 LATE_SECONDS = 0.05
-
-
-class RecentReleases:
-    """The holds released through this coordinator whose deletion no stream has reported yet.
-
-    A stream that sees such a hold's key deleted ends it quietly: the
-    ``release`` event already said why it ended. Bounded: the oldest entries
-    go first (raw API users release holds that no stream watches), so under a
-    very high rate a release can be logged as a ``hold_ended`` too.
-
-    Args:
-        size: most holds remembered.
-    """
-
-    def __init__(self, size: int = 10_000) -> None:
-        self._size = size
-        self._holds: OrderedDict[Hold, None] = OrderedDict()
-
-    def add(self, hold: Hold) -> None:
-        """Remember ``hold`` as being released."""
-        self._holds[hold] = None
-        if len(self._holds) > self._size:
-            self._holds.popitem(last=False)
-
-    def discard(self, hold: Hold) -> None:
-        """Forget ``hold`` (its release failed, or its watch was dropped)."""
-        self._holds.pop(hold, None)
-
-    def take(self, hold: Hold) -> bool:
-        """Forget ``hold``; True when it was being released."""
-        if hold not in self._holds:
-            return False
-        del self._holds[hold]
-        return True
-
-
-class KeptLeases:
-    """The leases kept alive through this coordinator's KeepAlive streams (``fencepost_leases``).
-
-    A lease counts from the first keepalive a stream here forwards for it
-    that etcd answers alive, until a keepalive on that stream finds it gone,
-    the stream ends, or a LeaseRevoke of it is served here; once however many
-    streams keep it.
-
-    Args:
-        metrics: where the count is set.
-    """
-
-    def __init__(self, metrics: LockMetrics = NO_METRICS) -> None:
-        self._metrics = metrics
-        self._streams: dict[int, int] = {}  # lease id -> streams keeping it
-
-    @property
-    def count(self) -> int:
-        """The leases kept now."""
-        return len(self._streams)
-
-    def add(self, lease_id: int) -> None:
-        """One more stream keeps ``lease_id``."""
-        self._streams[lease_id] = self._streams.get(lease_id, 0) + 1
-        self._metrics.leases(len(self._streams))
-
-    def remove(self, lease_id: int) -> None:
-        """A stream no longer keeps ``lease_id`` (it found it gone, or it ended)."""
-        left = self._streams.get(lease_id)
-        if left is None:
-            return  # revoked meanwhile
-        if left <= 1:
-            del self._streams[lease_id]
-        else:
-            self._streams[lease_id] = left - 1
-        self._metrics.leases(len(self._streams))
-
-    def revoked(self, lease_id: int) -> None:
-        """``lease_id`` was revoked here: no stream keeps it any more."""
-        if self._streams.pop(lease_id, None) is not None:
-            self._metrics.leases(len(self._streams))
 
 
 class KeepAliveStream:

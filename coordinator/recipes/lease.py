@@ -6,6 +6,9 @@ answered with the TTL etcd reset the lease to. The coordinator never renews
 a lease on its own timer: a frozen or dead client loses its lease one TTL
 after its last keepalive (after etcd's ``concurrency.Session``, whose
 keepalive loop is the client's here, not the coordinator's).
+
+:class:`KeptLeases` counts the leases kept alive through this coordinator's
+KeepAlive streams (``fencepost_leases``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from fencepost.client.errors import FencepostError
 
 from ..etcd import EtcdClient, unbounded
+from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .validate import validate_lease_id, validate_ttl
 
 _log = logging.getLogger(__name__)
@@ -130,3 +134,46 @@ class Leases:
             Unavailable: no answer from etcd (see :mod:`..etcd.keepalive`).
         """
         return await self._etcd.keepalive(lease_id)
+
+
+class KeptLeases:
+    """The leases kept alive through this coordinator's KeepAlive streams (``fencepost_leases``).
+
+    A lease counts from the first keepalive a stream here forwards for it
+    that etcd answers alive, until a keepalive on that stream finds it gone,
+    the stream ends, or a LeaseRevoke of it is served here; once however many
+    streams keep it.
+
+    Args:
+        metrics: where the count is set.
+    """
+
+    def __init__(self, metrics: LockMetrics = NO_METRICS) -> None:
+        self._metrics = metrics
+        self._streams: dict[int, int] = {}  # lease id -> streams keeping it
+
+    @property
+    def count(self) -> int:
+        """The leases kept now."""
+        return len(self._streams)
+
+    def add(self, lease_id: int) -> None:
+        """One more stream keeps ``lease_id``."""
+        self._streams[lease_id] = self._streams.get(lease_id, 0) + 1
+        self._metrics.leases(len(self._streams))
+
+    def remove(self, lease_id: int) -> None:
+        """A stream no longer keeps ``lease_id`` (it found it gone, or it ended)."""
+        left = self._streams.get(lease_id)
+        if left is None:
+            return  # revoked meanwhile
+        if left <= 1:
+            del self._streams[lease_id]
+        else:
+            self._streams[lease_id] = left - 1
+        self._metrics.leases(len(self._streams))
+
+    def revoked(self, lease_id: int) -> None:
+        """``lease_id`` was revoked here: no stream keeps it any more."""
+        if self._streams.pop(lease_id, None) is not None:
+            self._metrics.leases(len(self._streams))
