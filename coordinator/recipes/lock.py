@@ -20,54 +20,35 @@ never by a read followed by a write. Every Txn goes through the etcd layer
 with a read-back that resolves it when its outcome is unknown. Each Txn of
 one lock (all its ops in that lock's key range) goes through
 :meth:`~..etcd.EtcdClient.lock_txn`, which sends concurrent ones of different
-locks to etcd as one Txn (:mod:`..etcd.batch`).
+locks to etcd as one Txn (:mod:`..etcd.batch`). Waiting in a lock's queue, and
+what a wait leaves behind when its call ends, is :mod:`.waiters`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
-from fencepost.client.errors import (
-    FencepostError,
-    LeaseLost,
-    LockTimeout,
-    NotHolder,
-    ResourceExhausted,
-    StaleTokenError,
-    Unavailable,
-)
+from fencepost.client.errors import FencepostError, LeaseLost, NotHolder, StaleTokenError
 from fencepost.client.v1 import etcdops
-from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Hold, Keys
-from fencepost.client.v1.retry import ETCD_BACKOFF
 
-from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
+from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan
 from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .lock_delay import HeldBack, LockDelays, validate_lock_delay
 from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_lock_name, validate_token
+from .waiters import REATTACH_SECONDS, Waiters
 from .watch import DeleteWatcher
 
-_log = logging.getLogger(__name__)
-T = TypeVar("T")
+__all__ = ["DESCRIBE_WAITERS", "REATTACH_SECONDS", "AcquireResult", "Description", "Holder", "LockManager",
+           "release_refusal"]
 
 #: Most queued contenders listed by describe().
 DESCRIBE_WAITERS = 100
-
-#: Seconds the key of a waiting Acquire that ended without an answer (the call
-#: was cancelled: the caller gave up, or its connection broke) is kept before
-#: it is deleted. A caller whose connection broke Acquires again within this
-#: time, here or on another replica, and keeps its key, its revision and so its
-#: place in the queue; a caller that gave up withdraws its key itself at once
-#: (the Withdraw call). A grant cannot wait for this: the key of a call that
-#: ended after its grant is the caller's to release.
-REATTACH_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -161,16 +142,13 @@ class LockManager:
         self._keys = keys
         self._watcher = watcher
         self._delays = LockDelays(etcd, keys, watcher)
-        self._max_waiters = max_waiters
-        self._waiting = 0
-        self._reattach_seconds = reattach_seconds
-        self._later: set[asyncio.Task[None]] = set()
-        self._writing: dict[bytes, asyncio.Future[Any]] = {}  # key -> an Acquire's write in flight
+        self._waiters = Waiters(etcd, keys, watcher, self._delays, max_waiters=max_waiters, metrics=metrics,
+                                reattach_seconds=reattach_seconds)
 
     @property
     def waiting(self) -> int:
         """The Acquire calls with a wait in progress on this coordinator."""
-        return self._waiting
+        return self._waiters.waiting
 
     @property
     def tokens(self) -> TokenFloor:
@@ -190,11 +168,11 @@ class LockManager:
     @property
     def reattach_seconds(self) -> float:
         """How long the key of a cancelled waiting call is kept for its caller to come back (REATTACH_SECONDS)."""
-        return self._reattach_seconds
+        return self._waiters.reattach_seconds
 
     def pending_write(self, key: bytes) -> asyncio.Future[Any] | None:
         """The write of contender key ``key`` by an Acquire still in flight here, if any (a withdrawal waits for it)."""
-        return self._writing.get(key)
+        return self._waiters.pending_write(key)
 
     async def acquire(self, name: str, lease_id: int, wait: float | None, lock_delay: int = 0, *,
                       value: bytes | None = None) -> AcquireResult:
@@ -234,17 +212,9 @@ class LockManager:
         validate_lock_delay(lock_delay)
         if wait == 0:
             return await self._issued(name, lease_id, await self._try_once(name, lease_id, lock_delay, value))
-        if self._waiting >= self._max_waiters:
-            raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
-                                    reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
-        self._waiting += 1
-        self._metrics.waiting_acquires(+1)
-        try:
-            result = await self._acquire_waiting(name, lease_id, wait, lock_delay=lock_delay, value=value or b"")
-        finally:
-            self._waiting -= 1
-            self._metrics.waiting_acquires(-1)
-        return await self._issued(name, lease_id, result)
+        with self._waiters.counted(name, lease_id):
+            token, freed_at = await self._waiters.wait(name, lease_id, wait, lock_delay=lock_delay, value=value or b"")
+        return await self._issued(name, lease_id, AcquireResult(True, token=token, freed_at=freed_at))
 
     async def queue(self, name: str, lease_id: int, wait: float | None, *, places: int) -> AcquireResult:
         """Queue ``lease_id`` in lock ``name`` and wait until fewer than ``places`` keys are before its key.
@@ -270,16 +240,9 @@ class LockManager:
         """
         validate_lock_name(name)
         validate_lease_id(lease_id)
-        if self._waiting >= self._max_waiters:
-            raise ResourceExhausted(f"more than {self._max_waiters} waiting acquires", name=name, lease_id=lease_id,
-                                    reason=reason_name(ErrorReason.TOO_MANY_WAITERS))
-        self._waiting += 1
-        self._metrics.waiting_acquires(+1)
-        try:
-            return await self._acquire_waiting(name, lease_id, wait, places)
-        finally:
-            self._waiting -= 1
-            self._metrics.waiting_acquires(-1)
+        with self._waiters.counted(name, lease_id):
+            token, freed_at = await self._waiters.wait(name, lease_id, wait, places)
+        return AcquireResult(True, token=token, freed_at=freed_at)
 
     async def _issued(self, name: str, lease_id: int, result: AcquireResult) -> AcquireResult:
         """``result`` (create revisions) with fencing tokens; a grant refused by the token floor is withdrawn."""
@@ -291,7 +254,7 @@ class LockManager:
                 holder.lease_id, self._tokens.token(holder.token)))
         except FencepostError:
             if result.acquired:  # granted in etcd, but its token would not be safe: leave no hold behind
-                await self._withdraw(self._keys.contender(name, lease_id), result.token)
+                await self._waiters.withdraw(self._keys.contender(name, lease_id), result.token)
             raise
 
     async def _try_once(self, name: str, lease_id: int, lock_delay: int, value: bytes | None = None) -> AcquireResult:
@@ -332,116 +295,19 @@ class LockManager:
         # The whole range compares to create revision 0 only when it is empty.
         # A cancelled call's Txn goes on (tracked: a Withdraw waits for it); a grant that reaches
         # nobody is withdrawn REATTACH_SECONDS later, unless the caller Acquires again meanwhile.
-        step = self._writing_step(key, grant())
+        step = self._waiters.writing(key, grant())
         try:
             result = await asyncio.shield(step)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 done = await step
                 if isinstance(done, AcquireResult) and done.acquired:
-                    self._withdraw_later(key, done.token, done.token)
+                    self._waiters.withdraw_later(key, done.token, done.token)
             raise
         if isinstance(result, HeldBack):
             await self._delays.gate(lock, key, lease_id, 0, lock_delay, result.delays, result.revision, wait=False)
             return AcquireResult(False)
         return result
-
-    async def _acquire_waiting(self, name: str, lease_id: int, wait: float | None,
-                               places: int = 1, value: bytes = b"", lock_delay: int = 0) -> AcquireResult:
-        key = self._keys.contender(name, lease_id)
-        lock = self._keys.lock_prefix(name)
-
-        # (our key's create revision, its mod revision, the create revisions of the first `places` keys,
-        # the lock-delay range)
-        def queued(mine: Any, owners: Any, delays: Any) -> tuple[int, int, list[int], Any]:
-            if not mine.kvs:
-                return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back
-            firsts = [int(kv.create_revision) for kv in owners.kvs]
-            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), firsts, delays
-
-        def decide(resp: Any) -> tuple[int, int, list[int], Any]:
-            if resp.succeeded:
-                owners, delays = resp.responses[1].response_range, resp.responses[2].response_range
-                revision = int(resp.header.revision)
-                return revision, revision, [int(kv.create_revision) for kv in owners.kvs], delays
-            _, mine, owners, delays = (r.response_range if r.WhichOneof("response") == "response_range" else None
-                                       for r in resp.responses)
-            if not mine.kvs:  # deleted between the compare and the read: cannot be, Txn is atomic
-                raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
-            return queued(mine, owners, delays)
-
-        def resolve(resp: Any) -> tuple[int, int, list[int], Any]:
-            # Read back after a lost answer: our key is there, created or touched by this call or before it.
-            return queued(*(r.response_range for r in resp.responses))
-
-        # A key already there (this lease queued before, and its call ended: a broken connection, a
-        # coordinator that stopped) is kept with its create revision, its place in the queue, and
-        # written again: the new mod revision tells a pending deferred withdrawal that it was reattached.
-        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock, limit=places), self._delays.read(lock)]
-        step = self._writing_step(key, self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, value, lease_id=lease_id), *reads[1:]],
-                        [etcdops.put(key, value, lease_id=lease_id), *reads]),
-            decide, reads, resolve, name=name, lease_id=lease_id), lock))
-        try:
-            my_rev, mod_rev, firsts, delays = await asyncio.shield(step)
-        except asyncio.CancelledError:
-            # Cancelled while queueing: finish the write, then withdraw the key unless it is reattached.
-            with contextlib.suppress(Exception):
-                my_rev, mod_rev, _, _ = await step
-                self._withdraw_later(key, my_rev, mod_rev)
-            raise
-        if my_rev in firsts and self._delays.settled(delays, lease_id, my_rev, lock_delay):
-            return AcquireResult(True, token=my_rev)
-        try:
-            async with asyncio.timeout(wait):
-                freed_at = await self._wait_turn(name, lease_id, key, lock, my_rev, places, lock_delay)
-            return AcquireResult(True, token=my_rev, freed_at=freed_at)
-        except TimeoutError as exc:
-            await self._withdraw(key, my_rev)
-            raise LockTimeout(f"lock {name!r} not granted within {wait:.3f} s", name=name, lease_id=lease_id) from exc
-        except asyncio.CancelledError:
-            # The call ended without an answer: the caller gave up (its client then withdraws), or its
-            # connection broke (it will Acquire again, here or on another replica, and keep its place).
-            self._withdraw_later(key, my_rev, mod_rev)
-            raise
-        except BaseException:
-            await self._withdraw(key, my_rev)
-            raise
-
-    def _writing_step(self, key: bytes, write: Awaitable[T]) -> asyncio.Future[T]:
-        """Run an Acquire's write of ``key`` as a task a Withdraw of the same key waits for.
-
-        The write of a cancelled Acquire goes on; without this, the caller's
-        Withdraw could reach etcd first, find nothing, and the late write
-        would then leave a key (a grant) nobody knows of.
-        """
-        step = asyncio.ensure_future(write)
-        self._writing[key] = step
-
-        def done(finished: asyncio.Future[T]) -> None:
-            if self._writing.get(key) is finished:
-                del self._writing[key]
-
-        step.add_done_callback(done)
-        return step
-
-    def _withdraw_later(self, key: bytes, my_rev: int, mod_rev: int) -> None:
-        """Delete a waiter key after :data:`REATTACH_SECONDS` unless an Acquire wrote it again meanwhile."""
-        async def later() -> None:
-            await asyncio.sleep(self._reattach_seconds)
-            plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev), etcdops.is_unchanged(key, mod_rev)],
-                                       [etcdops.delete(key), self._forget(key, my_rev)]),
-                           lambda resp: bool(resp.succeeded), [], lambda resp: True)
-            try:
-                if await self._etcd.lock_txn(plan, _lock_of(key)):
-                    _log.debug("withdrew waiter key %r of an Acquire that ended without an answer", key)
-            except FencepostError as exc:
-                _log.warning("could not withdraw waiter key %r: %s", key, exc)
-
-        with unbounded():
-            task = asyncio.ensure_future(later())
-        self._later.add(task)
-        task.add_done_callback(self._later.discard)
 
     async def withdraw(self, name: str, lease_id: int) -> tuple[bool, bool, int]:
         """Delete the key of ``lease_id`` in lock ``name``, a hold or a queued wait, whatever its token.
@@ -465,7 +331,7 @@ class LockManager:
         validate_lease_id(lease_id)
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
-        pending = self._writing.get(key)
+        pending = self._waiters.pending_write(key)
         if pending is not None:  # an Acquire's write of this key still in flight here: let it land first
             await asyncio.wait({pending})
 
@@ -487,70 +353,7 @@ class LockManager:
 
     async def close(self) -> None:
         """Stop the deferred withdrawals still waiting (their keys end with their leases)."""
-        for task in list(self._later):
-            task.cancel()
-        for task in list(self._later):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int,
-                         places: int = 1, lock_delay: int = 0) -> float | None:
-        """Wait until ``key`` (created at ``my_rev``) is the lowest in its range (fewer than ``places`` before
-        it), and any lock-delay has passed.
-
-        With ``places`` > 1 (a semaphore's queue) it waits for the deletion of
-        any of the ``places`` keys just before its own: a deletion further
-        ahead leaves at least ``places`` before it and does not change which
-        keys those nearest are (no key is ever created before an existing one).
-
-        Returns:
-            The monotonic clock reading when the deletion of the last key
-            waited for was seen: the key before ours, deleted when nothing was
-            before it, so the holder's (the hand-off's start). None when the
-            wait did not end on a deletion event (the watch could not tell),
-            or a lock-delay held the grant back.
-        """
-        delays = ETCD_BACKOFF.delays()
-        freed_at: float | None = None
-        while True:
-            try:
-                resp = await self._etcd.read([etcdops.last_before(lock, my_rev, limit=places), self._delays.read(lock)],
-                                             compare=[etcdops.is_owner(key, my_rev)], name=name, lease_id=lease_id)
-                if resp.succeeded and len(resp.responses[0].response_range.kvs) < places:
-                    # First (among the first `places`) at this revision: granted, unless a lock-delay runs
-                    # (then read again after it).
-                    if await self._delays.gate(lock, key, lease_id, my_rev, lock_delay,
-                                               resp.responses[1].response_range, int(resp.header.revision)):
-                        return freed_at
-                    freed_at = None
-                    continue
-            except Unavailable:
-                await asyncio.sleep(next(delays))  # etcd blip: keep our place, retry within the wait
-                continue
-            delays = ETCD_BACKOFF.delays()
-            if not resp.succeeded:
-                # Our key is gone: the lease expired or was revoked, or someone deleted it.
-                raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
-                                name=name, lease_id=lease_id)
-            predecessors = resp.responses[0].response_range.kvs
-            seen = await wait_any_deleted(self._watcher, [bytes(kv.key) for kv in predecessors],
-                                      int(resp.header.revision))
-            freed_at = time.monotonic() if seen else None
-
-    async def _withdraw(self, key: bytes, my_rev: int) -> None:
-        """Delete our waiter key (if it is still the one we created), shielded from cancellation."""
-        def gone(resp: Any) -> bool:
-            kvs = resp.responses[0].response_range.kvs
-            return NOT_APPLIED if kvs and int(kvs[0].create_revision) == my_rev else True  # type: ignore[no-any-return]
-
-        plan = TxnPlan(etcdops.txn([etcdops.is_owner(key, my_rev)], [etcdops.delete(key), self._forget(key, my_rev)]),
-                       lambda resp: True, [etcdops.get(key, keys_only=True)], gone)
-        try:
-            with unbounded():  # not bounded by the deadline of the call that ends
-                await _finish_even_if_cancelled(self._etcd.lock_txn(plan, _lock_of(key)))
-        except FencepostError as exc:
-            # The key stays until its lease ends; log it so an operator can see it.
-            _log.warning("could not withdraw waiter key %r: %s", key, exc)
+        await self._waiters.close()
 
     async def release(self, name: str, lease_id: int, token: int, *, also: Sequence[Any] = ()) -> int:
         """Release the hold of ``name`` by ``lease_id`` granted with ``token``: one Txn.
@@ -655,11 +458,6 @@ class LockManager:
         return ttl > 0
 
 
-    def _forget(self, key: bytes, my_rev: int) -> Any:
-        """The op that deletes the lock-delay record of the hold of contender key ``key`` created at ``my_rev``."""
-        parsed = self._keys.parse(key)
-        return self._delays.forget(_lock_of(key), parsed[1] if parsed else 0, my_rev)
-
     def _contender(self, kv: Any) -> Holder:
         """The contender of key ``kv`` with its create revision (not yet a token)."""
         parsed = self._keys.parse(bytes(kv.key))
@@ -669,41 +467,3 @@ class LockManager:
         """The contender of key ``kv`` with its fencing token, to report."""
         contender = self._contender(kv)
         return Holder(contender.lease_id, self._tokens.reported(contender.token))
-
-
-async def wait_any_deleted(watcher: DeleteWatcher, keys: list[bytes], revision: int) -> bool:
-    """Return once any of ``keys``, seen at ``revision``, may have been deleted (:meth:`DeleteWatcher.wait_deleted`).
-
-    Returns:
-        True when it returned on a deletion event itself.
-    """
-    if len(keys) == 1:
-        return await watcher.wait_deleted(keys[0], revision)
-    waits = [asyncio.ensure_future(watcher.wait_deleted(key, revision)) for key in keys]
-    try:
-        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        return any(not w.cancelled() and w.exception() is None and w.result() for w in done)
-    finally:
-        for w in waits:
-            w.cancel()
-
-
-def _lock_of(key: bytes) -> bytes:
-    """The lock key prefix of a contender key (``<prefix><encoded name>/<lease id>``: no "/" after the name's)."""
-    return key[:key.rindex(b"/") + 1]
-
-
-async def _finish_even_if_cancelled(step: Awaitable[T]) -> T:
-    """Await ``step`` to the end even if the caller is cancelled meanwhile.
-
-    A write to etcd that the caller abandons half-way could leave a waiter key
-    behind that nobody knows of; finishing it lets the caller clean up. The
-    cancellation is re-raised once the step is done.
-    """
-    task = asyncio.ensure_future(step)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await task
-        raise

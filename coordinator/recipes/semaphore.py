@@ -38,22 +38,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from fencepost.client.errors import FencepostError, InvalidArgument, LeaseLost, LockTimeout, PermitsMismatch
 from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.keys import MAX_PERMITS, Hold, Keys, prefix_end
 
 from ..etcd import NOT_APPLIED, TxnPlan, unbounded
-from .lock import Holder, LockManager, release_refusal, wait_any_deleted
+from .lock import Holder, LockManager, release_refusal
 from .validate import validate_lease_id, validate_name, validate_token
+from .waiters import finish_even_if_cancelled, wait_any_deleted
 
 __all__ = ["Permit", "PermitResult", "SemaphoreDescription", "Semaphores", "validate_permits", "validate_slot"]
 
 _log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -205,12 +205,12 @@ class Semaphores:
             # The claim goes on; a permit that reaches nobody is withdrawn later unless the caller retries.
             with contextlib.suppress(Exception):
                 _, _, queue_mod = await step
-                self._withdraw_later(name, lease_id, queue_mod)
+                self.withdraw_later(name, lease_id, queue_mod)
             raise
         try:
             token = self._locks.tokens.token(created)
         except FencepostError:
-            await _finish_even_if_cancelled(self.withdraw(name, lease_id))
+            await finish_even_if_cancelled(self.withdraw(name, lease_id))
             raise
         return PermitResult(True, slot, token, freed_at=queued.freed_at)
 
@@ -292,9 +292,13 @@ class Semaphores:
                 return claimed
             # Lost a race for that slot, or the queue key changed (another call of this lease): read again.
 
-    def _withdraw_later(self, name: str, lease_id: int, queue_mod: int) -> None:
+    def withdraw_later(self, name: str, lease_id: int, queue_mod: int) -> asyncio.Task[None]:
         """Withdraw the permit of a call that was cancelled after its claim, after the reattach time, unless a
-        retry touched the queue key meanwhile (its mod revision is no longer ``queue_mod``)."""
+        retry touched the queue key meanwhile (its mod revision is no longer ``queue_mod``).
+
+        Returns:
+            The deferred withdrawal (:meth:`close` stops it; its failure is logged, not raised).
+        """
         async def later() -> None:
             await asyncio.sleep(self._locks.reattach_seconds)
             await self.withdraw(name, lease_id, unless_changed_since=queue_mod)
@@ -309,6 +313,7 @@ class Semaphores:
             task = asyncio.ensure_future(logged())
         self._later.add(task)
         task.add_done_callback(self._later.discard)
+        return task
 
     async def close(self) -> None:
         """Stop the deferred withdrawals still waiting (their keys end with their leases)."""
@@ -446,14 +451,3 @@ class Semaphores:
                           for p in map(self._permit_of, slots.kvs) if p is not None), key=lambda p: p.slot)
         return SemaphoreDescription(permits, holders, max(0, int(queued.count) - len(holders)),
                                     int(resp.header.revision))
-
-
-async def _finish_even_if_cancelled(step: Awaitable[T]) -> T:
-    """Await ``step`` to the end even if the caller is cancelled meanwhile (then re-raise the cancellation)."""
-    task = asyncio.ensure_future(step)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await task
-        raise
