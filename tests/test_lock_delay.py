@@ -44,7 +44,7 @@ def _seen_deleted(coordinator: Any, key: bytes) -> asyncio.Future[float]:
         if revision is not None and not seen.done():
             seen.set_result(time.monotonic())
 
-    coordinator._watcher.subscribe(key, on_delete)
+    coordinator.watcher.subscribe(key, on_delete)
     return seen
 
 

@@ -1,4 +1,4 @@
-"""The coordinator: gRPC server, health service, shutdown (``fencepost serve`` is :mod:`.main`).
+"""The coordinator: gRPC server, health service (:mod:`.health`), shutdown (``fencepost serve`` is :mod:`.main`).
 
 ``Coordinator`` wires the etcd layer, the deletion watcher, the lease and
 lock modules and the servicer into one grpc.aio server. It holds no lock state
@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.trace import TracerProvider
 
 from fencepost.client.tracing import Tracing
@@ -41,6 +41,7 @@ from fencepost.client.v1.keys import Keys
 
 from ..admission.access import Access, Policy
 from ..admission.limits import Limits
+from ..admission.overload import LoopLag
 from ..api.decode import add_lock_service
 from ..api.service import LockService
 from ..etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
@@ -52,6 +53,7 @@ from ..telemetry.endpoint import MetricsEndpoint
 from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS
 from ..telemetry.tracing import GrpcServerTracing
+from .health import Health
 from .info import About
 from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, unix_socket_path
 from .tls import ServerCertificates, ServerTls
@@ -60,15 +62,6 @@ _log = logging.getLogger("fencepost.coordinator")
 
 DEFAULT_LISTEN = "127.0.0.1:7420"
 DEFAULT_PREFIX = "/fencepost/locks/"
-SERVICE_NAME = "fencepost.v1.LockService"
-#: The health service name of the process itself: SERVING from start to
-#: shutdown, whatever etcd does. Kubernetes' liveness probe asks for this one
-#: (``grpc: {port: 7421, service: liveness}``), so an etcd outage makes the
-#: coordinators not ready (no new traffic) without restarting them; ""
-#: and SERVICE_NAME follow etcd (readiness).
-LIVENESS_SERVICE = "liveness"
-#: How often the health monitor checks etcd, in seconds.
-HEALTH_INTERVAL = 1.0
 
 #: Server channel options. Clients ping every 20 s at most (see the client);
 #: the server accepts pings down to 5 s apart, also without calls in flight,
@@ -85,8 +78,7 @@ SERVER_OPTIONS = [
 ]
 
 
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "LIVENESS_SERVICE", "SERVER_OPTIONS", "SERVICE_NAME", "Coordinator",
-           "check_listen"]
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "Coordinator", "check_listen"]
 
 
 class Coordinator:
@@ -138,6 +130,10 @@ class Coordinator:
         etcd_batch_max: most lock Txns of different locks sent to etcd as one
             Txn when they arrive while one is in flight (:mod:`..etcd.batch`);
             0 sends each alone.
+        loop_lag: the overload monitor whose figure ``limits.max_lag`` refuses
+            new leases past (:mod:`..admission.overload`), started and stopped
+            with the coordinator; None for one that measures this process's
+            event loop and the etcd layer's keepalive backlog.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -155,7 +151,8 @@ class Coordinator:
                  health_listen: str | None = None, metrics_listen: str | None = None,
                  metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
                  tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
-                 policy: Policy | None = None, limits: Limits | None = None, etcd_batch_max: int = 64) -> None:
+                 policy: Policy | None = None, limits: Limits | None = None, etcd_batch_max: int = 64,
+                 loop_lag: LoopLag | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -187,12 +184,13 @@ class Coordinator:
         self._etcd: EtcdClient | None = None
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
-        self._health = health.aio.HealthServicer()
+        self._health = Health(self.about)
         self._tasks: list[asyncio.Task[None]] = []
         self._service: LockService | None = None
         self._watcher: DeleteWatcher | None = None
         self._locks: LockManager | None = None
         self._tokens: TokenFloor | None = None
+        self._loop_lag = loop_lag
         self._claims: list[UnixSocketClaim] = []
         #: The bound TCP port after ``start()``; 0 for a Unix socket.
         self.port = 0
@@ -301,12 +299,12 @@ class Coordinator:
         locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted,
                                           tokens=self._tokens, max_waiters=self.limits.max_waiters or 2**63)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about,
-                                    access=self._access, limits=self.limits)
+                                    access=self._access, limits=self.limits, loop_lag=self._loop_lag)
         self._service.intercepted_by(interceptors)
         self._service.loop_lag.start()
         server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
         add_lock_service(self._service, server)  # the generated registration, checking UTF-8
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, server)
         if self._metrics is not None:
             self._metrics.grpc.initialize([lock_pb2.DESCRIPTOR.services_by_name["LockService"],
                                            health_pb2.DESCRIPTOR.services_by_name["Health"]])
@@ -315,10 +313,9 @@ class Coordinator:
         health_server = None
         if self._health_listen is not None:
             health_server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
+            health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, health_server)
             self.health_port = self._bind(health_server, self._health_listen)
-        await self._set_health(False)
-        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        await self._health.start()
         if health_server is not None:
             await health_server.start()
             self._health_server = health_server
@@ -329,7 +326,7 @@ class Coordinator:
         self.about.metrics_address = self.metrics_address or ""
         self.about.started = time.monotonic()
         self._watcher.start()
-        self._tasks.append(asyncio.create_task(self._monitor_etcd(), name="fencepost-health"))
+        self._tasks.append(asyncio.create_task(self._health.monitor(self._etcd, self._tokens), name="fencepost-health"))
         return self.port
 
     def _bind(self, server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
@@ -366,7 +363,6 @@ class Coordinator:
             streams = self._service.open_streams if self._service is not None else 0
             log_event(_log, logging.INFO, "shutdown", f"shutting down: {streams} KeepAlive streams to end, "
                       f"{grace:g} s for calls in flight (leases are kept)", grace_s=grace, streams=streams)
-        self.about.serving = False
         await self._health.enter_graceful_shutdown()
         if self._service is not None:
             self._service.enter_graceful_shutdown()
@@ -399,70 +395,27 @@ class Coordinator:
         if self._server is not None:
             await self._server.wait_for_termination()
 
-    async def _set_health(self, serving: bool) -> None:
-        self.about.serving = serving
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        await self._health.set("", status)
-        await self._health.set(SERVICE_NAME, status)
-
     @property
     def tokens(self) -> TokenFloor | None:
         """The token floor (after ``start()``): why tokens would go back (``refusing``), the floor in use."""
         return self._tokens
 
-    async def _check_etcd(self) -> bool:
-        """Whether etcd answers the token record's linearizable read (the floor is checked on the way)."""
-        assert self._tokens is not None
-        try:
-            await self._tokens.check()
-        except FencepostError as exc:
-            logging.getLogger(__name__).debug("etcd health read failed: %s", exc)
-            return False
-        return True
+    @property
+    def keys(self) -> Keys:
+        """The key layout of this coordinator's prefix."""
+        return self._keys
 
-    def _serving_word(self) -> str:
-        if self._tokens is not None and self._tokens.refusing is not None:
-            return "NOT_SERVING (fencing tokens would go back: see the ERROR line)"
-        return "SERVING"
+    @property
+    def locks(self) -> LockManager | None:
+        """The lock algorithm (after ``start()``), on this coordinator's etcd layer, watcher and token floor."""
+        return self._locks
 
-    async def _monitor_etcd(self) -> None:
-        """Keep health SERVING while etcd answers a linearizable read and tokens are safe, NOT_SERVING otherwise.
+    @property
+    def watcher(self) -> DeleteWatcher | None:
+        """The shared deletion watcher of the lock keys (after ``start()``)."""
+        return self._watcher
 
-        The read is the token record's (:meth:`~..recipes.tokens.TokenFloor.check`): when
-        etcd's revisions went back (restored from an older snapshot) health
-        stays NOT_SERVING until an operator recovers the tokens.
-        """
-        assert self._etcd is not None and self._tokens is not None
-        serving: bool | None = None
-        said: tuple[bool, str | None] | None = None
-        ever_ok = False
-        lost_at = 0.0  # when etcd stopped answering, after it had answered
-        while True:
-            # Two tries of 1 s (the HEALTH rule): the second goes to the next
-            # member, so one frozen member of a healthy cluster is not an outage.
-            ok = await self._check_etcd()
-            if (ok and self._tokens.refusing is None) != serving:
-                serving = ok and self._tokens.refusing is None
-                await self._set_health(serving)
-            # Logged once per change, also when an unreachable etcd comes back
-            # refusing the coordinator (health stays NOT_SERVING meanwhile).
-            state = (ok, None if ok else self._etcd.refusal)
-            if state != said:
-                answered_before = said is not None and said[0]
-                said = state
-                if ok and not ever_ok:
-                    ever_ok = True
-                    log_event(_log, logging.INFO, "etcd_connected", f"etcd reachable: {self._serving_word()}")
-                elif ok:
-                    log_event(_log, logging.INFO, "etcd_reconnected", f"etcd reachable: {self._serving_word()}",
-                              down_s=round(time.monotonic() - lost_at, 3))
-                else:
-                    if answered_before:
-                        lost_at = time.monotonic()
-                    if state[1] is not None:
-                        who = f"user {self._etcd.user!r}" if self._etcd.user else "no --etcd-user"
-                        log_event(_log, logging.WARNING, "etcd_refused", f"etcd refuses the coordinator ({state[1]}, "
-                                  f"{who}): NOT_SERVING until it accepts it", reason=state[1], user=self._etcd.user)
-                    else:
-                        log_event(_log, logging.WARNING, "etcd_unreachable", "etcd unreachable: NOT_SERVING")
-            await asyncio.sleep(HEALTH_INTERVAL)
+    @property
+    def loop_lag(self) -> LoopLag | None:
+        """The overload monitor (after ``start()``): how far behind this coordinator is."""
+        return self._service.loop_lag if self._service is not None else self._loop_lag
