@@ -103,7 +103,7 @@ from . import deadline
 from .failures import Failure, Op, error_for, etcd_unavailable
 
 if TYPE_CHECKING:
-    from .client import TxnPlan
+    from .calls import TxnPlan
 
 __all__ = ["DEFAULT_MAX_REQUESTS", "DEFAULT_MAX_TXN_OPS", "TxnBatcher", "ops_needed"]
 

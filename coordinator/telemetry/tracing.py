@@ -18,7 +18,7 @@ child of the W3C trace context the caller sent in its metadata
 call only when its caller sent one (probes send none, every few seconds:
 a trace each would flood the backend). The span is current
 while the handler runs: the etcd requests made for the call are its
-children (:mod:`..etcd.client`), and the log events of the call carry its
+children (:mod:`..etcd.calls`), and the log events of the call carry its
 trace id (:func:`~.events.caller`). Attributes: ``rpc.system``,
 ``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code``; for LockService
 calls ``fencepost.lock.name`` (unless ``lock_names`` is False),
