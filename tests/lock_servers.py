@@ -23,12 +23,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fencepost.client.v1 import lock_pb2_grpc
 from fencepost.client.v1.keys import Keys
+from fencepost.coordinator.api.service import LockService
 from fencepost.coordinator.etcd import EtcdClient
-from fencepost.coordinator.recipes.lease import Leases
-from fencepost.coordinator.recipes.lock import LockManager
 from fencepost.coordinator.process.coordinator import SERVER_OPTIONS
 from fencepost.coordinator.process.health import SERVICE_NAME
-from fencepost.coordinator.api.service import LockService
+from fencepost.coordinator.recipes.lease import Leases
+from fencepost.coordinator.recipes.lock import LockManager
 from fencepost.coordinator.recipes.watch import DeleteWatcher
 
 

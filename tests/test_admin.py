@@ -18,9 +18,9 @@ import trustme
 
 from fencepost.client import AccessDenied, AsyncLockClient, InvalidArgument, LockClient, Revoked, Session, TlsConfig
 from fencepost.client.v1 import details, lock_pb2
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.admission.access import Policy
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.process.tls import ServerTls
 
 from .conftest import describe_waiters_is, wait_for

@@ -40,8 +40,8 @@ from fencepost.client import (
     StaleTokenError,
     Unavailable,
 )
-from fencepost.client._calls import CALLS_METADATA, Outbox, StreamCalls
 from fencepost.client import _transport as transport_module
+from fencepost.client._calls import CALLS_METADATA, Outbox, StreamCalls
 from fencepost.client._lease import Lease
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.handle import AsyncLockHandle
@@ -49,8 +49,8 @@ from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1 import lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .client_fakes import Parts, failed_call
 from .conftest import list_keys, wait_for

@@ -23,8 +23,8 @@ from fencepost.client import (
     NotHolder,
 )
 from fencepost.client.v1 import kinds, lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.telemetry.events import FIELDS_ATTR
 from fencepost.client.v1.keys import MAX_VALUE_BYTES, Keys
+from fencepost.coordinator.telemetry.events import FIELDS_ATTR
 
 from .conftest import cli_env, error_info, wait_for
 from .owned_stub import secret_metadata

@@ -21,12 +21,12 @@ from prometheus_client import CollectorRegistry
 from fencepost.client.errors import LeaseLost, Unavailable
 from fencepost.client.v1 import etcdops
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import EtcdClient, Stubs, bounded
 from fencepost.coordinator.etcd.batch import ops_needed
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.recipes.lock import LockManager
-from fencepost.coordinator.telemetry.metrics import LockMetrics
 from fencepost.coordinator.recipes.watch import DeleteWatcher
+from fencepost.coordinator.telemetry.metrics import LockMetrics
 
 from .fake_etcd import rpc_error
 

@@ -94,7 +94,8 @@ async def test_acquire_while_etcd_is_down_is_unavailable(tmp_path: Path, prefix:
 def _watch_failures(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[logging.LogRecord]:
     """The lock watch's failure records (each restart is one, at DEBUG when not worth a WARNING)."""
     return [r for r in caplog.records
-            if r.name == "fencepost.coordinator.recipes.watch" and ("failed" in r.getMessage() or "failing" in r.getMessage())
+            if r.name == "fencepost.coordinator.recipes.watch"
+            and ("failed" in r.getMessage() or "failing" in r.getMessage())
             and (level is None or r.levelno == level)]
 
 
@@ -102,8 +103,8 @@ async def test_log_when_etcd_stays_unreachable(tmp_path: Path, prefix: str, capl
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With etcd out of reach the watch restarts every 0.05-2 s but warns once, then at most every
     REPEAT_INTERVAL; health says NOT_SERVING once; one line each when etcd is back."""
-    from fencepost.coordinator.recipes import watch
     from fencepost.coordinator.process.coordinator import Coordinator
+    from fencepost.coordinator.recipes import watch
 
     monkeypatch.setattr(watch, "REPEAT_INTERVAL", 2.0)
     caplog.set_level(logging.DEBUG, logger="fencepost.coordinator")

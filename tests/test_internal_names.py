@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fencepost.client.v1 import kinds, lock_pb2
-from fencepost.coordinator.telemetry.metrics import LockMetrics
 from fencepost.coordinator.recipes.sessions import list_sessions, shown
+from fencepost.coordinator.telemetry.metrics import LockMetrics
 
 from .conftest import assert_invalid_field, wait_for
 from .owned_stub import OwnedStub

@@ -23,8 +23,8 @@ from fencepost.client.v1 import details, lock_pb2, lock_pb2_grpc
 from fencepost.coordinator.admission import limit_tracker
 from fencepost.coordinator.admission.limit_tracker import LOG_INTERVAL_SECONDS, LimitTracker, TokenBucket
 from fencepost.coordinator.admission.limits import Limits, add_limit_arguments, limits_from_args
-from fencepost.coordinator.telemetry.events import FIELDS_ATTR
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.telemetry.events import FIELDS_ATTR
 
 from .owned_stub import OwnedStub
 

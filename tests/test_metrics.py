@@ -30,10 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 from fencepost.coordinator.process import main as serve
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
-from fencepost.coordinator.telemetry.metrics import REFUSAL_REASONS
-from fencepost.coordinator.telemetry.interceptor import GO_CODE_NAMES, GO_DEFAULT_BUCKETS
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.telemetry.interceptor import GO_CODE_NAMES, GO_DEFAULT_BUCKETS
+from fencepost.coordinator.telemetry.metrics import REFUSAL_REASONS
 
 from .conftest import LISTENING, ChildProcess, child_env, wait_for
 from .owned_stub import OwnedStub, with_secret

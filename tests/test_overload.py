@@ -74,7 +74,7 @@ def backlog() -> Backlog:
 
 @pytest.fixture
 async def coordinator(etcd: EmbeddedEtcd, prefix: str, backlog: Backlog) -> AsyncIterator[Coordinator]:
-    """The in-process coordinator (as conftest's), whose overload monitor reads the keepalive backlog from ``backlog``."""
+    """The in-process coordinator (as conftest's), its overload monitor reading the keepalive backlog from ``backlog``."""
     coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix,
                         loop_lag=LoopLag(waiting=lambda: backlog.seconds))
     await asyncio.wait_for(coord.start(), 20)

@@ -19,9 +19,9 @@ from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import LEASE_SECRET_METADATA
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.admission.identity import identity_of_pem
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.process.tls import ServerTls
 
 from .conftest import error_info

@@ -25,12 +25,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fencepost.client import AccessDenied, AsyncLockClient, PermissionDenied, TlsConfig
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import details, lock_pb2
-from fencepost.coordinator.process import flags
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
-from fencepost.coordinator.admission.identity import Caller
-from fencepost.coordinator.process.listen import is_local
 from fencepost.coordinator.admission.access import Access, Policy, PolicyError, require
+from fencepost.coordinator.admission.identity import Caller
+from fencepost.coordinator.process import flags
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.listen import is_local
 from fencepost.coordinator.process.tls import ServerTls
 
 from .owned_stub import OwnedStub

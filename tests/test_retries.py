@@ -29,13 +29,13 @@ from fencepost.client.errors import InvalidArgument, NotHolder, from_rpc_error
 from fencepost.client.v1 import details, etcdops, lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason
 from fencepost.client.v1.keys import Keys
+from fencepost.coordinator.admission.access import Access, Policy
+from fencepost.coordinator.api.service import LockService
 from fencepost.coordinator.etcd import EtcdClient
+from fencepost.coordinator.process.coordinator import SERVER_OPTIONS
 from fencepost.coordinator.recipes.lease import Leases
 from fencepost.coordinator.recipes.lock import LockManager
-from fencepost.coordinator.admission.access import Access, Policy
 from fencepost.coordinator.recipes.requests import Call, RequestIdReused, RequestRecords, validate_request_id
-from fencepost.coordinator.process.coordinator import SERVER_OPTIONS
-from fencepost.coordinator.api.service import LockService
 from fencepost.coordinator.recipes.watch import DeleteWatcher
 
 from .conftest import (

@@ -15,8 +15,8 @@ import pytest
 import trustme
 
 from fencepost.client.v1 import lock_pb2
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.process.tls import ServerTls, TlsFileError
 
 from .tls_helpers import acquire_release, call_fails, client_credentials, install, install_server_cert, open_channel

@@ -30,9 +30,9 @@ from fencepost.client.fencing import EtcdGuard
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import EtcdClient
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.recipes.tokens import TokenFloor, TokenRecord, record_key, recover
 
 from .conftest import child_env, error_info, list_keys, wait_for

@@ -45,7 +45,7 @@ Withdraw ``acquire`` on the name; Release ``release``; Describe
 and is refused when no rule could allow it any name under the prefix;
 ServerInfo ``admin`` on any name; AdminRevoke ``admin`` on the name and
 ListSessions ``admin`` on ``"*"`` (every name), both refused without a
-policy (see ``service``); LeaseGrant, LeaseRevoke and the KeepAlive
+policy (see :mod:`..api.admin_calls`); LeaseGrant, LeaseRevoke and the KeepAlive
 stream are not about one name: they need ``acquire`` on at least one name
 (a lease is only good for acquiring; a caller that may only describe has
 no use for one).

@@ -11,7 +11,7 @@ request type (the same messages with every ``string`` field turned into
 field holds invalid UTF-8, returns an :class:`Undecodable` in place of the
 request. The servicer refuses it with INVALID_ARGUMENT (``ErrorInfo`` with
 the field, as for every other bad field): unary calls in
-``service._statuses``, the KeepAlive stream in ``stream.KeepAliveStream``.
+:func:`.rpcs.served`, the KeepAlive stream in :class:`.stream.KeepAliveStream`.
 Bytes that protobuf cannot parse at all (a corrupt wire format) are an
 :class:`Undecodable` without a field: INVALID_ARGUMENT / INVALID_FIELD with
 no ``field`` in the ErrorInfo (before, UNKNOWN and an ERROR traceback too;

@@ -4,9 +4,11 @@ What each RPC needs before its body runs (validated fields, the access
 policy's action, the token floor, the lease's owner) is its row of
 :data:`.rpcs.RPCS`, applied by :func:`.rpcs.served`, which also turns a
 ``FencepostError`` into its gRPC status (:mod:`.status`). The bookkeeping of
-calls that end holds or leases is :mod:`.releases`'s; the admin calls are
-:mod:`.admin_calls`, Observe :mod:`.observe`, one KeepAlive stream
-:mod:`.stream`.
+calls that grant holds is :mod:`.grants`'s, of those that end holds or
+leases :mod:`.releases`'s. The admin, semaphore and election calls (with
+Observe) are :mod:`.admin_calls`, :mod:`.semaphore_calls` and
+:mod:`.election_calls`; KeepAlive is :mod:`.keepalive` (one stream:
+:mod:`.stream`).
 
 While fencing tokens would go back (etcd restored from an older snapshot,
 see :mod:`..recipes.tokens`), the calls that grant, check or report a token,

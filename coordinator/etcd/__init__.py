@@ -23,7 +23,18 @@ The compares and ops of the lock algorithm are built by
 from .calls import NOT_APPLIED, Stubs, TxnPlan
 from .client import EtcdClient
 from .deadline import bounded, unbounded
-from .failures import FAILURES, RULES, EtcdRefused, Failure, Op, Rule, classify, error_for, etcd_refused, etcd_unavailable
+from .failures import (
+    FAILURES,
+    RULES,
+    EtcdRefused,
+    Failure,
+    Op,
+    Rule,
+    classify,
+    error_for,
+    etcd_refused,
+    etcd_unavailable,
+)
 from .members import EtcdAuth, EtcdTls, check_endpoints, parse_endpoint
 
 __all__ = [

@@ -160,7 +160,7 @@ class Coordinator:
             if same_address(listen, health_listen):
                 raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
         self._health_listen = health_listen
-        # Metrics (--metrics-listen), off by default: see .metrics_server.
+        # Metrics (--metrics-listen), off by default: see ..telemetry.endpoint.
         if metrics_name_prefixes and metrics_listen is None:
             raise ValueError("metrics name prefixes need metrics_listen")
         self._metrics = (MetricsEndpoint(check_listen(metrics_listen), metrics_name_prefixes)

@@ -158,7 +158,7 @@ def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class BadFlag(Exception):
-    """A flag or environment value that ``fencepost serve`` refuses (exit 2); ``fencepost admin`` too (its etcd flags)."""
+    """A flag or environment value that ``fencepost serve`` (or ``fencepost admin``: its etcd flags) refuses: exit 2."""
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fencepost.client import AsyncLockClient, LockHeld, StaleTokenError
 from fencepost.client.fencing import SqlGuard
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 HERE = Path(__file__).resolve().parent
 Labels = tuple[tuple[str, str], ...]
