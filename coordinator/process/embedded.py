@@ -43,7 +43,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["EmbeddedEtcd", "etcd_binary"]
+__all__ = ["EmbeddedEtcd", "etcd_binary", "free_port"]
 
 _log = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def _proc_args(pid: int) -> tuple[list[bytes], int] | None:
     return args, int(fields[1])
 
 
-def _free_port(host: str) -> int:
-    """Return a TCP port on ``host`` that was free a moment ago."""
+def free_port(host: str) -> int:
+    """A TCP port on ``host`` that was free a moment ago (another process may take it before it is bound)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
@@ -258,15 +258,15 @@ class EmbeddedEtcd:
         if orphan is not None:
             _log.warning("stopped etcd (pid %d) left running on %s by an owner that died", orphan, self.data_dir)
         if self.client_port == 0:
-            self.client_port = _free_port(self.host)
+            self.client_port = free_port(self.host)
         if self.peer_port == 0:
-            self.peer_port = _free_port(self.host)
+            self.peer_port = free_port(self.host)
             while self.peer_port == self.client_port:
-                self.peer_port = _free_port(self.host)
+                self.peer_port = free_port(self.host)
         if self.cert_file is not None and self.metrics_port == 0:
-            self.metrics_port = _free_port(self.host)
+            self.metrics_port = free_port(self.host)
             while self.metrics_port in (self.client_port, self.peer_port):
-                self.metrics_port = _free_port(self.host)
+                self.metrics_port = free_port(self.host)
         with open(self.log_path, "ab") as log:
             log.write(f"--- starting etcd at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
             log.flush()

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fencepost.coordinator.process.embedded import EmbeddedEtcd, _free_port
+from fencepost.coordinator.process.embedded import EmbeddedEtcd, free_port
 
 __all__ = ["EtcdCluster", "EtcdMember"]
 
@@ -92,7 +92,7 @@ class EtcdCluster:
 
         def port() -> int:
             while True:
-                p = _free_port("127.0.0.1")
+                p = free_port("127.0.0.1")
                 if p not in ports:
                     ports.add(p)
                     return p
