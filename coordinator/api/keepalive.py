@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import Any
 
 import grpc
 
@@ -97,7 +96,7 @@ class KeepAlives:
         if self._closing.is_set():
             await self._refusals.refuse(context, shutting_down(), "KeepAlive", log=False)
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, int]:
         """ServerInfo's counts of the streams open: ``keepalive_streams``, ``keepalive_leases``, ``watched_holds``."""
         return {"keepalive_streams": len(self.open), "keepalive_leases": sum(s.lease_count for s in self.open),
                 "watched_holds": sum(s.watched_count for s in self.open)}

@@ -45,7 +45,6 @@ from ..admission.limits import Limits
 from ..admission.overload import LoopLag
 from ..admission.ownership import OwnerRecord, Ownership, new_secret
 from ..etcd import bounded
-from ..process.info import ETCD_SECONDS, About, read_etcd
 from ..recipes.election import Elections
 from ..recipes.holds import HoldTracker
 from ..recipes.lease import KeptLeases, Leases
@@ -64,6 +63,7 @@ from .keepalive import KeepAlives
 from .releases import Releases
 from .rpcs import Admission, served
 from .semaphore_calls import SemaphoreCalls
+from .server_info import ETCD_SECONDS, About, read_etcd, server_info
 from .slots import StreamSlots
 from .status import Refusals
 from .stream import KeepAliveStream
@@ -251,18 +251,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                          ) -> lock_pb2.ServerInfoResponse:
         with bounded(ETCD_SECONDS):  # within the caller's deadline too (see .rpcs.served)
             etcd = await read_etcd(self._locks.etcd, self._keys)
-        about = self._about
-        return lock_pb2.ServerInfoResponse(
-            version=about.version, instance_id=about.instance_id, uptime_seconds=about.uptime_seconds,
-            listen_address=about.listen_address, health_address=about.health_address,
-            metrics_address=about.metrics_address, key_prefix=about.prefix, serving=about.serving,
-            etcd=lock_pb2.EtcdInfo(
-                endpoints=list(about.endpoints), embedded=about.embedded, available=etcd.available, error=etcd.error,
-                server_version=etcd.server_version, cluster_id=etcd.cluster_id, member_id=etcd.member_id,
-                revision=etcd.revision, raft_term=etcd.raft_term, leader=etcd.leader, raft_index=etcd.raft_index,
-                db_size_bytes=etcd.db_size_bytes),
-            waiting_acquires=self._locks.waiting, contender_keys=etcd.contender_keys, held_locks=etcd.held_locks,
-            waiters=etcd.waiters, **self._keepalives.counts())
+        return server_info(self._about, etcd, waiting_acquires=self._locks.waiting, **self._keepalives.counts())
 
     @served
     async def AdminRevoke(self, request: lock_pb2.AdminRevokeRequest, context: grpc.aio.ServicerContext

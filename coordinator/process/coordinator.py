@@ -43,6 +43,7 @@ from ..admission.access import Access, Policy
 from ..admission.limits import Limits
 from ..admission.overload import LoopLag
 from ..api.decode import add_lock_service
+from ..api.server_info import About
 from ..api.service import LockService
 from ..etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from ..recipes.lease import Leases
@@ -54,7 +55,6 @@ from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS
 from ..telemetry.tracing import GrpcServerTracing
 from .health import Health
-from .info import About
 from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, unix_socket_path
 from .tls import ServerCertificates, ServerTls
 

@@ -23,10 +23,10 @@ from grpc_health.v1 import health, health_pb2
 
 from fencepost.client.errors import FencepostError
 
+from ..api.server_info import About
 from ..etcd import EtcdClient
 from ..recipes.tokens import TokenFloor
 from ..telemetry.events import log_event
-from .info import About
 
 __all__ = ["HEALTH_INTERVAL", "LIVENESS_SERVICE", "SERVICE_NAME", "Health"]
 

@@ -2,15 +2,15 @@
 
 :class:`About` holds the facts of one coordinator that do not come from
 etcd (version, instance id, start time, addresses, prefix, endpoints,
-readiness); the :class:`~.coordinator.Coordinator` fills it in as it starts and
-stops. :func:`read_etcd` asks etcd, in parallel, for one keys-only Range of
+readiness); the :class:`~..process.coordinator.Coordinator` fills it in as it
+starts and stops. :func:`read_etcd` asks etcd, in parallel, for one keys-only Range of
 the lock prefix (its header: revision, cluster and member ids, raft term;
 its count: every lock key; its first :data:`SCAN_KEYS` keys: the held locks
 and waiters) and for the answering member's Maintenance.Status (server
 version, raft leader and index, database size). Neither failing is an
 error: the answer says what is missing and why. Both end at the caller's
 deadline (:mod:`..etcd.deadline`); the servicer bounds them by
-:data:`ETCD_SECONDS` besides.
+:data:`ETCD_SECONDS` besides. :func:`server_info` is the answer.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fencepost.client.errors import FencepostError
-from fencepost.client.v1 import etcdops
+from fencepost.client.v1 import etcdops, lock_pb2
 from fencepost.client.v1.keys import Keys
 
 from ..etcd import EtcdClient
 from ..recipes.listing import first_lock_key
 
-__all__ = ["ETCD_SECONDS", "SCAN_KEYS", "About", "EtcdView", "package_version", "read_etcd", "redact_endpoint"]
+__all__ = ["ETCD_SECONDS", "SCAN_KEYS", "About", "EtcdView", "package_version", "read_etcd", "redact_endpoint",
+           "server_info"]
 
 #: Most lock keys read to count held locks and waiters; past it they are -1 (only the total is counted).
 SCAN_KEYS = 1000
@@ -171,3 +172,26 @@ async def read_etcd(etcd: EtcdClient, keys: Keys, *, scan_keys: int = SCAN_KEYS)
     assert not isinstance(status, BaseException)
     return dataclasses.replace(view, server_version=str(status.version), leader=int(status.leader),
                                raft_index=int(status.raftIndex), db_size_bytes=int(status.dbSize))
+
+
+def server_info(about: About, etcd: EtcdView, *, waiting_acquires: int, keepalive_streams: int,
+                keepalive_leases: int, watched_holds: int) -> lock_pb2.ServerInfoResponse:
+    """The ServerInfo answer: ``about``, what etcd said (``etcd``), and this coordinator's counts.
+
+    Args:
+        waiting_acquires: the Acquire calls waiting here.
+        keepalive_streams, keepalive_leases, watched_holds: the KeepAlive streams open here, the leases
+            kept alive on them and the holds they watch.
+    """
+    return lock_pb2.ServerInfoResponse(
+        version=about.version, instance_id=about.instance_id, uptime_seconds=about.uptime_seconds,
+        listen_address=about.listen_address, health_address=about.health_address,
+        metrics_address=about.metrics_address, key_prefix=about.prefix, serving=about.serving,
+        etcd=lock_pb2.EtcdInfo(
+            endpoints=list(about.endpoints), embedded=about.embedded, available=etcd.available, error=etcd.error,
+            server_version=etcd.server_version, cluster_id=etcd.cluster_id, member_id=etcd.member_id,
+            revision=etcd.revision, raft_term=etcd.raft_term, leader=etcd.leader, raft_index=etcd.raft_index,
+            db_size_bytes=etcd.db_size_bytes),
+        keepalive_streams=keepalive_streams, keepalive_leases=keepalive_leases, watched_holds=watched_holds,
+        waiting_acquires=waiting_acquires, contender_keys=etcd.contender_keys, held_locks=etcd.held_locks,
+        waiters=etcd.waiters)
