@@ -51,7 +51,8 @@ from .admin_calls import admit_admin
 from .decode import Undecodable
 from .status import Refusals
 
-__all__ = ["DEADLINE_MARGIN_SECONDS", "READY", "RPCS", "SERVING", "VALIDATORS", "Admission", "Rpc", "served"]
+__all__ = ["DEADLINE_MARGIN_SECONDS", "EVERY_NAME", "READY", "RPCS", "SERVING", "VALIDATORS", "Admission", "Rpc",
+           "served"]
 
 R = TypeVar("R")
 
