@@ -28,7 +28,7 @@ from typing import Any
 
 import _procs
 
-from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 GENERATOR = str(Path(__file__).with_name("_leasegen.py"))
 #: The coordinator flags of this figure: no per-caller or total lease limit, no LeaseGrant rate limit.

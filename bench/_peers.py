@@ -127,7 +127,7 @@ class EtcdDirectUser:
         owners = resp.responses[1].response_range.kvs
         if owners and owners[0].create_revision == token:
             return int(token)
-        while True:  # another key is first: wait as the coordinator does (coordinator/lock.py, _wait_turn)
+        while True:  # another key is first: wait as the coordinator does (coordinator/recipes/lock.py, _wait_turn)
             check = await self.peer.kv.Txn(etcdops.txn([etcdops.is_owner(key, token)],
                                                         [etcdops.last_before(lock, token)]), timeout=30)
             before = check.responses[0].response_range.kvs

@@ -58,7 +58,7 @@ from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import etcdops, lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
 from fencepost.client.v1.keys import prefix_end
-from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 Cycle = Callable[[int], Awaitable[None]]
 

@@ -4,7 +4,7 @@ One process serves ``/bench.Echo/Echo`` (bytes in, the same bytes out) on
 127.0.0.1 and calls it from ``--concurrency`` tasks, ``--calls`` calls per
 round, for each server setup in turn: no interceptor, an interceptor that
 only calls ``continuation`` (the cost of having one at all in grpc.aio), and
-:class:`fencepost.coordinator.metrics.GrpcServerMetrics` without and with its
+:class:`fencepost.coordinator.telemetry.interceptor.GrpcServerMetrics` without and with its
 handling-time histogram. Printed: calls per second and the process's CPU
 microseconds per call (client and server together, so the interceptor's share
 is the difference between rows).
@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 from prometheus_client import CollectorRegistry
 
-from fencepost.coordinator.metrics import GrpcServerMetrics
+from fencepost.coordinator.telemetry.interceptor import GrpcServerMetrics
 
 
 class PassThrough(grpc.aio.ServerInterceptor):

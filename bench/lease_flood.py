@@ -40,8 +40,8 @@ import grpc.aio
 
 
 from fencepost.client.v1 import details, lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.limits import FLAGS, Limits
+from fencepost.coordinator.admission.limits import FLAGS, Limits
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 #: Every limit that can be off, off.
 OFF = [f"--{FLAGS[name]}=0" for name in FLAGS

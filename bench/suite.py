@@ -64,7 +64,7 @@ from _peers import (  # noqa: E402
 from _report import render, plot  # noqa: E402
 from _takeover import takeovers  # noqa: E402
 
-from fencepost.coordinator.embedded import EmbeddedEtcd  # noqa: E402
+from fencepost.coordinator.process.embedded import EmbeddedEtcd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ["P1", "P2", "P3", "P4", "P5"]

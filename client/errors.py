@@ -43,7 +43,7 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
                                    (NOT_LEASE_OWNER)
 
 The coordinator raises these same classes and turns them into gRPC statuses
-(``fencepost.coordinator.errors``); the client turns a failed call back into
+(``fencepost.coordinator.api.status``); the client turns a failed call back into
 one with :func:`from_rpc_error`. Both use the one table of status codes in
 :mod:`fencepost.client.v1.details`.
 """

@@ -35,9 +35,9 @@ from google.rpc import error_details_pb2, status_pb2
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.keys import LEASE_RECORD_INFIX, RECORDS_LEASE_MARK, REQUEST_RECORD_INFIX
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.requests import RECORDS_TTL_SECONDS
-from fencepost.coordinator.tokens import RECORD_SUFFIX
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.recipes.requests import RECORDS_TTL_SECONDS
+from fencepost.coordinator.recipes.tokens import RECORD_SUFFIX
 from .owned_stub import OwnedStub
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,8 +80,8 @@ async def _orphans(endpoint: str) -> list[str]:
         key = b"/fencepost-test/"
         resp = await client.kv.get(key, prefix_range_end(key), keys_only=True, timeout=5)
         # Guard records (beside a test's lock prefix, in "<prefix>.records/") are data, not lock keys;
-        # so is the coordinators' token record ("<prefix>.tokens", see coordinator/tokens.py), and a
-        # semaphore's permits record ("<prefix>%01p%2F<name>/permits", see coordinator/semaphore.py).
+        # so is the coordinators' token record ("<prefix>.tokens", see coordinator/recipes/tokens.py), and a
+        # semaphore's permits record ("<prefix>%01p%2F<name>/permits", see coordinator/recipes/semaphore.py).
         problems = [f"lock key {kv.key!r} is attached to no lease" for kv in resp.kvs
                     if not kv.lease and b".records/" not in kv.key and not kv.key.endswith(RECORD_SUFFIX)
                     and not (b"/%01p%2F" in kv.key and kv.key.endswith(b"/permits"))]
@@ -144,7 +144,7 @@ async def lease_ids(client: Etcd3Client) -> set[int]:
 
 
 async def records_leases(client: Etcd3Client) -> set[int]:
-    """The coordinators' records leases (coordinator/requests.py): never kept alive, they hold request
+    """The coordinators' records leases (coordinator/recipes/requests.py): never kept alive, they hold request
     records for 60 to 120 s after a call, each marked by a key ``<prefix>.request.~<16 hex>``."""
     assert client.kv is not None
     key = b"/fencepost-test/"
@@ -159,7 +159,7 @@ async def records_leases(client: Etcd3Client) -> set[int]:
 @pytest.fixture
 async def coordinator(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[Any]:
     """A Coordinator served in-process on 127.0.0.1:0, over the test's prefix."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
     await asyncio.wait_for(coord.start(), 20)

@@ -1,6 +1,6 @@
 """The real LockService on a plain ``grpc.aio`` server: a unix socket, TLS, or both.
 
-``fencepost.coordinator.server.Coordinator`` binds plaintext TCP only; the
+``fencepost.coordinator.process.coordinator.Coordinator`` binds plaintext TCP only; the
 client's unix-socket and TLS tests need the same service behind other
 ports. :class:`LockServer` wires the coordinator's parts (etcd layer,
 deletion watcher, leases, locks, servicer, health) exactly as
@@ -23,12 +23,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fencepost.client.v1 import lock_pb2_grpc
 from fencepost.client.v1.keys import Keys
+from fencepost.coordinator.api.service import LockService
 from fencepost.coordinator.etcd import EtcdClient
-from fencepost.coordinator.lease import Leases
-from fencepost.coordinator.lock import LockManager
-from fencepost.coordinator.server import SERVER_OPTIONS, SERVICE_NAME
-from fencepost.coordinator.service import LockService
-from fencepost.coordinator.watch import DeleteWatcher
+from fencepost.coordinator.process.coordinator import SERVER_OPTIONS
+from fencepost.coordinator.process.health import SERVICE_NAME
+from fencepost.coordinator.recipes.lease import Leases
+from fencepost.coordinator.recipes.lock import LockManager
+from fencepost.coordinator.recipes.watch import DeleteWatcher
 
 
 class LockServer:

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.ownership import SECRET_METADATA
+from fencepost.coordinator.admission.ownership import SECRET_METADATA
 
 #: lease id -> secret, of every lease granted through an OwnedStub in this process (lease ids are unique).
 SECRETS: dict[int, str] = {}

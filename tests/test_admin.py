@@ -18,10 +18,10 @@ import trustme
 
 from fencepost.client import AccessDenied, AsyncLockClient, InvalidArgument, LockClient, Revoked, Session, TlsConfig
 from fencepost.client.v1 import details, lock_pb2
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.policy import Policy
-from fencepost.coordinator.server import Coordinator
-from fencepost.coordinator.tls import ServerTls
+from fencepost.coordinator.admission.access import Policy
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.tls import ServerTls
 
 from .conftest import describe_waiters_is, wait_for
 from .owned_stub import OwnedStub
@@ -133,7 +133,7 @@ async def test_admin_revoke_when_a_holder_has_a_waiter(policed: Coordinator, pki
     """ListSessions shows A's lease with A's identity and hold and B's wait; a non-admin is refused both calls;
     AdminRevoke ends A's hold at once (its handle is lost), B is granted with a larger token, each call is audited;
     a second AdminRevoke of the free lock revokes nothing."""
-    caplog.set_level(logging.INFO, "fencepost.coordinator.service")
+    caplog.set_level(logging.INFO, "fencepost.coordinator.api")
     async with open_channel(policed.address, pki.operator.credentials) as oc, \
             open_channel(policed.address, pki.worker.credentials) as wc:
         operator, worker = OwnedStub(oc), OwnedStub(wc)

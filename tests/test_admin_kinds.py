@@ -15,7 +15,7 @@ import pytest
 
 from fencepost.client import AsyncLockClient, InvalidArgument, LockClient, Revoked
 from fencepost.client.v1 import details, kinds, lock_pb2
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.process.coordinator import Coordinator
 
 from .conftest import assert_invalid_field, wait_for
 from .owned_stub import OwnedStub
@@ -30,7 +30,7 @@ LOCK, ELECT, SEM = (kinds.HoldKind.HOLD_KIND_LOCK, kinds.HoldKind.HOLD_KIND_ELEC
 
 
 async def _candidates_waiting(coordinator: Coordinator, election: str, n: int) -> bool:
-    return (await coordinator._locks.describe(kinds.election_lock(election))).waiter_count == n
+    return (await coordinator.locks.describe(kinds.election_lock(election))).waiter_count == n
 
 
 @contextlib.asynccontextmanager
@@ -129,7 +129,7 @@ async def test_admin_revoke_when_kind_or_slot_is_bad(policed: Coordinator, pki: 
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.AdminRevoke(lock_pb2.AdminRevokeRequest(name=SEMAPHORE, kind=SEM, slot=2), timeout=10)
         assert "has 2 permits" in info.value.details(), info.value.details()
-        assert permit.is_valid() and await policed._locks.lease_alive(permit.lease_id)
+        assert permit.is_valid() and await policed.locks.lease_alive(permit.lease_id)
 
         never = await stub.AdminRevoke(lock_pb2.AdminRevokeRequest(name="jobs/unused", kind=SEM, slot=5), timeout=10)
         assert (never.revoked, never.lease_id, never.token) == (False, 0, 0)

@@ -19,9 +19,9 @@ from etcd3aio import Etcd3Client
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 
-from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import EtcdClient
-from fencepost.coordinator.lease import Leases
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.recipes.lease import Leases
 
 from .conftest import describe, describe_waiters_is, lease_ids, list_keys, wait_for
 from .harness.proxy import Proxy

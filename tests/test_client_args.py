@@ -86,7 +86,7 @@ NAMES_AT_THE_LIMITS = {
 @pytest.mark.parametrize("name", list(NAMES_AT_THE_LIMITS.values()), ids=list(NAMES_AT_THE_LIMITS))
 def test_check_name_agrees_with_the_coordinator(name: str) -> None:
     """The client accepts exactly the names the coordinator accepts, and words a refusal the same way."""
-    from fencepost.coordinator.validate import validate_name
+    from fencepost.coordinator.recipes.validate import validate_name
 
     try:
         validate_name(name)

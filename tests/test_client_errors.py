@@ -97,7 +97,7 @@ def test_from_rpc_error_when_metadata_names_field_lock_and_lease() -> None:
 
 def test_from_rpc_error_when_limit_exceeded_carries_limit_value_and_retry_info() -> None:
     """A LIMIT_EXCEEDED refusal, as the coordinator builds it, gives LimitExceeded with limit, value and retry_delay."""
-    from fencepost.coordinator.errors import to_status
+    from fencepost.coordinator.api.status import to_status
 
     sent = fc.LimitExceeded("limit max-acquire-rate (5/s) reached", name="n", lease_id=3, limit="max-acquire-rate",
                             value="5/s", retry_delay=0.2)

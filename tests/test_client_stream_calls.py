@@ -50,8 +50,8 @@ from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1 import lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .client_fakes import Parts, failed_call
 from .conftest import list_keys, wait_for

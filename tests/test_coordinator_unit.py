@@ -12,8 +12,9 @@ from google.rpc import error_details_pb2, status_pb2
 
 from fencepost.client.errors import InvalidArgument, NotHolder
 from fencepost.client.v1.keys import Keys, prefix_end
-from fencepost.coordinator.errors import etcd_unavailable, to_status
-from fencepost.coordinator.validate import validate_name, validate_ttl, wait_seconds
+from fencepost.coordinator.api.status import to_status
+from fencepost.coordinator.etcd import etcd_unavailable
+from fencepost.coordinator.recipes.validate import validate_name, validate_ttl, wait_seconds
 
 
 def test_keys_when_one_name_is_a_prefix_of_another() -> None:

@@ -24,9 +24,9 @@ import pytest
 
 from fencepost.client import AsyncLockClient, Unavailable
 from fencepost.client.v1 import lock_pb2
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.info import ETCD_SECONDS
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.api.server_info import ETCD_SECONDS
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import cli_env
 from .owned_stub import OwnedStub

@@ -564,10 +564,10 @@ def _env_read(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     variables that ``fencepost run`` gives its command.
     """
     from fencepost.client.cli import common, run
-    from fencepost.coordinator import serve
+    from fencepost.coordinator.process import flags
 
-    makers = {"serve": serve.build_parser, **{n: (lambda n=n: _cli_parsers()[n]) for n in _cli_parsers()}}
-    read = {serve.PASSWORD_ENV, run.ENV_LOCK, run.ENV_TOKEN, run.ENV_LEASE_ID, run.ENV_TTL}
+    makers = {"serve": flags.build_parser, **{n: (lambda n=n: _cli_parsers()[n]) for n in _cli_parsers()}}
+    read = {flags.PASSWORD_ENV, run.ENV_LOCK, run.ENV_TOKEN, run.ENV_LEASE_ID, run.ENV_TTL}
     read |= {v for k, v in vars(common).items() if k.endswith("_ENV") and str(v).startswith("FENCEPOST_")}
     assert common.ADDRESS_ENV in read
     for make in makers.values():
@@ -619,9 +619,9 @@ def _fencepost_commands() -> Iterator[tuple[str, list[str]]]:
 
 def test_every_fencepost_flag_in_deploy_exists() -> None:
     """Each flag given to fencepost serve, run, status or acquire in deploy/ is one its parser has."""
-    from fencepost.coordinator import serve
+    from fencepost.coordinator.process import flags
 
-    known = {"serve": set(_options(serve.build_parser())),
+    known = {"serve": set(_options(flags.build_parser())),
              **{n: set(_options(p)) for n, p in _cli_parsers().items()}}
     seen = set()
     for where, argv in _fencepost_commands():

@@ -23,8 +23,8 @@ from fencepost.client import (
     NotHolder,
 )
 from fencepost.client.v1 import kinds, lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.events import FIELDS_ATTR
 from fencepost.client.v1.keys import MAX_VALUE_BYTES, Keys
+from fencepost.coordinator.telemetry.events import FIELDS_ATTR
 
 from .conftest import cli_env, error_info, wait_for
 from .owned_stub import secret_metadata
@@ -255,8 +255,8 @@ names = ["seen"]
 
 async def test_policy_checks_elections_by_name(etcd: Any, prefix: str) -> None:
     """The access policy applies the lock actions to elections by their public name."""
-    from fencepost.coordinator.policy import Policy
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.admission.access import Policy
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, policy=Policy.from_text(POLICY))
     await asyncio.wait_for(coord.start(), 20)
@@ -326,7 +326,7 @@ async def _seen(seen: list[LeaderInfo | None], changed: asyncio.Event, n: int) -
 async def test_observe_sees_every_leader_in_order_across_a_coordinator_restart(etcd: Any, prefix: str) -> None:
     """An observer sees each leader and value once, in order, also when its coordinator stops and it resumes on
     another with after_revision while the leader changes meanwhile."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     first = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
     second = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
@@ -372,7 +372,7 @@ async def test_observe_waits_out_outages_longer_than_connect_timeout(etcd: Any, 
     """Once accepted, an observation goes on through coordinator outages longer than connect_timeout, and
     through a second outage after a quiet spell (a resumed Observe that receives nothing is still up: its
     initial metadata says so); the change made after them is seen."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     coordinator = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
     await asyncio.wait_for(coordinator.start(), 20)
@@ -599,7 +599,7 @@ async def test_observe_refused_from_the_start_gives_up_after_connect_timeout(pre
     import socket
 
     from fencepost.client import Unavailable
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -21,12 +21,12 @@ from prometheus_client import CollectorRegistry
 from fencepost.client.errors import LeaseLost, Unavailable
 from fencepost.client.v1 import etcdops
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import EtcdClient, Stubs, bounded
 from fencepost.coordinator.etcd.batch import ops_needed
-from fencepost.coordinator.lock import LockManager
-from fencepost.coordinator.lock_metrics import LockMetrics
-from fencepost.coordinator.watch import DeleteWatcher
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.recipes.lock import LockManager
+from fencepost.coordinator.recipes.watch import DeleteWatcher
+from fencepost.coordinator.telemetry.metrics import LockMetrics
 
 from .fake_etcd import rpc_error
 
@@ -315,7 +315,7 @@ async def test_lock_txn_when_its_caller_is_cancelled_or_times_out_while_queued_i
                                                ("1025", None)])
 def test_serve_etcd_batch_max_when_given(value: str, parsed: int | None, capsys: pytest.CaptureFixture[str]) -> None:
     """`serve --etcd-batch-max` takes 0 (no batching) to 1024; anything else exits 2 naming the flag."""
-    from fencepost.coordinator.serve import build_parser
+    from fencepost.coordinator.process.flags import build_parser
 
     if parsed is not None:
         assert build_parser().parse_args(["--etcd-batch-max", value]).etcd_batch_max == parsed

@@ -19,13 +19,16 @@ from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.etcd import auth_pb2, rpc_pb2, rpc_pb2_grpc
 from fencepost.client.v1.keys import prefix_end
-from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import EtcdAuth, EtcdTls
-from fencepost.coordinator.serve import main
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.main import main
 
 from .conftest import LISTENING, ChildProcess, child_env, error_info, wait_for
 from .owned_stub import OwnedStub
+
+#: The lock watch's logger (coordinator/recipes/watch.py).
+WATCH_LOGGER = "fencepost.coordinator.recipes.watch"
 
 
 async def _acquire_and_release(coordinator: Coordinator, name: str) -> int:
@@ -296,12 +299,12 @@ async def test_auth_when_coordinator_has_no_user(auth_etcd: EmbeddedEtcd, auth_p
     coordinator = Coordinator([auth_etcd.endpoint], listen="127.0.0.1:0", prefix=auth_prefix + "no-user/")
     try:
         await _started(coordinator)
-        await wait_for(lambda: len(_logged(caplog, "fencepost.coordinator.watch", "lock watch failed")) >= 4, 30,
+        await wait_for(lambda: len(_logged(caplog, WATCH_LOGGER, "lock watch failed")) >= 4, 30,
                        0.05, "four restarts of the lock watch")
         await wait_for(lambda: _logged(caplog, "fencepost.coordinator", "NOT_SERVING"), 10, 0.05, "NOT_SERVING")
     finally:
         await coordinator.stop(0)
-    warned = _logged(caplog, "fencepost.coordinator.watch", "lock watch failed", logging.WARNING)
+    warned = _logged(caplog, WATCH_LOGGER, "lock watch failed", logging.WARNING)
     assert len(warned) == 1 and "--etcd-user" in warned[0], warned
     health = _logged(caplog, "fencepost.coordinator", "NOT_SERVING")
     assert len(health) == 1 and "refuses the coordinator" in health[0] and "no --etcd-user" in health[0], health
@@ -325,8 +328,8 @@ async def test_auth_when_etcd_refuses_the_password_after_start(tmp_path: Path, a
         await asyncio.to_thread(etcd.start)
         await wait_for(lambda: _logged(caplog, "fencepost.coordinator", "refuses the coordinator"), 30, 0.05,
                        "the refusal to be logged")
-        refused_at = len(_logged(caplog, "fencepost.coordinator.watch", "lock watch failed"))
-        await wait_for(lambda: len(_logged(caplog, "fencepost.coordinator.watch", "lock watch failed"))
+        refused_at = len(_logged(caplog, WATCH_LOGGER, "lock watch failed"))
+        await wait_for(lambda: len(_logged(caplog, WATCH_LOGGER, "lock watch failed"))
                        >= refused_at + 4, 30, 0.05, "four more restarts of the lock watch")
     finally:
         await coordinator.stop(0)
@@ -334,7 +337,7 @@ async def test_auth_when_etcd_refuses_the_password_after_start(tmp_path: Path, a
     health = _logged(caplog, "fencepost.coordinator", "NOT_SERVING")
     assert len(health) == 2 and "unreachable" in health[0], health
     assert "refuses the coordinator (authentication failed, user 'locks')" in health[1], health
-    warned = _logged(caplog, "fencepost.coordinator.watch", "refused the coordinator's credentials", logging.WARNING)
+    warned = _logged(caplog, WATCH_LOGGER, "refused the coordinator's credentials", logging.WARNING)
     assert len(warned) == 1, warned
     assert PASSWORD not in caplog.text
 

@@ -14,10 +14,10 @@ from fencepost.client.errors import LeaseLost, NotHolder, StaleTokenError, Unava
 from fencepost.client.v1 import etcdops
 from fencepost.client.v1.etcd import kv_pb2, rpc_pb2
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator.etcd import RULES, EtcdAuth, EtcdClient, Failure, Op, classify, error_for, parse_endpoint
 from fencepost.client.v1.keys import Hold
-from fencepost.coordinator.lock import Holder, LockManager, release_refusal
-from fencepost.coordinator.watch import DeleteWatcher
+from fencepost.coordinator.etcd import RULES, EtcdAuth, EtcdClient, Failure, Op, classify, error_for, parse_endpoint
+from fencepost.coordinator.recipes.lock import Holder, LockManager, release_refusal
+from fencepost.coordinator.recipes.watch import DeleteWatcher
 
 from .conftest import wait_for
 from .fake_etcd import FakeEtcd, rpc_error

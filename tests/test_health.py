@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2
-from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import describe_waiters_is, error_info, wait_for
 from .tls_helpers import call_fails, install_server_cert
@@ -33,7 +33,7 @@ async def _health(address: str, service: str = "") -> int:
 
 async def test_health_follows_etcd(tmp_path: Path, prefix: str) -> None:
     """Health is SERVING with etcd up, NOT_SERVING while it is down, SERVING again once it is back."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     own_etcd = EmbeddedEtcd(tmp_path / "etcd")
     await asyncio.to_thread(own_etcd.start)
@@ -71,7 +71,7 @@ async def test_health_follows_etcd(tmp_path: Path, prefix: str) -> None:
 
 async def test_acquire_while_etcd_is_down_is_unavailable(tmp_path: Path, prefix: str) -> None:
     """With etcd down, a LeaseGrant fails UNAVAILABLE (ETCD_UNAVAILABLE) rather than hanging."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     own_etcd = EmbeddedEtcd(tmp_path / "etcd")
     await asyncio.to_thread(own_etcd.start)
@@ -94,7 +94,8 @@ async def test_acquire_while_etcd_is_down_is_unavailable(tmp_path: Path, prefix:
 def _watch_failures(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[logging.LogRecord]:
     """The lock watch's failure records (each restart is one, at DEBUG when not worth a WARNING)."""
     return [r for r in caplog.records
-            if r.name == "fencepost.coordinator.watch" and ("failed" in r.getMessage() or "failing" in r.getMessage())
+            if r.name == "fencepost.coordinator.recipes.watch"
+            and ("failed" in r.getMessage() or "failing" in r.getMessage())
             and (level is None or r.levelno == level)]
 
 
@@ -102,8 +103,8 @@ async def test_log_when_etcd_stays_unreachable(tmp_path: Path, prefix: str, capl
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With etcd out of reach the watch restarts every 0.05-2 s but warns once, then at most every
     REPEAT_INTERVAL; health says NOT_SERVING once; one line each when etcd is back."""
-    from fencepost.coordinator import watch
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
+    from fencepost.coordinator.recipes import watch
 
     monkeypatch.setattr(watch, "REPEAT_INTERVAL", 2.0)
     caplog.set_level(logging.DEBUG, logger="fencepost.coordinator")
@@ -143,8 +144,8 @@ async def test_health_listener_when_the_main_port_requires_client_certificates(
         etcd: EmbeddedEtcd, prefix: str, tmp_path: Path) -> None:
     """With mTLS on the main port, the health listener answers grpc.health.v1 in plaintext without a certificate
     (the kubelet's probe), and nothing else: LockService there is UNIMPLEMENTED."""
-    from fencepost.coordinator.server import Coordinator
-    from fencepost.coordinator.tls import ServerTls
+    from fencepost.coordinator.process.coordinator import Coordinator
+    from fencepost.coordinator.process.tls import ServerTls
 
     ca = trustme.CA()
     install_server_cert(ca, tmp_path)
@@ -174,7 +175,7 @@ async def test_health_listener_when_a_client_calls_lock_service_there(etcd: Embe
     from the Python clients (FencepostError with code UNIMPLEMENTED) and from ``fencepost status NAME`` (exit 1,
     one line), not with gRPC's "Method not found!"."""
     import fencepost.client as fc
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     from .test_cli import assert_one_line_error, run_cli
 
@@ -207,7 +208,7 @@ async def _status_is(address: str, want: int, service: str = "") -> bool:
 
 async def test_health_listener_when_shutting_down(etcd: EmbeddedEtcd, prefix: str) -> None:
     """While stop() waits for an in-flight call, the health listener reports NOT_SERVING; after, it is closed."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, health_listen="127.0.0.1:0")
     stopping: asyncio.Task[None] | None = None
@@ -249,7 +250,7 @@ async def test_health_listener_when_shutting_down(etcd: EmbeddedEtcd, prefix: st
 ])
 def test_health_listener_when_the_address_is_bad(health_listen: str, says: str, etcd: EmbeddedEtcd) -> None:
     """A malformed health listener address, or the listen address itself: ValueError at construction."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     with pytest.raises(ValueError, match=re.escape(says)):
         Coordinator([etcd.endpoint], listen="127.0.0.1:7499", health_listen=health_listen)

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 from fencepost.client.v1.keys import Hold
 from fencepost.coordinator.etcd import bounded
 from fencepost.coordinator.etcd.deadline import left
-from fencepost.coordinator.holds import HANDOFF_MEMORY_SECONDS, HoldTracker
-from fencepost.coordinator.lock_metrics import LockMetrics
+from fencepost.coordinator.recipes.holds import HANDOFF_MEMORY_SECONDS, HoldTracker
+from fencepost.coordinator.telemetry.metrics import LockMetrics
 
 
 class FakeWatcher:

@@ -8,12 +8,16 @@ after ``idle_lease_timeout`` seconds, or at once when more than
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient, InvalidArgument, LockClient, ResourceExhausted
+from fencepost.coordinator.admission.limits import Limits
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import lease_ids, wait_for
 
@@ -42,13 +46,27 @@ async def _at_most(etcd: Etcd3Client, before: set[int], n: int) -> bool:
     return len(await lease_ids(etcd) - before) <= n
 
 
-async def test_refused_acquires_leave_no_lease_renewed_forever(coordinator: Any, address: str,
+@pytest.fixture
+async def one_waiter(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[Coordinator]:
+    """A coordinator that lets one Acquire at a time wait (``--max-waiters 1``)."""
+    coordinator = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, limits=Limits(max_waiters=1))
+    await asyncio.wait_for(coordinator.start(), 20)
+    try:
+        yield coordinator
+    finally:
+        await asyncio.wait_for(coordinator.stop(grace=0), 20)
+
+
+async def test_refused_acquires_leave_no_lease_renewed_forever(one_waiter: Coordinator,
                                                                etcd_client: Etcd3Client) -> None:
     """Acquires refused with TOO_MANY_WAITERS: their leases are idle, then revoked."""
-    coordinator._locks._max_waiters = 0  # every waiting acquire is refused
-    async with AsyncLockClient(address) as holder_client, \
+    address = one_waiter.address
+    async with AsyncLockClient(address) as holder_client, AsyncLockClient(address) as queued_client, \
             AsyncLockClient(address, idle_lease_timeout=0.5) as client:
         held = await holder_client.try_acquire("busy", ttl=30)  # trying once is not waiting
+        queued = asyncio.ensure_future(queued_client.acquire("busy", ttl=30))  # the one wait allowed
+        await wait_for(lambda: _waiters_are(holder_client, "busy", 1), 10, what="the one waiting acquire")
+        # every waiting acquire is refused
         for ttl in range(5, 10):
             with pytest.raises(ResourceExhausted):
                 await client.acquire("busy", ttl=ttl)
@@ -57,6 +75,11 @@ async def test_refused_acquires_leave_no_lease_renewed_forever(coordinator: Any,
         await wait_for(lambda: client.lease_count == 0, 5, what="the refused acquires' leases retired")
         await wait_for(lambda: _gone(etcd_client, granted), 5, what="and revoked")
         await held.release()
+        await (await queued).release()
+
+
+async def _waiters_are(client: AsyncLockClient, name: str, n: int) -> bool:
+    return (await client.describe(name)).waiter_count == n
 
 
 async def test_a_lease_in_use_is_never_retired(address: str, etcd_client: Etcd3Client) -> None:

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fencepost.client.v1 import kinds, lock_pb2
-from fencepost.coordinator.lock_metrics import LockMetrics
-from fencepost.coordinator.sessions import list_sessions, shown
+from fencepost.coordinator.recipes.sessions import list_sessions, shown
+from fencepost.coordinator.telemetry.metrics import LockMetrics
 
 from .conftest import assert_invalid_field, wait_for
 from .owned_stub import OwnedStub
@@ -38,7 +38,7 @@ async def test_elections_and_semaphores_are_not_listed_described_or_counted_as_l
     coordinator: Any, stub: OwnedStub
 ) -> None:
     """With a lock, an election (leader and candidate) and a semaphore permit held, only the lock is a lock."""
-    locks = coordinator._locks
+    locks = coordinator.locks
     holder, leader, candidate, permit = [await _lease(stub) for _ in range(4)]
     assert (await stub.Acquire(lock_pb2.AcquireRequest(name="a", lease_id=holder), timeout=5)).acquired
     assert (await locks.acquire(ELECTION, leader, 0.0)).acquired
@@ -66,7 +66,7 @@ async def test_elections_and_semaphores_are_not_listed_described_or_counted_as_l
         info_resp = await stub.ServerInfo(lock_pb2.ServerInfoRequest(), timeout=5)
         assert (info_resp.contender_keys, info_resp.held_locks, info_resp.waiters) == (1, 1, 0)
 
-        page = await list_sessions(locks.etcd, coordinator._keys, 0, "")
+        page = await list_sessions(locks.etcd, coordinator.keys, 0, "")
         seen = {s.lease_id: (s.holds, s.waits) for s in page.sessions}
         assert seen[holder] == (["a"], [])
         assert seen[leader] == (["election:e"], [])
@@ -104,9 +104,9 @@ async def test_admin_revoke_refuses_an_internal_name(policed: Any, pki: Any) -> 
             open_channel(policed.address, pki.billing.credentials) as billing:
         operator = OwnedStub(channel)
         leader = await _lease(OwnedStub(billing))
-        assert (await policed._locks.acquire(ELECTION, leader, 0.0)).acquired
+        assert (await policed.locks.acquire(ELECTION, leader, 0.0)).acquired
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await operator.AdminRevoke(lock_pb2.AdminRevokeRequest(name=ELECTION), timeout=10)
         assert_invalid_field(info.value, "name")
-        assert await policed._locks.lease_alive(leader)
-        assert (await policed._locks.describe(ELECTION)).holder.lease_id == leader
+        assert await policed.locks.lease_alive(leader)
+        assert (await policed.locks.describe(ELECTION)).holder.lease_id == leader

@@ -20,9 +20,9 @@ from etcd3aio import Etcd3Client
 
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import LEASE_SECRET_METADATA
-from fencepost.coordinator.decode import bytes_twin, invalid_text_field
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.api.decode import bytes_twin, invalid_text_field
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import assert_invalid_field, count_keys, error_info, wait_for
 from .test_metrics import scrape

@@ -18,8 +18,8 @@ import pytest
 
 from fencepost.client.errors import Unavailable
 from fencepost.client.v1.etcd import rpc_pb2
+from fencepost.coordinator.etcd.failures import RULES, Failure, Op
 from fencepost.coordinator.etcd.keepalive import KeepAlives
-from fencepost.coordinator.etcd.policy import RULES, Failure, Op
 
 
 class FakeCall:

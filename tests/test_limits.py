@@ -1,4 +1,4 @@
-"""Limits against one bad or buggy client (coordinator/limits.py, issue 9).
+"""Limits against one bad or buggy client (coordinator/admission/limits.py, issue 9).
 
 Unit tests of the token bucket and the tracker run on an injected clock;
 the others drive a real coordinator (small limits) through the generated
@@ -20,17 +20,11 @@ import pytest
 
 import fencepost.client as fc
 from fencepost.client.v1 import details, lock_pb2, lock_pb2_grpc
-from fencepost.coordinator import limits as limits_mod
-from fencepost.coordinator.events import FIELDS_ATTR
-from fencepost.coordinator.limits import (
-    LOG_INTERVAL_SECONDS,
-    LimitTracker,
-    Limits,
-    TokenBucket,
-    add_limit_arguments,
-    limits_from_args,
-)
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.admission import limit_tracker
+from fencepost.coordinator.admission.limit_tracker import LOG_INTERVAL_SECONDS, LimitTracker, TokenBucket
+from fencepost.coordinator.admission.limits import Limits, add_limit_arguments, limits_from_args
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.telemetry.events import FIELDS_ATTR
 
 from .owned_stub import OwnedStub
 
@@ -160,7 +154,7 @@ def test_lease_grant_when_rate_exceeded_says_when_to_retry() -> None:
 
 def test_rate_buckets_are_bounded_and_forgotten_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
     """Buckets that filled up are dropped, and at most MAX_TRACKED_CALLERS are kept whatever the callers do."""
-    monkeypatch.setattr(limits_mod, "MAX_TRACKED_CALLERS", 50)
+    monkeypatch.setattr(limit_tracker, "MAX_TRACKED_CALLERS", 50)
     clock = FakeClock()
     tracker = LimitTracker(Limits(lease_grant_rate=1, lease_grant_burst=1, max_leases=10**6,
                                   max_leases_per_caller=0), clock=clock)

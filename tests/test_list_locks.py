@@ -12,7 +12,7 @@ import pytest
 from fencepost.client import AsyncLockClient, AsyncLockHandle, HeldLock, InvalidArgument
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.keys import Hold
-from fencepost.coordinator.listing import MAX_PAGE_SIZE, GrantTimes, decode_page_token, encode_page_token
+from fencepost.coordinator.recipes.listing import MAX_PAGE_SIZE, GrantTimes, decode_page_token, encode_page_token
 
 from .conftest import assert_invalid_field, describe_waiters_is, wait_for
 

@@ -24,7 +24,7 @@ from fencepost.client import AsyncLockClient, InvalidArgument, LockHeld
 from fencepost.client.cli import common, flags
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator.lock_delay import delay_range
+from fencepost.coordinator.recipes.lock_delay import delay_range
 
 from .conftest import CoordinatorProcess, assert_invalid_field, cli_env, describe_waiters_is, wait_for
 from .owned_stub import OwnedStub
@@ -44,7 +44,7 @@ def _seen_deleted(coordinator: Any, key: bytes) -> asyncio.Future[float]:
         if revision is not None and not seen.done():
             seen.set_result(time.monotonic())
 
-    coordinator._watcher.subscribe(key, on_delete)
+    coordinator.watcher.subscribe(key, on_delete)
     return seen
 
 

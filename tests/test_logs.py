@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from fencepost.client.v1 import lock_pb2
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.events import trace_id_of
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.telemetry.events import trace_id_of
 
 from .conftest import LISTENING, ChildProcess, child_env, describe_waiters_is, wait_for
 from .owned_stub import OwnedStub
@@ -162,7 +162,7 @@ def test_text_log_appends_fields(etcd: EmbeddedEtcd, prefix: str, tmp_path: Path
     lines = log.read_text().splitlines()
     refusal = [line for line in lines if "Release refused" in line]
     assert len(refusal) == 1, lines
-    assert " INFO fencepost.coordinator.service: Release refused: LEASE_EXPIRED: " in refusal[0]
+    assert " INFO fencepost.coordinator.api.status: Release refused: LEASE_EXPIRED: " in refusal[0]
     assert ' call=Release reason=LEASE_EXPIRED name="two words" lease_id=12345 peer=ipv4:127.0.0.1:' in refusal[0]
     assert any(line.endswith("etcd reachable: SERVING") for line in lines), lines  # no fields: unchanged
     assert any("shutting down" in line and line.endswith(" grace_s=1.0 streams=0") for line in lines), lines

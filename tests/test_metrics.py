@@ -29,11 +29,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator import serve
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.lock_metrics import REFUSAL_REASONS
-from fencepost.coordinator.metrics import GO_CODE_NAMES, GO_DEFAULT_BUCKETS
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.process import main as serve
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.telemetry.interceptor import GO_CODE_NAMES, GO_DEFAULT_BUCKETS
+from fencepost.coordinator.telemetry.metrics import REFUSAL_REASONS
 
 from .conftest import LISTENING, ChildProcess, child_env, wait_for
 from .owned_stub import OwnedStub, with_secret
@@ -521,7 +521,7 @@ async def test_health_watch_and_lock_watch_through_an_etcd_outage(tmp_path: Path
             s = await scrape(coord.metrics_address)
             assert s.call("grpc_server_started_total", "Watch", "server_stream", HEALTH) == 1
             assert s.handled("Watch", "server_stream", HEALTH) == {}  # still open
-            restarts = [r for r in caplog.records if r.name == "fencepost.coordinator.watch"
+            restarts = [r for r in caplog.records if r.name == "fencepost.coordinator.recipes.watch"
                         and ("failed" in r.getMessage() or "failing" in r.getMessage())]
             assert restarts and s.value("fencepost_watch_restarts_total") == len(restarts)
             assert s.value("fencepost_etcd_errors_total", operation="health", code="Unavailable")

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from fencepost.client.v1 import details
 from fencepost.client.v1.details import ErrorReason
-from fencepost.coordinator.metrics import GO_CODE_NAMES, GO_DEFAULT_BUCKETS, GrpcServerMetrics, rpc_type
+from fencepost.coordinator.telemetry.interceptor import GO_CODE_NAMES, GO_DEFAULT_BUCKETS, GrpcServerMetrics, rpc_type
 
 from .conftest import wait_for
 

@@ -17,7 +17,7 @@ import promql_parser
 import pytest
 import yaml
 
-from fencepost.coordinator.metrics_server import MetricsEndpoint
+from fencepost.coordinator.telemetry.endpoint import MetricsEndpoint
 
 from .conftest import REPO
 

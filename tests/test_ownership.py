@@ -19,10 +19,10 @@ from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import LEASE_SECRET_METADATA
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.identity import identity_of_pem
-from fencepost.coordinator.server import Coordinator
-from fencepost.coordinator.tls import ServerTls
+from fencepost.coordinator.admission.identity import identity_of_pem
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.tls import ServerTls
 
 from .conftest import error_info
 from .tls_helpers import install_server_cert, open_channel
@@ -275,7 +275,7 @@ def test_identity_of_pem_when_the_certificate_names(names: list[str], common_nam
 def test_lease_secrets_never_start_with_a_dash() -> None:
     """A secret is passed on the command line (``release --lease-secret SECRET``): one starting with ``-`` would
     read as an option (found by a fresh-user trial: 1 secret in 64)."""
-    from fencepost.coordinator.ownership import new_secret
+    from fencepost.coordinator.admission.ownership import new_secret
 
     secrets = [new_secret() for _ in range(2000)]
     assert not any(s.startswith("-") for s in secrets)

@@ -25,13 +25,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fencepost.client import AccessDenied, AsyncLockClient, PermissionDenied, TlsConfig
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import details, lock_pb2
-from fencepost.coordinator import serve
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.identity import Caller
-from fencepost.coordinator.listen import is_local
-from fencepost.coordinator.policy import Access, Policy, PolicyError, require
-from fencepost.coordinator.server import Coordinator
-from fencepost.coordinator.tls import ServerTls
+from fencepost.coordinator.admission.access import Access, Policy, PolicyError, require
+from fencepost.coordinator.admission.identity import Caller
+from fencepost.coordinator.process import flags
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.listen import is_local
+from fencepost.coordinator.process.tls import ServerTls
 
 from .owned_stub import OwnedStub
 
@@ -201,7 +201,7 @@ def test_reload_when_the_new_file_is_broken(tmp_path: Path, caplog: pytest.LogCa
     assert access.reload()
     assert access.policy is not None and access.policy.allows("a", "acquire", "y")
     path.write_text(_toml('identities = ["a"]\nactions = ["grab"]\nnames = ["x"]'))
-    with caplog.at_level(logging.WARNING, "fencepost.coordinator.policy"):
+    with caplog.at_level(logging.WARNING, "fencepost.coordinator.admission.access"):
         assert not access.reload()
     assert access.policy.allows("a", "acquire", "y") and not access.policy.allows("a", "acquire", "x")
     [record] = [r for r in caplog.records if getattr(r, "event", None) == "policy_not_reloaded"]
@@ -288,7 +288,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 def test_identities_when_read_from_the_certificates(pki: Pki) -> None:
     """The SPIFFE certificate's identity is its URI SAN (not its DNS SAN or CN); trustme's is its DNS SAN."""
-    from fencepost.coordinator.identity import identity_of_pem
+    from fencepost.coordinator.admission.identity import identity_of_pem
 
     assert identity_of_pem(pki.billing.cert.read_bytes()) == BILLING
     assert identity_of_pem(pki.worker.cert.read_bytes()) == WORKER
@@ -349,7 +349,7 @@ async def test_policy_when_two_identities_call(policed: Coordinator, pki: Pki,
     """Each identity is allowed and denied exactly as the policy file says, for acquire, release, describe and
     list; a denial is PERMISSION_DENIED/ACCESS_DENIED naming action and name, one log line, and AccessDenied in
     the Python client."""
-    caplog.set_level(logging.INFO, "fencepost.coordinator.service")
+    caplog.set_level(logging.INFO, "fencepost.coordinator.api")
     async with open_channel(policed.address, pki.billing.credentials) as bc, \
             open_channel(policed.address, pki.worker.credentials) as wc:
         billing, worker = OwnedStub(bc), OwnedStub(wc)
@@ -466,10 +466,10 @@ def test_serve_when_the_policy_flag_is_wrong(pki: Pki, tmp_path: Path) -> None:
         ([*mtls, "--client-auth", "optional", "--policy", str(good)], "--client-auth optional does not ask"),
         ([*mtls, "--policy", str(bad)], f"--policy: policy {bad}: allow[0].names: 'a*b' has '*' before its end"),
     ]:
-        with pytest.raises(serve.BadFlag) as caught:
-            serve._settings(serve.build_parser().parse_args(argv))
+        with pytest.raises(flags.BadFlag) as caught:
+            flags.settings(flags.build_parser().parse_args(argv))
         assert message in str(caught.value)
-    settings = serve._settings(serve.build_parser().parse_args([*mtls, "--policy", str(good)]))
+    settings = flags.settings(flags.build_parser().parse_args([*mtls, "--policy", str(good)]))
     assert settings.policy is not None and settings.policy.allows(WORKER, "acquire", "jobs/nightly")
 
 

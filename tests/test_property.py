@@ -73,9 +73,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import DOMAIN, ErrorReason
-from fencepost.coordinator.decode import bytes_twin
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.api.decode import bytes_twin
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import error_info
 

@@ -7,7 +7,7 @@ Withdraw of a waiting Acquire the client gave up; the client retries each
 with the same request id, and the outcome is one grant, one release and no
 waiter key left in etcd. Calls on the KeepAlive stream are off in these
 clients (``stream_calls=False``): the interceptor sees unary calls only.
-Then the request record store itself (:mod:`fencepost.coordinator.requests`).
+Then the request record store itself (:mod:`fencepost.coordinator.recipes.requests`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from fencepost.client.errors import InvalidArgument, NotHolder, from_rpc_error
 from fencepost.client.v1 import details, etcdops, lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.details import ErrorReason
 from fencepost.client.v1.keys import Keys
+from fencepost.coordinator.admission.access import Access, Policy
+from fencepost.coordinator.api.service import LockService
 from fencepost.coordinator.etcd import EtcdClient
-from fencepost.coordinator.lease import Leases
-from fencepost.coordinator.lock import LockManager
-from fencepost.coordinator.policy import Access, Policy
-from fencepost.coordinator.requests import Call, RequestIdReused, RequestRecords, validate_request_id
-from fencepost.coordinator.server import SERVER_OPTIONS
-from fencepost.coordinator.service import LockService
-from fencepost.coordinator.watch import DeleteWatcher
+from fencepost.coordinator.process.coordinator import SERVER_OPTIONS
+from fencepost.coordinator.recipes.lease import Leases
+from fencepost.coordinator.recipes.lock import LockManager
+from fencepost.coordinator.recipes.requests import Call, RequestIdReused, RequestRecords, validate_request_id
+from fencepost.coordinator.recipes.watch import DeleteWatcher
 
 from .conftest import (
     assert_invalid_field,

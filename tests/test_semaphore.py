@@ -17,6 +17,9 @@ from fencepost.client import InvalidArgument, StaleTokenError
 from fencepost.client.errors import from_rpc_error
 from fencepost.client.v1 import kinds, lock_pb2
 from fencepost.client.v1.keys import Keys
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.recipes.lock import LockManager
+from fencepost.coordinator.recipes.semaphore import Semaphores
 
 from .conftest import assert_invalid_field, cli_env, count_keys, error_info, list_keys, wait_for
 from .owned_stub import OwnedStub, secret_metadata
@@ -368,16 +371,17 @@ async def test_close_releases_permits_without_a_loss_notice(address: str) -> Non
 
 
 async def test_deferred_withdrawal_of_an_abandoned_permit_unless_the_caller_came_back(
-        coordinator: object, stub: OwnedStub, prefix: str, etcd_client: Etcd3Client) -> None:
+        coordinator: Coordinator, stub: OwnedStub, prefix: str, etcd_client: Etcd3Client) -> None:
     """A permit granted to a call that was cancelled is withdrawn (both keys) after the reattach time, unless an
     AcquirePermit of the same lease touched its queue key meanwhile (it then keeps the same slot and token)."""
-    service = coordinator._service  # type: ignore[attr-defined]
-    sems = service._semaphores
-    sems._locks._reattach_seconds = 0.05  # the reattach time, shortened for the test
+    locks = coordinator.locks
+    assert locks is not None and coordinator.watcher is not None
+    # The semaphores of the coordinator's etcd, keys and token floor, with the reattach time shortened for the test.
+    sems = Semaphores(LockManager(locks.etcd, coordinator.keys, coordinator.watcher, reattach_seconds=0.05,
+                                  tokens=locks.tokens), coordinator.keys)
 
     async def deferred(name: str, lease_id: int, queue_mod: int) -> None:
-        sems._withdraw_later(name, lease_id, queue_mod)
-        await asyncio.gather(*list(sems._later))
+        await sems.withdraw_later(name, lease_id, queue_mod)
 
     for came_back in (False, True):
         lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)

@@ -20,8 +20,8 @@ import pytest
 
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.server import Coordinator, check_listen
+from fencepost.coordinator.process.coordinator import Coordinator, check_listen
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import LISTENING, ChildProcess, child_env
 from .owned_stub import OwnedStub

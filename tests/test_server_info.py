@@ -18,9 +18,9 @@ import pytest
 
 from fencepost.client import AsyncLockClient, EtcdInfo, FencepostError, LockClient, ServerInfo
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.info import About, redact_endpoint
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.api.server_info import About, redact_endpoint
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import describe_waiters_is, wait_for
 

@@ -34,7 +34,7 @@ import grpc
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import etcdops
 from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
-from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import CoordinatorProcess, wait_for
 

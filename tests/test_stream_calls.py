@@ -17,7 +17,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.stream_calls import CALLS_METADATA
+from fencepost.coordinator.api.stream_calls import CALLS_METADATA
 
 from .conftest import describe, wait_for
 from .owned_stub import SECRETS, OwnedStub
@@ -244,7 +244,7 @@ async def describe_waiters(stub: lock_pb2_grpc.LockServiceStub, name: str, n: in
 async def test_calls_on_the_stream_are_traced_and_counted_as_unary_calls(etcd: Any, prefix: str) -> None:
     """Each call on the stream gets the SERVER span and the grpc_server_* counts of its unary twin: operators'
     dashboards and traces do not change when clients move their calls onto the stream."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     from .test_metrics import scrape
     from .test_tracing import LOCKS, PARENT_ID, TRACE_ID, TRACEPARENT, Spans, parent_of, trace_id

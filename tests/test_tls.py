@@ -15,9 +15,9 @@ import pytest
 import trustme
 
 from fencepost.client.v1 import lock_pb2
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.server import Coordinator
-from fencepost.coordinator.tls import ServerTls, TlsFileError
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.tls import ServerTls, TlsFileError
 
 from .tls_helpers import acquire_release, call_fails, client_credentials, install, install_server_cert, open_channel
 from .owned_stub import OwnedStub
@@ -264,7 +264,7 @@ def test_serve_when_a_tls_or_health_flag_is_bad(argv: list[str], env: dict[str, 
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Server TLS flags or files that cannot work, a bad --health-listen: one line naming the flag, exit 2,
     nothing started."""
-    from fencepost.coordinator.serve import main
+    from fencepost.coordinator.process.main import main
 
     _bad_files(files, ca2)
 
@@ -289,11 +289,11 @@ def test_serve_when_a_tls_or_health_flag_is_bad(argv: list[str], env: dict[str, 
 ])
 def test_serve_when_client_auth_is_given(argv: list[str], client_auth: str, files: Path) -> None:
     """--client-auth defaults to require with --client-ca; optional stops requiring client certificates."""
-    from fencepost.coordinator import serve
+    from fencepost.coordinator.process import flags
 
-    args = serve.build_parser().parse_args(["--tls-cert", str(files / "cert.pem"), "--tls-key", str(files / "key.pem"),
+    args = flags.build_parser().parse_args(["--tls-cert", str(files / "cert.pem"), "--tls-key", str(files / "key.pem"),
                                             *[a.format(ca=files / "client-ca.pem") for a in argv]])
-    tls = serve._settings(args).tls
+    tls = flags.settings(args).tls
     assert tls is not None and tls.client_auth == client_auth
 
 

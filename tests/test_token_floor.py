@@ -3,8 +3,8 @@
 The restore tests run their own etcd (they stop it, restore a snapshot taken
 with ``etcdctl snapshot save`` using ``etcdutl snapshot restore``, and start it
 again on the same ports), a real coordinator and the real clients. The unit
-tests drive :class:`~fencepost.coordinator.tokens.TokenFloor`'s detection
-with response headers, and :func:`~fencepost.coordinator.tokens.recover` on
+tests drive :class:`~fencepost.coordinator.recipes.tokens.TokenFloor`'s detection
+with response headers, and :func:`~fencepost.coordinator.recipes.tokens.recover` on
 the shared etcd.
 """
 
@@ -30,10 +30,10 @@ from fencepost.client.fencing import EtcdGuard
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import EtcdClient
-from fencepost.coordinator.server import Coordinator
-from fencepost.coordinator.tokens import TokenFloor, TokenRecord, record_key, recover
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.recipes.tokens import TokenFloor, TokenRecord, record_key, recover
 
 from .conftest import child_env, error_info, list_keys, wait_for
 from .owned_stub import OwnedStub, adopt

@@ -32,11 +32,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 from fencepost.client import AsyncLockClient, LockClient, LockHeld, LockTimeout
 from fencepost.client.tracing import Tracing
 from fencepost.client.v1 import etcdops, lock_pb2
-from fencepost.coordinator import serve
-from fencepost.coordinator.embedded import EmbeddedEtcd
 from fencepost.coordinator.etcd import NOT_APPLIED, EtcdClient, TxnPlan
-from fencepost.coordinator.server import Coordinator
-from fencepost.coordinator.tracing import DEFAULT_SERVICE_NAME, TracingUnavailable, export_from_environment
+from fencepost.coordinator.process import main as serve
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.telemetry.tracing import DEFAULT_SERVICE_NAME, TracingUnavailable, export_from_environment
 
 from .conftest import LISTENING, ChildProcess, child_env, wait_for
 from .fake_etcd import FakeEtcd

@@ -18,8 +18,8 @@ from etcd3aio import Etcd3Client, prefix_range_end
 
 from fencepost.client import AsyncLockClient
 from fencepost.client.v1 import lock_pb2
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.eventloop import LoopUnavailable, pick_loop
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.eventloop import LoopUnavailable, pick_loop
 
 from .conftest import LISTENING, ChildProcess, child_env
 from .owned_stub import OwnedStub

@@ -16,7 +16,7 @@ One talks to etcd directly (needs the ``fencepost[coordinator]`` extra):
 ``fencepost admin recover-tokens --above T --etcd-endpoints ...`` makes every
 later fencing token greater than T after etcd was restored from an older
 snapshot (docs/deploy.md, "Restoring etcd from a snapshot"). Its flags belong
-to :func:`fencepost.coordinator.admin.main`, imported only for it.
+to :func:`fencepost.coordinator.process.admin.main`, imported only for it.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def execute(argv: list[str]) -> int:
             print(f"fencepost admin {args.command}: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
     try:
-        from fencepost.coordinator import admin
+        from fencepost.coordinator.process import admin
     except ImportError as err:
         missing = getattr(err, "name", None) or str(err)
         if missing.startswith("fencepost"):

@@ -1,6 +1,6 @@
 """``fencepost serve [flags]``: run a coordinator (needs the ``fencepost[coordinator]`` extra).
 
-The flags belong to :func:`fencepost.coordinator.serve.main`, imported only
+The flags belong to :func:`fencepost.coordinator.process.main.main`, imported only
 here, when the command runs: the rest of the command line works without the
 coordinator extra.
 """
@@ -27,7 +27,7 @@ def execute(argv: list[str]) -> int:
         The coordinator's exit code, or 2 when the coordinator cannot be imported.
     """
     try:
-        from fencepost.coordinator import serve
+        from fencepost.coordinator.process import main as serve
     except ImportError as err:
         missing = getattr(err, "name", None) or str(err)
         if missing.startswith("fencepost"):

@@ -10,26 +10,26 @@ One more key lives under the prefix: the coordinators' token record
 ``<prefix>.tokens`` (no ``/`` after the name part, so no lock's range holds
 it), JSON with the token floor F: a fencing token is its key's create
 revision + F (0 until an operator recovers from an etcd restore; see
-``fencepost.coordinator.tokens``).
+``fencepost.coordinator.recipes.tokens``).
 
 And one key per lease granted through a coordinator, its ownership record
 ``<prefix>.lease.<lease id as 16 hex digits>`` (no ``/`` either, so no lock
 holds it and :meth:`Keys.parse` rejects it), attached to the lease so that it
 ends with it: JSON with the owner's certificate identity and the SHA-256 of
-the lease secret (see ``fencepost.coordinator.ownership``).
+the lease secret (see ``fencepost.coordinator.admission.ownership``).
 
 And, for a lock whose holds ask for a lock-delay, up to two keys under
 ``<prefix>!delay!<encoded name>!`` (``!`` is percent-encoded in names, so no
 lock's range holds them, and :meth:`Keys.parse` rejects them): the record of
 the last such hold, and the wait of a delay that runs (see
-``fencepost.coordinator.lock_delay``).
+``fencepost.coordinator.recipes.lock_delay``).
 
 And one key per recent call that changed state and carried a request id,
 its request record ``<prefix>.request.<request id>`` (no ``/``: no lock
 holds it and :meth:`Keys.parse` rejects it; a request id is 1 to 64
 characters of ``[A-Za-z0-9_-]``), attached to a lease of the coordinators'
 own that is never kept alive, so that it ends 60 to 120 s after it was
-written: JSON naming the call (see ``fencepost.coordinator.requests``).
+written: JSON naming the call (see ``fencepost.coordinator.recipes.requests``).
 Each such lease carries a marker key ``<prefix>.request.~<lease id as 16
 hex digits>`` (``~`` is in no request id).
 """

@@ -33,15 +33,15 @@ The rules that make batching safe and invisible to the lock algorithm:
    lock's key prefix; one whose lock is already in the batch being formed
    stays queued for the next batch, in its order (first come, first served
    per lock). Every op of a lock Txn lies inside its lock's key range (or
-   its lock's own lock-delay keys, :mod:`..lock_delay`) and locks' ranges
+   its lock's own lock-delay keys, :mod:`..recipes.lock_delay`) and locks' ranges
    never overlap (:class:`~fencepost.client.v1.keys.Keys`), so
    a nested Txn reads and writes exactly what it would alone, and no two
    nested Txns write one key. One exception: a release's success branch
-   may also put its request record (:mod:`..requests`), a key outside
+   may also put its request record (:mod:`..recipes.requests`), a key outside
    every lock's range and unique per call; two Txns with one request id are
    a retry of one call (one lock: never in one batch) or a reuse of the id
    by another call, which etcd refuses as a duplicate key, and the batch is
-   then sent alone, Txn by Txn (rule 4). Only the Txns of :mod:`..lock` that are marked
+   then sent alone, Txn by Txn (rule 4). Only the Txns of :mod:`..recipes.lock` that are marked
    (:meth:`~.client.EtcdClient.lock_txn`: acquire, the waiting acquire's
    first write, release, withdraw and the waiter-key withdrawals) are
    batched; every other Txn (ownership records, the token record) goes alone.
@@ -98,13 +98,12 @@ import grpc
 from fencepost.client.errors import FencepostError
 from fencepost.client.v1.etcd import rpc_pb2
 
-from ..errors import etcd_unavailable
-from ..lock_metrics import NO_METRICS, LockMetrics
+from ..telemetry.metrics import NO_METRICS, LockMetrics
 from . import deadline
-from .policy import Failure, Op, error_for
+from .failures import Failure, Op, error_for, etcd_unavailable
 
 if TYPE_CHECKING:
-    from .client import TxnPlan
+    from .calls import TxnPlan
 
 __all__ = ["DEFAULT_MAX_REQUESTS", "DEFAULT_MAX_TXN_OPS", "TxnBatcher", "ops_needed"]
 

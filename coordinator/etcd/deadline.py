@@ -3,7 +3,7 @@
 A gRPC call to the coordinator may carry a deadline (``acquire(timeout=2)``
 sends one). Every etcd call the coordinator makes for it must end by then:
 otherwise a caller whose etcd is down waits for the etcd layer's own per-call
-deadline (:data:`~.policy.RULES`, 5 s) instead of its own. The servicer sets
+deadline (:data:`~.failures.RULES`, 5 s) instead of its own. The servicer sets
 the deadline with :func:`bounded` around each call; :meth:`EtcdClient._unary`
 reads :func:`left`. It is a context variable, so tasks created inside the
 block inherit it; work that must outlive the call (a deferred withdrawal)

@@ -38,8 +38,8 @@ import grpc
 from fencepost.client.errors import FencepostError
 from fencepost.client.v1.etcd import rpc_pb2
 
-from ..lock_metrics import NO_METRICS, LockMetrics
-from .policy import RULES, Failure, Op, classify, error_for
+from ..telemetry.metrics import NO_METRICS, LockMetrics
+from .failures import RULES, Failure, Op, classify, error_for
 
 __all__ = ["BrokenHandler", "KeepAlives", "StreamOpener"]
 

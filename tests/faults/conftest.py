@@ -96,7 +96,7 @@ def _heal(cluster: EtcdCluster) -> None:
 @pytest.fixture
 async def cluster_coordinator(healthy_cluster: EtcdCluster, prefix: str) -> AsyncIterator[Any]:
     """A Coordinator served in-process on 127.0.0.1:0, given every member's endpoint."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     coord = Coordinator(healthy_cluster.endpoints, listen="127.0.0.1:0", prefix=prefix)
     await asyncio.wait_for(coord.start(), 20)

@@ -19,7 +19,7 @@ import pytest
 from etcd3aio import Etcd3Client
 
 from fencepost.client import AsyncLockClient, AsyncLockHandle
-from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from ..conftest import describe, describe_waiters_is, wait_for
 from ..owned_stub import OwnedStub
@@ -277,7 +277,7 @@ async def test_f07b_coordinator_recovers_from_a_compacted_watch(
     etcd: EmbeddedEtcd, etcd_client: Etcd3Client, prefix: str, proxy_to: Any, request: pytest.FixtureRequest
 ) -> None:
     """F07(b): after etcd was compacted past the coordinator's watch while it was cut off, a release still wakes the waiter within 2 s."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     proxy: Proxy = proxy_to(etcd.endpoint)
     coord = Coordinator([proxy.address], listen="127.0.0.1:0", prefix=prefix)
@@ -342,7 +342,7 @@ async def test_f05_silent_member_under_the_keepalive_stream_loses_no_lease(
     revoke leases after it resumes (etcd issue #15247), which is F05's
     business, not this test's. T = 4 s in CI, 5 s in the soak profile.
     """
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     cluster = healthy_cluster
     proxies: list[Proxy] = [proxy_to(endpoint) for endpoint in cluster.endpoints]

@@ -254,7 +254,7 @@ OUTAGE = 0.3
 
 
 async def _f09(etcd: Any, prefix: str, etcd_client: Etcd3Client, cut_stream: bool) -> dict[str, Any]:
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     ttl = 4.0
     k = ttl / 3

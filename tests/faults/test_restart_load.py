@@ -229,7 +229,7 @@ async def test_call_when_the_stream_rotation_closes_its_channel(etcd: Any, prefi
     Found by F11: during a coordinator restart a Release raised grpc's
     ``UsageError: Channel is closed`` instead of retrying (or raising Unavailable).
     """
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     first = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
     await first.start()

@@ -13,7 +13,7 @@ import pytest
 
 from fencepost.client import AsyncLockClient
 from fencepost.client._transport import wire as _wire
-from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from tests.harness.proxy import Direction, Proxy
 
 from .conftest import SOAK, SOAK_MINUTES, log_figure
@@ -180,7 +180,7 @@ async def test_f10_default_transport_options_hold_without_goaway(
     request: pytest.FixtureRequest,
 ) -> None:
     """F10: with the shipped channel and server options a held lock sees no GOAWAY, no reconnect, no loss; an idle coordinator's etcd connection survives too."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     client_proxy = proxy_to(f"127.0.0.1:{coordinator.port}")
     etcd_proxy = proxy_to(etcd.endpoint)
@@ -207,7 +207,7 @@ async def test_f10_stricter_server_ping_policy_reconnects_with_backoff(
     request: pytest.FixtureRequest,
 ) -> None:
     """F10 variant: a coordinator stricter on pings than the client gets GOAWAY; the client resumes the same lease and token before its deadline, with backoff."""
-    from fencepost.coordinator.server import Coordinator
+    from fencepost.coordinator.process.coordinator import Coordinator
 
     # The mismatch, scaled down for CI: the client pings every 0.2 s, the server wants 10 s
     # between pings and sends GOAWAY "too_many_pings" at the third strike. (With the shipped

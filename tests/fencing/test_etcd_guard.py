@@ -13,7 +13,7 @@ from fencepost.client import AsyncLockClient, StaleTokenError, Unavailable
 from fencepost.client import InvalidArgument
 from fencepost.client.fencing import EtcdGuard, Hold
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator.embedded import EmbeddedEtcd
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from ..conftest import count_keys
 from .conftest import records_prefix

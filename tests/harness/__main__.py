@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
 
-    from fencepost.coordinator.embedded import EmbeddedEtcd  # noqa: F401 - fail early if missing
+    from fencepost.coordinator.process.embedded import EmbeddedEtcd  # noqa: F401 - fail early if missing
 
     from tests.conftest import CoordinatorProcess
 

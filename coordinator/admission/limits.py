@@ -1,0 +1,189 @@
+"""Limits against one bad or buggy client exhausting a coordinator.
+
+Every limit is a ``fencepost serve`` flag (and its ``FENCEPOST_...``
+variable) with the default of :class:`Limits`; 0 turns a limit off where
+that makes sense. A call refused at a limit gets RESOURCE_EXHAUSTED /
+LIMIT_EXCEEDED with ``limit`` (the flag's name without dashes) and
+``value`` in its ErrorInfo, and, for a rate limit, a RetryInfo with the
+time until the next call would be allowed. The call did nothing.
+
+A **caller** is :attr:`.identity.Caller.key`: the client certificate's
+identity with mTLS, else its connection (``connection:<peer>``). Without
+mTLS a client that opens more connections gets more of every per-caller
+limit; the coordinator-wide totals (``max-leases``, ``max-streams``,
+``max-waiters``) still bound it.
+
+The counting against these limits is :mod:`.limit_tracker`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+__all__ = ["FLAGS", "MAX_MESSAGE_BYTES", "MIN_MESSAGE_BYTES", "Limits", "add_limit_arguments", "limits_from_args"]
+
+#: The range of ``--max-message-bytes`` (a smaller value would refuse legitimate requests; gRPC's own ceiling).
+MIN_MESSAGE_BYTES = 1024
+MAX_MESSAGE_BYTES = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every limit of one coordinator, each with its ``fencepost serve`` flag (``--`` + the field's flag name).
+
+    0 turns a limit off (unlimited), except ``max_message_bytes`` and the
+    bursts, which must be at least 1 (a burst is ignored when its rate is 0).
+
+    Raises:
+        ValueError: a value out of range; the message names its flag.
+
+    Attributes:
+        max_leases_per_caller: leases granted here to one caller and not yet
+            ended (``--max-leases-per-caller``).
+        max_leases: leases granted here and not yet ended, all callers
+            together (``--max-leases``): the bound when callers are connections.
+        max_holds_per_lease: holds granted here to one lease and not yet ended,
+            plus its Acquire calls in progress here (``--max-holds-per-lease``).
+        max_streams_per_caller: KeepAlive and Observe streams of one caller open here
+            (``--max-streams-per-caller``).
+        max_streams: KeepAlive and Observe streams open here, all callers
+            (``--max-streams``; refused with TOO_MANY_STREAMS).
+        max_waiters: Acquire calls with a wait in progress here, all callers
+            (``--max-waiters``; refused with TOO_MANY_WAITERS).
+        lease_grant_rate: LeaseGrant calls per second per caller, on average
+            (``--max-lease-grant-rate``).
+        lease_grant_burst: LeaseGrant calls one caller may make at once after a
+            pause (``--max-lease-grant-burst``).
+        acquire_rate: Acquire calls per second per caller, on average
+            (``--max-acquire-rate``).
+        acquire_burst: Acquire calls one caller may make at once after a pause
+            (``--max-acquire-burst``).
+        max_lag: LeaseGrant is refused while this coordinator is this far
+            behind, in seconds (``--max-lag``; see :mod:`.overload`: its event
+            loop runs late, or a keepalive waits that long for etcd): past what
+            it can do, the keepalives of the live leases come first. RetryInfo: 1 s.
+        max_message_bytes: the largest request message the coordinator reads,
+            in bytes, 1024 to 2**31 - 1 (``--max-message-bytes``); gRPC refuses a larger one with
+            RESOURCE_EXHAUSTED before it reaches the service. The largest
+            legitimate request is well under 1 KiB (a lock name is at most 256
+            bytes); responses are not limited by it.
+    """
+
+    max_leases_per_caller: int = 1000
+    max_leases: int = 100_000
+    max_holds_per_lease: int = 1000
+    max_streams_per_caller: int = 100
+    max_streams: int = 10_000
+    max_waiters: int = 10_000
+    lease_grant_rate: float = 100.0
+    lease_grant_burst: int = 200
+    acquire_rate: float = 10000.0
+    acquire_burst: int = 20000
+    max_lag: float = 0.5
+    max_message_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value) or value < 0:
+                raise ValueError(f"--{FLAGS[f.name]} is {value}; must be 0 or more")
+        for name in ("lease_grant_burst", "acquire_burst"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{FLAGS[name]} is {getattr(self, name)}; must be 1 or more")
+        if not MIN_MESSAGE_BYTES <= self.max_message_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"--{FLAGS['max_message_bytes']} is {self.max_message_bytes}; must be "
+                             f"{MIN_MESSAGE_BYTES} to {MAX_MESSAGE_BYTES}")
+
+    @classmethod
+    def unlimited(cls) -> Limits:
+        """Every limit that can be off, off (the bench's comparison; not for production)."""
+        return cls(**{name: 0 for name in FLAGS if name not in ("lease_grant_burst", "acquire_burst",
+                                                                 "max_message_bytes")})
+
+
+#: The ``fencepost serve`` flag (without ``--``) of each :class:`Limits` field: also the ``limit`` of its refusal.
+FLAGS: dict[str, str] = {
+    "max_leases_per_caller": "max-leases-per-caller",
+    "max_leases": "max-leases",
+    "max_holds_per_lease": "max-holds-per-lease",
+    "max_streams_per_caller": "max-streams-per-caller",
+    "max_streams": "max-streams",
+    "max_waiters": "max-waiters",
+    "lease_grant_rate": "max-lease-grant-rate",
+    "lease_grant_burst": "max-lease-grant-burst",
+    "acquire_rate": "max-acquire-rate",
+    "acquire_burst": "max-acquire-burst",
+    "max_lag": "max-lag",
+    "max_message_bytes": "max-message-bytes",
+}
+
+
+#: What each flag limits, for its help text.
+_HELP: dict[str, str] = {
+    "max_leases_per_caller": "leases granted by this coordinator to one caller and not yet ended (revoked here, "
+                             "found gone by a keepalive here, or past their TTL since their grant or last keepalive "
+                             "here)",
+    "max_leases": "leases granted by this coordinator and not yet ended, all callers together",
+    "max_holds_per_lease": "holds granted by this coordinator to one lease and not yet ended, plus its Acquire calls "
+                           "in progress here",
+    "max_streams_per_caller": "KeepAlive and Observe streams of one caller open on this coordinator",
+    "max_streams": "KeepAlive and Observe streams open on this coordinator (then TOO_MANY_STREAMS)",
+    "max_waiters": "Acquire calls with a wait in progress on this coordinator (then TOO_MANY_WAITERS)",
+    "lease_grant_rate": "LeaseGrant calls per second of one caller, on average (RetryInfo says when to retry)",
+    "lease_grant_burst": "LeaseGrant calls one caller may make at once after a pause; 1 or more",
+    "acquire_rate": "Acquire calls per second of one caller, on average (RetryInfo says when to retry)",
+    "acquire_burst": "Acquire calls one caller may make at once after a pause; 1 or more",
+    "max_lag": "seconds: new leases (LeaseGrant) are refused, with a RetryInfo of 1 s, while this coordinator "
+               "stays this far behind (its event loop running late, or keepalives or answers queued that long), "
+               "so that the leases it already keeps are renewed in time",
+    "max_message_bytes": "largest request message read, in bytes (gRPC refuses a larger one with "
+                         "RESOURCE_EXHAUSTED); 1024 or more",
+}
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser, env: Callable[[str, str | None], str | None]) -> None:
+    """Add one ``--<flag>`` per :class:`Limits` field (see :data:`FLAGS`) to ``fencepost serve``'s parser.
+
+    Args:
+        parser: the parser.
+        env: (flag, default) -> the value of ``FENCEPOST_<FLAG>`` or the default.
+    """
+    group = parser.add_argument_group(
+        "limits", "per coordinator replica; a caller is a client certificate's identity with mTLS, else a "
+                  "connection; a call refused at a limit gets RESOURCE_EXHAUSTED/LIMIT_EXCEEDED naming it "
+                  "(docs/operations.md, Limits). 0 turns a limit off where it says so")
+    defaults = Limits()
+    for f in fields(Limits):
+        flag = FLAGS[f.name]
+        default = getattr(defaults, f.name)
+        off = "" if f.name in ("lease_grant_burst", "acquire_burst", "max_message_bytes") else "; 0: no limit"
+        group.add_argument(f"--{flag}", dest=f.name, default=env(flag, None),
+                           metavar="S" if f.name == "max_lag" else "N",
+                           help=f"{_HELP[f.name]} (env FENCEPOST_{flag.upper().replace('-', '_')}; "
+                                f"default {default:g}{off})")
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    """The :class:`Limits` of the flags :func:`add_limit_arguments` added (unset ones keep their defaults).
+
+    Raises:
+        ValueError: a value that is not a number, or out of range; the message names the flag.
+    """
+    given: dict[str, float | int] = {}
+    for f in fields(Limits):
+        text = getattr(args, f.name, None)
+        if text is None:
+            continue
+        flag = FLAGS[f.name]
+        try:
+            value: float | int = float(text) if f.type in ("float", float) else int(str(text).strip())
+        except ValueError:
+            kind = "a number" if f.type in ("float", float) else "a whole number"
+            raise ValueError(f"--{flag} is {text!r}; must be {kind}") from None
+        given[f.name] = value
+    return Limits(**given)  # type: ignore[arg-type]
+
+

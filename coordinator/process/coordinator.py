@@ -1,0 +1,421 @@
+"""The coordinator: gRPC server, health service (:mod:`.health`), shutdown (``fencepost serve`` is :mod:`.main`).
+
+``Coordinator`` wires the etcd layer, the deletion watcher, the lease and
+lock modules and the servicer into one grpc.aio server. It holds no lock state
+of its own: several replicas can serve the same etcd cluster and prefix.
+
+It listens on ``HOST:PORT`` or a Unix socket (:mod:`.listen`), in plaintext
+or with TLS or mTLS whose certificate is reloaded without dropping
+established streams (:mod:`.tls`). A second, plaintext listener may serve
+only ``grpc.health.v1`` (``health_listen``), for probes that cannot present
+a client certificate, such as the kubelet's gRPC probe.
+
+Shutdown (SIGTERM/SIGINT, or ``stop()``): health turns NOT_SERVING, KeepAlive
+streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
+calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
+restarted coordinator (or sidecar) must not drop its clients' locks.
+
+Traces (:mod:`..telemetry.tracing`): with a tracer provider (given, or the global one
+when it is not the API's default), each call is a SERVER span, child of the
+caller's W3C trace context, and each etcd request made for it a CLIENT span
+under it; independent of metrics. Without one, no interceptor is installed
+for it and nothing is traced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.trace import TracerProvider
+
+from fencepost.client.tracing import Tracing
+from fencepost.client.errors import FencepostError
+from fencepost.client.v1 import lock_pb2
+from fencepost.client.v1.keys import Keys
+
+from ..admission.access import Access, Policy
+from ..admission.limits import Limits
+from ..admission.overload import LoopLag
+from ..api.decode import add_lock_service
+from ..api.server_info import About
+from ..api.service import LockService
+from ..etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
+from ..recipes.lease import Leases
+from ..recipes.lock import LockManager
+from ..recipes.tokens import TokenFloor
+from ..recipes.watch import DeleteWatcher
+from ..telemetry.endpoint import MetricsEndpoint
+from ..telemetry.events import log_event
+from ..telemetry.metrics import NO_METRICS
+from ..telemetry.tracing import GrpcServerTracing
+from .health import Health
+from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, unix_socket_path
+from .tls import ServerCertificates, ServerTls
+
+_log = logging.getLogger("fencepost.coordinator")
+
+DEFAULT_LISTEN = "127.0.0.1:7420"
+DEFAULT_PREFIX = "/fencepost/locks/"
+
+#: Server channel options. Clients ping every 20 s at most (see the client);
+#: the server accepts pings down to 5 s apart, also without calls in flight,
+#: so that idle streams are never closed with GOAWAY "too_many_pings".
+SERVER_OPTIONS = [
+    # Never share the port with another process: two coordinators on one port
+    # behind different etcds would grant the same lock twice.
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "Coordinator", "check_listen"]
+
+
+class Coordinator:
+    """A Fencepost coordinator serving LockService on one address.
+
+    Args:
+        etcd_endpoints: etcd client endpoints, ``host:port`` each (a host name
+            or an address; ``https://`` or ``http://`` may prefix it).
+        listen: ``HOST:PORT`` to serve on (port 0 picks a free port), or a Unix
+            socket, ``unix:/ABSOLUTE/PATH`` or ``unix:///ABSOLUTE/PATH`` (see
+            :func:`~.listen.check_listen`). A socket file left at the path by
+            a dead coordinator is removed at ``start()``.
+        prefix: the etcd key prefix of all locks.
+        grace_seconds: how long ``stop()`` lets in-flight calls finish.
+        server_options: extra gRPC server channel options, applied over
+            ``SERVER_OPTIONS`` (same key: the extra value wins). For tests and
+            tuning, e.g. a stricter ``grpc.http2.min_recv_ping_interval_without_data_ms``.
+        etcd_tls: TLS (mTLS with a client certificate) to etcd; None for plaintext.
+        etcd_auth: etcd user and password when etcd has auth enabled.
+        tls: TLS, or mTLS with ``tls.client_ca``, on ``listen``; None for
+            plaintext. The files are read here, and again at a new handshake
+            after they change on disk or after :meth:`reload_tls`.
+        health_listen: a second address (same forms as ``listen``) served in
+            plaintext with only the ``grpc.health.v1`` service, reporting the
+            same status as ``listen``; None for none.
+        metrics_listen: ``HOST:PORT`` to serve Prometheus metrics on, over
+            HTTP at ``/metrics`` (see :mod:`..telemetry.endpoint`); None for no
+            metrics (no interceptor, nothing counted).
+        metrics_name_prefixes: lock-name prefixes whose grants, waits and
+            holds get their own ``prefix`` label (1 to 256 bytes each, at most
+            100); every other name is labelled ``prefix=""``. Only with
+            ``metrics_listen``.
+        etcd_embedded: whether ``etcd_endpoints`` is an etcd the caller runs
+            for this coordinator alone (``fencepost serve`` without
+            ``--etcd-endpoints``); reported by ServerInfo only.
+        tracer_provider: the OpenTelemetry tracer provider of the spans; None
+            for the global one. Looked up at ``start()``: while it is the
+            API's default (no SDK set up), nothing is traced.
+        trace_lock_names: record lock names on spans (``fencepost.lock.name``);
+            False leaves them out.
+        policy: the access policy (:mod:`..admission.access`): which client-certificate
+            identities may take which actions on which lock names; None lets
+            every caller do everything. Meant for mTLS (``tls.client_ca``):
+            without it every caller is anonymous.
+        limits: the limits on callers, leases, streams, waiters and message
+            size (:mod:`..admission.limits`); None for the defaults. Its
+            ``max_message_bytes`` is the server's ``grpc.max_receive_message_length``
+            unless ``server_options`` sets that.
+        etcd_batch_max: most lock Txns of different locks sent to etcd as one
+            Txn when they arrive while one is in flight (:mod:`..etcd.batch`);
+            0 sends each alone.
+        loop_lag: the overload monitor whose figure ``limits.max_lag`` refuses
+            new leases past (:mod:`..admission.overload`), started and stopped
+            with the coordinator; None for one that measures this process's
+            event loop and the etcd layer's keepalive backlog.
+
+    Raises:
+        ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
+            ``etcd_tls``; ``listen`` or ``health_listen`` not one of the forms
+            above, or both the same; ``metrics_listen`` not ``HOST:PORT``; a
+            bad metrics name prefix, or prefixes without ``metrics_listen``.
+        TlsFileError: (a ValueError) a file of ``tls`` cannot be used; the
+            message names it.
+    """
+
+    def __init__(self, etcd_endpoints: Sequence[str], *, listen: str = DEFAULT_LISTEN,
+                 prefix: str = DEFAULT_PREFIX, grace_seconds: float = 5.0,
+                 server_options: Sequence[tuple[str, int | str]] = (), etcd_tls: EtcdTls | None = None,
+                 etcd_auth: EtcdAuth | None = None, tls: ServerTls | None = None,
+                 health_listen: str | None = None, metrics_listen: str | None = None,
+                 metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
+                 tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
+                 policy: Policy | None = None, limits: Limits | None = None, etcd_batch_max: int = 64,
+                 loop_lag: LoopLag | None = None) -> None:
+        check_endpoints(etcd_endpoints, etcd_tls)
+        check_listen(listen)
+        if health_listen is not None:
+            check_listen(health_listen)
+            if same_address(listen, health_listen):
+                raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
+        self._health_listen = health_listen
+        # Metrics (--metrics-listen), off by default: see ..telemetry.endpoint.
+        if metrics_name_prefixes and metrics_listen is None:
+            raise ValueError("metrics name prefixes need metrics_listen")
+        self._metrics = (MetricsEndpoint(check_listen(metrics_listen), metrics_name_prefixes)
+                         if metrics_listen is not None else None)
+        self._tracing = Tracing(tracer_provider, lock_names=bool(trace_lock_names))
+        self._certificates = ServerCertificates(tls) if tls is not None else None
+        self._access = Access(policy)
+        self._socket_path = unix_socket_path(listen)
+        self._endpoints = list(etcd_endpoints)
+        self._etcd_tls = etcd_tls
+        self._etcd_auth = etcd_auth
+        self._etcd_batch_max = etcd_batch_max
+        self._listen = listen
+        self._keys = Keys(prefix)
+        #: What ServerInfo reports of this coordinator (instance id, addresses, readiness, ...).
+        self.about = About(prefix=self._keys.prefix.decode(), endpoints=self._endpoints, embedded=etcd_embedded)
+        self._grace = grace_seconds
+        self.limits = limits if limits is not None else Limits()
+        extra = {"grpc.max_receive_message_length": self.limits.max_message_bytes, **dict(server_options)}
+        self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
+        self._etcd: EtcdClient | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self._health = Health(self.about)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._service: LockService | None = None
+        self._watcher: DeleteWatcher | None = None
+        self._locks: LockManager | None = None
+        self._tokens: TokenFloor | None = None
+        self._loop_lag = loop_lag
+        self._claims: list[UnixSocketClaim] = []
+        #: The bound TCP port after ``start()``; 0 for a Unix socket.
+        self.port = 0
+        #: The health listener's bound TCP port after ``start()``; 0 for a Unix socket or no health listener.
+        self.health_port = 0
+
+    @property
+    def address(self) -> str:
+        """The address the coordinator serves on: ``HOST:PORT`` (after ``start()``) or ``unix:/ABSOLUTE/PATH``."""
+        if self._socket_path is not None:
+            return f"unix:{self._socket_path}"
+        return f"{self._listen.rsplit(':', 1)[0]}:{self.port}"
+
+    @property
+    def health_address(self) -> str | None:
+        """The health listener's address, as :attr:`address` (after ``start()``); None without one."""
+        if self._health_listen is None:
+            return None
+        path = unix_socket_path(self._health_listen)
+        if path is not None:
+            return f"unix:{path}"
+        return f"{self._health_listen.rsplit(':', 1)[0]}:{self.health_port}"
+
+    @property
+    def tls(self) -> ServerTls | None:
+        """The TLS files of the listener; None for plaintext."""
+        return self._certificates.tls if self._certificates is not None else None
+
+    def reload_tls(self) -> bool:
+        """Re-read the TLS files now (``fencepost serve`` does on SIGHUP), changed on disk or not.
+
+        New handshakes use them; established connections and their streams
+        keep the certificate they were made with. Changed files are also
+        taken up without this, at the next handshake.
+
+        Returns:
+            True when the files were good; False when one cannot be used: the
+            certificate in use stays, and a warning names the file.
+
+        Raises:
+            RuntimeError: the coordinator was made without ``tls``.
+        """
+        if self._certificates is None:
+            raise RuntimeError("the coordinator serves without TLS: no files to reload")
+        return self._certificates.reload()
+
+    @property
+    def policy(self) -> Policy | None:
+        """The access policy in force; None for none."""
+        return self._access.policy
+
+    def reload_policy(self) -> bool:
+        """Re-read the access policy's file now (``fencepost serve`` does on SIGHUP).
+
+        Calls that start after this use the new policy. A file that cannot be
+        used keeps the policy in force, and a warning (event
+        ``policy_not_reloaded``) names the file and the problem.
+
+        Returns:
+            True when the new policy is in force; False when the old one stays.
+
+        Raises:
+            RuntimeError: the coordinator was made without a policy, or with one not read from a file.
+        """
+        return self._access.reload()
+
+    @property
+    def metrics_address(self) -> str | None:
+        """``HOST:PORT`` of the ``/metrics`` endpoint (after ``start()``); None without ``metrics_listen``."""
+        return self._metrics.address if self._metrics is not None else None
+
+    async def start(self) -> int:
+        """Connect to etcd, bind and start serving.
+
+        An unreachable etcd is not an error: the coordinator serves with
+        health NOT_SERVING until etcd answers.
+
+        Returns:
+            The bound TCP port; 0 for a Unix socket.
+
+        Raises:
+            RuntimeError: the address (or the metrics address, bound first)
+                could not be bound (for a Unix socket: its directory is missing,
+                another coordinator or process serves on it, or the path is not
+                a socket), or etcd refused the coordinator's credentials.
+        """
+        if self._metrics is not None:
+            self._metrics.start()
+        counted = self._metrics.locks if self._metrics is not None else NO_METRICS
+        tracer = self._tracing.tracer()
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if tracer is not None:  # first: its span is current in the metrics interceptor and the handler
+            interceptors.append(GrpcServerTracing(tracer, lock_names=self._tracing.lock_names))
+        if self._metrics is not None:
+            interceptors.append(self._metrics.grpc)
+        self._etcd = EtcdClient(self._endpoints, tls=self._etcd_tls, auth=self._etcd_auth, metrics=counted,
+                                tracer=tracer, batch_max=self._etcd_batch_max)
+        try:
+            await self._etcd.connect()
+        except FencepostError as exc:
+            raise RuntimeError(exc.message) from exc
+        self._watcher = DeleteWatcher(self._etcd, self._keys, metrics=counted)
+        leases = Leases(self._etcd)
+        # Every Range and Txn answer's header goes past the token floor: it refuses if etcd's revisions go back.
+        self._tokens = self._etcd.headers = TokenFloor(self._etcd, self._keys)
+        locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted,
+                                          tokens=self._tokens, max_waiters=self.limits.max_waiters or 2**63)
+        self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about,
+                                    access=self._access, limits=self.limits, loop_lag=self._loop_lag)
+        self._service.intercepted_by(interceptors)
+        self._service.loop_lag.start()
+        server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
+        add_lock_service(self._service, server)  # the generated registration, checking UTF-8
+        health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, server)
+        if self._metrics is not None:
+            self._metrics.grpc.initialize([lock_pb2.DESCRIPTOR.services_by_name["LockService"],
+                                           health_pb2.DESCRIPTOR.services_by_name["Health"]])
+        credentials = self._certificates.credentials() if self._certificates is not None else None
+        self.port = self._bind(server, self._listen, credentials)
+        health_server = None
+        if self._health_listen is not None:
+            health_server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
+            health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, health_server)
+            self.health_port = self._bind(health_server, self._health_listen)
+        await self._health.start()
+        if health_server is not None:
+            await health_server.start()
+            self._health_server = health_server
+        await server.start()
+        self._server = server
+        self.about.listen_address = self.address
+        self.about.health_address = self.health_address or ""
+        self.about.metrics_address = self.metrics_address or ""
+        self.about.started = time.monotonic()
+        self._watcher.start()
+        self._tasks.append(asyncio.create_task(self._health.monitor(self._etcd, self._tokens), name="fencepost-health"))
+        return self.port
+
+    def _bind(self, server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
+        """Add ``listen`` to ``server``, with TLS if ``credentials``: its TCP port, or 0 for a Unix socket.
+
+        A Unix socket's path is claimed first (see :class:`~.listen.UnixSocketClaim`).
+        """
+        path = unix_socket_path(listen)
+        if path is not None:
+            claim = UnixSocketClaim(path)
+            claim.claim()
+            self._claims.append(claim)
+        try:
+            port = (server.add_secure_port(listen, credentials) if credentials is not None
+                    else server.add_insecure_port(listen))
+        except RuntimeError as exc:
+            why = bind_problem(listen) if path is None else None
+            raise RuntimeError(f"cannot listen on {listen}: {why or exc}") from exc
+        if port == 0:
+            why = bind_problem(listen) if path is None else None
+            raise RuntimeError(f"cannot listen on {listen}{': ' + why if why else ''}")
+        return 0 if path is not None else port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop serving: health NOT_SERVING (on the health listener too), end streams, let calls finish.
+
+        Args:
+            grace: seconds in-flight calls may take; default ``grace_seconds``.
+
+        Leases and locks in etcd are left alone.
+        """
+        grace = self._grace if grace is None else grace
+        if self._server is not None:
+            streams = self._service.open_streams if self._service is not None else 0
+            log_event(_log, logging.INFO, "shutdown", f"shutting down: {streams} KeepAlive streams to end, "
+                      f"{grace:g} s for calls in flight (leases are kept)", grace_s=grace, streams=streams)
+        await self._health.enter_graceful_shutdown()
+        if self._service is not None:
+            self._service.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self._health_server is not None:  # NOT_SERVING there too until the main server has stopped
+            await self._health_server.stop(0)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._service is not None:
+            await self._service.close()
+        if self._locks is not None:
+            await self._locks.close()
+        if self._watcher is not None:
+            await self._watcher.close()
+        if self._etcd is not None:
+            await self._etcd.close()
+        for claim in self._claims:  # after the server stopped: gRPC has removed the socket files
+            claim.release()
+        self._claims.clear()
+        if self._metrics is not None:
+            await self._metrics.stop()
+
+    async def wait_closed(self) -> None:
+        """Wait until the server has stopped."""
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    @property
+    def tokens(self) -> TokenFloor | None:
+        """The token floor (after ``start()``): why tokens would go back (``refusing``), the floor in use."""
+        return self._tokens
+
+    @property
+    def keys(self) -> Keys:
+        """The key layout of this coordinator's prefix."""
+        return self._keys
+
+    @property
+    def locks(self) -> LockManager | None:
+        """The lock algorithm (after ``start()``), on this coordinator's etcd layer, watcher and token floor."""
+        return self._locks
+
+    @property
+    def watcher(self) -> DeleteWatcher | None:
+        """The shared deletion watcher of the lock keys (after ``start()``)."""
+        return self._watcher
+
+    @property
+    def loop_lag(self) -> LoopLag | None:
+        """The overload monitor (after ``start()``): how far behind this coordinator is."""
+        return self._service.loop_lag if self._service is not None else self._loop_lag

@@ -1,0 +1,7 @@
+"""The algorithms on etcd: locks, lock-delays, semaphores, elections, leases, the token floor, request
+records, listings, the deletion watcher and the hold tracker.
+
+Each module takes plain arguments (names, lease ids, tokens) and the etcd
+layer (:mod:`..etcd`); none knows gRPC, callers' identities or the access
+policy, so each can be tested without a server.
+"""

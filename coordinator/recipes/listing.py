@@ -1,0 +1,313 @@
+"""Listing the held locks: pages of etcd range reads at one revision.
+
+A lock is the key range ``<prefix><encoded name>/`` (:mod:`fencepost.client.v1.keys`);
+sorted by key, the contenders of one lock are adjacent, because every key
+between two keys that share the prefix ``<encoded name>/`` shares it too. A
+page is read with keys-only Range requests in key order, from the page's
+start key, at one etcd revision: the first page's, carried in the page token
+with the next page's start key, so that the pages of one listing are one
+snapshot. The holder of each lock is its contender with the lowest create
+revision (its fencing token), the waiters the others.
+
+Names are percent-encoded byte by byte with no safe characters, and ``%``
+itself is encoded, so a name starts with ``P`` exactly when its encoded form
+starts with P's encoded form: the prefix filter is a key range too.
+
+Elections and semaphores are locks with internal names (:mod:`fencepost.client.v1.kinds`:
+a control character first, ``%01`` encoded) that no caller can give: they
+are not listed. Their keys come before every lock's (no name a caller can
+give encodes to a key below ``%02``), so a listing of every lock starts
+after them (:func:`first_lock_key`).
+
+etcd keeps no time of a grant. :class:`GrantTimes` remembers, on this
+coordinator's monotonic clock, the grants it made itself; a hold granted by
+another replica (or before a restart) is listed with ``held_seconds = -1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from fencepost.client.errors import FencepostError, InvalidArgument
+from fencepost.client.v1 import etcdops, kinds
+from fencepost.client.v1.keys import MAX_NAME_BYTES, Hold, Keys, prefix_end
+
+from ..etcd import EtcdClient
+from ..etcd.failures import Failure, classify
+from .lock import Holder
+from .lock_delay import delay_range, held_back_by
+from .tokens import TokenFloor
+
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "GrantTimes", "ListedLock", "LockPage", "first_lock_key", "list_locks"]
+
+#: Locks in a page when the request's page_size is 0.
+DEFAULT_PAGE_SIZE = 100
+#: Most locks in one page (each costs one LeaseTimeToLive call).
+MAX_PAGE_SIZE = 1000
+#: Keys read per etcd Range request while filling a page.
+RANGE_BATCH = 1000
+#: LeaseTimeToLive calls in flight at once while filling a page.
+TTL_CONCURRENCY = 32
+_TOKEN_VERSION = "v1"
+
+
+@dataclass(frozen=True)
+class ListedLock:
+    """One held lock of a page.
+
+    Attributes:
+        name: the lock name.
+        holder: the holder's lease id and fencing token.
+        waiter_count: contenders queued behind the holder.
+        ttl_remaining_seconds: seconds left on the holder's lease; -1 when it ended.
+        ttl_seconds: the holder lease's granted TTL in seconds; 0 when it ended.
+        held_seconds: seconds since the grant on this coordinator's clock; -1 when unknown.
+    """
+
+    name: str
+    holder: Holder
+    waiter_count: int
+    ttl_remaining_seconds: int = -1
+    ttl_seconds: int = 0
+    held_seconds: float = -1.0
+
+
+@dataclass(frozen=True)
+class LockPage:
+    """One page of a listing: its locks, the token of the next page ("" on the last) and the revision."""
+
+    locks: list[ListedLock]
+    next_page_token: str
+    revision: int
+
+
+class GrantTimes:
+    """The monotonic time of each grant this coordinator made, for ``held_seconds``.
+
+    Keyed by the whole hold (name, lease id, token), so an entry left behind
+    by a hold that ended without a Release here (expiry, another replica's
+    Release) never answers for a later grant; the oldest entries are dropped
+    past ``capacity``.
+
+    Args:
+        capacity: most grants remembered.
+        clock: the monotonic clock, seconds (injected in tests).
+    """
+
+    def __init__(self, capacity: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self._capacity = capacity
+        self._clock = clock
+        self._granted: OrderedDict[Hold, float] = OrderedDict()
+
+    def granted(self, hold: Hold) -> None:
+        """Record a grant now (an idempotent re-grant of the same hold keeps its first time)."""
+        if hold in self._granted:
+            return
+        self._granted[hold] = self._clock()
+        while len(self._granted) > self._capacity:
+            self._granted.popitem(last=False)
+
+    def released(self, hold: Hold) -> None:
+        """Forget a hold that was released (or that ended otherwise)."""
+        self._granted.pop(hold, None)
+
+    def granted_at(self, hold: Hold) -> float | None:
+        """The clock reading of ``hold``'s grant here; None when this coordinator did not grant it."""
+        return self._granted.get(hold)
+
+    def held_seconds(self, hold: Hold) -> float:
+        """Seconds since ``hold`` was granted here; -1.0 when this coordinator did not grant it."""
+        started = self._granted.get(hold)
+        return -1.0 if started is None else max(0.0, self._clock() - started)
+
+
+def first_lock_key(keys: Keys) -> bytes:
+    """The lowest key a lock with a caller's name can have: past every internal name's (elections', semaphores').
+
+    Below it there are only the keys of internal names (``<prefix>%01...``)
+    and the lock-delay keys (``<prefix>!delay!...``, :mod:`.lock_delay`).
+    """
+    return prefix_end(keys.name_prefix(kinds.INTERNAL))
+
+
+def _invalid(field: str, problem: str) -> InvalidArgument:
+    return InvalidArgument(f"{field} {problem}", field=field)
+
+
+def validate_prefix(prefix: str) -> str:
+    """Check a name prefix: 0 to 256 bytes of UTF-8, no control characters.
+
+    Raises:
+        InvalidArgument: field ``prefix``.
+    """
+    size = len(prefix.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise _invalid("prefix", f"is {size} bytes; at most {MAX_NAME_BYTES} bytes of UTF-8")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in prefix):
+        raise _invalid("prefix", "must not contain control characters (NUL, newline, ...)")
+    return prefix
+
+
+def page_size_of(page_size: int) -> int:
+    """The number of locks of a page: ``page_size``, or :data:`DEFAULT_PAGE_SIZE` for 0.
+
+    Raises:
+        InvalidArgument: field ``page_size``, outside 0 to :data:`MAX_PAGE_SIZE`.
+    """
+    if not 0 <= page_size <= MAX_PAGE_SIZE:
+        raise _invalid("page_size", f"is {page_size}; must be 0 (meaning {DEFAULT_PAGE_SIZE}) to {MAX_PAGE_SIZE}")
+    return page_size or DEFAULT_PAGE_SIZE
+
+
+def encode_page_token(revision: int, start: bytes) -> str:
+    """The opaque token of the page that starts at key ``start``, read at ``revision``."""
+    raw = f"{_TOKEN_VERSION}:{revision}:".encode() + start
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_page_token(token: str, first: bytes, end: bytes) -> tuple[int, bytes]:
+    """Check a page token against the listing's key range ``[first, end)``.
+
+    Returns:
+        (revision, start key).
+
+    Raises:
+        InvalidArgument: field ``page_token``: malformed, or its start key is
+            outside the range (a token of another prefix).
+    """
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        version, revision, start = raw.split(b":", 2)
+        rev = int(revision)
+    except (binascii.Error, ValueError) as exc:
+        raise _invalid("page_token", "is not a next_page_token of ListLocks") from exc
+    if version != _TOKEN_VERSION.encode() or rev <= 0:
+        raise _invalid("page_token", "is not a next_page_token of ListLocks")
+    if not first <= start < end:
+        raise _invalid("page_token", "belongs to a listing with another prefix")
+    return rev, start
+
+
+async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, page_token: str,
+                     grants: GrantTimes, tokens: TokenFloor | None = None) -> LockPage:
+    """Read one page of the held locks whose names start with ``prefix``.
+
+    Args:
+        etcd: the coordinator's etcd layer.
+        keys: the key layout.
+        prefix: the name prefix ("" for every lock).
+        page_size: most locks in the page, 0 for :data:`DEFAULT_PAGE_SIZE`.
+        page_token: "" for the first page, else the previous page's ``next_page_token``.
+        grants: this coordinator's grant times (``held_seconds``).
+        tokens: turns the holders' create revisions into fencing tokens, and
+            refuses while tokens would go back; None for a floor of 0.
+
+    Returns:
+        The page, read at the listing's revision; TTLs as etcd reports them now.
+
+    Raises:
+        InvalidArgument: bad prefix, page_size or page_token (also when the
+            token's revision was compacted: start the listing again).
+        DataLoss: tokens would go back (etcd restored from an older snapshot).
+        Unavailable: etcd unreachable.
+    """
+    limit = page_size_of(page_size)
+    first = keys.name_prefix(validate_prefix(prefix))
+    end = prefix_end(first)
+    revision, start = (0, first) if not page_token else decode_page_token(page_token, first, end)
+    start = max(start, first_lock_key(keys))  # not the elections' and semaphores' locks
+    locks: list[tuple[str, list[tuple[int, int]]]] = []  # (name, [(create revision, lease id)])
+    next_start = b""
+    while True:
+        request = etcdops.RangeRequest(key=start, range_end=end, revision=revision, limit=RANGE_BATCH,
+                                       keys_only=True)
+        try:
+            resp = await etcd.range(request)
+        except FencepostError as exc:
+            if isinstance(exc.__cause__, grpc.RpcError) and classify(exc.__cause__) is Failure.COMPACTED:
+                raise _invalid("page_token", f"names etcd revision {revision}, which was compacted: "
+                                             "list again from the first page") from exc
+            raise
+        revision = revision or int(resp.header.revision)
+        for kv in resp.kvs:
+            key = bytes(kv.key)
+            parsed = keys.parse(key)
+            if parsed is None or kinds.is_internal(parsed[0]):
+                continue  # not a contender key of a caller's lock
+            name, lease_id = parsed
+            if not locks or locks[-1][0] != name:
+                if len(locks) == limit:
+                    next_start = keys.lock_prefix(name)
+                    break
+                locks.append((name, []))
+            locks[-1][1].append((int(kv.create_revision), lease_id))
+        if next_start or not resp.more:
+            break
+        start = bytes(resp.kvs[-1].key) + b"\0"
+    locks = await _not_held_back(etcd, keys, locks, revision)
+    to_token: Callable[[int], int] = int
+    if tokens is not None:
+        tokens.check_serving()
+        to_token = tokens.reported
+    listed = [_listed(name, contenders, grants, to_token) for name, contenders in locks]
+    listed = await _with_ttls(etcd, listed)
+    return LockPage(listed, encode_page_token(revision, next_start) if next_start else "", revision)
+
+
+async def _not_held_back(etcd: EtcdClient, keys: Keys, locks: list[tuple[str, list[tuple[int, int]]]],
+                         revision: int) -> list[tuple[str, list[tuple[int, int]]]]:
+    """``locks`` but those a lock-delay holds back (:mod:`.lock_delay`): nobody holds them, as Describe says.
+
+    One keys-and-values Range of the page's delay keys at ``revision`` (they sort as the names do); none
+    when no lock of the page ever used a lock-delay beyond that read.
+    """
+    if not locks:
+        return locks
+    # Not always in the names' order: "a/" sorts after "ab/", but "a!" before "ab!".
+    ranges = [delay_range(keys, keys.lock_prefix(name)) for name, _ in locks]
+    request = etcdops.RangeRequest(key=min(ranges), range_end=prefix_end(max(ranges)), revision=revision)
+    resp = await etcd.range(request)
+    if not resp.kvs:
+        return locks
+    by_lock: dict[bytes, list[Any]] = {}
+    for kv in resp.kvs:
+        key = bytes(kv.key)
+        by_lock.setdefault(key[:key.rindex(b"!") + 1], []).append(kv)
+    kept = []
+    for name, contenders in locks:
+        found = by_lock.get(delay_range(keys, keys.lock_prefix(name)))
+        revision_of_head, lease_id = min(contenders)
+        if found is None or not held_back_by(found, lease_id, revision_of_head):
+            kept.append((name, contenders))
+    return kept
+
+
+def _listed(name: str, contenders: list[tuple[int, int]], grants: GrantTimes,
+            to_token: Callable[[int], int]) -> ListedLock:
+    revision, lease_id = min(contenders)
+    token = to_token(revision)
+    return ListedLock(name, Holder(lease_id, token), len(contenders) - 1,
+                      held_seconds=grants.held_seconds(Hold(name, lease_id, token)))
+
+
+async def _with_ttls(etcd: EtcdClient, locks: list[ListedLock]) -> list[ListedLock]:
+    """Each lock with its holder lease's TTL left and granted TTL (one LeaseTimeToLive per lease)."""
+    gate = asyncio.Semaphore(TTL_CONCURRENCY)
+    leases = sorted({lock.holder.lease_id for lock in locks})
+
+    async def ttl(lease_id: int) -> tuple[int, int]:
+        async with gate:
+            return await etcd.lease_ttl(lease_id)
+
+    ttls = dict(zip(leases, await asyncio.gather(*(ttl(lease) for lease in leases)), strict=True))
+    return [ListedLock(lock.name, lock.holder, lock.waiter_count, *ttls[lock.holder.lease_id], lock.held_seconds)
+            for lock in locks]
