@@ -8,4 +8,7 @@ Its parts, by concern:
 - :mod:`.telemetry`: log events, metrics, the ``/metrics`` endpoint, traces;
 - :mod:`.process`: the coordinator as a process (``fencepost serve``, the Coordinator, workers, ...);
 - :mod:`.etcd`: the etcd layer, the only code that calls etcd.
+
+Each folder imports only the ones below it: process > api > recipes > admission > etcd > telemetry
+(``tests/test_boundaries.py`` checks it).
 """
