@@ -21,7 +21,7 @@ parent's keepalive stream. So:
 - gRPC's own default (fork support on in grpcio 1.85) restarts its threads
   in the child, which sometimes kill it with SIGSEGV whatever the child
   does; ``GRPC_ENABLE_FORK_SUPPORT=0`` in the environment avoids it (see
-  README). Freeing the inherited objects in the child (with it) was
+  docs/python.md). Freeing the inherited objects in the child (with it) was
   harmless to both processes, so nothing keeps them alive.
 
 The supported patterns: multiprocessing's ``spawn`` or ``forkserver``

@@ -71,7 +71,7 @@ REASON_DEADLINE = "DEADLINE"
 #: The client was closed while the hold was live.
 REASON_CLOSED = "CLOSED"
 #: The client or handle was inherited through fork, or a client was made in
-#: a child forked from a process that had one (see README, "fork and
+#: a child forked from a process that had one (see docs/python.md, "fork and
 #: multiprocessing").
 REASON_FORKED = "FORKED"
 

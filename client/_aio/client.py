@@ -175,7 +175,7 @@ class AsyncLockClient(QueryCalls):
             lock_delay: Lock-delay in seconds, 0 to 3600 (rounded up to whole
                 seconds; 0: none): if this hold ends because its lease expired or
                 was revoked (not by a release), the lock's next grant waits this
-                long after the end (README, "Lock-delay"). A mitigation for
+                long after the end (docs/fencing.md, "Lock-delay"). A mitigation for
                 storage that cannot check tokens, never a replacement for fencing.
 
         Returns:
@@ -342,7 +342,7 @@ class AsyncLockClient(QueryCalls):
         Args:
             election: The election's name (the rules of a lock name).
             value: What the leader publishes (an address, an id): bytes, or a
-                str sent as UTF-8; 0 to 65536 bytes.
+                str sent as UTF-8; 0 to 32768 bytes (MAX_VALUE_BYTES).
             ttl: Lease TTL in seconds (as for :meth:`acquire`); None: 10 s.
             timeout: Seconds to wait, 0 to 86400 (0 tries once); None waits until elected.
 

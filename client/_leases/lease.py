@@ -1,7 +1,7 @@
 """Leases as the client sees them: the deadline rules, and the pool of leases by TTL.
 
 A :class:`Lease` is one etcd lease the client keeps alive, with the
-conservative local deadline (README, "Guarantees"): ``send time of the
+conservative local deadline (docs/architecture.md, "Guarantees"): ``send time of the
 last acknowledged keepalive + granted TTL - margin``, on a monotonic clock.
 The deadline only moves forward, and a lease is lost exactly once.
 

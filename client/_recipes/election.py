@@ -142,7 +142,7 @@ class Leadership(AsyncLockHandle):
         """Publish a new value without a new election (the token is unchanged).
 
         Args:
-            value: bytes, or a str sent as UTF-8; 0 to 65536 bytes.
+            value: bytes, or a str sent as UTF-8; 0 to 32768 bytes (MAX_VALUE_BYTES).
 
         Raises:
             InvalidArgument: bad value (field "value").

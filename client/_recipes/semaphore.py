@@ -6,7 +6,7 @@ for its TTL, registered in the lease's holds and watched on the KeepAlive
 stream, so that its loss is signalled exactly as a lock's (``handle.lost``,
 ``on_lost``, ``cancel_on_lost``). Its token is strictly larger than every
 earlier token of the same slot of the same semaphore: storage partitioned by
-slot fences each slot like a lock (README, "Semaphores").
+slot fences each slot like a lock (docs/recipes.md, "Semaphores").
 
 The coordinator grants one permit per lease per semaphore (an AcquirePermit
 of a lease that holds one returns it again). So, as for a lock, a second

@@ -74,7 +74,7 @@ class LockClient:
     the parent keeps its holds. A new client cannot be made in a child
     forked from a process that had opened one; use multiprocessing's
     ``spawn`` or ``forkserver`` start method, or make the client after fork
-    in a process that never had one (README, "fork and multiprocessing").
+    in a process that never had one (docs/python.md, "fork and multiprocessing").
 
     Example::
 

@@ -276,7 +276,7 @@ def acquire_error(err: Exception, name: str, timeout: float | None, addresses: S
     if isinstance(err, LockHeld):
         lease = err.holder_lease_id
         who = f" by lease {lease_hex(lease)} ({lease}) with token {err.holder_token}" if lease else ""
-        if not lease and "lock-delay" in str(err):  # free, but a lost holder's lock-delay runs (README, "Lock-delay")
+        if not lease and "lock-delay" in str(err):  # free, but a lost holder's lock-delay runs (docs/fencing.md, "Lock-delay")
             return CliError(f"held: {name} is free, but the lock-delay of a holder that was lost has not passed "
                             "yet", EXIT_HELD)
         return CliError(f"held: {name} is held{who}", EXIT_HELD)

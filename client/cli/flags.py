@@ -122,7 +122,7 @@ def lock_delay_flag(parser: argparse.ArgumentParser) -> None:
     """Add ``--lock-delay S`` (the hold's lock-delay; ``args.lock_delay``, 0 by default) to ``parser``."""
     parser.add_argument("--lock-delay", type=parse_lock_delay, default=0.0, metavar="S",
                         help="lock-delay in seconds, 0 to 3600: if this hold is lost (lease expired or revoked, "
-                             "not released), the lock's next grant waits S seconds (README, \"Lock-delay\"; "
+                             "not released), the lock's next grant waits S seconds (docs/fencing.md, \"Lock-delay\"; "
                              "a mitigation for storage that cannot check tokens, not a replacement for fencing)")
 
 

@@ -461,7 +461,7 @@ class LockServiceServicer:
         Each grant gets a permit slot (0 .. N-1) and a token strictly larger
         than every earlier token of that slot of that semaphore (the create
         revision of the slot's key plus the token floor): storage partitioned
-        by slot fences each slot like a lock (README, "Semaphores"). N is fixed
+        by slot fences each slot like a lock (docs/recipes.md, "Semaphores"). N is fixed
         at the semaphore's first use; asking with another N fails
         (PERMITS_MISMATCH). Semaphores are named like locks and live apart
         from locks and elections. Holds are watched on the KeepAlive stream

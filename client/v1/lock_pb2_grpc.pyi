@@ -5,8 +5,8 @@ isort:skip_file
 Fencepost lock service, version 1.
 
 Locks with fencing tokens on top of etcd. Read this file as the API
-reference; the repository's README.md explains the model and the
-guarantees.
+reference; the repository's docs/architecture.md explains the model and
+the guarantees.
 
 Model in short:
 - A *lease* is an etcd lease with a TTL in whole seconds. The caller keeps
@@ -377,7 +377,7 @@ class LockServiceStub:
     Each grant gets a permit slot (0 .. N-1) and a token strictly larger
     than every earlier token of that slot of that semaphore (the create
     revision of the slot's key plus the token floor): storage partitioned
-    by slot fences each slot like a lock (README, "Semaphores"). N is fixed
+    by slot fences each slot like a lock (docs/recipes.md, "Semaphores"). N is fixed
     at the semaphore's first use; asking with another N fails
     (PERMITS_MISMATCH). Semaphores are named like locks and live apart
     from locks and elections. Holds are watched on the KeepAlive stream
@@ -675,7 +675,7 @@ class LockServiceAsyncStub(LockServiceStub):
     Each grant gets a permit slot (0 .. N-1) and a token strictly larger
     than every earlier token of that slot of that semaphore (the create
     revision of the slot's key plus the token floor): storage partitioned
-    by slot fences each slot like a lock (README, "Semaphores"). N is fixed
+    by slot fences each slot like a lock (docs/recipes.md, "Semaphores"). N is fixed
     at the semaphore's first use; asking with another N fails
     (PERMITS_MISMATCH). Semaphores are named like locks and live apart
     from locks and elections. Holds are watched on the KeepAlive stream
@@ -1072,7 +1072,7 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Each grant gets a permit slot (0 .. N-1) and a token strictly larger
         than every earlier token of that slot of that semaphore (the create
         revision of the slot's key plus the token floor): storage partitioned
-        by slot fences each slot like a lock (README, "Semaphores"). N is fixed
+        by slot fences each slot like a lock (docs/recipes.md, "Semaphores"). N is fixed
         at the semaphore's first use; asking with another N fails
         (PERMITS_MISMATCH). Semaphores are named like locks and live apart
         from locks and elections. Holds are watched on the KeepAlive stream

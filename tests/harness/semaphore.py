@@ -2,7 +2,7 @@
 
 A semaphore ``S`` of N permits guards N counter rows, one per permit slot:
 ``S#0`` .. ``S#N-1`` (storage partitioned by slot, each row fenced by its
-slot's tokens, README "Semaphores"). Each worker
+slot's tokens, docs/recipes.md "Semaphores"). Each worker
 (``python -m tests.harness.semaphore worker ...``) loops as the lock
 workload's (:mod:`.workload`) does, with a permit instead of a lock:
 

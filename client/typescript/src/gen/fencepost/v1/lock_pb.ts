@@ -1,8 +1,8 @@
 // Fencepost lock service, version 1.
 //
 // Locks with fencing tokens on top of etcd. Read this file as the API
-// reference; the repository's README.md explains the model and the
-// guarantees.
+// reference; the repository's docs/architecture.md explains the model and
+// the guarantees.
 //
 // Model in short:
 // - A *lease* is an etcd lease with a TTL in whole seconds. The caller keeps
