@@ -18,7 +18,7 @@ Spans (names, kinds):
   whole acquire (its LeaseGrant, Acquire attempts, a Withdraw of an abandoned
   wait) and release;
 - ``etcdserverpb.<Service>/<Method>`` (CLIENT): each request the
-  coordinator sends to etcd for a call (see :mod:`fencepost.coordinator.etcd.client`).
+  coordinator sends to etcd for a call (see :mod:`fencepost.coordinator.etcd.calls`).
 
 Attributes: ``rpc.system`` (``grpc``), ``rpc.service``, ``rpc.method``,
 ``rpc.grpc.status_code`` (the status the caller received, as an int), and
