@@ -54,6 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
             print(line, file=sys.stderr, flush=True)
             return
         with capture.global_and_fixture_disabled():
+            reporter.write("\n")  # off the progress dots (-q keeps no track of its line)
             reporter.write_line(line)
 
     provision.terminal = terminal
