@@ -38,10 +38,26 @@ from fencepost.client.v1.keys import LEASE_RECORD_INFIX, RECORDS_LEASE_MARK, REQ
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.recipes.requests import RECORDS_TTL_SECONDS
 from fencepost.coordinator.recipes.tokens import RECORD_SUFFIX
+from . import provision
 from .owned_stub import OwnedStub
 
 REPO = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"fencepost: listening on (\S+):(\d+)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let the test setup's installs (tests/provision.py) write on the terminal past pytest's capture."""
+    def terminal(line: str) -> None:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if capture is None or reporter is None:  # -p no:terminal, --capture=no: just print
+            print(line, file=sys.stderr, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write("\n")  # off the progress dots (-q keeps no track of its line)
+            reporter.write_line(line)
+
+    provision.terminal = terminal
 
 
 # ---------------------------------------------------------------- etcd

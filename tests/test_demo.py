@@ -61,10 +61,11 @@ def test_demo_on_embedded_etcd_loses_unfenced_and_keeps_fenced() -> None:
 
 async def test_demo_with_target_uses_the_running_coordinator_and_plots_a_png(address: str, tmp_path: Path) -> None:
     """--target HOST:PORT runs both scenarios on an existing coordinator; --plot FILE.png draws both timelines
-    into a PNG (matplotlib is in the test extra). One run for both: each demo run takes about 8 s."""
+    into a PNG (matplotlib is in the test extra). One run for both, with the workers' shortest TTL (--ttl 1):
+    each demo run takes about 8 s with the default 2 s."""
     png = tmp_path / "timeline.png"
     proc = await asyncio.create_subprocess_exec(
-        *_argv("--target", address, "--plot", str(png)), stdin=asyncio.subprocess.DEVNULL,
+        *_argv("--target", address, "--plot", str(png), "--ttl", "1"), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env())
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -100,7 +101,8 @@ def test_demo_with_dsn_without_psycopg_exits_2(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_demo_with_dsn_runs_on_postgresql_and_drops_its_table() -> None:
-    """--dsn runs both scenarios on a real PostgreSQL (psycopg 3) and leaves no table behind."""
+    """--dsn runs both scenarios on a real PostgreSQL (psycopg 3) and leaves no table behind (with the workers'
+    shortest TTL, --ttl 1: the README's command, with the default, is the test above)."""
     import psycopg
 
     from tests.fencing.servers import PostgresServer
@@ -108,7 +110,7 @@ def test_demo_with_dsn_runs_on_postgresql_and_drops_its_table() -> None:
     pg = PostgresServer()
     pg.start()
     try:
-        result = subprocess.run(_argv("--dsn", pg.dsn), capture_output=True, text=True, env=_env(),
+        result = subprocess.run(_argv("--dsn", pg.dsn, "--ttl", "1"), capture_output=True, text=True, env=_env(),
                                 timeout=90, stdin=subprocess.DEVNULL)
         check_output(result.returncode, result.stdout, result.stderr, "inv:42")
         assert "PostgreSQL table fencepost_demo_invoices" in result.stdout

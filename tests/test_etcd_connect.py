@@ -49,14 +49,23 @@ async def _started(coordinator: Coordinator) -> Coordinator:
 # ---------------------------------------------------------------- host names
 
 
-async def test_endpoint_when_given_as_the_machines_host_name(tmp_path: Path, prefix: str) -> None:
-    """--etcd-endpoints accepts a host name: etcd listens on the address the machine's name resolves to."""
-    name = socket.gethostname()
+@pytest.mark.parametrize("whose", ["localhost", "this-machine"])
+async def test_endpoint_when_given_as_a_host_name(whose: str, tmp_path: Path, prefix: str) -> None:
+    """--etcd-endpoints accepts a host name: etcd listens on the address the name resolves to.
+
+    ``localhost`` resolves on every machine (RFC 6761, and every /etc/hosts),
+    so a host name is tested everywhere; the machine's own name, which some
+    containers do not resolve, is tested too where it resolves, and skipped
+    with the reason where it does not.
+    """
+    name = "localhost" if whose == "localhost" else socket.gethostname()
     try:
         address = socket.gethostbyname(name)
     except OSError as exc:
-        pytest.fail(f"this machine's host name {name!r} does not resolve ({exc}); the test needs it to: "
-                    f"add it to /etc/hosts (.ci/run does)")
+        if whose == "localhost":
+            raise
+        pytest.skip(f"this machine's host name {name!r} does not resolve ({exc}); the localhost case "
+                    f"tests a host name")
     etcd = EmbeddedEtcd(tmp_path / "etcd", host=address)
     await asyncio.to_thread(etcd.start)
     coordinator = Coordinator([f"{name}:{etcd.client_port}"], listen="127.0.0.1:0", prefix=prefix)

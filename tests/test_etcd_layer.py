@@ -1,5 +1,7 @@
-"""Unit tests of the coordinator's etcd layer with a fake etcd: the failure table, the retry table,
-the read-back of a Txn whose answer was lost, re-authentication, and release classification."""
+"""Tests of the coordinator's etcd layer: the failure table, the retry table, re-authentication and
+release classification with a fake etcd (tests/fake_etcd.py); the lock algorithm's read-back of a Txn
+whose answer was lost, or that was not applied, on the real etcd with that one answer dropped
+(tests/dropping_stubs.py)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ import pytest
 from fencepost.client.errors import LeaseLost, NotHolder, StaleTokenError, Unavailable
 from fencepost.client.v1 import etcdops
 from fencepost.client.v1.etcd import kv_pb2, rpc_pb2
-from fencepost.client.v1.keys import Keys
+from fencepost.client.v1.keys import Keys, prefix_end
+from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.client.v1.keys import Hold
 from fencepost.coordinator.etcd import RULES, EtcdAuth, EtcdClient, Failure, Op, classify, error_for, parse_endpoint
 from fencepost.coordinator.recipes.lock import Holder, LockManager, release_refusal
 from fencepost.coordinator.recipes.watch import DeleteWatcher
 
 from .conftest import wait_for
+from .dropping_stubs import DroppingStubs
 from .fake_etcd import FakeEtcd, rpc_error
 
 Code = grpc.StatusCode
@@ -96,11 +100,6 @@ async def fake() -> AsyncIterator[tuple[FakeEtcd, EtcdClient]]:
         await client.close()
 
 
-def _locks(client: EtcdClient) -> LockManager:
-    keys = Keys("/t/")
-    return LockManager(client, keys, DeleteWatcher(client, keys))
-
-
 async def test_range_when_member_unreachable_is_resent_on_the_next(fake: tuple[FakeEtcd, EtcdClient]) -> None:
     """A read that fails UNAVAILABLE is sent again, to the next member."""
     etcd, client = fake
@@ -129,51 +128,80 @@ async def test_lease_grant_when_answer_lost_is_not_resent(fake: tuple[FakeEtcd, 
     assert [method for _, method, _ in etcd.calls] == ["LeaseGrant"]
 
 
-async def test_release_when_answer_lost_after_commit_is_read_back(fake: tuple[FakeEtcd, EtcdClient]) -> None:
+@pytest.fixture
+async def real(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[tuple[DroppingStubs, EtcdClient, LockManager]]:
+    """The real etcd behind an EtcdClient with two members (two channels to it) on stubs that drop
+    planned answers, and a LockManager over the test's prefix; the test's leases are revoked after it."""
+    stubs = DroppingStubs()
+    client = EtcdClient([etcd.endpoint, etcd.endpoint], stubs=stubs.factory())
+    keys = Keys(prefix)
+    try:
+        yield stubs, client, LockManager(client, keys, DeleteWatcher(client, keys))
+    finally:
+        for call in stubs.calls:
+            if call.method == "LeaseGrant" and call.response is not None:
+                await client.lease_revoke(call.response.ID)
+        await client.close()
+
+
+async def _keys_under(client: EtcdClient, prefix: str) -> list[kv_pb2.KeyValue]:
+    """Every key under ``prefix`` in etcd (read on the client's stubs: recorded, never dropped)."""
+    resp = await client.range(rpc_pb2.RangeRequest(key=prefix.encode(), range_end=prefix_end(prefix.encode())))
+    return list(resp.kvs)
+
+
+async def test_release_when_answer_lost_after_commit_is_read_back(
+    real: tuple[DroppingStubs, EtcdClient, LockManager], prefix: str,
+) -> None:
     """A release Txn that committed but timed out is resolved by reading our key back, not re-sent."""
-    etcd, client = fake
-    locks = _locks(client)
+    stubs, client, locks = real
     lease, _ = await client.lease_grant(10)
     granted = await locks.acquire("inv", lease, 0)
-    etcd.calls.clear()
-    etcd.inject("Txn", Code.DEADLINE_EXCEEDED, applied=True)
+    stubs.calls.clear()
+    stubs.drop("Txn", Code.DEADLINE_EXCEEDED, applied=True)
     revision = await locks.release("inv", lease, granted.token)
-    assert revision == etcd.revision and not etcd.kvs
-    assert [method for _, method, _ in etcd.calls] == ["Txn", "Txn"]  # the release, then the read-back
+    assert stubs.methods() == ["Txn", "Txn"]  # the release, then the read-back
+    (deleted,) = stubs.lost
+    read_back = stubs.calls[1].response
+    assert revision == read_back.header.revision >= deleted.header.revision  # the revision of the read-back
+    assert not await _keys_under(client, prefix)
 
 
-async def test_release_when_not_applied_is_sent_again(fake: tuple[FakeEtcd, EtcdClient]) -> None:
+async def test_release_when_not_applied_is_sent_again(
+    real: tuple[DroppingStubs, EtcdClient, LockManager], prefix: str,
+) -> None:
     """A release Txn lost before it applied is sent again once the read-back shows our key still there."""
-    etcd, client = fake
-    locks = _locks(client)
+    stubs, client, locks = real
     lease, _ = await client.lease_grant(10)
     granted = await locks.acquire("inv", lease, 0)
-    etcd.calls.clear()
-    etcd.inject("Txn", Code.UNAVAILABLE)
+    stubs.calls.clear()
+    stubs.drop("Txn", Code.UNAVAILABLE, applied=False)
     await locks.release("inv", lease, granted.token)
-    assert not etcd.kvs
-    assert [(m, method) for m, method, _ in etcd.calls] == [(0, "Txn"), (1, "Txn"), (1, "Txn")]
+    assert [(c.member, c.method) for c in stubs.calls] == [(0, "Txn"), (1, "Txn"), (1, "Txn")]
+    assert not await _keys_under(client, prefix)
 
 
 async def test_try_acquire_when_answer_lost_after_commit_returns_the_token(
-    fake: tuple[FakeEtcd, EtcdClient],
+    real: tuple[DroppingStubs, EtcdClient, LockManager], prefix: str,
 ) -> None:
     """An uncontended acquire whose answer was lost reads the holder back and returns our token."""
-    etcd, client = fake
-    locks = _locks(client)
+    stubs, client, locks = real
     lease, _ = await client.lease_grant(10)
-    etcd.inject("Txn", Code.DEADLINE_EXCEEDED, applied=True)
+    stubs.drop("Txn", Code.DEADLINE_EXCEEDED, applied=True)
     result = await locks.acquire("inv", lease, 0)
-    (kv,) = etcd.kvs.values()
-    assert result.acquired and result.token == kv.create_revision == etcd.revision
+    (kv,) = await _keys_under(client, prefix)
+    (written,) = stubs.lost
+    assert result.acquired and result.token == kv.create_revision == written.header.revision
 
 
-async def test_acquire_when_lease_unknown_raises_lease_lost(fake: tuple[FakeEtcd, EtcdClient]) -> None:
+async def test_acquire_when_lease_unknown_raises_lease_lost(
+    real: tuple[DroppingStubs, EtcdClient, LockManager],
+) -> None:
     """A put on a lease etcd does not know is LeaseLost, sent once."""
-    etcd, client = fake
+    stubs, _, locks = real
     with pytest.raises(LeaseLost):
-        await _locks(client).acquire("inv", 0x99, 0)
-    assert len(etcd.calls) == 1
+        await locks.acquire("inv", 0x99, 0)
+    assert stubs.methods() == ["Txn"]
 
 
 async def test_call_when_auth_token_rejected_authenticates_again() -> None:

@@ -11,32 +11,24 @@ failed Node test fails this test with Node's output.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from .conftest import REPO, CoordinatorProcess
 from .fencing.servers import PostgresServer
+from .provision import node_tools
 
 TS_DIR = REPO / "client" / "typescript"
 
 
-def _tools() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fencepost_ts_tools", TS_DIR / "tools.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tools = _tools()
+#: client/typescript/tools.py, the wheel's Node.js and the TypeScript build.
+tools = node_tools
 
 
 @pytest.fixture(scope="module")

