@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import re
@@ -46,14 +47,18 @@ LISTENING = re.compile(r"fencepost: listening on (\S+):(\d+)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Let the test setup's installs (tests/provision.py) write on the terminal past pytest's capture."""
+    """Let the test setup's installs (tests/provision.py) and figures write on the terminal past pytest's
+    capture: through the terminal reporter, or on stderr in an xdist worker (whose stdout, where its
+    reporter writes, never reaches the terminal; its stderr does)."""
+    worker = hasattr(config, "workerinput")
+
     def terminal(line: str) -> None:
         capture = config.pluginmanager.getplugin("capturemanager")
-        reporter = config.pluginmanager.getplugin("terminalreporter")
-        if capture is None or reporter is None:  # -p no:terminal, --capture=no: just print
-            print(line, file=sys.stderr, flush=True)
-            return
-        with capture.global_and_fixture_disabled():
+        reporter = None if worker else config.pluginmanager.getplugin("terminalreporter")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            if reporter is None:
+                print(line, file=sys.stderr, flush=True)
+                return
             reporter.write("\n")  # off the progress dots (-q keeps no track of its line)
             reporter.write_line(line)
 

@@ -23,6 +23,7 @@ import pytest
 from fencepost.client import StaleTokenError
 from fencepost.client.fencing import DynamoDBGuard, EtcdGuard, Hold, MySqlGuard, RedisGuard, S3Guard, SqlGuard
 
+from .. import provision
 from .servers import DynaliteServer, MariaDbServer, PostgresServer, RedisServer, S3Server
 
 ADAPTERS = ["sqlite", "postgres", "redis", "etcd", "dynamodb", "mariadb", "s3"]
@@ -36,13 +37,25 @@ Hook = Callable[[StaleTokenError], None]
 FIGURES: dict[str, dict[str, float]] = {}
 
 
+def _figure_lines() -> list[str]:
+    if not FIGURES:
+        return []
+    return ["fencing conformance, concurrent writers:", *(
+        f"  {name:9s} {int(fig['writes'])} writes, {int(fig['accepted'])} accepted, "
+        f"{int(fig['rejected'])} rejected, final token {int(fig['final'])}, {fig['seconds']:.2f} s"
+        for name, fig in FIGURES.items())]
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if FIGURES:
-        terminalreporter.write_line("fencing conformance, concurrent writers:")
-        for name, fig in FIGURES.items():
-            terminalreporter.write_line(
-                f"  {name:9s} {int(fig['writes'])} writes, {int(fig['accepted'])} accepted, "
-                f"{int(fig['rejected'])} rejected, final token {int(fig['final'])}, {fig['seconds']:.2f} s")
+    for line in _figure_lines():
+        terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker's terminal summary never reaches the terminal: the worker says its figures as it ends."""
+    if hasattr(session.config, "workerinput"):
+        for line in _figure_lines():
+            provision.terminal(line)
 
 
 @pytest.fixture(scope="session")
