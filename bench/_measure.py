@@ -181,7 +181,7 @@ async def handoffs(peer: Any, samples: int, name: str, warmup: int = 3) -> list[
     pending: asyncio.Future[Any] | None = None
     try:
         holder, waiter = a, b
-        grant = await _call(peer, holder.acquire, name)
+        grant = await call(peer, holder.acquire, name)
         for k in range(samples + warmup):
             if peer.sync:
                 def wait_grant(w: Any = waiter) -> tuple[Any, float]:
@@ -196,7 +196,7 @@ async def handoffs(peer: Any, samples: int, name: str, warmup: int = 3) -> list[
             if polls:
                 await asyncio.sleep(0.15 + random.uniform(0, 0.1))
             else:
-                await _until(lambda: peer.queued(name), pending)
+                await wait_until(lambda: peer.queued(name), pending)
             if peer.sync:
                 def release(h: Any = holder, g: Any = grant) -> float:
                     t = clock()
@@ -210,7 +210,7 @@ async def handoffs(peer: Any, samples: int, name: str, warmup: int = 3) -> list[
             if k >= warmup:
                 out.append(t1 - t0)
             holder, waiter = waiter, holder
-        await _call(peer, holder.release, name, grant)
+        await call(peer, holder.release, name, grant)
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
@@ -218,11 +218,12 @@ async def handoffs(peer: Any, samples: int, name: str, warmup: int = 3) -> list[
     return out
 
 
-async def _call(peer: Any, fn: Callable[..., Any], *args: Any) -> Any:
+async def call(peer: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` of one of ``peer``'s users: awaited for an async peer, in a thread for a sync one."""
     return await asyncio.to_thread(fn, *args) if peer.sync else await fn(*args)
 
 
-async def _until(probe: Callable[[], Any], pending: asyncio.Future[Any], timeout: float = 30.0) -> None:
+async def wait_until(probe: Callable[[], Any], pending: asyncio.Future[Any], timeout: float = 30.0) -> None:
     """Poll the async ``probe`` every 2 ms until it is true; fail early if ``pending`` ended (it raised)."""
     deadline = time.monotonic() + timeout
     while not await probe():

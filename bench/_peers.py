@@ -47,6 +47,9 @@ from fencepost.client.v1.keys import prefix_end
 
 #: TTL of the users' leases and sessions, seconds: long enough never to matter in a cycle.
 TTL = 30
+#: Where etcd3aio's Lock recipe puts the contender keys of lock NAME (``{ETCD3AIO_LOCK_PREFIX}/NAME/``): mirrors
+#: etcd3aio 0.3's private ``etcd3aio.concurrency._LOCK_PREFIX``, which no public API exposes.
+ETCD3AIO_LOCK_PREFIX = "__etcd3aio:lock"
 
 
 class AsyncUser(Protocol):
@@ -225,9 +228,7 @@ class Etcd3aioLock:
 
     async def queued(self, name: str) -> bool:
         """Whether a second contender is queued on ``name``."""
-        from etcd3aio.concurrency import _LOCK_PREFIX  # where its Lock puts the keys of lock NAME
-
-        key = f"{_LOCK_PREFIX}/{self.prefix}{name}/".encode()
+        key = f"{ETCD3AIO_LOCK_PREFIX}/{self.prefix}{name}/".encode()
         return await _count(rpc_pb2_grpc.KVStub(self.channel), key) >= 2
 
     async def user(self, i: int) -> Any:

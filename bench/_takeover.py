@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import _procs
-from _measure import _call, _until, close_users, make_users
+from _measure import call, close_users, make_users, wait_until
 
 HOLDER = str(Path(__file__).with_name("_holder.py"))
 
@@ -72,7 +72,7 @@ async def takeovers(peer: Any, ttl: float, kills: int, tag: str, lanes: int = 5)
 
             pending = asyncio.ensure_future(wait_grant())
             if hasattr(peer, "queued"):
-                await _until(lambda: peer.queued(name), pending)
+                await wait_until(lambda: peer.queued(name), pending)
             else:
                 await asyncio.sleep(0.15)  # redis-py's waiter has tried once and polls every 0.1 s
             await asyncio.sleep(random.uniform(0, ttl / 3))
@@ -80,7 +80,7 @@ async def takeovers(peer: Any, ttl: float, kills: int, tag: str, lanes: int = 5)
             os.kill(proc.pid, signal.SIGKILL)
             grant, t1 = await asyncio.wait_for(pending, ttl + 60)
             samples.append(t1 - t0)
-            await _call(peer, waiter.release, name, grant)
+            await call(peer, waiter.release, name, grant)
         finally:
             _procs.stop(proc)
 
