@@ -26,8 +26,8 @@ import pytest
 
 from fencepost.client import AsyncLockClient, InvalidArgument, LockClient
 
+from .cli_helpers import run_cli
 from .lock_servers import LockServer
-from .test_cli import run_cli
 
 
 class Forwarder:

@@ -25,7 +25,7 @@ from fencepost.coordinator.process.tls import ServerTls
 
 from .conftest import describe_waiters_is, wait_for
 from .owned_stub import OwnedStub
-from .test_cli import run_cli
+from .cli_helpers import run_cli
 from .test_policy import BILLING, WORKER, Identity, _identity, spiffe_certificate
 from .tls_helpers import install_server_cert, open_channel
 

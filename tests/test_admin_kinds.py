@@ -17,10 +17,10 @@ from fencepost.client import AsyncLockClient, InvalidArgument, LockClient, Revok
 from fencepost.client.v1 import details, kinds, lock_pb2
 from fencepost.coordinator.process.coordinator import Coordinator
 
+from .cli_helpers import run_cli
 from .conftest import assert_invalid_field, wait_for
 from .owned_stub import OwnedStub
 from .test_admin import Pki, pki, policed  # noqa: F401  (fixtures: a coordinator with mTLS and an access policy)
-from .test_cli import run_cli
 from .tls_helpers import open_channel
 
 ELECTION = "jobs/leader"

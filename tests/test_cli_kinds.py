@@ -9,7 +9,7 @@ import json
 
 from fencepost.client import AsyncLockClient
 
-from .test_cli import run_cli
+from .cli_helpers import run_cli
 
 
 async def test_status_of_a_semaphore_lists_each_slot_and_the_waiters(address: str) -> None:

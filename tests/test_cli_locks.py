@@ -14,8 +14,8 @@ from fencepost.client import AsyncLockClient, AsyncLockHandle
 from fencepost.client.cli.locks import COLUMNS
 from fencepost.client.v1 import lock_pb2_grpc
 
+from .cli_helpers import assert_one_line_error, cli_argv, run_cli
 from .conftest import cli_env, describe_waiters_is, wait_for
-from .test_cli import _argv, assert_one_line_error, run_cli
 
 
 @contextlib.asynccontextmanager
@@ -100,7 +100,7 @@ async def test_locks_when_page_size_is_bad_exits_2_naming_it(address: str, size:
 async def test_locks_watch_lists_again_until_interrupted(address: str) -> None:
     """``--watch --json`` prints a listing per interval, shows a new lock, and exits 0 on SIGINT."""
     proc = await asyncio.create_subprocess_exec(
-        *_argv("locks", "--watch", "--interval", "0.2", "--json", "--address", address),
+        *cli_argv("locks", "--watch", "--interval", "0.2", "--json", "--address", address),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env=cli_env())
     assert proc.stdout is not None

@@ -24,9 +24,9 @@ from fencepost.client.cli import common, flags
 from fencepost.client.cli.run import child_environment
 
 from . import lock_servers, tls_pki
+from .cli_helpers import assert_one_line_error, free_port, run_cli
 from .conftest import CLIENT_ENV, CliResult, cli_env
 from .lock_servers import Start
-from .test_cli import assert_one_line_error, free_port, run_cli
 from .tls_pki import Pki
 
 pki = tls_pki.pki  # the fixtures

@@ -177,7 +177,7 @@ async def test_health_listener_when_a_client_calls_lock_service_there(etcd: Embe
     import fencepost.client as fc
     from fencepost.coordinator.process.coordinator import Coordinator
 
-    from .test_cli import assert_one_line_error, run_cli
+    from .cli_helpers import assert_one_line_error, run_cli
 
     coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, health_listen="127.0.0.1:0")
     try:

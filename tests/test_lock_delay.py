@@ -26,10 +26,9 @@ from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 from fencepost.coordinator.recipes.lock_delay import delay_range
 
+from .cli_helpers import cli_argv, holding
 from .conftest import CoordinatorProcess, assert_invalid_field, cli_env, describe_waiters_is, wait_for
 from .owned_stub import OwnedStub
-from .test_cli import _argv as cli_argv
-from .test_cli import holding, run_cli
 
 DELAY = 2
 #: etcd expires leases on a timer (every 500 ms) and the grant needs a few round trips: the sane upper bound.

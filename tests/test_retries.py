@@ -487,7 +487,7 @@ async def test_records_when_one_id_is_reused_by_two_releases_of_one_batch(
 async def test_cli_release_and_admin_revoke_whose_answers_are_lost(lossy: LossyServer) -> None:
     """``fencepost release`` and ``fencepost admin revoke`` retry after a lost answer with the same request
     id: release exits 0 (not 6: NOT_HOLDER), revoke names the lease it revoked, not the next holder's."""
-    from .test_cli import run_cli
+    from .cli_helpers import run_cli
 
     async with _client(lossy) as first_client, _client(lossy) as second_client:
         first = await first_client.acquire("cli-retries", ttl=10.0, timeout=5.0)
