@@ -23,10 +23,10 @@ from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.process.tls import ServerTls
 
+from .cli_helpers import run_cli
+from .client_identities import BILLING, WORKER, Identity, spiffe_certificate, write_identity
 from .conftest import describe_waiters_is, wait_for
 from .owned_stub import OwnedStub
-from .cli_helpers import run_cli
-from .test_policy import BILLING, WORKER, Identity, _identity, spiffe_certificate
 from .tls_helpers import install_server_cert, open_channel
 
 OPERATOR = "operator.example"
@@ -74,10 +74,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
     def leaf(label: str, dns: str) -> Identity:
         cert = ca.issue_cert(dns)
-        return _identity(ca, directory, label, cert.cert_chain_pems[0].bytes(), cert.private_key_pem.bytes())
+        return write_identity(ca, directory, label, cert.cert_chain_pems[0].bytes(), cert.private_key_pem.bytes())
 
     return Pki(directory, leaf("operator", OPERATOR),
-               _identity(ca, directory, "billing", *spiffe_certificate(ca, BILLING)), leaf("worker", WORKER))
+               write_identity(ca, directory, "billing", *spiffe_certificate(ca, BILLING)), leaf("worker", WORKER))
 
 
 @pytest.fixture
