@@ -25,7 +25,7 @@ from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
 from .conftest import assert_invalid_field, count_keys, error_info, wait_for
-from .test_metrics import scrape
+from .metrics_scrape import scrape
 
 LOCKS = "fencepost.v1.LockService"
 BAD_NAMES = {"byte-0xff": b"inv:\xff", "truncated": b"\xc3", "surrogate-encoded": b"a\xed\xa0\x80"}

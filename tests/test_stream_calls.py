@@ -246,8 +246,8 @@ async def test_calls_on_the_stream_are_traced_and_counted_as_unary_calls(etcd: A
     dashboards and traces do not change when clients move their calls onto the stream."""
     from fencepost.coordinator.process.coordinator import Coordinator
 
-    from .test_metrics import scrape
-    from .test_tracing import LOCKS, PARENT_ID, TRACE_ID, TRACEPARENT, Spans, parent_of, trace_id
+    from .metrics_scrape import scrape
+    from .trace_spans import LOCKS, PARENT_ID, TRACE_ID, TRACEPARENT, Spans, parent_of, trace_id
 
     spans = Spans()
     coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0",
