@@ -62,7 +62,8 @@ def spiffe_certificate(ca: trustme.CA, spiffe_id: str) -> tuple[bytes, bytes]:
 
 
 def write_identity(ca: trustme.CA, directory: Path, label: str, cert_pem: bytes, key_pem: bytes) -> Identity:
-    """Write ``cert_pem`` and ``key_pem`` as ``DIRECTORY/LABEL.pem`` and ``LABEL-key.pem``; the identity presenting them."""
+    """Write ``cert_pem`` and ``key_pem`` as ``DIRECTORY/LABEL.pem`` and ``LABEL-key.pem``; returns the identity
+    that presents them."""
     (directory / f"{label}.pem").write_bytes(cert_pem)
     (directory / f"{label}-key.pem").write_bytes(key_pem)
     return Identity(directory / f"{label}.pem", directory / f"{label}-key.pem",

@@ -61,7 +61,8 @@ async def test_fifo_handoff_with_larger_token(address: str, etcd_client: Etcd3Cl
         tasks = []
         for i in (1, 2):
             tasks.append(asyncio.create_task(clients[i].campaign("fifo", "bc"[i - 1], timeout=20)))
-            await wait_for(lambda n=i: has_candidates(etcd_client, prefix, "fifo", n + 1), 10, what=f"candidate {i} queued")
+            await wait_for(lambda n=i: has_candidates(etcd_client, prefix, "fifo", n + 1), 10,
+                           what=f"candidate {i} queued")
         await first.resign()
         second = await asyncio.wait_for(tasks[0], 10)
         assert second.token > first.token and second.value == b"b"

@@ -1,4 +1,5 @@
-"""The access policy (issue 9): parsing and matching (a real coordinator that enforces it: tests/test_policy_enforced.py)."""
+"""The access policy (issue 9): parsing and matching (a real coordinator that enforces it:
+tests/test_policy_enforced.py)."""
 
 from __future__ import annotations
 
