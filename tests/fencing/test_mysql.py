@@ -223,18 +223,21 @@ class _AfterFirstStatement:
         return getattr(self._conn, name)
 
     def cursor(self) -> Any:
-        outer = self
         cur = self._conn.cursor()
         execute = cur.execute
 
         def execute_then(sql: str, params: Any = None) -> int:
             result = execute(sql, params)
-            if outer._then is not None:
-                then, outer._then = outer._then, None
-                then()
+            self._statement_done()
             return result
         cur.execute = execute_then
         return cur
+
+    def _statement_done(self) -> None:
+        """Call ``then()`` after the first statement, and never again."""
+        if self._then is not None:
+            then, self._then = self._then, None
+            then()
 
 
 def test_update_when_row_is_inserted_after_the_update(mariadb: MariaDbServer, table: str) -> None:
