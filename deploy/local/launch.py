@@ -44,31 +44,38 @@ of the CA is let in).
 This file is not part of the installed package; load it by path::
 
     spec = importlib.util.spec_from_file_location("launch", "deploy/local/launch.py")
+
+It imports its sibling ``processes.py`` (the child processes: :class:`processes.Child`) by name, and puts
+its own directory on ``sys.path`` for that.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # loaded by path: its sibling processes.py is imported by name
+    sys.path.insert(0, str(HERE))
+
+from processes import Child, free_port, stop_all  # noqa: E402
 
 __all__ = ["ClientTls", "LocalDeployment"]
 
-DEPLOY = Path(__file__).resolve().parent.parent
+DEPLOY = HERE.parent
 CERTS_SCRIPT = DEPLOY / "certs.py"
 HOST = "127.0.0.1"
 #: The coordinators' etcd key prefix (fencepost serve's default).
@@ -79,37 +86,6 @@ STATE_FILE = "deployment.json"
 HEARTBEAT_MS = 100
 ELECTION_TIMEOUT_MS = 1000
 
-_PR_SET_PDEATHSIG = 1
-try:  # resolved here, not in the forked child (no dlopen between fork and exec)
-    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _child_env() -> dict[str, str]:
-    """The children's environment: ours without FENCEPOST_* (every setting is a flag), unbuffered."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEPOST_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask the kernel for SIGKILL when the parent (thread) dies."""
-    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-
-def _free_port(taken: set[int]) -> int:
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((HOST, 0))
-            port = int(sock.getsockname()[1])
-        if port not in taken:
-            taken.add(port)
-            return port
-
 
 class ClientTls(NamedTuple):
     """The files an application needs for mTLS to the coordinators (PEM paths)."""
@@ -117,134 +93,6 @@ class ClientTls(NamedTuple):
     ca: Path
     cert: Path
     key: Path
-
-
-class Child:
-    """One child process, in a session of its own, whose output a thread copies to a log file.
-
-    Args:
-        name: a short name for messages ("etcd0", "coordinator1").
-        argv: the command.
-        log_path: the file that receives stdout and stderr (appended to).
-    """
-
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.log_path = log_path
-        self.lines: list[str] = []
-        #: Set when this object signalled or reaped the child: its exit is expected.
-        self.stopping = False
-        self._eof = False
-        self._changed = threading.Condition()
-        self._log: IO[str] = open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by the reader
-        self._log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(self.argv)}\n")
-        try:
-            self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=_child_env(), start_new_session=True, close_fds=True,
-                # Only from the main thread: the kernel signals when the *thread* that forked ends.
-                preexec_fn=_die_with_parent
-                if _prctl is not None and threading.current_thread() is threading.main_thread() else None,
-            )
-        except BaseException:
-            self._log.close()
-            raise
-        self._reader = threading.Thread(target=self._read, name=f"log-{name}", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        try:
-            for raw in self.proc.stdout:
-                line = raw.decode(errors="replace").rstrip("\n")
-                self._log.write(line + "\n")
-                with self._changed:
-                    self.lines.append(line)
-                    self._changed.notify_all()
-        finally:
-            self._log.close()
-            with self._changed:
-                self._eof = True
-                self._changed.notify_all()
-
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        """Whether the child has not exited (a SIGSTOPped one counts as running)."""
-        return self.proc.poll() is None
-
-    def wait_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
-        """Wait until an output line matches ``pattern``.
-
-        Raises:
-            RuntimeError: the child exited first, or ``timeout`` seconds passed
-                (the message holds the end of its output).
-        """
-        deadline = time.monotonic() + timeout
-        seen = 0
-        with self._changed:
-            while True:
-                for line in self.lines[seen:]:
-                    match = pattern.search(line)
-                    if match:
-                        return match
-                seen = len(self.lines)
-                if self._eof:
-                    raise RuntimeError(f"{self.name} exited ({self.proc.wait()}) before printing "
-                                       f"{pattern.pattern!r}:\n{self.tail()}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"{self.name}: no line {pattern.pattern!r} within {timeout} s:\n{self.tail()}")
-                self._changed.wait(left)
-
-    def tail(self, lines: int = 30) -> str:
-        """The last output lines."""
-        return "\n".join(self.lines[-lines:])
-
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to the child's process group (ignored once it has exited)."""
-        if sig in (signal.SIGTERM, signal.SIGKILL):
-            self.stopping = True
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, sig)
-
-    def kill(self) -> None:
-        """SIGKILL the child's process group and reap it; idempotent."""
-        self.signal(signal.SIGKILL)
-        self.proc.wait()
-        self._reader.join(timeout=5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def terminate(self, timeout: float) -> int:
-        """SIGTERM (and SIGCONT), then SIGKILL after ``timeout`` seconds; returns the exit status."""
-        self.signal(signal.SIGTERM)
-        self.signal(signal.SIGCONT)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        self.kill()
-        return self.proc.returncode
-
-
-def _stop_all(children: Sequence[Child], timeout: float) -> None:
-    """SIGTERM every child at once, then SIGKILL those still running after ``timeout`` seconds."""
-    for child in children:
-        child.signal(signal.SIGTERM)
-        child.signal(signal.SIGCONT)
-    deadline = time.monotonic() + timeout
-    for child in children:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for child in children:
-        child.kill()
 
 
 # ---------------------------------------------------------------- the deployment
@@ -435,9 +283,9 @@ class LocalDeployment:
         self._ports = {
             "cluster_token": f"fencepost-local-{os.getpid()}-{time.time_ns()}",
             "etcd_tls": self.etcd_tls,
-            "etcd": [{"client": _free_port(taken), "peer": _free_port(taken), "metrics": _free_port(taken)}
+            "etcd": [{"client": free_port(HOST, taken), "peer": free_port(HOST, taken), "metrics": free_port(HOST, taken)}
                      for _ in self._members],
-            "coordinators": [_free_port(taken) for _ in self._coordinators],
+            "coordinators": [free_port(HOST, taken) for _ in self._coordinators],
         }
         part = state.with_name(STATE_FILE + ".part")
         part.write_text(json.dumps(self._ports, indent=2) + "\n")
@@ -585,11 +433,11 @@ class LocalDeployment:
         with self._lock:
             coordinators = [c for c in self._coordinators if c is not None]
             members = [m for m in self._members if m is not None]
-        _stop_all(coordinators, timeout + self.grace_seconds)
+        stop_all(coordinators, timeout + self.grace_seconds)
         # One member at a time: a leader stopped together with its followers tries to hand
         # over its leadership to a member that is going away, and takes about 7 s instead of 1.
         for member in members:
-            _stop_all([member], timeout)
+            stop_all([member], timeout)
 
     def kill(self) -> None:
         """SIGKILL every process at once (no clean shutdown); idempotent."""
