@@ -12,7 +12,7 @@ followed by a write). A worker that stalled past its lease and writes after
 the next holder did is refused here, whatever it believes about its lock.
 
 The statement is the one ``fencepost.client.fencing.SqlGuard.upsert`` issues
-(tests/test_deploy.py checks that they stay equal); in your own code, use
+(tests/test_deploy_worker.py checks that they stay equal); in your own code, use
 the guard. Only psycopg 3 is needed here.
 
 Environment:
