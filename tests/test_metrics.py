@@ -125,12 +125,18 @@ async def test_metrics_of_a_known_workload(metered: Coordinator, etcd_client: Et
         await w.call("Release", lock_pb2.ReleaseRequest(name="h", lease_id=a, token=(await waited).token))
         txns += 2 + 2 + 1
 
+        counted: list[float | None] = []
+
         async def txns_counted(n: int) -> bool:
-            return (await scrape(metered.metrics_address)).value("fencepost_etcd_request_seconds_count",
-                                                                 operation="txn") == n
+            counted.append((await scrape(metered.metrics_address)).value("fencepost_etcd_request_seconds_count",
+                                                                         operation="txn"))
+            return counted[-1] == n
 
         # Both deferred withdrawals ran: the first found the key written again and left it, the second deleted it.
-        await wait_for(lambda: txns_counted(txns), 10, 0.05, "the deferred withdrawals")
+        try:
+            await wait_for(lambda: txns_counted(txns), 10, 0.05, "the deferred withdrawals")
+        except pytest.fail.Exception:
+            pytest.fail(f"the deferred withdrawals: {txns} etcd Txns expected, the last counts seen {counted[-3:]}")
 
         first = await w.call("Acquire", lock_pb2.AcquireRequest(name="s", lease_id=a, wait_ms=0))
         await w.call("Release", lock_pb2.ReleaseRequest(name="s", lease_id=a, token=first.token))
