@@ -5,15 +5,8 @@
  * @module
  */
 
-export {
-  LockClient,
-  type AcquireOptions,
-  type ClientOptions,
-  type EtcdInfo,
-  type HeldLock,
-  type LockInfo,
-  type ServerInfo,
-} from "./client.js";
+export { LockClient, type AcquireOptions, type ClientOptions } from "./client.js";
+export type { EtcdInfo, HeldLock, LockInfo, ServerInfo } from "./info.js";
 export { LockHandle } from "./handle.js";
 export type { TlsOptions } from "./tls.js";
 export {

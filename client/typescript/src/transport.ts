@@ -30,6 +30,11 @@ import type { Address } from "./validate.js";
 /** The generated LockService client of Connect-ES. */
 export type LockServiceClient = Client<typeof LockService>;
 
+/** The metadata presenting a lease's secret (gRPC metadata `fencepost-lease-secret`); none for "". */
+export function owner(secret: string): Record<string, string> {
+  return secret ? { "fencepost-lease-secret": secret } : {};
+}
+
 /** Longest wait for one connection attempt, in seconds. */
 const CONNECT_ATTEMPT_SECONDS = 3;
 
