@@ -10,7 +10,8 @@
 - The coordinator's folders import only downward: process > api > recipes > admission > etcd > telemetry.
 - No code assigns to another object's underscore attribute (``handle._released = True`` outside the
   handle's own class): each piece of state has one owner.
-- No hand-written module is over 500 lines (generated ``*_pb2*`` stubs excepted).
+- No hand-written module is over 500 lines (generated ``*_pb2*`` stubs excepted), Python or TypeScript (the
+  TypeScript client's ``src/`` and ``test/``; its generated ``src/gen/`` excepted).
 - Every package directory is in ``pyproject.toml``'s package list (a built wheel would miss it).
 """
 
@@ -37,6 +38,10 @@ COORDINATOR_MAY_IMPORT = ("fencepost.client.v1", "fencepost.client.errors", "fen
 MAX_LINES = 500
 #: The coordinator's folders, lowest first: each may import only the ones before it (and itself).
 COORDINATOR_LAYERS = ("telemetry", "etcd", "admission", "recipes", "api", "process")
+#: Folders of hand-written TypeScript: the TypeScript client and its tests.
+TS_ROOTS = ("client/typescript/src", "client/typescript/test")
+#: TypeScript that is not hand-written: buf's stubs (proto/generate.py).
+TS_GENERATED = REPO / "client" / "typescript" / "src" / "gen"
 
 
 def _generated(path: Path) -> bool:
@@ -48,6 +53,14 @@ def _sources(*roots: str) -> Iterator[Path]:
         for path in sorted((REPO / root).rglob("*.py")):
             if not _generated(path) and "node_modules" not in path.parts and ".venv" not in path.parts:
                 yield path
+
+
+def _typescript_sources(root: str) -> Iterator[Path]:
+    """The hand-written ``*.ts`` files under ``root`` (not src/gen/, node_modules/ or tsc's dist/)."""
+    for path in sorted((REPO / root).rglob("*.ts")):
+        parts = path.relative_to(REPO).parts
+        if not path.is_relative_to(TS_GENERATED) and "node_modules" not in parts and "dist" not in parts:
+            yield path
 
 
 def _module_name(path: Path) -> str:
@@ -220,6 +233,16 @@ def test_no_code_writes_another_objects_private_state(root: str) -> None:
 def test_no_hand_written_module_over_500_lines(root: str) -> None:
     """Modules stay small: split a module along its own seams before it passes 500 lines."""
     big = [f"{p.relative_to(REPO)}: {n} lines" for p in _sources(root)
+           if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not big, "\n".join(big)
+
+
+@pytest.mark.parametrize("root", TS_ROOTS)
+def test_no_hand_written_typescript_module_over_500_lines(root: str) -> None:
+    """The same rule for the TypeScript client: split a module along its own seams before it passes 500 lines."""
+    sources = list(_typescript_sources(root))
+    assert sources, f"no TypeScript found under {root}"
+    big = [f"{p.relative_to(REPO)}: {n} lines" for p in sources
            if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert not big, "\n".join(big)
 
