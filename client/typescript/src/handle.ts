@@ -38,12 +38,10 @@ export class LockHandle {
 
   /** @internal */
   readonly _lease: Lease;
-  /** @internal */
-  _releasing = false;
-  /** @internal the Release in flight, shared by concurrent release() calls */
-  _releaseTask: Promise<void> | undefined;
-  /** @internal the reason of a HoldEnded that arrived while the Release was in flight */
-  _endedDuringRelease: string | undefined;
+  /** The Release in flight, shared by concurrent release() calls. */
+  private releaseTask: Promise<void> | undefined;
+  /** The reason of a HoldEnded that arrived while the Release was in flight. */
+  private endedDuringRelease: string | undefined;
   private readonly abort = new AbortController();
   private resolveLost!: (err: LeaseLost) => void;
   private readonly releaseFn: (handle: LockHandle) => Promise<void>;
@@ -133,5 +131,34 @@ export class LockHandle {
   /** @internal */
   _markReleased(): void {
     this.released = true;
+  }
+
+  /** @internal the Release in flight, if any (concurrent release() calls share it) */
+  get _releaseInFlight(): Promise<void> | undefined {
+    return this.releaseTask;
+  }
+
+  /** @internal a Release of this hold was sent: `task` settles with its outcome */
+  _beginRelease(task: Promise<void>): void {
+    this.releaseTask = task;
+    this.endedDuringRelease = undefined;
+  }
+
+  /** @internal the Release settled: the reason of a HoldEnded that arrived meanwhile, if any */
+  _endRelease(): string | undefined {
+    const ended = this.endedDuringRelease;
+    this.releaseTask = undefined;
+    this.endedDuringRelease = undefined;
+    return ended;
+  }
+
+  /**
+   * @internal a HoldEnded with `reason` arrived: true if a Release is in flight
+   * (the reason is kept for its outcome), false if the caller must act on it
+   */
+  _holdEndedDuringRelease(reason: string): boolean {
+    if (this.releaseTask === undefined) return false;
+    this.endedDuringRelease = reason;
+    return true;
   }
 }

@@ -246,7 +246,8 @@ export class Holds {
    * coordinator answers.
    */
   release(handle: LockHandle): Promise<void> {
-    if (handle._releaseTask !== undefined) return handle._releaseTask;
+    const inFlight = handle._releaseInFlight;
+    if (inFlight !== undefined) return inFlight;
     if (handle.released) {
       return Promise.reject(new NotHolder("lock was already released", { lockName: handle.name, leaseId: handle.leaseId }));
     }
@@ -265,19 +266,17 @@ export class Holds {
         reason,
       }));
     }
-    handle._releasing = true;
     const task = this.releaseRpc(handle, until).then(
       () => this.settleRelease(handle, undefined),
       (err: unknown) => this.settleRelease(handle, err),
     );
-    handle._releaseTask = task;
+    handle._beginRelease(task);
     return task;
   }
 
   /** Apply the outcome of a Release call to the hold; rethrows its error. */
   private settleRelease(handle: LockHandle, err: unknown): void {
-    handle._releaseTask = undefined;
-    handle._releasing = false;
+    const ended = handle._endRelease();
     if (err === undefined) {
       this.pool.finishRelease(handle);
       this.stream.unwatch(handle);
@@ -289,7 +288,6 @@ export class Holds {
       this.pool.finishRelease(handle);
       throw err;
     }
-    const ended = handle._endedDuringRelease;
     if (ended === "LEASE_EXPIRED") this.pool.lose(handle._lease, ended);
     else if (ended !== undefined) this.pool.finishRelease(handle);
     throw err;

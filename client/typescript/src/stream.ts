@@ -153,8 +153,8 @@ export class KeepAliveStream {
     const handle = this.pool.findHold(event.leaseId, event.name, event.token);
     if (handle === undefined) return;
     const reason = reasonName(event.reason);
-    if (handle._releasing) handle._endedDuringRelease = reason;
-    else if (reason === "LEASE_EXPIRED") this.pool.lose(handle._lease, reason);
+    if (handle._holdEndedDuringRelease(reason)) return;
+    if (reason === "LEASE_EXPIRED") this.pool.lose(handle._lease, reason);
     else this.pool.loseHold(handle, reason);
   }
 
