@@ -1,6 +1,6 @@
 /**
  * Leases as the client sees them: the conservative local deadline, and the
- * pool of leases by TTL (the Python client's `_lease.py`).
+ * pool of leases by TTL (the Python client's `_leases/lease.py`).
  *
  * A {@link Lease} is one etcd lease the client keeps alive. Its local
  * deadline is `send time of the last acknowledged keepalive + granted TTL -

@@ -1,6 +1,6 @@
 /**
  * The keepalive stream: one bidirectional KeepAlive call for every lease and
- * hold of a client (the Python client's `_stream.py`).
+ * hold of a client (the Python client's `_leases/stream.py`).
  *
  * Each lease sends a keepalive every `ttl * keepaliveFraction` seconds, each
  * hold is watched so that the coordinator reports its end (HoldEnded). What

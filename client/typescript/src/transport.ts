@@ -1,7 +1,7 @@
 /**
  * Connections to the coordinators: one HTTP/2 session per address (Connect-ES
  * gRPC transport), tried in turn, and the retry rule of every unary call
- * (the Python client's `_transport.py`):
+ * (the Python client's `_transport/`):
  *
  * - idempotent calls (Acquire, LeaseRevoke, Withdraw, Describe, ListLocks) that fail with
  *   UNAVAILABLE are retried on the next address;
