@@ -275,6 +275,15 @@ class EtcdClient(EtcdCalls):
         """
         return await self._keepalives.keepalive(lease_id)
 
+    async def keepalives(self, lease_ids: Sequence[int], answered: Callable[[int, int], None]
+                         ) -> tuple[list[int], FencepostError | None]:
+        """Forward one keepalive per entry of ``lease_ids`` at once, each handed to ``answered`` as it is answered.
+
+        See :meth:`.keepalive.KeepAlives.keepalives`: ``answered`` gets (index,
+        TTL); returns the indexes left unanswered and the error for them.
+        """
+        return await self._keepalives.keepalives(lease_ids, answered)
+
     # ------------------------------------------------------------ watch
 
     async def watch_deletes(self, key: bytes, range_end: bytes, start_revision: int

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from fencepost.client.errors import FencepostError
 
@@ -134,6 +134,22 @@ class Leases:
             Unavailable: no answer from etcd (see :mod:`..etcd.keepalive`).
         """
         return await self._etcd.keepalive(lease_id)
+
+    async def keepalives(self, lease_ids: Sequence[int], answered: Callable[[int, int], None]
+                         ) -> tuple[list[int], FencepostError | None]:
+        """Forward one keepalive per entry of ``lease_ids`` on the shared stream, all at once.
+
+        Args:
+            lease_ids: the leases to renew.
+            answered: called with (index in ``lease_ids``, TTL etcd reset the
+                lease to, <= 0 when gone) as each answer arrives; never after
+                this call was cancelled.
+
+        Returns:
+            The indexes of the entries etcd did not answer, and the error
+            (Unavailable) that :meth:`keepalive` would have raised for them.
+        """
+        return await self._etcd.keepalives(lease_ids, answered)
 
 
 class KeptLeases:
