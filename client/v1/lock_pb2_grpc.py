@@ -284,11 +284,13 @@ class LockServiceServicer:
         (KeepAliveResponse.keepalives), but only on a stream that has sent at
         least one batch: older clients, and clients that never batch (the
         TypeScript client), keep getting one LeaseKeepAliveAck per message. No
-        ack is held back to wait for another. Cost: a batch of N leases is one
-        client message instead of N, and about one answer when etcd answers
-        them together (each gRPC message costs the coordinator about as much
-        CPU as the rest of a keepalive); etcd still gets one keepalive per
-        lease, each way, on the coordinator's shared LeaseKeepAlive stream.
+        ack is held back to wait for another, so how many go together depends
+        on how etcd's answers arrive: few on an idle coordinator, more under
+        load. Cost: a batch of N leases is one client message instead of N
+        (each gRPC message costs the coordinator about as much CPU as the rest
+        of a keepalive), and between 1 and N answers; etcd still gets one
+        keepalive per lease, each way, on the coordinator's shared
+        LeaseKeepAlive stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

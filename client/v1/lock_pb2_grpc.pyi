@@ -244,11 +244,13 @@ class LockServiceStub:
     (KeepAliveResponse.keepalives), but only on a stream that has sent at
     least one batch: older clients, and clients that never batch (the
     TypeScript client), keep getting one LeaseKeepAliveAck per message. No
-    ack is held back to wait for another. Cost: a batch of N leases is one
-    client message instead of N, and about one answer when etcd answers
-    them together (each gRPC message costs the coordinator about as much
-    CPU as the rest of a keepalive); etcd still gets one keepalive per
-    lease, each way, on the coordinator's shared LeaseKeepAlive stream.
+    ack is held back to wait for another, so how many go together depends
+    on how etcd's answers arrive: few on an idle coordinator, more under
+    load. Cost: a batch of N leases is one client message instead of N
+    (each gRPC message costs the coordinator about as much CPU as the rest
+    of a keepalive), and between 1 and N answers; etcd still gets one
+    keepalive per lease, each way, on the coordinator's shared
+    LeaseKeepAlive stream.
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -562,11 +564,13 @@ class LockServiceAsyncStub(LockServiceStub):
     (KeepAliveResponse.keepalives), but only on a stream that has sent at
     least one batch: older clients, and clients that never batch (the
     TypeScript client), keep getting one LeaseKeepAliveAck per message. No
-    ack is held back to wait for another. Cost: a batch of N leases is one
-    client message instead of N, and about one answer when etcd answers
-    them together (each gRPC message costs the coordinator about as much
-    CPU as the rest of a keepalive); etcd still gets one keepalive per
-    lease, each way, on the coordinator's shared LeaseKeepAlive stream.
+    ack is held back to wait for another, so how many go together depends
+    on how etcd's answers arrive: few on an idle coordinator, more under
+    load. Cost: a batch of N leases is one client message instead of N
+    (each gRPC message costs the coordinator about as much CPU as the rest
+    of a keepalive), and between 1 and N answers; etcd still gets one
+    keepalive per lease, each way, on the coordinator's shared
+    LeaseKeepAlive stream.
     """
     Describe: _aio.UnaryUnaryMultiCallable[_lock_pb2.DescribeRequest, _lock_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe reports the holder, fencing token, waiters and TTL left for one
@@ -913,11 +917,13 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         (KeepAliveResponse.keepalives), but only on a stream that has sent at
         least one batch: older clients, and clients that never batch (the
         TypeScript client), keep getting one LeaseKeepAliveAck per message. No
-        ack is held back to wait for another. Cost: a batch of N leases is one
-        client message instead of N, and about one answer when etcd answers
-        them together (each gRPC message costs the coordinator about as much
-        CPU as the rest of a keepalive); etcd still gets one keepalive per
-        lease, each way, on the coordinator's shared LeaseKeepAlive stream.
+        ack is held back to wait for another, so how many go together depends
+        on how etcd's answers arrive: few on an idle coordinator, more under
+        load. Cost: a batch of N leases is one client message instead of N
+        (each gRPC message costs the coordinator about as much CPU as the rest
+        of a keepalive), and between 1 and N answers; etcd still gets one
+        keepalive per lease, each way, on the coordinator's shared
+        LeaseKeepAlive stream.
         """
 
     @_abc_1.abstractmethod
