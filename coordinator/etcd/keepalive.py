@@ -98,7 +98,7 @@ class KeepAlives:
         self._task: asyncio.Task[None] | None = None
 
     async def keepalive(self, lease_id: int) -> int:
-        """Forward one keepalive for ``lease_id`` and return etcd's answer.
+        """Forward one keepalive for ``lease_id`` and return etcd's answer (:meth:`keepalives` of one).
 
         Returns:
             The TTL etcd reset the lease to, in seconds; <= 0 when the lease is gone.
@@ -106,29 +106,19 @@ class KeepAlives:
         Raises:
             Unavailable: no answer within the rule's timeout on each of its attempts.
         """
-        last: _StreamBroke | None = None
-        for _ in range(self._rule.attempts):
-            answer = self._send(lease_id)
-            sent = time.perf_counter()
-            try:
-                ttl = await answer  # a silent stream is ended by its watchdog: the answer then fails
-                self._metrics.etcd_request("keepalive", time.perf_counter() - sent)
-                return ttl
-            except _StreamBroke as exc:  # the stream broke (or went silent) under the answer: retry on a new one
-                self._metrics.etcd_request("keepalive", time.perf_counter() - sent, _code(exc))
-                last = exc
-                if exc.failure not in self._rule.resend:
-                    break
-        failure = last.failure if last is not None else Failure.TIMEOUT
-        raise error_for(failure, last.exc if last else None, Op.KEEPALIVE, lease_id=lease_id)
+        answers: list[int] = []
+        _, error = await self.keepalives((lease_id,), lambda _, ttl: answers.append(ttl))
+        if error is not None:
+            raise error
+        return answers[0]
 
     async def keepalives(self, lease_ids: Sequence[int], answered: Callable[[int, int], None]
                          ) -> tuple[list[int], FencepostError | None]:
-        """Forward one keepalive per entry of ``lease_ids`` at once, each as :meth:`keepalive` would.
+        """Forward one keepalive per entry of ``lease_ids`` at once, each under the KEEPALIVE rule.
 
-        Each entry follows the rule of :meth:`keepalive` on its own (sent
-        again on a new stream when the one it was sent on broke under it, at
-        most the rule's attempts in all). No task per entry: each answer is
+        Each entry follows the rule on its own (sent again on a new stream
+        when the one it was sent on broke or went silent under it, at most
+        the rule's attempts in all). No task per entry: each answer is
         handed to ``answered`` as soon as it arrives, so that no entry waits
         for another. Once this call is cancelled, ``answered`` is not called
         again.
@@ -146,29 +136,32 @@ class KeepAlives:
         last: list[_StreamBroke] = []  # the last failure seen, if any
         if not todo:
             return [], None
+
+        def done(finished: asyncio.Future[None], resend: list[int], left: list[int], index: int, sent: float,
+                 answer: asyncio.Future[int]) -> None:
+            """The answer of entry ``index`` of this round (``finished`` once ``left`` is 0) arrived or failed."""
+            if finished.done():
+                return  # the caller was cancelled
+            try:
+                ttl = answer.result()
+            except _StreamBroke as exc:
+                self._metrics.etcd_request("keepalive", time.perf_counter() - sent, _code(exc))
+                last[:] = [exc]
+                (resend if exc.failure in self._rule.resend else failed).append(index)
+            else:
+                self._metrics.etcd_request("keepalive", time.perf_counter() - sent)
+                answered(index, ttl)
+            left[0] -= 1
+            if not left[0]:
+                finished.set_result(None)
+
         for _ in range(self._rule.attempts):
             finished: asyncio.Future[None] = loop.create_future()
             resend: list[int] = []
             left = [len(todo)]
-
-            def done(index: int, sent: float, answer: asyncio.Future[int]) -> None:
-                if finished.done():
-                    return  # the caller was cancelled
-                try:
-                    ttl = answer.result()
-                except _StreamBroke as exc:
-                    self._metrics.etcd_request("keepalive", time.perf_counter() - sent, _code(exc))
-                    last[:] = [exc]
-                    (resend if exc.failure in self._rule.resend else failed).append(index)
-                else:
-                    self._metrics.etcd_request("keepalive", time.perf_counter() - sent)
-                    answered(index, ttl)
-                left[0] -= 1
-                if not left[0]:
-                    finished.set_result(None)
-
             for index in todo:
-                self._send(lease_ids[index]).add_done_callback(functools.partial(done, index, time.perf_counter()))
+                self._send(lease_ids[index]).add_done_callback(
+                    functools.partial(done, finished, resend, left, index, time.perf_counter()))
             try:
                 await finished
             finally:

@@ -124,17 +124,6 @@ class Leases:
         validate_lease_id(lease_id)
         return await self._etcd.lease_revoke(lease_id)
 
-    async def keepalive(self, lease_id: int) -> int:
-        """Forward one keepalive to etcd on the shared stream.
-
-        Returns:
-            The TTL etcd reset the lease to, in seconds; <= 0 if the lease is gone.
-
-        Raises:
-            Unavailable: no answer from etcd (see :mod:`..etcd.keepalive`).
-        """
-        return await self._etcd.keepalive(lease_id)
-
     async def keepalives(self, lease_ids: Sequence[int], answered: Callable[[int, int], None]
                          ) -> tuple[list[int], FencepostError | None]:
         """Forward one keepalive per entry of ``lease_ids`` on the shared stream, all at once.
