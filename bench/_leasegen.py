@@ -9,6 +9,10 @@ connections) and renews them over ``--streams`` KeepAlive streams;
 LeaseKeepAlive streams): the baseline. Each lease is renewed every TTL/3
 from a random point of its first period on (a timer heap per stream), so
 the renewals are spread evenly and their rate is N * 3 / TTL per second.
+``--batch B`` (``--mode fencepost``, B > 1) sends the renewals due in B per
+message (``KeepAliveRequest.keepalives``): each stream then wakes every
+:data:`BATCH_TICK` seconds and sends what fell due meanwhile (a renewal is
+that much late at most), so that several are due at each wake.
 
 It tells its parent how far it got, one line each on stdout:
 ``granted N SECONDS``, then ``steady`` (every lease granted and renewed at
@@ -37,6 +41,10 @@ import grpc.aio
 
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.etcd import rpc_pb2, rpc_pb2_grpc
+
+
+#: Seconds between a stream's wakes with ``--batch``: the renewals due meanwhile go together.
+BATCH_TICK = 0.05
 
 
 def say(line: str) -> None:
@@ -71,6 +79,8 @@ class Generator:
         self.dead_acks: set[int] = set()
         self.stop = False
         self.refusals = 0  # LeaseGrant calls the coordinator refused (overloaded), each asked again after 1 s
+        self.answer_messages = 0  # answer messages received in the window
+        self.merged_messages = 0  # of which several acks together (LeaseKeepAliveAcks), in the window
         self.grant_until = math.inf
 
     async def grant_all(self) -> None:
@@ -117,9 +127,11 @@ class Generator:
         reader = asyncio.create_task(self.read(s, call))
         heap, sent_at, wake = self.heaps[s], self.sent_at[s], self.wake[s]
         request_id = 0
+        size = self.args.batch if self.fencepost else 1
         try:
             while not self.stop:
                 now = time.monotonic()
+                entries: list[lock_pb2.LeaseKeepAlive] = []
                 while heap and heap[0][0] <= now:
                     due, i = heapq.heappop(heap)
                     self.lag = max(self.lag, now - due)
@@ -128,20 +140,30 @@ class Generator:
                         request_id += 1
                         secret = "" if lease in self.verified else self.secrets[i]
                         self.verified.add(lease)
-                        msg: Any = lock_pb2.KeepAliveRequest(
-                            keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease, request_id=request_id),
-                            lease_secret=secret)
                         sent_at[request_id] = time.perf_counter()
+                        if size > 1:
+                            entries.append(lock_pb2.LeaseKeepAlive(lease_id=lease, request_id=request_id,
+                                                                   lease_secret=secret))
+                            if len(entries) == size or not (heap and heap[0][0] <= now):
+                                await call.write(lock_pb2.KeepAliveRequest(
+                                    keepalives=lock_pb2.LeaseKeepAlives(keepalives=entries)))
+                                entries = []
+                        else:
+                            await call.write(lock_pb2.KeepAliveRequest(
+                                keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease, request_id=request_id),
+                                lease_secret=secret))
                     else:
-                        msg = rpc_pb2.LeaseKeepAliveRequest(ID=lease)
                         sent_at[lease] = time.perf_counter()
-                    await call.write(msg)
+                        await call.write(rpc_pb2.LeaseKeepAliveRequest(ID=lease))
                     self.sent += 1
                     self.sent_in_window += self.in_window
                     heapq.heappush(heap, (due + self.period, i))
-                    now = time.monotonic()
+                    if not entries:
+                        now = time.monotonic()
                 wake.clear()
                 delay = min(heap[0][0] - time.monotonic(), 0.05) if heap else 0.05
+                if size > 1:
+                    delay = max(delay, BATCH_TICK)
                 if delay > 0:
                     try:
                         await asyncio.wait_for(wake.wait(), delay)
@@ -156,18 +178,23 @@ class Generator:
         async for resp in call:
             now = time.perf_counter()
             if self.fencepost:
-                if resp.WhichOneof("response") != "keepalive":
+                kind = resp.WhichOneof("response")
+                if kind == "keepalive":
+                    acks = [resp.keepalive]
+                elif kind == "keepalives":
+                    acks = list(resp.keepalives.acks)
+                    self.merged_messages += self.in_window
+                else:
                     continue
-                ack = resp.keepalive
-                start = sent_at.pop(ack.request_id, None)
-                lease, ttl = ack.lease_id, ack.ttl_seconds
+                answers = [(ack.lease_id, ack.ttl_seconds, sent_at.pop(ack.request_id, None)) for ack in acks]
             else:
-                lease, ttl = resp.ID, resp.TTL
-                start = sent_at.pop(lease, None)
-            if ttl <= 0:
-                self.dead_acks.add(lease)
-            if start is not None and self.in_window:
-                self.rtts.append(now - start)
+                answers = [(resp.ID, resp.TTL, sent_at.pop(resp.ID, None))]
+            self.answer_messages += self.in_window
+            for lease, ttl, start in answers:
+                if ttl <= 0:
+                    self.dead_acks.add(lease)
+                if start is not None and self.in_window:
+                    self.rtts.append(now - start)
 
     async def run(self) -> dict[str, Any]:
         streams = [asyncio.create_task(self.stream(s)) for s in range(self.args.streams)]
@@ -202,6 +229,9 @@ class Generator:
             "streams": self.args.streams, "grant_seconds": round(granted_in, 1),
             "window_seconds": round(self.window, 2), "renewals_sent": self.sent,
             "renewals_per_second": round(self.sent_in_window / self.window, 1),
+            "batch": self.args.batch if self.fencepost else 1,
+            "answer_messages_per_second": round(self.answer_messages / self.window, 1),
+            "merged_answer_messages": self.merged_messages,
             "rtt_ms": {"p50": pct(50), "p99": pct(99), "max": round(rtts[-1] * 1e3, 3) if rtts else None,
                        "samples": len(rtts)},
             "generator_max_lag_seconds": round(self.lag, 3),
@@ -230,6 +260,8 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=8, help="connections (default 8)")
     parser.add_argument("--grant-concurrency", type=int, default=256, help="LeaseGrant calls in flight")
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured once steady (default 20)")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="renewals per keepalive message, at most 500 (--mode fencepost; default 1: one each)")
     parser.add_argument("--grant-seconds", type=float, default=120.0,
                         help="stop granting after this long (a coordinator refusing new leases while overloaded); "
                              "the leases granted by then are measured (default 120)")

@@ -36,18 +36,18 @@ LIMITS_OFF = ["--max-leases-per-caller", "0", "--max-leases", "0", "--max-lease-
 
 
 async def leases_kept(mode: str, n: int, window: float, ttl: int, endpoint: str | None, coordinator_args: list[str],
-                      loop: str) -> dict[str, Any]:
-    """One run of the generator with ``n`` leases; the figures (see the module docstring)."""
+                      loop: str, batch: int = 1) -> dict[str, Any]:
+    """One run of the generator with ``n`` leases, ``batch`` renewals per message; the figures (see the module docstring)."""
     with tempfile.TemporaryDirectory() as tmp:
         if endpoint is None:
             with EmbeddedEtcd(Path(tmp)) as etcd:
                 await asyncio.sleep(0.5)
-                return await _run(mode, n, window, ttl, etcd.endpoint, etcd.pid, coordinator_args, loop)
-        return await _run(mode, n, window, ttl, endpoint, None, coordinator_args, loop)
+                return await _run(mode, n, window, ttl, etcd.endpoint, etcd.pid, coordinator_args, loop, batch)
+        return await _run(mode, n, window, ttl, endpoint, None, coordinator_args, loop, batch)
 
 
 async def _run(mode: str, n: int, window: float, ttl: int, endpoint: str, etcd_pid: int | None,
-               coordinator_args: list[str], loop: str) -> dict[str, Any]:
+               coordinator_args: list[str], loop: str, batch: int = 1) -> dict[str, Any]:
     coordinator, address = None, ""
     generator, log = None, None
     log_path = Path(tempfile.mkdtemp(prefix="fencepost-p4-")) / "coordinator.log"
@@ -61,7 +61,7 @@ async def _run(mode: str, n: int, window: float, ttl: int, endpoint: str, etcd_p
         rss_before = _procs.status_kib(coordinator.pid) if coordinator else None
         generator = subprocess.Popen(
             [sys.executable, GENERATOR, "--mode", mode, "--etcd", endpoint, "--leases", str(n), "--ttl", str(ttl),
-             "--window", str(window), *(["--address", address] if address else [])],
+             "--window", str(window), "--batch", str(batch), *(["--address", address] if address else [])],
             stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert generator.stdout is not None
         pids = {"coordinator": coordinator.pid if coordinator else None, "etcd": etcd_pid,

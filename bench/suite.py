@@ -271,7 +271,7 @@ class Suite:
                 started = time.monotonic()
                 try:
                     out = await leases_kept(mode, n, self.s["p4_window"], self.s["p4_ttl"], endpoint,
-                                            self.args.coordinator_arg, self.args.loop)
+                                            self.args.coordinator_arg, self.args.loop, self.args.p4_batch)
                 except Exception as exc:
                     row[mode] = {"error": _error(exc)}
                     say(f"[P4] {mode:<16} N={n:<6} FAILED: {_error(exc)}")
@@ -389,6 +389,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--handoffs", type=int, help="P3 hand-offs per peer (default 200; --quick 20)")
     p.add_argument("--p5-kills", type=int, help="P5 kills per TTL for Fencepost (default 20; --quick 5)")
     p.add_argument("--p4-leases", type=int, action="append", help="P4 lease counts (repeatable)")
+    p.add_argument("--p4-batch", type=int, default=1,
+                   help="P4 (fencepost): renewals per keepalive message (default 1; see bench/_leasegen.py --batch)")
     args = p.parse_args(argv)
     args.only = [f.strip().upper() for f in args.only.split(",") if f.strip()]
     if bad := [f for f in args.only if f not in FIGURES]:

@@ -83,13 +83,16 @@ async def test_pool_lose_when_lease_has_holds() -> None:
     parts = Parts()
     lease = parts.lease()
     a, b = parts.hold(lease, "a", 5), parts.hold(lease, "b", 6)
-    lease.keepalive = keepalive = asyncio.ensure_future(asyncio.Event().wait())
+    parts.stream.renewals.add(lease)
+    assert parts.stream.renewals.due(parts.clock.now) == [lease]
     assert parts.pool.lose(lease, REASON_DEADLINE)
     assert not parts.pool.lose(lease, LEASE_EXPIRED)
     assert parts.pool.live(10) is None and parts.pool.get(77) is None and parts.pool.holds() == []
     assert (a.lost_reason, b.lost_reason) == (REASON_DEADLINE, REASON_DEADLINE)
-    with pytest.raises(asyncio.CancelledError):
-        await keepalive
+    assert parts.stream.renewals.due(parts.clock.now) == [] and parts.stream.renewals.delay(parts.clock.now) is None
+    parts.stream.outbox = outbox = asyncio.Queue()
+    parts.stream.send_keepalives([lease])
+    assert outbox.empty() and parts.stream.pending == {}
 
 
 def test_pool_expire_when_one_deadline_passed() -> None:

@@ -36,13 +36,13 @@ async def test_dispatch_when_ack_matches_its_request_id() -> None:
     lease = parts.lease()
     parts.stream.outbox = asyncio.Queue()
     parts.clock.now = 4.0
-    parts.stream.send_keepalive(lease)
+    parts.stream.send_keepalives([lease])
     (request_id,) = parts.stream.pending
     parts.clock.now = 6.0
     parts.stream.dispatch(ack(request_id + 1))
     parts.stream.dispatch(ack(request_id, lease_id=78))  # another lease's answer under this id: dropped
     assert lease.deadline == pytest.approx(9.0)
-    parts.stream.send_keepalive(lease)
+    parts.stream.send_keepalives([lease])
     (request_id,) = parts.stream.pending
     parts.stream.dispatch(ack(request_id))
     assert lease.deadline == pytest.approx(15.0)
@@ -57,8 +57,8 @@ async def test_dispatch_when_ack_says_lease_is_gone() -> None:
     calls: list[str | None] = []
     handle.on_lost(lambda h: calls.append(h.lost_reason))
     parts.stream.outbox = asyncio.Queue()
-    parts.stream.send_keepalive(lease)
-    parts.stream.send_keepalive(lease)
+    parts.stream.send_keepalives([lease])
+    parts.stream.send_keepalives([lease])
     first, second = parts.stream.pending
     parts.stream.dispatch(ack(first, ttl_seconds=0))
     parts.stream.dispatch(ack(second, ttl_seconds=0))
@@ -67,10 +67,10 @@ async def test_dispatch_when_ack_says_lease_is_gone() -> None:
     assert lease.lost_reason == LEASE_EXPIRED and parts.pool.get(77) is None
 
 
-async def test_send_keepalive_when_no_stream_is_open() -> None:
+async def test_send_keepalives_when_no_stream_is_open() -> None:
     """Without a stream, a keepalive is dropped and nothing waits for an answer (the reconnect resends)."""
     parts = Parts()
-    parts.stream.send_keepalive(parts.lease())
+    parts.stream.send_keepalives([parts.lease()])
     assert parts.stream.pending == {}
 
 
@@ -150,7 +150,7 @@ async def test_dispatch_when_every_loss_path_fires() -> None:
     for h in (a, b):
         h.on_lost(lambda h: calls.append((h.name, h.lost_reason)))
     parts.stream.outbox = asyncio.Queue()
-    parts.stream.send_keepalive(lease)
+    parts.stream.send_keepalives([lease])
     (request_id,) = parts.stream.pending
     parts.stream.dispatch(hold_ended("a", 5))
     parts.stream.dispatch(ack(request_id, ttl_seconds=0))

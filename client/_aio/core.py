@@ -88,7 +88,7 @@ class ClientCore:
         self._leases = LeasePool(idle_timeout=idle_timeout, max_idle=max_idle, metrics=self._metrics)
         self._stream = KeepAliveStream(
             self._transport, self._leases, fraction=fraction, spawn=self._spawn, metrics=self._metrics,
-            on_open=self._resend_all, on_response=self._on_response, send_keepalive=self._send_keepalive,
+            on_open=self._resend_all, on_response=self._on_response, send_keepalives=self._send_keepalives,
             stream_calls=bool(stream_calls),
         )
         self._deadlines = DeadlineWatcher(self._leases, on_retired=self._revoke_retired)
@@ -269,9 +269,9 @@ class ClientCore:
         """A message arrived on the stream."""
         self._stream.dispatch(response)
 
-    def _send_keepalive(self, lease: Lease) -> None:
-        """Queue one keepalive of ``lease``."""
-        self._stream.send_keepalive(lease)
+    def _send_keepalives(self, leases: list[Lease]) -> None:
+        """Queue one keepalive of each of ``leases`` (one batch when the coordinator serves them)."""
+        self._stream.send_keepalives(leases)
 
     @property
     def _outbox(self) -> asyncio.Queue[pb.KeepAliveRequest | None] | None:

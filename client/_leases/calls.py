@@ -43,11 +43,14 @@ from google.protobuf.message import Message
 from ..v1 import lock_pb2 as pb
 from ..v1.details import STATUS_DETAILS_KEY
 
-__all__ = ["CALLS_METADATA", "Outbox", "StreamCalls"]
+__all__ = ["CALLS_METADATA", "KEEPALIVES", "Outbox", "StreamCalls"]
 
 #: The initial metadata key by which a coordinator announces the calls it serves on the stream, and
-#: the calls this client sends there when announced (its value lists them, comma-separated).
+#: the calls this client sends there when announced (its value lists them, comma-separated), and
+#: :data:`KEEPALIVES` when it serves batches of keepalives.
 CALLS_METADATA = "fencepost-stream-calls"
+#: The word of :data:`CALLS_METADATA` by which a coordinator says it serves batches of keepalives.
+KEEPALIVES = "keepalives"
 
 #: LockService method -> (KeepAliveRequest field of the call, KeepAliveResponse field of its answer).
 _FIELDS: dict[str, tuple[str, str]] = {
@@ -80,6 +83,7 @@ class StreamCalls:
         self.enabled = enabled
         self._outbox: Outbox | None = None
         self._served: frozenset[str] = frozenset()  # the methods the current stream announced
+        self._announced: frozenset[str] = frozenset()  # every word the current stream announced
         self._pending: dict[int, _Pending] = {}
         self._request_ids = itertools.count(1)
 
@@ -88,7 +92,7 @@ class StreamCalls:
     def opened(self, outbox: Outbox) -> None:
         """A new stream sends from ``outbox``; it serves no call until its initial metadata says so."""
         self._outbox = outbox
-        self._served = frozenset()
+        self._served = self._announced = frozenset()
 
     async def listen(self, call: grpc.aio.StreamStreamCall, outbox: Outbox) -> None:
         """Read the initial metadata of the stream ``call`` (sending from ``outbox``): which calls it serves.
@@ -111,13 +115,14 @@ class StreamCalls:
         for key, value in metadata:
             if key == CALLS_METADATA and isinstance(value, str):
                 served.update(word.strip() for word in value.split(","))
+        self._announced = frozenset(served)
         self._served = frozenset(method for method, (field, _) in _FIELDS.items() if field in served)
 
     def ended(self, outbox: Outbox) -> None:
         """The stream sending from ``outbox`` ended: every call still waiting on it has an unknown outcome."""
         if outbox is self._outbox:
             self._outbox = None
-            self._served = frozenset()
+            self._served = self._announced = frozenset()
         for request_id, pending in list(self._pending.items()):
             if pending.outbox is outbox:
                 del self._pending[request_id]
@@ -125,6 +130,10 @@ class StreamCalls:
                     pending.answer.set_result(None)
 
     # ------------------------------------------------------------------ calls
+
+    def announces(self, word: str) -> bool:
+        """Whether the current stream announced ``word`` (:data:`KEEPALIVES`, ...), calls enabled or not."""
+        return word in self._announced
 
     def serves(self, method: str) -> bool:
         """Whether an attempt of LockService ``method`` goes on the stream now (it is up and serves it)."""

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._metrics import NO_CLIENT_METRICS, ClientMetrics
 from ..errors import REASON_CLOSED, REASON_DEADLINE
@@ -78,7 +78,6 @@ class Lease:
         lost_reason: Why the lease was lost, None while it is live. Once
             lost, a lease is never used again.
         holds: Lock name -> the live handle holding that lock under this lease.
-        keepalive: The task sending this lease's keepalives, once started.
         users: How many acquires are using the lease now.
         last_used: Clock reading when its last acquire or hold ended.
     """
@@ -93,7 +92,6 @@ class Lease:
         self.lost_reason: str | None = None
         self.clock = clock
         self.holds: dict[str, AsyncLockHandle] = {}
-        self.keepalive: asyncio.Task[Any] | None = None
         self.users = 0  # acquires using the lease now
         self.last_used = granted_at  # clock reading when the last acquire or hold under it ended
 
@@ -227,7 +225,7 @@ class LeasePool:
         return handle if handle is not None and handle.token == token else None
 
     def lose(self, lease: Lease, reason: str) -> bool:
-        """Declare ``lease`` lost (once): drop it, stop its keepalives, lose its holds.
+        """Declare ``lease`` lost (once): drop it, lose its holds (its keepalives stop: see :mod:`.renewals`).
 
         Args:
             lease: The lease.
@@ -319,9 +317,6 @@ class LeasePool:
         for ttl, current in list(self._by_ttl.items()):
             if current is lease:
                 del self._by_ttl[ttl]
-        task = lease.keepalive
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
 
     def close(self) -> None:
         """Forget every lease (lost with reason ``CLOSED``) and mark every hold released."""

@@ -2,14 +2,19 @@
 
 :class:`KeepAliveStream` keeps one ``KeepAlive`` stream open through the
 :class:`~fencepost.client._transport.transport.Transport`, reopening it (with backoff,
-after a rotation) whenever it breaks. Each lease sends a keepalive about
-every ``ttl * keepalive_fraction`` seconds; each hold is watched, so that the
-coordinator reports its end (HoldEnded). Messages are queued in an outbox;
-what a broken stream may have lost (a keepalive for each lease, a watch for
-each hold) is sent again on the next stream. Leases and tokens do not change
-across a reconnect: both live in etcd.
+after a rotation) whenever it breaks. Each lease is renewed about every
+``ttl * keepalive_fraction`` seconds (:mod:`.renewals`: one task for every
+lease; the leases due together go in one batch when the coordinator
+announces ``keepalives``, else one keepalive each); each hold is watched, so
+that the coordinator reports its end (HoldEnded). Messages are queued in an
+outbox; what a broken stream may have lost (a keepalive for each lease, a
+watch for each hold) is sent again on the next stream, once its initial
+metadata says whether it serves batches (waited for
+:data:`ANNOUNCEMENT_WAIT` at most). Leases and tokens do not change across a
+reconnect: both live in etcd.
 
-Dispatch: an acknowledgement is matched to its keepalive by request id, and
+Dispatch: an acknowledgement, alone or one of several in a
+``LeaseKeepAliveAcks``, is matched to its keepalive by request id, and
 moves that lease's deadline from the keepalive's send time; one with TTL <= 0
 loses the lease. A HoldEnded is matched by (name, lease id, token): an event
 for an older grant of the same name is ignored, and one that arrives while
@@ -38,14 +43,15 @@ import asyncio
 import itertools
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from .calls import Outbox, StreamCalls
+from .calls import KEEPALIVES, Outbox, StreamCalls
 from .lease import Lease, LeasePool
+from .renewals import EARLY, Renewals
 from .._metrics import NO_CLIENT_METRICS, ClientMetrics
 from .._transport.transport import Transport, current_task_cancelling
 from ..errors import LimitExceeded, from_rpc_error
@@ -53,9 +59,10 @@ from ..handle import AsyncLockHandle
 from ..v1 import kinds
 from ..v1 import lock_pb2 as pb
 from ..v1.details import ErrorReason, reason_name
+from ..v1.keys import MAX_KEEPALIVES_PER_BATCH
 from ..v1.retry import CLIENT_BACKOFF
 
-__all__ = ["KeepAliveStream", "Spawn", "hold_end_reason"]
+__all__ = ["ANNOUNCEMENT_WAIT", "KeepAliveStream", "Spawn", "hold_end_reason"]
 
 log = logging.getLogger("fencepost.client")
 
@@ -67,6 +74,11 @@ SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
 HoldKey = tuple[int, str, int]
 #: Starts a background task: (coroutine, task name) -> the task.
 Spawn = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
+
+#: Longest wait, in seconds, for a new stream's initial metadata before the keepalives of every lease are
+#: sent again on it (a coordinator sends it as the stream opens; one older than the calls on the stream
+#: sends it with its first answer only); no more than :data:`~.renewals.EARLY` of the shortest period.
+ANNOUNCEMENT_WAIT = 0.25
 
 
 def hold_end_reason(reason: int) -> str:
@@ -89,8 +101,8 @@ class KeepAliveStream:
             :meth:`resend_all` by default.
         on_response: Called with each message that arrives; :meth:`dispatch`
             by default.
-        send_keepalive: Called to send one keepalive of a lease;
-            :meth:`send_keepalive` by default.
+        send_keepalives: Called to send one keepalive of each lease given;
+            :meth:`send_keepalives` by default.
         metrics: Observes each keepalive's round trip (``fencepost_client_keepalive_rtt_seconds``).
         stream_calls: Send Acquire, Release and Withdraw on the stream when it
             serves them (see :attr:`calls`); False keeps them unary.
@@ -108,7 +120,7 @@ class KeepAliveStream:
         spawn: Spawn,
         on_open: Callable[[], None] | None = None,
         on_response: Callable[[pb.KeepAliveResponse], None] | None = None,
-        send_keepalive: Callable[[Lease], None] | None = None,
+        send_keepalives: Callable[[list[Lease]], None] | None = None,
         metrics: ClientMetrics = NO_CLIENT_METRICS,
         stream_calls: bool = True,
     ) -> None:
@@ -124,7 +136,10 @@ class KeepAliveStream:
         self._spawn = spawn
         self._on_open = on_open or self.resend_all
         self._on_response = on_response or self.dispatch
-        self._send_keepalive = send_keepalive or self.send_keepalive
+        self._send_keepalives = send_keepalives or self.send_keepalives
+        #: When each lease is next renewed, and the task that renews them.
+        self.renewals = Renewals(pool.clock, fraction, lambda leases: self._send_keepalives(leases))
+        self._renewing: asyncio.Task[Any] | None = None
         self._request_ids = itertools.count(1)
         self._closing = False
         self._tls_told: set[str] = set()  # TLS failures logged since a stream last answered
@@ -140,20 +155,38 @@ class KeepAliveStream:
         if self.outbox is not None:
             self.outbox.put_nowait(message)
 
-    def send_keepalive(self, lease: Lease) -> None:
-        """Queue one keepalive of ``lease``, remembering its send time under a new request id."""
-        if self.outbox is None or lease.lost:
+    def send_keepalives(self, leases: Sequence[Lease]) -> None:
+        """Queue one keepalive of each live lease of ``leases``, remembering its send time under a new request id.
+
+        More than one go as one batch (``keepalives``, split past
+        :data:`MAX_KEEPALIVES_PER_BATCH`) when the stream announced that it
+        serves batches; else each is a ``keepalive`` message of its own.
+        Dropped when no stream is open (the reconnect sends them again).
+        """
+        live = [lease for lease in leases if not lease.lost]
+        if self.outbox is None or not live:
             return
         now = self.pool.clock()
         for request_id, (old, sent) in list(self.pending.items()):
             if sent + old.ttl < now:  # an answer could no longer move any deadline
                 del self.pending[request_id]
-        request_id = next(self._request_ids)
-        self.pending[request_id] = (lease, now)
+        ids = []
+        for lease in live:
+            request_id = next(self._request_ids)
+            self.pending[request_id] = (lease, now)
+            ids.append(request_id)
         # The secret goes with every keepalive and watch: a stream (re)connected to any replica needs it
         # with the first message naming the lease, and 43 bytes each TTL/3 cost less than tracking that.
-        self.send(pb.KeepAliveRequest(keepalive=pb.LeaseKeepAlive(lease_id=lease.lease_id, request_id=request_id),
-                                      lease_secret=lease.secret))
+        if len(live) > 1 and self.calls.announces(KEEPALIVES):
+            entries = [pb.LeaseKeepAlive(lease_id=lease.lease_id, request_id=request_id, lease_secret=lease.secret)
+                       for lease, request_id in zip(live, ids)]
+            for start in range(0, len(entries), MAX_KEEPALIVES_PER_BATCH):
+                batch = entries[start:start + MAX_KEEPALIVES_PER_BATCH]
+                self.send(pb.KeepAliveRequest(keepalives=pb.LeaseKeepAlives(keepalives=batch)))
+            return
+        for lease, request_id in zip(live, ids):
+            self.send(pb.KeepAliveRequest(keepalive=pb.LeaseKeepAlive(lease_id=lease.lease_id, request_id=request_id),
+                                          lease_secret=lease.secret))
 
     def watch(self, handle: AsyncLockHandle) -> None:
         """Ask to be told (HoldEnded) when ``handle``'s hold ends (nothing to send when granted on this stream)."""
@@ -172,21 +205,19 @@ class KeepAliveStream:
         self.send(pb.KeepAliveRequest(unwatch=_hold(handle)))
 
     def resend_all(self) -> None:
-        """Queue a keepalive for every live lease and a watch for every live hold."""
-        for lease in self.pool.leases():
-            self._send_keepalive(lease)
+        """Queue a keepalive for every live lease (one batch when the stream serves them) and a watch for every live hold."""
+        leases = self.pool.leases()
+        self.renewals.renewed(leases, self.pool.clock())
+        self._send_keepalives(leases)
+        for lease in leases:
             for handle in list(lease.holds.values()):
                 self.watch(handle)
 
     def start_keepalives(self, lease: Lease) -> None:
-        """Send ``lease``'s keepalives every ``ttl * fraction`` seconds until it is lost."""
-        lease.keepalive = self._spawn(self._keepalive_loop(lease), f"fencepost-keepalive-{lease.lease_id}")
-
-    async def _keepalive_loop(self, lease: Lease) -> None:
-        period = lease.ttl * self.fraction
-        while not lease.lost and not self._closing:
-            self._send_keepalive(lease)
-            await asyncio.sleep(period)
+        """Renew ``lease`` about every ``ttl * fraction`` seconds, from now until it is lost (see :mod:`.renewals`)."""
+        self.renewals.add(lease)
+        if self._renewing is None or self._renewing.done():
+            self._renewing = self._spawn(self.renewals.run(), "fencepost-keepalives")
 
     # ------------------------------------------------------------------ receiving
 
@@ -195,6 +226,9 @@ class KeepAliveStream:
         kind = response.WhichOneof("response")
         if kind == "keepalive":
             self._on_ack(response.keepalive)
+        elif kind == "keepalives":  # several acks ready together (a stream on which batches were sent)
+            for ack in response.keepalives.acks:
+                self._on_ack(ack)
         elif kind == "hold_ended":
             self._on_hold_ended(response.hold_ended)
         elif kind in ("acquired", "released", "withdrawn", "failed"):
@@ -242,6 +276,17 @@ class KeepAliveStream:
     def begin_close(self) -> None:
         """Stop sending keepalives and do not reopen the stream once it breaks."""
         self._closing = True
+        self.renewals.stop()
+
+    def announcement_wait(self) -> float:
+        """The longest wait, in seconds, for a new stream's initial metadata before resending on it.
+
+        :data:`ANNOUNCEMENT_WAIT`, but no more than :data:`~.renewals.EARLY`
+        of the shortest live lease's period: at most as late as a renewal
+        may be early.
+        """
+        periods = [self.renewals.period(lease) for lease in self.pool.leases() if not lease.lost]
+        return min([ANNOUNCEMENT_WAIT, *(EARLY * period for period in periods)])
 
     def reconnect_ceiling(self) -> float:
         """The longest wait before the next attempt to reopen the stream, in seconds.
@@ -281,13 +326,14 @@ class KeepAliveStream:
             unreachable: str | None = None  # gRPC's details when the stream found no connection
             try:
                 call = stub.KeepAlive(_drain(outbox))
+                self.calls.opened(outbox)
+                listening = self._spawn(self.calls.listen(call, outbox), "fencepost-stream-calls-metadata")
+                # What it serves (calls, batches of keepalives) before the keepalives of every lease go again.
+                await asyncio.wait((listening,), timeout=self.announcement_wait())
                 self.outbox = outbox
                 self.pending.clear()
                 self._watched_by_grant.clear()
                 self._unwatched_by_release.clear()
-                self.calls.opened(outbox)
-                if self.calls.enabled:
-                    listening = self._spawn(self.calls.listen(call, outbox), "fencepost-stream-calls-metadata")
                 self._on_open()
                 async for response in call:
                     if not answered:

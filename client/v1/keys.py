@@ -57,6 +57,9 @@ MAX_VALUE_BYTES = 32_768
 MAX_LOCK_DELAY_SECONDS = 3600
 #: Longest request id (the ``request_id`` fields), in characters of ``[A-Za-z0-9_-]``.
 MAX_REQUEST_ID_CHARS = 64
+#: Most entries of one batch of keepalives (KeepAliveRequest.keepalives): about 60 bytes each with its lease's
+#: secret, so a full batch stays well inside a coordinator's default --max-message-bytes (64 KiB).
+MAX_KEEPALIVES_PER_BATCH = 500
 #: Largest lease id and fencing token (etcd's int64).
 MAX_LEASE_ID = 2**63 - 1
 MAX_TOKEN = 2**63 - 1

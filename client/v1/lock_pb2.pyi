@@ -153,7 +153,7 @@ class Holder(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "lease_secret", "request_id", "timeout_ms", "traceparent")
+    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "keepalives", "lease_secret", "request_id", "timeout_ms", "traceparent")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
     UNWATCH_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class KeepAliveRequest(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     WITHDRAW_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVES_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -172,11 +173,12 @@ class KeepAliveRequest(_message.Message):
     release: ReleaseRequest
     withdraw: WithdrawRequest
     cancel: CancelCall
+    keepalives: LeaseKeepAlives
     lease_secret: str
     request_id: int
     timeout_ms: int
     traceparent: str
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAlives, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class CancelCall(_message.Message):
     __slots__ = ("request_id",)
@@ -185,12 +187,20 @@ class CancelCall(_message.Message):
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class LeaseKeepAlive(_message.Message):
-    __slots__ = ("lease_id", "request_id")
+    __slots__ = ("lease_id", "request_id", "lease_secret")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     request_id: int
-    def __init__(self, lease_id: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
+    lease_secret: str
+    def __init__(self, lease_id: _Optional[int] = ..., request_id: _Optional[int] = ..., lease_secret: _Optional[str] = ...) -> None: ...
+
+class LeaseKeepAlives(_message.Message):
+    __slots__ = ("keepalives",)
+    KEEPALIVES_FIELD_NUMBER: _ClassVar[int]
+    keepalives: _containers.RepeatedCompositeFieldContainer[LeaseKeepAlive]
+    def __init__(self, keepalives: _Optional[_Iterable[_Union[LeaseKeepAlive, _Mapping]]] = ...) -> None: ...
 
 class WatchHold(_message.Message):
     __slots__ = ("name", "lease_id", "token", "kind", "slot")
@@ -207,13 +217,14 @@ class WatchHold(_message.Message):
     def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., kind: _Optional[_Union[HoldKind, str]] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
-    __slots__ = ("keepalive", "hold_ended", "acquired", "released", "withdrawn", "failed", "request_id")
+    __slots__ = ("keepalive", "hold_ended", "acquired", "released", "withdrawn", "failed", "keepalives", "request_id")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     HOLD_ENDED_FIELD_NUMBER: _ClassVar[int]
     ACQUIRED_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     keepalive: LeaseKeepAliveAck
     hold_ended: HoldEnded
@@ -221,8 +232,9 @@ class KeepAliveResponse(_message.Message):
     released: ReleaseResponse
     withdrawn: WithdrawResponse
     failed: CallFailed
+    keepalives: LeaseKeepAliveAcks
     request_id: int
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAliveAck, _Mapping]] = ..., hold_ended: _Optional[_Union[HoldEnded, _Mapping]] = ..., acquired: _Optional[_Union[AcquireResponse, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., withdrawn: _Optional[_Union[WithdrawResponse, _Mapping]] = ..., failed: _Optional[_Union[CallFailed, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAliveAck, _Mapping]] = ..., hold_ended: _Optional[_Union[HoldEnded, _Mapping]] = ..., acquired: _Optional[_Union[AcquireResponse, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., withdrawn: _Optional[_Union[WithdrawResponse, _Mapping]] = ..., failed: _Optional[_Union[CallFailed, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAliveAcks, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class CallFailed(_message.Message):
     __slots__ = ("code", "message", "status")
@@ -243,6 +255,12 @@ class LeaseKeepAliveAck(_message.Message):
     request_id: int
     ttl_seconds: int
     def __init__(self, lease_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class LeaseKeepAliveAcks(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[LeaseKeepAliveAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[LeaseKeepAliveAck, _Mapping]]] = ...) -> None: ...
 
 class HoldEnded(_message.Message):
     __slots__ = ("name", "lease_id", "token", "reason", "kind", "slot")

@@ -244,9 +244,11 @@ class LockServiceServicer:
         RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
         streams on this coordinator), INVALID_ARGUMENT (name: a
         watch or unwatch whose name is not valid UTF-8; no field: a message
-        that is no KeepAliveRequest at all; the stream ends),
-        PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
-        lease the caller does not own; the stream ends, nothing is renewed).
+        that is no KeepAliveRequest at all; keepalives: a batch of more than
+        500 entries; the stream ends),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive, an entry of a batch or
+        a watch for a live lease the caller does not own; the stream ends,
+        nothing is renewed for that lease).
 
         Calls on the stream: Acquire, Release and Withdraw may also be sent as
         messages on this stream (KeepAliveRequest.acquire/.release/.withdraw
@@ -256,8 +258,10 @@ class LockServiceServicer:
         (access policy, ownership, limits) and errors as the unary calls, one
         gRPC message each way instead of a call: the fast path under load. A
         coordinator that serves them says so in the stream's initial metadata
-        (`fencepost-stream-calls: acquire,release,withdraw`); a client that does
-        not see it uses the unary calls. Answers come in any order.
+        (`fencepost-stream-calls: acquire,release,withdraw,keepalives`: the
+        KeepAliveRequest fields it serves beyond keepalive, watch and unwatch,
+        comma-separated; ignore words you do not know); a client that does not
+        see a call there uses the unary call. Answers come in any order.
         A grant on the stream is watched on that stream at once, as if a
         `watch` had followed it (its end is told by HoldEnded), and a release
         on the stream that succeeds drops that watch: no watch or unwatch
@@ -269,6 +273,24 @@ class LockServiceServicer:
         (INVALID_ARGUMENT naming the field), and the stream goes on; a message
         protobuf cannot decode (a string that is not UTF-8) ends the stream
         with INVALID_ARGUMENT, as for a keepalive or watch.
+
+        Batched keepalives: `keepalives` renews several leases in one message
+        (LeaseKeepAlives, at most 500 entries), each entry served exactly as a
+        `keepalive` of its own would be (ownership, limits, forwarding to etcd)
+        and answered by its own LeaseKeepAliveAck. A coordinator that serves
+        them lists `keepalives` in `fencepost-stream-calls`; a client that does
+        not see it sends one `keepalive` per lease. Acks that are ready at the
+        same time are sent together, as one LeaseKeepAliveAcks
+        (KeepAliveResponse.keepalives), but only on a stream that has sent at
+        least one batch: older clients, and clients that never batch (the
+        TypeScript client), keep getting one LeaseKeepAliveAck per message. No
+        ack is held back to wait for another, so how many go together depends
+        on how etcd's answers arrive: few on an idle coordinator, more under
+        load. Cost: a batch of N leases is one client message instead of N
+        (each gRPC message costs the coordinator about as much CPU as the rest
+        of a keepalive), and between 1 and N answers; etcd still gets one
+        keepalive per lease, each way, on the coordinator's shared
+        LeaseKeepAlive stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

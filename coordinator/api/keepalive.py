@@ -2,8 +2,9 @@
 
 A stream is admitted as its row of :data:`.rpcs.RPCS` says (the ``acquire``
 action, no lock name) and counts as a stream (:mod:`.slots`); it is then
-served by one :class:`~.stream.KeepAliveStream`, announces the calls it
-serves (initial metadata, :data:`~.stream_calls.CALLS_METADATA`), and logs
+served by one :class:`~.stream.KeepAliveStream`, announces the calls and
+the batches of keepalives it serves (initial metadata,
+:data:`~.stream_calls.CALLS_METADATA`), and logs
 one ``stream_open`` and one ``stream_close`` event (how it ended:
 ``half_closed``, ``cancelled``, ``refused``, ``shutdown``, ``error``). At
 shutdown it ends with UNAVAILABLE / SHUTTING_DOWN, unlogged as a refusal.
@@ -76,7 +77,7 @@ class KeepAlives:
         started, ended = time.monotonic(), "error"  # "error": a failure of the stream
         refused: FencepostError | None = None
         try:
-            await context.send_initial_metadata((CALLS_METADATA,))  # Acquire, Release, Withdraw served on the stream
+            await context.send_initial_metadata((CALLS_METADATA,))  # the calls and keepalive batches served
             async for response in stream.serve(requests, self._closing):
                 yield response
             ended = "shutdown" if self._closing.is_set() else "half_closed"

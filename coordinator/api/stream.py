@@ -1,10 +1,16 @@
 """One client's KeepAlive stream: forwarded keepalives and hold-ended events.
 
-The client sends a keepalive per lease about every TTL/3 and a ``watch`` for
-each hold it was granted. The coordinator answers each keepalive with the
-TTL etcd reset the lease to, and pushes ``hold_ended`` when a watched hold's
-key is deleted (release, lease expiry or revoke, or an operator) or when a
-keepalive finds its lease gone. Nothing here renews a lease on a timer.
+The client sends a keepalive per lease about every TTL/3 (several in one
+``keepalives`` message when it batches them) and a ``watch`` for each hold
+it was granted. The coordinator answers each keepalive with the TTL etcd
+reset the lease to (:mod:`.renewals`; acks ready together go as one message
+to a client that batches, :mod:`.outbox`), and pushes ``hold_ended`` when a
+watched hold's key is deleted (release, lease expiry or revoke, or an
+operator) or when a keepalive finds its lease gone. Nothing here renews a
+lease on a timer. A batch of more than
+:data:`~fencepost.client.v1.keys.MAX_KEEPALIVES_PER_BATCH` entries ends the
+stream with INVALID_ARGUMENT (field ``keepalives``), as a message that does
+not decode does.
 
 Each hold that ends other than by a Release through this coordinator is
 logged (``hold_ended``, INFO), and so is a lease a keepalive finds gone
@@ -12,8 +18,9 @@ logged (``hold_ended``, INFO), and so is a lease a keepalive finds gone
 
 Ownership (:mod:`..admission.ownership`): the first keepalive or watch naming a lease
 on a stream is served only once the stream's caller is found to own the
-lease (its certificate identity, or ``KeepAliveRequest.lease_secret``); the
-stream remembers the leases it verified. A lease that is not the caller's
+lease (its certificate identity, or the secret: ``LeaseKeepAlive.lease_secret``
+of a batch's entry, else ``KeepAliveRequest.lease_secret``); the stream
+remembers the leases it verified. A lease that is not the caller's
 ends the stream with PERMISSION_DENIED / NOT_LEASE_OWNER, before anything is
 forwarded for it.
 
@@ -31,8 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -40,7 +46,7 @@ import grpc
 from fencepost.client.errors import FencepostError, InvalidArgument, PermissionDenied
 from fencepost.client.v1 import kinds, lock_pb2
 from fencepost.client.v1.details import ErrorReason, reason_name
-from fencepost.client.v1.keys import MAX_PERMITS, Hold
+from fencepost.client.v1.keys import MAX_KEEPALIVES_PER_BATCH, MAX_PERMITS, Hold
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from ..admission.identity import Caller
@@ -51,16 +57,12 @@ from ..recipes.watch import DeleteWatcher
 from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .decode import Undecodable
+from .outbox import StreamOutbox
 from .releases import RecentReleases
+from .renewals import StreamRenewals
 from .stream_calls import CALLS, CallAborted, call_context, failed, invalid
 
 _log = logging.getLogger(__name__)
-
-#: Queued behind the responses when the stream must end (see KeepAliveStream.serve).
-_END = object()
-
-#: A response that waited longer than this to be sent, in seconds, is told to ``on_late``.
-LATE_SECONDS = 0.05
 
 
 class KeepAliveStream:
@@ -85,7 +87,7 @@ class KeepAliveStream:
             (:func:`.stream_calls.wrapped_calls`); None to ignore them.
         context: the stream's ``grpc.aio.ServicerContext`` (its certificate), for those calls.
         on_late: told the seconds a response waited to be sent, when more than
-            :data:`LATE_SECONDS` (a backlog of answers: the coordinator is behind, see :mod:`..admission.overload`).
+            :data:`.outbox.LATE_SECONDS` (a backlog of answers: the coordinator is behind, see :mod:`..admission.overload`).
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
@@ -95,8 +97,6 @@ class KeepAliveStream:
                  peer: str | None = None, trace_id: str | None = None, owners: Ownership | None = None,
                  caller: Caller | None = None, calls: dict[str, Any] | None = None,
                  context: Any = None, on_late: Callable[[float], None] | None = None) -> None:
-        self._on_keepalive = on_keepalive
-        self._on_late = on_late
         self._calls = calls
         self._context = context
         self._peer = peer or ""
@@ -109,20 +109,18 @@ class KeepAliveStream:
         self._watching: set[Hold] = set()  # watches waiting for their lease's check
         self._refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._released = released if released is not None else RecentReleases()
-        self._kept = kept if kept is not None else KeptLeases()
-        self._kept_here: set[int] = set()  # leases this stream counts in ``kept``
         self._caller = {"peer": peer, "trace_id": trace_id}
-        self._leases_seen: set[int] = set()
-        self._expired: set[int] = set()
         #: Holds watched over the stream's life.
         self.hold_count = 0
-        self._leases = leases
         self._metrics = metrics
         self._locks = locks
         self._watcher = watcher
         self._keys_for = keys_for
-        # Responses to send, each with the time.monotonic() it was queued at (see ``on_late``); _END: see serve().
-        self._out: asyncio.Queue[Any] = asyncio.Queue()
+        self._out = StreamOutbox(on_late)
+        self._renewals = StreamRenewals(
+            leases, self._out, self._check, self._spawn, metrics=metrics,
+            kept=kept if kept is not None else KeptLeases(), owners=owners, on_keepalive=on_keepalive,
+            on_gone=self._lease_gone, log_fields=self._caller)
         self._holds: dict[Hold, Callable[[], None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -136,19 +134,15 @@ class KeepAliveStream:
         """
         reader = asyncio.create_task(self._read(requests))
         stop = asyncio.create_task(closing.wait())
-        # The end of the reader, the coordinator's shutdown and a refusal each queue an _END behind the
-        # responses queued before them: the loop waits on the queue alone (no task and no wait() per message).
+        # The end of the reader, the coordinator's shutdown and a refusal each queue an end behind the
+        # responses queued before them: the loop waits on the outbox alone (no task and no wait() per message).
         for ending in (reader, stop, self._refused):
-            ending.add_done_callback(self._end)
+            ending.add_done_callback(self._out.end)
         try:
             while True:
-                item = await self._out.get()
-                while item is not _END:
-                    yield self._sent(*item)
-                    if self._out.empty():
-                        break
-                    item = self._out.get_nowait()  # what else is ready goes without a wait each
-                if item is not _END:
+                response = await self._out.take()
+                if response is not None:
+                    yield response
                     continue
                 if self._refused.done():
                     self._refused.result()  # a lease the caller does not own: the stream is refused
@@ -162,24 +156,14 @@ class KeepAliveStream:
                 task.cancel()
             self.close()
 
-    def _end(self, _: object) -> None:
-        self._out.put_nowait(_END)
-
     def _send(self, response: lock_pb2.KeepAliveResponse) -> None:
         """Queue ``response`` for the client."""
-        self._out.put_nowait((time.monotonic(), response))
-
-    def _sent(self, queued: float, response: lock_pb2.KeepAliveResponse) -> lock_pb2.KeepAliveResponse:
-        """``response``, about to be sent: a long wait in the queue is told to ``on_late`` (the coordinator is behind)."""
-        waited = time.monotonic() - queued
-        if waited > LATE_SECONDS and self._on_late is not None:
-            self._on_late(waited)
-        return response
+        self._out.put(response)
 
     @property
     def lease_count(self) -> int:
         """The different leases kept alive on this stream so far."""
-        return len(self._leases_seen)
+        return len(self._renewals.seen)
 
     @property
     def watched_count(self) -> int:
@@ -201,9 +185,7 @@ class KeepAliveStream:
         self._watching.clear()
         if self._refused.done():
             self._refused.exception()  # retrieved (the stream may have ended first)
-        for lease_id in self._kept_here:
-            self._kept.remove(lease_id)
-        self._kept_here.clear()
+        self._renewals.close()
 
     async def _read(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest]) -> None:
         async for request in requests:
@@ -211,11 +193,15 @@ class KeepAliveStream:
                 raise request.error()
             kind = request.WhichOneof("request")
             if kind == "keepalive":
-                self._metrics.keepalive()
-                lease_id = request.keepalive.lease_id
-                check = self._check(lease_id, request.lease_secret)
-                self._leases_seen.add(lease_id)
-                self._spawn(self._forward(lease_id, request.keepalive.request_id, check))
+                self._renewals.received((request.keepalive,), request.lease_secret)
+            elif kind == "keepalives":
+                entries = request.keepalives.keepalives
+                if len(entries) > MAX_KEEPALIVES_PER_BATCH:  # the stream is refused, as for an undecodable message
+                    raise InvalidArgument(f"keepalives holds {len(entries)} entries; at most "
+                                          f"{MAX_KEEPALIVES_PER_BATCH} in one message", field="keepalives")
+                self._out.batched = True
+                if entries:
+                    self._renewals.received(entries, request.lease_secret)
             elif kind == "watch":
                 w = request.watch
                 hold = Hold(_internal(w), w.lease_id, w.token)
@@ -310,8 +296,8 @@ class KeepAliveStream:
             passed.set_result(True)
             self._checks[lease_id] = passed  # type: ignore[assignment]
 
-    def _spawn(self, step: object) -> None:
-        task = asyncio.ensure_future(step)  # type: ignore[arg-type]
+    def _spawn(self, step: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(step)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -360,33 +346,10 @@ class KeepAliveStream:
             self._watching.discard(hold)
             self._watch(hold)
 
-    async def _forward(self, lease_id: int, request_id: int, check: asyncio.Task[bool] | None = None) -> None:
-        if not await self._owned(check):
-            return
-        try:
-            ttl = await self._leases.keepalive(lease_id)
-        except FencepostError as exc:
-            _log.info("keepalive for lease %#x not answered: %s", lease_id, exc)
-            return  # no answer: the client's deadline counts it as not acknowledged
-        self._send(lock_pb2.KeepAliveResponse(
-            keepalive=lock_pb2.LeaseKeepAliveAck(lease_id=lease_id, request_id=request_id, ttl_seconds=ttl)))
-        if self._on_keepalive is not None:
-            self._on_keepalive(lease_id, ttl)
-        if ttl > 0 and lease_id not in self._kept_here and lease_id not in self._expired:
-            self._kept_here.add(lease_id)
-            self._kept.add(lease_id)
-        elif ttl <= 0 and lease_id in self._kept_here:
-            self._kept_here.discard(lease_id)
-            self._kept.remove(lease_id)
-        if ttl <= 0:
-            if self._owners is not None:
-                self._owners.ended(lease_id)
-            if lease_id not in self._expired:
-                self._expired.add(lease_id)
-                log_event(_log, logging.INFO, "lease_expired", f"lease {lease_id:#x} expired or was revoked "
-                          f"(a keepalive found it gone)", lease_id=lease_id, **self._caller)
-            for hold in [h for h in self._holds if h.lease_id == lease_id]:
-                self._ended(hold, ErrorReason.LEASE_EXPIRED)
+    def _lease_gone(self, lease_id: int) -> None:
+        """A keepalive found ``lease_id`` gone: every hold of it watched here ends (LEASE_EXPIRED)."""
+        for hold in [h for h in self._holds if h.lease_id == lease_id]:
+            self._ended(hold, ErrorReason.LEASE_EXPIRED)
 
     def _watch(self, hold: Hold) -> None:
         name, lease_id, token = hold

@@ -38,8 +38,9 @@ __all__ = ["CALLS", "CALLS_METADATA", "CallAborted", "StreamCallContext", "call_
 #: The service whose methods the calls on the stream are.
 SERVICE = "fencepost.v1.LockService"
 
-#: The initial metadata entry by which a coordinator announces the calls it serves on the stream.
-CALLS_METADATA = ("fencepost-stream-calls", "acquire,release,withdraw")
+#: The initial metadata entry by which a coordinator announces what it serves on the stream beyond keepalive,
+#: watch and unwatch: the calls, and batches of keepalives (``keepalives``, see :mod:`.renewals`).
+CALLS_METADATA = ("fencepost-stream-calls", "acquire,release,withdraw,keepalives")
 
 #: KeepAliveRequest field -> (servicer method name, KeepAliveResponse field of its answer).
 CALLS: dict[str, tuple[str, str]] = {

@@ -264,16 +264,14 @@ class EtcdClient(EtcdCalls):
         """How long the oldest keepalive forwarded to etcd and not yet answered has waited, in seconds (0.0: none)."""
         return self._keepalives.waiting_seconds
 
-    async def keepalive(self, lease_id: int) -> int:
-        """Forward one keepalive on the shared LeaseKeepAlive stream (see :mod:`.keepalive`).
+    async def keepalives(self, lease_ids: Sequence[int], answered: Callable[[int, int], None]
+                         ) -> tuple[list[int], FencepostError | None]:
+        """Forward one keepalive per entry of ``lease_ids`` at once, each handed to ``answered`` as it is answered.
 
-        Returns:
-            The TTL etcd reset the lease to, in seconds; <= 0 when the lease is gone.
-
-        Raises:
-            Unavailable: no answer on any of the KEEPALIVE rule's attempts.
+        See :meth:`.keepalive.KeepAlives.keepalives`: ``answered`` gets (index,
+        TTL); returns the indexes left unanswered and the error for them.
         """
-        return await self._keepalives.keepalive(lease_id)
+        return await self._keepalives.keepalives(lease_ids, answered)
 
     # ------------------------------------------------------------ watch
 

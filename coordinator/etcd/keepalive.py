@@ -3,7 +3,9 @@
 Each keepalive a client sends is forwarded as one ``LeaseKeepAliveRequest``
 on this stream; etcd answers each with the TTL it reset the lease to (0 or
 less when the lease is gone), in order per lease. Nothing here renews a lease
-on a timer.
+on a timer. A client's batch of keepalives (:meth:`KeepAlives.keepalives`) is
+forwarded the same way, one request per lease, without a task per lease:
+each answer is handed over as it arrives.
 
 A member that stops answering (SIGSTOPped, cut off without FIN or RST) keeps
 its TCP connection open, so gRPC would only notice at its ping timeout
@@ -29,9 +31,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 
@@ -95,7 +98,7 @@ class KeepAlives:
         self._task: asyncio.Task[None] | None = None
 
     async def keepalive(self, lease_id: int) -> int:
-        """Forward one keepalive for ``lease_id`` and return etcd's answer.
+        """Forward one keepalive for ``lease_id`` and return etcd's answer (:meth:`keepalives` of one).
 
         Returns:
             The TTL etcd reset the lease to, in seconds; <= 0 when the lease is gone.
@@ -103,26 +106,84 @@ class KeepAlives:
         Raises:
             Unavailable: no answer within the rule's timeout on each of its attempts.
         """
-        last: _StreamBroke | None = None
-        for _ in range(self._rule.attempts):
-            outbox, pending, sent_here = self._ensure_stream()
-            answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            answer.add_done_callback(_retrieve)
-            pending[lease_id].append(answer)
-            sent_here.append((time.monotonic(), answer))
-            outbox.put_nowait(rpc_pb2.LeaseKeepAliveRequest(ID=lease_id))
-            sent = time.perf_counter()
+        answers: list[int] = []
+        _, error = await self.keepalives((lease_id,), lambda _, ttl: answers.append(ttl))
+        if error is not None:
+            raise error
+        return answers[0]
+
+    async def keepalives(self, lease_ids: Sequence[int], answered: Callable[[int, int], None]
+                         ) -> tuple[list[int], FencepostError | None]:
+        """Forward one keepalive per entry of ``lease_ids`` at once, each under the KEEPALIVE rule.
+
+        Each entry follows the rule on its own (sent again on a new stream
+        when the one it was sent on broke or went silent under it, at most
+        the rule's attempts in all). No task per entry: each answer is
+        handed to ``answered`` as soon as it arrives, so that no entry waits
+        for another. Once this call is cancelled, ``answered`` is not called
+        again.
+
+        Args:
+            lease_ids: the leases to renew (one may appear more than once: each entry is forwarded).
+            answered: called with (index in ``lease_ids``, the TTL etcd reset the lease to; <= 0 when it is gone).
+
+        Returns:
+            The indexes of the entries left unanswered (none when all were),
+            and the error :meth:`keepalive` would have raised for them.
+        """
+        loop = asyncio.get_running_loop()
+        todo, failed = list(range(len(lease_ids))), []
+        last: list[_StreamBroke] = []  # the last failure seen, if any
+        if not todo:
+            return [], None
+
+        def done(finished: asyncio.Future[None], resend: list[int], left: list[int], index: int, sent: float,
+                 answer: asyncio.Future[int]) -> None:
+            """The answer of entry ``index`` of this round (``finished`` once ``left`` is 0) arrived or failed."""
+            if finished.done():
+                return  # the caller was cancelled
             try:
-                ttl = await answer  # a silent stream is ended by its watchdog: the answer then fails
-                self._metrics.etcd_request("keepalive", time.perf_counter() - sent)
-                return ttl
-            except _StreamBroke as exc:  # the stream broke (or went silent) under the answer: retry on a new one
+                ttl = answer.result()
+            except _StreamBroke as exc:
                 self._metrics.etcd_request("keepalive", time.perf_counter() - sent, _code(exc))
-                last = exc
-                if exc.failure not in self._rule.resend:
-                    break
-        failure = last.failure if last is not None else Failure.TIMEOUT
-        raise error_for(failure, last.exc if last else None, Op.KEEPALIVE, lease_id=lease_id)
+                last[:] = [exc]
+                (resend if exc.failure in self._rule.resend else failed).append(index)
+            else:
+                self._metrics.etcd_request("keepalive", time.perf_counter() - sent)
+                answered(index, ttl)
+            left[0] -= 1
+            if not left[0]:
+                finished.set_result(None)
+
+        for _ in range(self._rule.attempts):
+            finished: asyncio.Future[None] = loop.create_future()
+            resend: list[int] = []
+            left = [len(todo)]
+            for index in todo:
+                self._send(lease_ids[index]).add_done_callback(
+                    functools.partial(done, finished, resend, left, index, time.perf_counter()))
+            try:
+                await finished
+            finally:
+                finished.cancel()  # no-op once done; else (cancelled) no later answer is handed over
+            todo = resend
+            if not todo:
+                break
+        unanswered = sorted(failed + todo)
+        if not unanswered:
+            return [], None
+        broke = last[-1]
+        return unanswered, error_for(broke.failure, broke.exc, Op.KEEPALIVE, lease_id=lease_ids[unanswered[0]])
+
+    def _send(self, lease_id: int) -> asyncio.Future[int]:
+        """Send one keepalive of ``lease_id`` on the current stream (opened if there is none): its answer."""
+        outbox, pending, sent_here = self._ensure_stream()
+        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        answer.add_done_callback(_retrieve)
+        pending[lease_id].append(answer)
+        sent_here.append((time.monotonic(), answer))
+        outbox.put_nowait(rpc_pb2.LeaseKeepAliveRequest(ID=lease_id))
+        return answer
 
     @property
     def waiting_seconds(self) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from fencepost.client.errors import FencepostError
 
@@ -124,16 +124,21 @@ class Leases:
         validate_lease_id(lease_id)
         return await self._etcd.lease_revoke(lease_id)
 
-    async def keepalive(self, lease_id: int) -> int:
-        """Forward one keepalive to etcd on the shared stream.
+    async def keepalives(self, lease_ids: Sequence[int], answered: Callable[[int, int], None]
+                         ) -> tuple[list[int], FencepostError | None]:
+        """Forward one keepalive per entry of ``lease_ids`` on the shared stream, all at once.
+
+        Args:
+            lease_ids: the leases to renew.
+            answered: called with (index in ``lease_ids``, TTL etcd reset the
+                lease to, <= 0 when gone) as each answer arrives; never after
+                this call was cancelled.
 
         Returns:
-            The TTL etcd reset the lease to, in seconds; <= 0 if the lease is gone.
-
-        Raises:
-            Unavailable: no answer from etcd (see :mod:`..etcd.keepalive`).
+            The indexes of the entries etcd did not answer, and the error
+            (Unavailable) that :meth:`keepalive` would have raised for them.
         """
-        return await self._etcd.keepalive(lease_id)
+        return await self._etcd.keepalives(lease_ids, answered)
 
 
 class KeptLeases:

@@ -31,6 +31,9 @@ fencepost_refusals_total            counter    reason              calls refused
 fencepost_waiting_acquires          gauge                          Acquire calls with a wait in progress
 fencepost_watched_holds             gauge                          holds watched by KeepAlive streams
 fencepost_keepalives_total          counter                        keepalives received on KeepAlive streams
+                                                                   (one per lease, batched or not)
+fencepost_keepalive_batch_size      histogram                      leases per keepalive message received (1: a
+                                                                   single keepalive; more: a batch)
 fencepost_etcd_request_seconds      histogram  operation           each etcd request, answered or failed
 fencepost_etcd_errors_total         counter    operation, code     etcd requests that failed, by gRPC code
 fencepost_etcd_batch_size           histogram                      lock Txns per etcd Txn sent for them (1:
@@ -58,7 +61,7 @@ from fencepost.client.v1.keys import MAX_NAME_BYTES
 
 from .interceptor import GO_CODE_NAMES
 
-__all__ = ["ACQUIRE_WAIT_BUCKETS", "BATCH_BUCKETS", "END_REASONS", "ETCD_BUCKETS", "ETCD_OPERATIONS", "HANDOFF_BUCKETS", "HOLD_BUCKETS",
+__all__ = ["ACQUIRE_WAIT_BUCKETS", "BATCH_BUCKETS", "KEEPALIVE_BATCH_BUCKETS", "END_REASONS", "ETCD_BUCKETS", "ETCD_OPERATIONS", "HANDOFF_BUCKETS", "HOLD_BUCKETS",
            "LOCK_HELD", "MAX_NAME_PREFIXES", "NO_METRICS", "LockMetrics", "REFUSAL_REASONS", "check_name_prefixes"]
 
 #: The refusal reason of a try-acquire (wait 0) that finds the lock held: not an
@@ -104,6 +107,9 @@ ETCD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 #: ``fencepost_etcd_batch_size`` upper bounds, lock Txns per etcd Txn (at most ``serve --etcd-batch-max``, 64).
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: ``fencepost_keepalive_batch_size`` buckets: leases per keepalive message, up to a full batch
+#: (``fencepost.client.v1.keys.MAX_KEEPALIVES_PER_BATCH``, 500).
+KEEPALIVE_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 500)
 
 
 def check_name_prefixes(prefixes: Iterable[str]) -> tuple[str, ...]:
@@ -191,7 +197,12 @@ class LockMetrics:
                               "Holds that KeepAlive streams on this coordinator watch for their end.",
                               registry=registry)
         self._keepalives = Counter("fencepost_keepalives_total",
-                                   "Keepalives received on KeepAlive streams and forwarded to etcd.", registry=registry)
+                                   "Keepalives received on KeepAlive streams and forwarded to etcd, one per lease "
+                                   "(a batch of N counts N).", registry=registry)
+        self._keepalive_batch = Histogram("fencepost_keepalive_batch_size",
+                                          "Leases per keepalive message received on KeepAlive streams: 1 for a "
+                                          "single keepalive, N for a batch of N.", buckets=KEEPALIVE_BATCH_BUCKETS,
+                                          registry=registry)
         seconds = Histogram("fencepost_etcd_request_seconds",
                             "Seconds of each etcd request until its answer or failure, by operation.",
                             ["operation"], buckets=ETCD_BUCKETS, registry=registry)
@@ -270,9 +281,10 @@ class LockMetrics:
         """A KeepAlive stream started (+n) or stopped (-n) watching holds."""
         self._watched.inc(delta)
 
-    def keepalive(self) -> None:
-        """A keepalive arrived on a KeepAlive stream."""
-        self._keepalives.inc()
+    def keepalives(self, leases: int) -> None:
+        """A keepalive message arrived on a KeepAlive stream, for ``leases`` leases (1: a single keepalive)."""
+        self._keepalives.inc(leases)
+        self._keepalive_batch.observe(leases)
 
     def etcd_request(self, operation: str, seconds: float, code: object = None) -> None:
         """An etcd request ended after ``seconds``; ``code`` is its gRPC status code when it failed.
@@ -340,7 +352,7 @@ class _NoMetrics(LockMetrics):
     def watched_holds(self, delta: int) -> None:
         pass
 
-    def keepalive(self) -> None:
+    def keepalives(self, leases: int) -> None:
         pass
 
     def etcd_request(self, operation: str, seconds: float, code: object = None) -> None:

@@ -8,7 +8,7 @@ churn on other names, 10 s, SIGTERM and restart of the coordinator process,
 
 Reconnect times and keepalive counts come from a probe subclass of
 AsyncLockClient in the children (harness only; it hooks the stream's private
-``_resend_all`` / ``_on_response`` / ``_send_keepalive``): a reconnect is the
+``_resend_all`` / ``_on_response`` / ``_send_keepalives``): a reconnect is the
 first answer on a stream other than a client's first one.
 """
 
@@ -52,11 +52,13 @@ class Probe(AsyncLockClient):
             self.reconnects.append(time.monotonic())
         if response.WhichOneof("response") == "keepalive":
             self.acks += 1
+        elif response.WhichOneof("response") == "keepalives":
+            self.acks += len(response.keepalives.acks)
         super()._on_response(response)
-    def _send_keepalive(self, lease):
-        if self._outbox is not None and not lease.lost:
-            self.sends += 1
-        super()._send_keepalive(lease)
+    def _send_keepalives(self, leases):
+        if self._outbox is not None:
+            self.sends += sum(not lease.lost for lease in leases)
+        super()._send_keepalives(leases)
 """
 
 HOLDERS = PROBE + r"""

@@ -94,7 +94,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgihwEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkiWAoPQWNxdWlyZVJlc3BvbnNlEhAKCGFjcXVpcmVkGAEgASgIEg0KBXRva2VuGAIgASgDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXIiUwoOUmVsZWFzZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxISCgpyZXF1ZXN0X2lkGAQgASgJIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJFCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxISCgpyZXF1ZXN0X2lkGAMgASgJIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMiugMKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIvCgdhY3F1aXJlGAUgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgGIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAcgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgIIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASFAoMbGVhc2Vfc2VjcmV0GAQgASgJEhIKCnJlcXVlc3RfaWQYCSABKAQSEgoKdGltZW91dF9tcxgKIAEoAxITCgt0cmFjZXBhcmVudBgLIAEoCUIJCgdyZXF1ZXN0IiAKCkNhbmNlbENhbGwSEgoKcmVxdWVzdF9pZBgBIAEoBCI2Cg5MZWFzZUtlZXBBbGl2ZRIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEIm4KCVdhdGNoSG9sZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEiQKBGtpbmQYBCABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgFIAEoBSLfAgoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIABIxCghhY3F1aXJlZBgDIAEoCzIdLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2VIABIxCghyZWxlYXNlZBgEIAEoCzIdLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2VIABIzCgl3aXRoZHJhd24YBSABKAsyHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZUgAEioKBmZhaWxlZBgGIAEoCzIYLmZlbmNlcG9zdC52MS5DYWxsRmFpbGVkSAASEgoKcmVxdWVzdF9pZBgHIAEoBEIKCghyZXNwb25zZSI7CgpDYWxsRmFpbGVkEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCRIOCgZzdGF0dXMYAyABKAwiTgoRTGVhc2VLZWVwQWxpdmVBY2sSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBITCgt0dGxfc2Vjb25kcxgDIAEoAyKfAQoJSG9sZEVuZGVkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSKQoGcmVhc29uGAUgASgOMhkuZmVuY2Vwb3N0LnYxLkVycm9yUmVhc29uEiQKBGtpbmQYBiABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgHIAEoBUoECAQQBSIfCg9EZXNjcmliZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSLJAQoQRGVzY3JpYmVSZXNwb25zZRIMCgRoZWxkGAEgASgIEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDHdhaXRlcl9jb3VudBgFIAEoAxIlCgd3YWl0ZXJzGAYgAygLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIQCghyZXZpc2lvbhgHIAEoAyJJChBMaXN0TG9ja3NSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSKeAQoITG9ja0luZm8SDAoEbmFtZRgBIAEoCRIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgxoZWxkX3NlY29uZHMYBSABKAESFAoMd2FpdGVyX2NvdW50GAYgASgDImUKEUxpc3RMb2Nrc1Jlc3BvbnNlEiUKBWxvY2tzGAEgAygLMhYuZmVuY2Vwb3N0LnYxLkxvY2tJbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyITChFTZXJ2ZXJJbmZvUmVxdWVzdCLwAQoIRXRjZEluZm8SEQoJZW5kcG9pbnRzGAEgAygJEhAKCGVtYmVkZGVkGAIgASgIEhEKCWF2YWlsYWJsZRgDIAEoCBINCgVlcnJvchgEIAEoCRIWCg5zZXJ2ZXJfdmVyc2lvbhgFIAEoCRISCgpjbHVzdGVyX2lkGAYgASgEEhEKCW1lbWJlcl9pZBgHIAEoBBIQCghyZXZpc2lvbhgIIAEoAxIRCglyYWZ0X3Rlcm0YCSABKAQSDgoGbGVhZGVyGAogASgEEhIKCnJhZnRfaW5kZXgYCyABKAQSFQoNZGJfc2l6ZV9ieXRlcxgMIAEoAyKJAwoSU2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSEwoLaW5zdGFuY2VfaWQYAiABKAkSFgoOdXB0aW1lX3NlY29uZHMYAyABKAESFgoObGlzdGVuX2FkZHJlc3MYBCABKAkSFgoOaGVhbHRoX2FkZHJlc3MYBSABKAkSFwoPbWV0cmljc19hZGRyZXNzGAYgASgJEhIKCmtleV9wcmVmaXgYByABKAkSDwoHc2VydmluZxgIIAEoCBIkCgRldGNkGAkgASgLMhYuZmVuY2Vwb3N0LnYxLkV0Y2RJbmZvEhkKEWtlZXBhbGl2ZV9zdHJlYW1zGAogASgDEhgKEGtlZXBhbGl2ZV9sZWFzZXMYCyABKAMSFQoNd2F0Y2hlZF9ob2xkcxgMIAEoAxIYChB3YWl0aW5nX2FjcXVpcmVzGA0gASgDEhYKDmNvbnRlbmRlcl9rZXlzGA4gASgDEhIKCmhlbGRfbG9ja3MYDyABKAMSDwoHd2FpdGVycxgQIAEoAyJqChJBZG1pblJldm9rZVJlcXVlc3QSEgoKcmVxdWVzdF9pZBgCIAEoCRIMCgRuYW1lGAEgASgJEiQKBGtpbmQYAyABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgEIAEoBSJHChNBZG1pblJldm9rZVJlc3BvbnNlEg8KB3Jldm9rZWQYASABKAgSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMiPAoTTGlzdFNlc3Npb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSKJAQoLU2Vzc2lvbkluZm8SEAoIbGVhc2VfaWQYASABKAMSFgoOb3duZXJfaWRlbnRpdHkYAiABKAkSEwoLdHRsX3NlY29uZHMYAyABKAMSHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAQgASgDEg0KBWhvbGRzGAUgAygJEg0KBXdhaXRzGAYgAygJIm4KFExpc3RTZXNzaW9uc1Jlc3BvbnNlEisKCHNlc3Npb25zGAEgAygLMhkuZmVuY2Vwb3N0LnYxLlNlc3Npb25JbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyI8CgpMZWFkZXJJbmZvEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDEg0KBXZhbHVlGAMgASgMIn8KD0NhbXBhaWduUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV2YWx1ZRgDIAEoDBIPCgd3YWl0X21zGAQgASgDEhQKDHdhaXRfZm9yZXZlchgFIAEoCBISCgpyZXF1ZXN0X2lkGAYgASgJIlwKEENhbXBhaWduUmVzcG9uc2USDwoHZWxlY3RlZBgBIAEoCBINCgV0b2tlbhgCIAEoAxIoCgZsZWFkZXIYAyABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbyJTCg9Qcm9jbGFpbVJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSDQoFdmFsdWUYBCABKAwiJAoQUHJvY2xhaW1SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJWCg1SZXNpZ25SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEhIKCnJlcXVlc3RfaWQYBCABKAkiMQoOUmVzaWduUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMSDQoFZm91bmQYAiABKAgiIQoNTGVhZGVyUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCSJMCg5MZWFkZXJSZXNwb25zZRIoCgZsZWFkZXIYASABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbxIQCghyZXZpc2lvbhgCIAEoAyI6Cg5PYnNlcnZlUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIWCg5hZnRlcl9yZXZpc2lvbhgCIAEoAyJgCg9PYnNlcnZlUmVzcG9uc2USKAoGbGVhZGVyGAEgASgLMhguZmVuY2Vwb3N0LnYxLkxlYWRlckluZm8SEAoIcmV2aXNpb24YAiABKAMSEQoJY29tcGFjdGVkGAMgASgIIj0KDFBlcm1pdEhvbGRlchIQCghsZWFzZV9pZBgBIAEoAxIMCgRzbG90GAIgASgFEg0KBXRva2VuGAMgASgDIoIBChRBY3F1aXJlUGVybWl0UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg8KB3Blcm1pdHMYAyABKAUSDwoHd2FpdF9tcxgEIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBSABKAgSEgoKcmVxdWVzdF9pZBgGIAEoCSJzChVBY3F1aXJlUGVybWl0UmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDAoEc2xvdBgCIAEoBRINCgV0b2tlbhgDIAEoAxIrCgdob2xkZXJzGAQgAygLMhouZmVuY2Vwb3N0LnYxLlBlcm1pdEhvbGRlciJnChRSZWxlYXNlUGVybWl0UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEgwKBHNsb3QYAyABKAUSDQoFdG9rZW4YBCABKAMSEgoKcmVxdWVzdF9pZBgFIAEoCSI4ChVSZWxlYXNlUGVybWl0UmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMSDQoFZm91bmQYAiABKAgiKAoYRGVzY3JpYmVTZW1hcGhvcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkigQEKGURlc2NyaWJlU2VtYXBob3JlUmVzcG9uc2USDwoHcGVybWl0cxgBIAEoBRIrCgdob2xkZXJzGAIgAygLMhouZmVuY2Vwb3N0LnYxLlBlcm1pdEhvbGRlchIUCgx3YWl0ZXJfY291bnQYAyABKAMSEAoIcmV2aXNpb24YBCABKAMq1AIKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDUlOVkFMSURfRklFTEQQARIOCgpOT1RfSE9MREVSEAISDwoLU1RBTEVfVE9LRU4QAxIRCg1MRUFTRV9FWFBJUkVEEAQSEwoPQUNRVUlSRV9USU1FT1VUEAUSFAoQRVRDRF9VTkFWQUlMQUJMRRAGEhQKEFRPT19NQU5ZX1dBSVRFUlMQBxIRCg1TSFVUVElOR19ET1dOEAgSFAoQVE9PX01BTllfU1RSRUFNUxAJEg0KCURBVEFfTE9TUxAKEhEKDUFDQ0VTU19ERU5JRUQQCxISCg5MSU1JVF9FWENFRURFRBAMEhMKD05PVF9MRUFTRV9PV05FUhANEhQKEFBFUk1JVFNfTUlTTUFUQ0gQDhIVChFSRVFVRVNUX0lEX1JFVVNFRBAPKk8KCEhvbGRLaW5kEhIKDkhPTERfS0lORF9MT0NLEAASFgoSSE9MRF9LSU5EX0VMRUNUSU9OEAESFwoTSE9MRF9LSU5EX1NFTUFQSE9SRRACMvgLCgtMb2NrU2VydmljZRJPCgpMZWFzZUdyYW50Eh8uZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXNwb25zZRJSCgtMZWFzZVJldm9rZRIgLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXNwb25zZRJGCgdBY3F1aXJlEhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZRJGCgdSZWxlYXNlEhwuZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZRJJCghXaXRoZHJhdxIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3QaHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZRJQCglLZWVwQWxpdmUSHi5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVxdWVzdBofLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXNwb25zZSgBMAESSQoIRGVzY3JpYmUSHS5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVzcG9uc2USTAoJTGlzdExvY2tzEh4uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1JlcXVlc3QaHy5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVzcG9uc2USTwoKU2VydmVySW5mbxIfLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVxdWVzdBogLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVzcG9uc2USUgoLQWRtaW5SZXZva2USIC5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXF1ZXN0GiEuZmVuY2Vwb3N0LnYxLkFkbWluUmV2b2tlUmVzcG9uc2USVQoMTGlzdFNlc3Npb25zEiEuZmVuY2Vwb3N0LnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QaIi5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVzcG9uc2USSQoIQ2FtcGFpZ24SHS5mZW5jZXBvc3QudjEuQ2FtcGFpZ25SZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkNhbXBhaWduUmVzcG9uc2USSQoIUHJvY2xhaW0SHS5mZW5jZXBvc3QudjEuUHJvY2xhaW1SZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLlByb2NsYWltUmVzcG9uc2USQwoGUmVzaWduEhsuZmVuY2Vwb3N0LnYxLlJlc2lnblJlcXVlc3QaHC5mZW5jZXBvc3QudjEuUmVzaWduUmVzcG9uc2USQwoGTGVhZGVyEhsuZmVuY2Vwb3N0LnYxLkxlYWRlclJlcXVlc3QaHC5mZW5jZXBvc3QudjEuTGVhZGVyUmVzcG9uc2USSAoHT2JzZXJ2ZRIcLmZlbmNlcG9zdC52MS5PYnNlcnZlUmVxdWVzdBodLmZlbmNlcG9zdC52MS5PYnNlcnZlUmVzcG9uc2UwARJYCg1BY3F1aXJlUGVybWl0EiIuZmVuY2Vwb3N0LnYxLkFjcXVpcmVQZXJtaXRSZXF1ZXN0GiMuZmVuY2Vwb3N0LnYxLkFjcXVpcmVQZXJtaXRSZXNwb25zZRJYCg1SZWxlYXNlUGVybWl0EiIuZmVuY2Vwb3N0LnYxLlJlbGVhc2VQZXJtaXRSZXF1ZXN0GiMuZmVuY2Vwb3N0LnYxLlJlbGVhc2VQZXJtaXRSZXNwb25zZRJkChFEZXNjcmliZVNlbWFwaG9yZRImLmZlbmNlcG9zdC52MS5EZXNjcmliZVNlbWFwaG9yZVJlcXVlc3QaJy5mZW5jZXBvc3QudjEuRGVzY3JpYmVTZW1hcGhvcmVSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgihwEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkiWAoPQWNxdWlyZVJlc3BvbnNlEhAKCGFjcXVpcmVkGAEgASgIEg0KBXRva2VuGAIgASgDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXIiUwoOUmVsZWFzZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxISCgpyZXF1ZXN0X2lkGAQgASgJIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJFCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxISCgpyZXF1ZXN0X2lkGAMgASgJIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMi7wMKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIvCgdhY3F1aXJlGAUgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgGIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAcgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgIIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASMwoKa2VlcGFsaXZlcxgMIAEoCzIdLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZXNIABIUCgxsZWFzZV9zZWNyZXQYBCABKAkSEgoKcmVxdWVzdF9pZBgJIAEoBBISCgp0aW1lb3V0X21zGAogASgDEhMKC3RyYWNlcGFyZW50GAsgASgJQgkKB3JlcXVlc3QiIAoKQ2FuY2VsQ2FsbBISCgpyZXF1ZXN0X2lkGAEgASgEIkwKDkxlYXNlS2VlcEFsaXZlEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQSFAoMbGVhc2Vfc2VjcmV0GAMgASgJIkMKD0xlYXNlS2VlcEFsaXZlcxIwCgprZWVwYWxpdmVzGAEgAygLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlIm4KCVdhdGNoSG9sZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEiQKBGtpbmQYBCABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgFIAEoBSKXAwoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIABIxCghhY3F1aXJlZBgDIAEoCzIdLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2VIABIxCghyZWxlYXNlZBgEIAEoCzIdLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2VIABIzCgl3aXRoZHJhd24YBSABKAsyHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZUgAEioKBmZhaWxlZBgGIAEoCzIYLmZlbmNlcG9zdC52MS5DYWxsRmFpbGVkSAASNgoKa2VlcGFsaXZlcxgIIAEoCzIgLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUFja3NIABISCgpyZXF1ZXN0X2lkGAcgASgEQgoKCHJlc3BvbnNlIjsKCkNhbGxGYWlsZWQSDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEg4KBnN0YXR1cxgDIAEoDCJOChFMZWFzZUtlZXBBbGl2ZUFjaxIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEEhMKC3R0bF9zZWNvbmRzGAMgASgDIkMKEkxlYXNlS2VlcEFsaXZlQWNrcxItCgRhY2tzGAEgAygLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrIp8BCglIb2xkRW5kZWQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxIpCgZyZWFzb24YBSABKA4yGS5mZW5jZXBvc3QudjEuRXJyb3JSZWFzb24SJAoEa2luZBgGIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAcgASgFSgQIBBAFIh8KD0Rlc2NyaWJlUmVxdWVzdBIMCgRuYW1lGAEgASgJIskBChBEZXNjcmliZVJlc3BvbnNlEgwKBGhlbGQYASABKAgSJAoGaG9sZGVyGAIgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYAyABKAMSEwoLdHRsX3NlY29uZHMYBCABKAMSFAoMd2FpdGVyX2NvdW50GAUgASgDEiUKB3dhaXRlcnMYBiADKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEhAKCHJldmlzaW9uGAcgASgDIkkKEExpc3RMb2Nrc1JlcXVlc3QSDgoGcHJlZml4GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIp4BCghMb2NrSW5mbxIMCgRuYW1lGAEgASgJEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDGhlbGRfc2Vjb25kcxgFIAEoARIUCgx3YWl0ZXJfY291bnQYBiABKAMiZQoRTGlzdExvY2tzUmVzcG9uc2USJQoFbG9ja3MYASADKAsyFi5mZW5jZXBvc3QudjEuTG9ja0luZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIhMKEVNlcnZlckluZm9SZXF1ZXN0IvABCghFdGNkSW5mbxIRCgllbmRwb2ludHMYASADKAkSEAoIZW1iZWRkZWQYAiABKAgSEQoJYXZhaWxhYmxlGAMgASgIEg0KBWVycm9yGAQgASgJEhYKDnNlcnZlcl92ZXJzaW9uGAUgASgJEhIKCmNsdXN0ZXJfaWQYBiABKAQSEQoJbWVtYmVyX2lkGAcgASgEEhAKCHJldmlzaW9uGAggASgDEhEKCXJhZnRfdGVybRgJIAEoBBIOCgZsZWFkZXIYCiABKAQSEgoKcmFmdF9pbmRleBgLIAEoBBIVCg1kYl9zaXplX2J5dGVzGAwgASgDIokDChJTZXJ2ZXJJbmZvUmVzcG9uc2USDwoHdmVyc2lvbhgBIAEoCRITCgtpbnN0YW5jZV9pZBgCIAEoCRIWCg51cHRpbWVfc2Vjb25kcxgDIAEoARIWCg5saXN0ZW5fYWRkcmVzcxgEIAEoCRIWCg5oZWFsdGhfYWRkcmVzcxgFIAEoCRIXCg9tZXRyaWNzX2FkZHJlc3MYBiABKAkSEgoKa2V5X3ByZWZpeBgHIAEoCRIPCgdzZXJ2aW5nGAggASgIEiQKBGV0Y2QYCSABKAsyFi5mZW5jZXBvc3QudjEuRXRjZEluZm8SGQoRa2VlcGFsaXZlX3N0cmVhbXMYCiABKAMSGAoQa2VlcGFsaXZlX2xlYXNlcxgLIAEoAxIVCg13YXRjaGVkX2hvbGRzGAwgASgDEhgKEHdhaXRpbmdfYWNxdWlyZXMYDSABKAMSFgoOY29udGVuZGVyX2tleXMYDiABKAMSEgoKaGVsZF9sb2NrcxgPIAEoAxIPCgd3YWl0ZXJzGBAgASgDImoKEkFkbWluUmV2b2tlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAIgASgJEgwKBG5hbWUYASABKAkSJAoEa2luZBgDIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAQgASgFIkcKE0FkbWluUmV2b2tlUmVzcG9uc2USDwoHcmV2b2tlZBgBIAEoCBIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyI8ChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIokBCgtTZXNzaW9uSW5mbxIQCghsZWFzZV9pZBgBIAEoAxIWCg5vd25lcl9pZGVudGl0eRgCIAEoCRITCgt0dGxfc2Vjb25kcxgDIAEoAxIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYBCABKAMSDQoFaG9sZHMYBSADKAkSDQoFd2FpdHMYBiADKAkibgoUTGlzdFNlc3Npb25zUmVzcG9uc2USKwoIc2Vzc2lvbnMYASADKAsyGS5mZW5jZXBvc3QudjEuU2Vzc2lvbkluZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIjwKCkxlYWRlckluZm8SEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMSDQoFdmFsdWUYAyABKAwifwoPQ2FtcGFpZ25SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXZhbHVlGAMgASgMEg8KB3dhaXRfbXMYBCABKAMSFAoMd2FpdF9mb3JldmVyGAUgASgIEhIKCnJlcXVlc3RfaWQYBiABKAkiXAoQQ2FtcGFpZ25SZXNwb25zZRIPCgdlbGVjdGVkGAEgASgIEg0KBXRva2VuGAIgASgDEigKBmxlYWRlchgDIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvIlMKD1Byb2NsYWltUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxINCgV2YWx1ZRgEIAEoDCIkChBQcm9jbGFpbVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIlYKDVJlc2lnblJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSEgoKcmVxdWVzdF9pZBgEIAEoCSIxCg5SZXNpZ25SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIhCg1MZWFkZXJSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJIkwKDkxlYWRlclJlc3BvbnNlEigKBmxlYWRlchgBIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvEhAKCHJldmlzaW9uGAIgASgDIjoKDk9ic2VydmVSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhYKDmFmdGVyX3JldmlzaW9uGAIgASgDImAKD09ic2VydmVSZXNwb25zZRIoCgZsZWFkZXIYASABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbxIQCghyZXZpc2lvbhgCIAEoAxIRCgljb21wYWN0ZWQYAyABKAgiPQoMUGVybWl0SG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEgwKBHNsb3QYAiABKAUSDQoFdG9rZW4YAyABKAMiggEKFEFjcXVpcmVQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHcGVybWl0cxgDIAEoBRIPCgd3YWl0X21zGAQgASgDEhQKDHdhaXRfZm9yZXZlchgFIAEoCBISCgpyZXF1ZXN0X2lkGAYgASgJInMKFUFjcXVpcmVQZXJtaXRSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBIMCgRzbG90GAIgASgFEg0KBXRva2VuGAMgASgDEisKB2hvbGRlcnMYBCADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyImcKFFJlbGVhc2VQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDAoEc2xvdBgDIAEoBRINCgV0b2tlbhgEIAEoAxISCgpyZXF1ZXN0X2lkGAUgASgJIjgKFVJlbGVhc2VQZXJtaXRSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIoChhEZXNjcmliZVNlbWFwaG9yZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSKBAQoZRGVzY3JpYmVTZW1hcGhvcmVSZXNwb25zZRIPCgdwZXJtaXRzGAEgASgFEisKB2hvbGRlcnMYAiADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyEhQKDHdhaXRlcl9jb3VudBgDIAEoAxIQCghyZXZpc2lvbhgEIAEoAyrUAgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNSU5WQUxJRF9GSUVMRBABEg4KCk5PVF9IT0xERVIQAhIPCgtTVEFMRV9UT0tFThADEhEKDUxFQVNFX0VYUElSRUQQBBITCg9BQ1FVSVJFX1RJTUVPVVQQBRIUChBFVENEX1VOQVZBSUxBQkxFEAYSFAoQVE9PX01BTllfV0FJVEVSUxAHEhEKDVNIVVRUSU5HX0RPV04QCBIUChBUT09fTUFOWV9TVFJFQU1TEAkSDQoJREFUQV9MT1NTEAoSEQoNQUNDRVNTX0RFTklFRBALEhIKDkxJTUlUX0VYQ0VFREVEEAwSEwoPTk9UX0xFQVNFX09XTkVSEA0SFAoQUEVSTUlUU19NSVNNQVRDSBAOEhUKEVJFUVVFU1RfSURfUkVVU0VEEA8qTwoISG9sZEtpbmQSEgoOSE9MRF9LSU5EX0xPQ0sQABIWChJIT0xEX0tJTkRfRUxFQ1RJT04QARIXChNIT0xEX0tJTkRfU0VNQVBIT1JFEAIy+AsKC0xvY2tTZXJ2aWNlEk8KCkxlYXNlR3JhbnQSHy5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlc3BvbnNlElIKC0xlYXNlUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlc3BvbnNlEkYKB0FjcXVpcmUSHC5mZW5jZXBvc3QudjEuQWNxdWlyZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuQWNxdWlyZVJlc3BvbnNlEkYKB1JlbGVhc2USHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuUmVsZWFzZVJlc3BvbnNlEkkKCFdpdGhkcmF3Eh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdBoeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlElAKCUtlZXBBbGl2ZRIeLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlc3BvbnNlKAEwARJJCghEZXNjcmliZRIdLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXNwb25zZRJMCglMaXN0TG9ja3MSHi5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVxdWVzdBofLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXNwb25zZRJPCgpTZXJ2ZXJJbmZvEh8uZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXNwb25zZRJSCgtBZG1pblJldm9rZRIgLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXNwb25zZRJVCgxMaXN0U2Vzc2lvbnMSIS5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVxdWVzdBoiLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXNwb25zZRJJCghDYW1wYWlnbhIdLmZlbmNlcG9zdC52MS5DYW1wYWlnblJlcXVlc3QaHi5mZW5jZXBvc3QudjEuQ2FtcGFpZ25SZXNwb25zZRJJCghQcm9jbGFpbRIdLmZlbmNlcG9zdC52MS5Qcm9jbGFpbVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuUHJvY2xhaW1SZXNwb25zZRJDCgZSZXNpZ24SGy5mZW5jZXBvc3QudjEuUmVzaWduUmVxdWVzdBocLmZlbmNlcG9zdC52MS5SZXNpZ25SZXNwb25zZRJDCgZMZWFkZXISGy5mZW5jZXBvc3QudjEuTGVhZGVyUmVxdWVzdBocLmZlbmNlcG9zdC52MS5MZWFkZXJSZXNwb25zZRJICgdPYnNlcnZlEhwuZmVuY2Vwb3N0LnYxLk9ic2VydmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLk9ic2VydmVSZXNwb25zZTABElgKDUFjcXVpcmVQZXJtaXQSIi5mZW5jZXBvc3QudjEuQWNxdWlyZVBlcm1pdFJlcXVlc3QaIy5mZW5jZXBvc3QudjEuQWNxdWlyZVBlcm1pdFJlc3BvbnNlElgKDVJlbGVhc2VQZXJtaXQSIi5mZW5jZXBvc3QudjEuUmVsZWFzZVBlcm1pdFJlcXVlc3QaIy5mZW5jZXBvc3QudjEuUmVsZWFzZVBlcm1pdFJlc3BvbnNlEmQKEURlc2NyaWJlU2VtYXBob3JlEiYuZmVuY2Vwb3N0LnYxLkRlc2NyaWJlU2VtYXBob3JlUmVxdWVzdBonLmZlbmNlcG9zdC52MS5EZXNjcmliZVNlbWFwaG9yZVJlc3BvbnNlYgZwcm90bzM");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -465,7 +465,7 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
    */
   request: {
     /**
-     * keepalive: renew one lease.
+     * keepalive: renew one lease (`keepalives`: several in one message).
      *
      * @generated from field: fencepost.v1.LeaseKeepAlive keepalive = 1;
      */
@@ -523,6 +523,20 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
      */
     value: CancelCall;
     case: "cancel";
+  } | {
+    /**
+     * keepalives: renew several leases in one message, each entry as a
+     * `keepalive` of its own (see KeepAlive, "Batched keepalives"). Send it
+     * only to a coordinator that lists `keepalives` in
+     * `fencepost-stream-calls`: an older one ignores the message and renews
+     * nothing. More than 500 entries end the stream with INVALID_ARGUMENT
+     * (field `keepalives`), as a message that does not decode does; an
+     * empty batch is answered with nothing.
+     *
+     * @generated from field: fencepost.v1.LeaseKeepAlives keepalives = 12;
+     */
+    value: LeaseKeepAlives;
+    case: "keepalives";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -530,7 +544,9 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
    * named by this keepalive or watch. Needed on the first message naming
    * that lease on a stream (the stream remembers the leases it verified);
    * may be sent on every one. Not needed when the caller's certificate
-   * identity owns the lease. Ignored on unwatch.
+   * identity owns the lease. Ignored on unwatch. For `keepalives`: the
+   * secret of each entry that carries none of its own
+   * (LeaseKeepAlive.lease_secret).
    * For acquire, release and withdraw: the secret of the lease they name,
    * as the `fencepost-lease-secret` metadata entry is for the unary call.
    *
@@ -610,6 +626,16 @@ export type LeaseKeepAlive = Message<"fencepost.v1.LeaseKeepAlive"> & {
    * @generated from field: uint64 request_id = 2;
    */
   requestId: bigint;
+
+  /**
+   * lease_secret: the secret of this entry's lease, inside a batch
+   * (LeaseKeepAlives), as KeepAliveRequest.lease_secret is for a single
+   * keepalive; "" falls back to KeepAliveRequest.lease_secret. A single
+   * keepalive may carry it here or there.
+   *
+   * @generated from field: string lease_secret = 3;
+   */
+  leaseSecret: string;
 };
 
 /**
@@ -618,6 +644,30 @@ export type LeaseKeepAlive = Message<"fencepost.v1.LeaseKeepAlive"> & {
  */
 export const LeaseKeepAliveSchema: GenMessage<LeaseKeepAlive> = /*@__PURE__*/
   messageDesc(file_fencepost_v1_lock, 13);
+
+/**
+ * @generated from message fencepost.v1.LeaseKeepAlives
+ */
+export type LeaseKeepAlives = Message<"fencepost.v1.LeaseKeepAlives"> & {
+  /**
+   * keepalives: the leases to renew, at most 500 entries, each with its
+   * own request_id (echoed in its own ack). Each entry is a keepalive of
+   * its own: a lease the caller does not own ends the stream with
+   * PERMISSION_DENIED/NOT_LEASE_OWNER as a single keepalive does, and a
+   * lease that is gone is answered with ttl_seconds <= 0. A lease may
+   * appear more than once: each entry is answered.
+   *
+   * @generated from field: repeated fencepost.v1.LeaseKeepAlive keepalives = 1;
+   */
+  keepalives: LeaseKeepAlive[];
+};
+
+/**
+ * Describes the message fencepost.v1.LeaseKeepAlives.
+ * Use `create(LeaseKeepAlivesSchema)` to create a new message.
+ */
+export const LeaseKeepAlivesSchema: GenMessage<LeaseKeepAlives> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 14);
 
 /**
  * @generated from message fencepost.v1.WatchHold
@@ -664,7 +714,7 @@ export type WatchHold = Message<"fencepost.v1.WatchHold"> & {
  * Use `create(WatchHoldSchema)` to create a new message.
  */
 export const WatchHoldSchema: GenMessage<WatchHold> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 14);
+  messageDesc(file_fencepost_v1_lock, 15);
 
 /**
  * @generated from message fencepost.v1.KeepAliveResponse
@@ -675,7 +725,8 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
    */
   response: {
     /**
-     * keepalive: the answer to one LeaseKeepAlive.
+     * keepalive: the answer to one LeaseKeepAlive, alone or of a batch
+     * (several ready together on a stream that sent a batch: `keepalives`).
      *
      * @generated from field: fencepost.v1.LeaseKeepAliveAck keepalive = 1;
      */
@@ -722,6 +773,17 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
      */
     value: CallFailed;
     case: "failed";
+  } | {
+    /**
+     * keepalives: the acks of several keepalives that were ready to be sent
+     * at the same time, each the LeaseKeepAliveAck it would have been
+     * alone. Only on a stream that has sent at least one batch
+     * (KeepAliveRequest.keepalives); match each ack by its request_id.
+     *
+     * @generated from field: fencepost.v1.LeaseKeepAliveAcks keepalives = 8;
+     */
+    value: LeaseKeepAliveAcks;
+    case: "keepalives";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -738,7 +800,7 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
  * Use `create(KeepAliveResponseSchema)` to create a new message.
  */
 export const KeepAliveResponseSchema: GenMessage<KeepAliveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 15);
+  messageDesc(file_fencepost_v1_lock, 16);
 
 /**
  * @generated from message fencepost.v1.CallFailed
@@ -773,7 +835,7 @@ export type CallFailed = Message<"fencepost.v1.CallFailed"> & {
  * Use `create(CallFailedSchema)` to create a new message.
  */
 export const CallFailedSchema: GenMessage<CallFailed> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 16);
+  messageDesc(file_fencepost_v1_lock, 17);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAck
@@ -807,7 +869,26 @@ export type LeaseKeepAliveAck = Message<"fencepost.v1.LeaseKeepAliveAck"> & {
  * Use `create(LeaseKeepAliveAckSchema)` to create a new message.
  */
 export const LeaseKeepAliveAckSchema: GenMessage<LeaseKeepAliveAck> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 17);
+  messageDesc(file_fencepost_v1_lock, 18);
+
+/**
+ * @generated from message fencepost.v1.LeaseKeepAliveAcks
+ */
+export type LeaseKeepAliveAcks = Message<"fencepost.v1.LeaseKeepAliveAcks"> & {
+  /**
+   * acks: two or more acks, in the order they became ready.
+   *
+   * @generated from field: repeated fencepost.v1.LeaseKeepAliveAck acks = 1;
+   */
+  acks: LeaseKeepAliveAck[];
+};
+
+/**
+ * Describes the message fencepost.v1.LeaseKeepAliveAcks.
+ * Use `create(LeaseKeepAliveAcksSchema)` to create a new message.
+ */
+export const LeaseKeepAliveAcksSchema: GenMessage<LeaseKeepAliveAcks> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 19);
 
 /**
  * @generated from message fencepost.v1.HoldEnded
@@ -860,7 +941,7 @@ export type HoldEnded = Message<"fencepost.v1.HoldEnded"> & {
  * Use `create(HoldEndedSchema)` to create a new message.
  */
 export const HoldEndedSchema: GenMessage<HoldEnded> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 18);
+  messageDesc(file_fencepost_v1_lock, 20);
 
 /**
  * @generated from message fencepost.v1.DescribeRequest
@@ -879,7 +960,7 @@ export type DescribeRequest = Message<"fencepost.v1.DescribeRequest"> & {
  * Use `create(DescribeRequestSchema)` to create a new message.
  */
 export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 19);
+  messageDesc(file_fencepost_v1_lock, 21);
 
 /**
  * @generated from message fencepost.v1.DescribeResponse
@@ -944,7 +1025,7 @@ export type DescribeResponse = Message<"fencepost.v1.DescribeResponse"> & {
  * Use `create(DescribeResponseSchema)` to create a new message.
  */
 export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 20);
+  messageDesc(file_fencepost_v1_lock, 22);
 
 /**
  * @generated from message fencepost.v1.ListLocksRequest
@@ -979,7 +1060,7 @@ export type ListLocksRequest = Message<"fencepost.v1.ListLocksRequest"> & {
  * Use `create(ListLocksRequestSchema)` to create a new message.
  */
 export const ListLocksRequestSchema: GenMessage<ListLocksRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 21);
+  messageDesc(file_fencepost_v1_lock, 23);
 
 /**
  * LockInfo is one held lock in a ListLocks page.
@@ -1041,7 +1122,7 @@ export type LockInfo = Message<"fencepost.v1.LockInfo"> & {
  * Use `create(LockInfoSchema)` to create a new message.
  */
 export const LockInfoSchema: GenMessage<LockInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 22);
+  messageDesc(file_fencepost_v1_lock, 24);
 
 /**
  * @generated from message fencepost.v1.ListLocksResponse
@@ -1075,7 +1156,7 @@ export type ListLocksResponse = Message<"fencepost.v1.ListLocksResponse"> & {
  * Use `create(ListLocksResponseSchema)` to create a new message.
  */
 export const ListLocksResponseSchema: GenMessage<ListLocksResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 23);
+  messageDesc(file_fencepost_v1_lock, 25);
 
 /**
  * @generated from message fencepost.v1.ServerInfoRequest
@@ -1088,7 +1169,7 @@ export type ServerInfoRequest = Message<"fencepost.v1.ServerInfoRequest"> & {
  * Use `create(ServerInfoRequestSchema)` to create a new message.
  */
 export const ServerInfoRequestSchema: GenMessage<ServerInfoRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 24);
+  messageDesc(file_fencepost_v1_lock, 26);
 
 /**
  * EtcdInfo is the etcd a coordinator uses, as that coordinator sees it.
@@ -1195,7 +1276,7 @@ export type EtcdInfo = Message<"fencepost.v1.EtcdInfo"> & {
  * Use `create(EtcdInfoSchema)` to create a new message.
  */
 export const EtcdInfoSchema: GenMessage<EtcdInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 25);
+  messageDesc(file_fencepost_v1_lock, 27);
 
 /**
  * @generated from message fencepost.v1.ServerInfoResponse
@@ -1340,7 +1421,7 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
  * Use `create(ServerInfoResponseSchema)` to create a new message.
  */
 export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 26);
+  messageDesc(file_fencepost_v1_lock, 28);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeRequest
@@ -1394,7 +1475,7 @@ export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
  * Use `create(AdminRevokeRequestSchema)` to create a new message.
  */
 export const AdminRevokeRequestSchema: GenMessage<AdminRevokeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 27);
+  messageDesc(file_fencepost_v1_lock, 29);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeResponse
@@ -1428,7 +1509,7 @@ export type AdminRevokeResponse = Message<"fencepost.v1.AdminRevokeResponse"> & 
  * Use `create(AdminRevokeResponseSchema)` to create a new message.
  */
 export const AdminRevokeResponseSchema: GenMessage<AdminRevokeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 28);
+  messageDesc(file_fencepost_v1_lock, 30);
 
 /**
  * @generated from message fencepost.v1.ListSessionsRequest
@@ -1455,7 +1536,7 @@ export type ListSessionsRequest = Message<"fencepost.v1.ListSessionsRequest"> & 
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 29);
+  messageDesc(file_fencepost_v1_lock, 31);
 
 /**
  * SessionInfo is one live lease in a ListSessions page.
@@ -1518,7 +1599,7 @@ export type SessionInfo = Message<"fencepost.v1.SessionInfo"> & {
  * Use `create(SessionInfoSchema)` to create a new message.
  */
 export const SessionInfoSchema: GenMessage<SessionInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 30);
+  messageDesc(file_fencepost_v1_lock, 32);
 
 /**
  * @generated from message fencepost.v1.ListSessionsResponse
@@ -1553,7 +1634,7 @@ export type ListSessionsResponse = Message<"fencepost.v1.ListSessionsResponse"> 
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 31);
+  messageDesc(file_fencepost_v1_lock, 33);
 
 /**
  * LeaderInfo is one leadership of an election.
@@ -1588,7 +1669,7 @@ export type LeaderInfo = Message<"fencepost.v1.LeaderInfo"> & {
  * Use `create(LeaderInfoSchema)` to create a new message.
  */
 export const LeaderInfoSchema: GenMessage<LeaderInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 32);
+  messageDesc(file_fencepost_v1_lock, 34);
 
 /**
  * @generated from message fencepost.v1.CampaignRequest
@@ -1641,7 +1722,7 @@ export type CampaignRequest = Message<"fencepost.v1.CampaignRequest"> & {
  * Use `create(CampaignRequestSchema)` to create a new message.
  */
 export const CampaignRequestSchema: GenMessage<CampaignRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 33);
+  messageDesc(file_fencepost_v1_lock, 35);
 
 /**
  * @generated from message fencepost.v1.CampaignResponse
@@ -1675,7 +1756,7 @@ export type CampaignResponse = Message<"fencepost.v1.CampaignResponse"> & {
  * Use `create(CampaignResponseSchema)` to create a new message.
  */
 export const CampaignResponseSchema: GenMessage<CampaignResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 34);
+  messageDesc(file_fencepost_v1_lock, 36);
 
 /**
  * @generated from message fencepost.v1.ProclaimRequest
@@ -1711,7 +1792,7 @@ export type ProclaimRequest = Message<"fencepost.v1.ProclaimRequest"> & {
  * Use `create(ProclaimRequestSchema)` to create a new message.
  */
 export const ProclaimRequestSchema: GenMessage<ProclaimRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 35);
+  messageDesc(file_fencepost_v1_lock, 37);
 
 /**
  * @generated from message fencepost.v1.ProclaimResponse
@@ -1730,7 +1811,7 @@ export type ProclaimResponse = Message<"fencepost.v1.ProclaimResponse"> & {
  * Use `create(ProclaimResponseSchema)` to create a new message.
  */
 export const ProclaimResponseSchema: GenMessage<ProclaimResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 36);
+  messageDesc(file_fencepost_v1_lock, 38);
 
 /**
  * @generated from message fencepost.v1.ResignRequest
@@ -1766,7 +1847,7 @@ export type ResignRequest = Message<"fencepost.v1.ResignRequest"> & {
  * Use `create(ResignRequestSchema)` to create a new message.
  */
 export const ResignRequestSchema: GenMessage<ResignRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 37);
+  messageDesc(file_fencepost_v1_lock, 39);
 
 /**
  * @generated from message fencepost.v1.ResignResponse
@@ -1792,7 +1873,7 @@ export type ResignResponse = Message<"fencepost.v1.ResignResponse"> & {
  * Use `create(ResignResponseSchema)` to create a new message.
  */
 export const ResignResponseSchema: GenMessage<ResignResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 38);
+  messageDesc(file_fencepost_v1_lock, 40);
 
 /**
  * @generated from message fencepost.v1.LeaderRequest
@@ -1809,7 +1890,7 @@ export type LeaderRequest = Message<"fencepost.v1.LeaderRequest"> & {
  * Use `create(LeaderRequestSchema)` to create a new message.
  */
 export const LeaderRequestSchema: GenMessage<LeaderRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 39);
+  messageDesc(file_fencepost_v1_lock, 41);
 
 /**
  * @generated from message fencepost.v1.LeaderResponse
@@ -1835,7 +1916,7 @@ export type LeaderResponse = Message<"fencepost.v1.LeaderResponse"> & {
  * Use `create(LeaderResponseSchema)` to create a new message.
  */
 export const LeaderResponseSchema: GenMessage<LeaderResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 40);
+  messageDesc(file_fencepost_v1_lock, 42);
 
 /**
  * @generated from message fencepost.v1.ObserveRequest
@@ -1860,7 +1941,7 @@ export type ObserveRequest = Message<"fencepost.v1.ObserveRequest"> & {
  * Use `create(ObserveRequestSchema)` to create a new message.
  */
 export const ObserveRequestSchema: GenMessage<ObserveRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 41);
+  messageDesc(file_fencepost_v1_lock, 43);
 
 /**
  * @generated from message fencepost.v1.ObserveResponse
@@ -1895,7 +1976,7 @@ export type ObserveResponse = Message<"fencepost.v1.ObserveResponse"> & {
  * Use `create(ObserveResponseSchema)` to create a new message.
  */
 export const ObserveResponseSchema: GenMessage<ObserveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 42);
+  messageDesc(file_fencepost_v1_lock, 44);
 
 /**
  * PermitHolder is one granted permit of a semaphore.
@@ -1928,7 +2009,7 @@ export type PermitHolder = Message<"fencepost.v1.PermitHolder"> & {
  * Use `create(PermitHolderSchema)` to create a new message.
  */
 export const PermitHolderSchema: GenMessage<PermitHolder> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 43);
+  messageDesc(file_fencepost_v1_lock, 45);
 
 /**
  * @generated from message fencepost.v1.AcquirePermitRequest
@@ -1978,7 +2059,7 @@ export type AcquirePermitRequest = Message<"fencepost.v1.AcquirePermitRequest"> 
  * Use `create(AcquirePermitRequestSchema)` to create a new message.
  */
 export const AcquirePermitRequestSchema: GenMessage<AcquirePermitRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 44);
+  messageDesc(file_fencepost_v1_lock, 46);
 
 /**
  * @generated from message fencepost.v1.AcquirePermitResponse
@@ -2016,7 +2097,7 @@ export type AcquirePermitResponse = Message<"fencepost.v1.AcquirePermitResponse"
  * Use `create(AcquirePermitResponseSchema)` to create a new message.
  */
 export const AcquirePermitResponseSchema: GenMessage<AcquirePermitResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 45);
+  messageDesc(file_fencepost_v1_lock, 47);
 
 /**
  * @generated from message fencepost.v1.ReleasePermitRequest
@@ -2057,7 +2138,7 @@ export type ReleasePermitRequest = Message<"fencepost.v1.ReleasePermitRequest"> 
  * Use `create(ReleasePermitRequestSchema)` to create a new message.
  */
 export const ReleasePermitRequestSchema: GenMessage<ReleasePermitRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 46);
+  messageDesc(file_fencepost_v1_lock, 48);
 
 /**
  * @generated from message fencepost.v1.ReleasePermitResponse
@@ -2083,7 +2164,7 @@ export type ReleasePermitResponse = Message<"fencepost.v1.ReleasePermitResponse"
  * Use `create(ReleasePermitResponseSchema)` to create a new message.
  */
 export const ReleasePermitResponseSchema: GenMessage<ReleasePermitResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 47);
+  messageDesc(file_fencepost_v1_lock, 49);
 
 /**
  * @generated from message fencepost.v1.DescribeSemaphoreRequest
@@ -2100,7 +2181,7 @@ export type DescribeSemaphoreRequest = Message<"fencepost.v1.DescribeSemaphoreRe
  * Use `create(DescribeSemaphoreRequestSchema)` to create a new message.
  */
 export const DescribeSemaphoreRequestSchema: GenMessage<DescribeSemaphoreRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 48);
+  messageDesc(file_fencepost_v1_lock, 50);
 
 /**
  * @generated from message fencepost.v1.DescribeSemaphoreResponse
@@ -2140,7 +2221,7 @@ export type DescribeSemaphoreResponse = Message<"fencepost.v1.DescribeSemaphoreR
  * Use `create(DescribeSemaphoreResponseSchema)` to create a new message.
  */
 export const DescribeSemaphoreResponseSchema: GenMessage<DescribeSemaphoreResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 49);
+  messageDesc(file_fencepost_v1_lock, 51);
 
 /**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
@@ -2469,9 +2550,11 @@ export const LockService: GenService<{
    * RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
    * streams on this coordinator), INVALID_ARGUMENT (name: a
    * watch or unwatch whose name is not valid UTF-8; no field: a message
-   * that is no KeepAliveRequest at all; the stream ends),
-   * PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive or watch for a live
-   * lease the caller does not own; the stream ends, nothing is renewed).
+   * that is no KeepAliveRequest at all; keepalives: a batch of more than
+   * 500 entries; the stream ends),
+   * PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive, an entry of a batch or
+   * a watch for a live lease the caller does not own; the stream ends,
+   * nothing is renewed for that lease).
    *
    * Calls on the stream: Acquire, Release and Withdraw may also be sent as
    * messages on this stream (KeepAliveRequest.acquire/.release/.withdraw
@@ -2481,8 +2564,10 @@ export const LockService: GenService<{
    * (access policy, ownership, limits) and errors as the unary calls, one
    * gRPC message each way instead of a call: the fast path under load. A
    * coordinator that serves them says so in the stream's initial metadata
-   * (`fencepost-stream-calls: acquire,release,withdraw`); a client that does
-   * not see it uses the unary calls. Answers come in any order.
+   * (`fencepost-stream-calls: acquire,release,withdraw,keepalives`: the
+   * KeepAliveRequest fields it serves beyond keepalive, watch and unwatch,
+   * comma-separated; ignore words you do not know); a client that does not
+   * see a call there uses the unary call. Answers come in any order.
    * A grant on the stream is watched on that stream at once, as if a
    * `watch` had followed it (its end is told by HoldEnded), and a release
    * on the stream that succeeds drops that watch: no watch or unwatch
@@ -2494,6 +2579,24 @@ export const LockService: GenService<{
    * (INVALID_ARGUMENT naming the field), and the stream goes on; a message
    * protobuf cannot decode (a string that is not UTF-8) ends the stream
    * with INVALID_ARGUMENT, as for a keepalive or watch.
+   *
+   * Batched keepalives: `keepalives` renews several leases in one message
+   * (LeaseKeepAlives, at most 500 entries), each entry served exactly as a
+   * `keepalive` of its own would be (ownership, limits, forwarding to etcd)
+   * and answered by its own LeaseKeepAliveAck. A coordinator that serves
+   * them lists `keepalives` in `fencepost-stream-calls`; a client that does
+   * not see it sends one `keepalive` per lease. Acks that are ready at the
+   * same time are sent together, as one LeaseKeepAliveAcks
+   * (KeepAliveResponse.keepalives), but only on a stream that has sent at
+   * least one batch: older clients, and clients that never batch (the
+   * TypeScript client), keep getting one LeaseKeepAliveAck per message. No
+   * ack is held back to wait for another, so how many go together depends
+   * on how etcd's answers arrive: few on an idle coordinator, more under
+   * load. Cost: a batch of N leases is one client message instead of N
+   * (each gRPC message costs the coordinator about as much CPU as the rest
+   * of a keepalive), and between 1 and N answers; etcd still gets one
+   * keepalive per lease, each way, on the coordinator's shared
+   * LeaseKeepAlive stream.
    *
    * @generated from rpc fencepost.v1.LockService.KeepAlive
    */
