@@ -23,7 +23,7 @@ import pytest
 from fencepost.client import AsyncLockClient
 from fencepost.client._leases.calls import CALLS_METADATA, Outbox
 from fencepost.client._leases.lease import Lease
-from fencepost.client._leases.renewals import Renewals
+from fencepost.client._leases.renewals import EARLY, Renewals
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1.keys import MAX_KEEPALIVES_PER_BATCH
 from fencepost.coordinator.api import keepalive as coordinator_keepalive
@@ -65,20 +65,30 @@ def test_renewals_when_leases_of_other_ttls_come_close() -> None:
 
 
 async def test_renewals_run_sends_due_leases_in_one_go() -> None:
-    """The one task sends the leases due together in one call, at their period (real time, short TTLs)."""
+    """The one task sends the leases due together in one call, never sooner than a period allows (real time,
+    short TTLs; it waits for the fourth send, not for a time)."""
     loop = asyncio.get_running_loop()
-    sent: list[list[int]] = []
-    renewals = Renewals(loop.time, 0.1, lambda leases: sent.append([lease.lease_id for lease in leases]))
+    sent: list[tuple[float, list[int]]] = []
+    fourth = asyncio.Event()
+
+    def send(leases: list[Lease]) -> None:
+        sent.append((loop.time(), [lease.lease_id for lease in leases]))
+        if len(sent) >= 4:
+            fourth.set()
+
+    renewals = Renewals(loop.time, 0.1, send)
     a, b = Lease(1, 1, loop.time(), clock=loop.time), Lease(2, 1, loop.time(), clock=loop.time)  # periods 0.1 s
     renewals.add(a)
     renewals.add(b)
     task = asyncio.ensure_future(renewals.run())
     try:
-        await asyncio.sleep(0.35)
+        await asyncio.wait_for(fourth.wait(), 10)
     finally:
         renewals.stop()
         await asyncio.wait_for(task, 5)
-    assert sent[0] == [1, 2] and 3 <= len(sent) <= 5 and all(ids == [1, 2] for ids in sent), sent
+    assert all(ids == [1, 2] for _, ids in sent), sent
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(sent, sent[1:])]
+    assert min(gaps) >= 0.1 * (1 - EARLY) - 1e-3, gaps  # a renewal at most a quarter period early
 
 
 # ---------------------------------------------------------------- unit: the wire form
