@@ -8,9 +8,9 @@ once, for the asyncio :class:`AsyncLockHandle` and the sync
 
 An :class:`AsyncLockHandle` is the only writer of its own state: the recipe
 that made it, the lease pool and the KeepAlive stream change it through its
-methods (:meth:`~AsyncLockHandle.start_release`,
-:meth:`~AsyncLockHandle.note_hold_ended`, :meth:`~AsyncLockHandle.mark_lost`,
-:meth:`~AsyncLockHandle.mark_released`). It is lost exactly once, whichever
+methods (:meth:`~AsyncLockHandle._start_release`,
+:meth:`~AsyncLockHandle._note_hold_ended`, :meth:`~AsyncLockHandle._mark_lost`,
+:meth:`~AsyncLockHandle._mark_released`). It is lost exactly once, whichever
 detection path fires first (local deadline, an acknowledgement saying the
 lease is gone, a HoldEnded event, a reconnect finding the lease gone), and
 never after it was released.
@@ -329,35 +329,23 @@ class AsyncLockHandle(HoldView):
             self._tasks.append(task)
 
     # ------------------------------------------------------------------ bookkeeping (the client's)
+    # Called by the client's own modules (the recipes, the lease pool, the KeepAlive stream), never by
+    # applications: underscore names, so that they stay out of the public API. They read ``_lease``,
+    # ``_releasing`` and ``_ended_during_release``; only these methods write the hold's state.
 
-    @property
-    def lease(self) -> Lease:
-        """The client's record of the lease this hold is under (its deadline, its other holds)."""
-        return self._lease
-
-    @property
-    def releasing(self) -> bool:
-        """Whether a Release call of this hold is in flight."""
-        return self._releasing
-
-    @property
-    def ended_during_release(self) -> str | None:
-        """The reason of a HoldEnded that arrived while the Release was in flight (see :meth:`note_hold_ended`)."""
-        return self._ended_during_release
-
-    def release_request_id(self) -> str:
+    def _release_request_id(self) -> str:
         """The request id of this hold's Release: made at first use, the same on every retry and later call."""
         if not self._request_id:
             self._request_id = wire.new_request_id()
         return self._request_id
 
-    def start_release(self, call: Callable[[], Awaitable[None]],
+    def _start_release(self, call: Callable[[], Awaitable[None]],
                       settle: Callable[[asyncio.Future[None]], None]) -> asyncio.Future[None]:
         """The Release call of this hold: ``call()`` started unless one is in flight, shared by every caller.
 
         The call is not cancelled with its caller: a Release that reached the
         server may have committed, and only its answer tells. When it ends,
-        the hold is no longer :attr:`releasing` and ``settle(done)`` applies
+        the hold is no longer releasing and ``settle(done)`` applies
         its outcome (also when every caller was cancelled).
 
         Returns:
@@ -374,12 +362,12 @@ class AsyncLockHandle(HoldView):
         self._releasing = False
         settle(done)
 
-    def note_hold_ended(self, reason: str) -> bool:
+    def _note_hold_ended(self, reason: str) -> bool:
         """A HoldEnded event for this hold arrived, with ``reason``.
 
         Returns:
             True when the hold is to be lost now; False while its Release is in
-            flight: the reason is kept (:attr:`ended_during_release`) for the
+            flight: the reason is kept (``_ended_during_release``) for the
             release's outcome to interpret (most likely that very Release ended it).
         """
         if self._releasing:
@@ -387,7 +375,7 @@ class AsyncLockHandle(HoldView):
             return False
         return True
 
-    def mark_lost(self, reason: str) -> bool:
+    def _mark_lost(self, reason: str) -> bool:
         """Signal the loss once: set ``lost``, run hooks, callbacks, cancel tasks.
 
         Returns:
@@ -410,18 +398,18 @@ class AsyncLockHandle(HoldView):
             self._cancel(task)
         return True
 
-    def mark_released(self) -> None:
+    def _mark_released(self) -> None:
         """The hold is released (or known gone, or its client closed): no callback or task is told of a loss."""
         self._released = True
         self._releasing = False
         self._callbacks.clear()
         self._tasks.clear()
 
-    def add_lost_hook(self, hook: Callable[[AsyncLockHandle], None]) -> None:
+    def _add_lost_hook(self, hook: Callable[[AsyncLockHandle], None]) -> None:
         """Call ``hook(handle)`` on the loop, synchronously, when the hold is lost (a sync handle's event)."""
         self._hooks.append(hook)
 
-    def cancelled_by_loss(self, task: asyncio.Task[object]) -> bool:
+    def _cancelled_by_loss(self, task: asyncio.Task[object]) -> bool:
         """Whether ``task`` was cancelled because the hold was lost (:meth:`cancel_on_lost`)."""
         return task in self._cancelled_tasks
 

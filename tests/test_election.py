@@ -17,6 +17,7 @@ from fencepost.client import (
     AsyncLockClient,
     InvalidArgument,
     LeaderInfo,
+    LeaderObserver,
     LeaseLost,
     LockClient,
     LockTimeout,
@@ -335,3 +336,27 @@ def _sync_election(address: str) -> None:
         observer.stop()
         assert observer.error is None
         assert other.leader("sync") is None
+
+
+async def test_leader_observer_made_directly_follows_and_leaves_the_client_open(address: str) -> None:
+    """``LeaderObserver(client, election, callback)``, the exported class made by hand as before the client's
+    regrouping: it follows the election, and stopping it leaves the caller's client open."""
+    await asyncio.wait_for(asyncio.to_thread(_observer_made_directly, address), 60)
+
+
+def _observer_made_directly(address: str) -> None:
+    import queue as q
+
+    with LockClient(address) as client:
+        changes: q.Queue[LeaderInfo | None] = q.Queue()
+        observer = LeaderObserver(client, "direct", changes.put)
+        assert changes.get(timeout=10) is None
+        lead = client.campaign("direct", "me", ttl=5, timeout=5)
+        got = changes.get(timeout=10)
+        assert got is not None and got.value == b"me"
+        lead.resign()
+        assert changes.get(timeout=10) is None
+        observer.stop()
+        assert observer.error is None
+        assert client.leader("direct") is None  # the client is still open
+

@@ -245,7 +245,7 @@ class AsyncLockClient(QueryCalls):
             yield handle
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
-            if task is not None and handle.cancelled_by_loss(task) and task.uncancel() == 0:
+            if task is not None and handle._cancelled_by_loss(task) and task.uncancel() == 0:
                 await self._holds.release_quietly(handle)
                 raise LeaseLost(
                     "lock hold was lost", name=handle.name, lease_id=handle.lease_id, reason=handle.lost_reason

@@ -244,7 +244,7 @@ class LeasePool:
 
     def add_hold(self, handle: AsyncLockHandle) -> None:
         """Keep a new grant: ``handle`` holds its name under its lease (until released or lost)."""
-        handle.lease.holds[handle.hold_name] = handle
+        handle._lease.holds[handle.hold_name] = handle
 
     def lose_hold(self, handle: AsyncLockHandle, reason: str) -> None:
         """Declare one hold lost (its ``lost`` is signalled once) and free its slot.
@@ -254,7 +254,7 @@ class LeasePool:
             reason: Why (``NOT_HOLDER``, ``LEASE_EXPIRED``, ``DEADLINE``...).
         """
         self._drop_hold(handle)
-        if handle.mark_lost(reason):
+        if handle._mark_lost(reason):
             self.metrics.lost(reason)
             log.info("fencepost: %s (lease %d, token %d) lost (%s)", kinds.describe(handle.hold_name),
                      handle.lease_id, handle.token, reason)
@@ -264,7 +264,7 @@ class LeasePool:
         """Forget a hold that is released (or known gone): free its slot, mark it released."""
         self._drop_hold(handle)
         self.free_slot(handle)
-        handle.mark_released()
+        handle._mark_released()
 
     def expire(self) -> float | None:
         """Lose every lease whose local deadline has passed (reason ``DEADLINE``).
@@ -323,12 +323,12 @@ class LeasePool:
         for lease in list(self._by_id.values()):
             lease.mark_lost(REASON_CLOSED)
             for handle in list(lease.holds.values()):
-                handle.mark_released()
+                handle._mark_released()
         self._by_id.clear()
         self._by_ttl.clear()
 
     def _drop_hold(self, handle: AsyncLockHandle) -> None:
-        lease = handle.lease
+        lease = handle._lease
         if lease.holds.get(handle.hold_name) is handle:
             del lease.holds[handle.hold_name]
             lease.last_used = self.clock()

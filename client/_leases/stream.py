@@ -264,10 +264,10 @@ class KeepAliveStream:
         if handle is None:
             return
         reason = hold_end_reason(event.reason)
-        if not handle.note_hold_ended(reason):
+        if not handle._note_hold_ended(reason):
             return  # its release is in flight: the release's outcome interprets the event
         if reason == LEASE_EXPIRED:
-            self.pool.lose(handle.lease, reason)
+            self.pool.lose(handle._lease, reason)
         else:
             self.pool.lose_hold(handle, reason)
 

@@ -218,7 +218,7 @@ class CampaignRecipe(Recipe):
         holds = self.holds
         # One request id per leadership: a retry of its Resign answers as the first did.
         request = pb.ResignRequest(election=handle.name, lease_id=handle.lease_id, token=handle.token,
-                                   request_id=handle.release_request_id())
+                                   request_id=handle._release_request_id())
         await holds.transport.call("Resign", lambda left: (request, bounded(holds.call_timeout, left)),
                                    until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
                                    token=handle.token, secret=handle.lease_secret)
@@ -239,7 +239,7 @@ class CampaignRecipe(Recipe):
                                        token=handle.token, secret=handle.lease_secret)
         except (NotHolder, StaleTokenError, LeaseLost) as err:
             if isinstance(err, LeaseLost):
-                holds.pool.lose(handle.lease, LEASE_EXPIRED)
+                holds.pool.lose(handle._lease, LEASE_EXPIRED)
             holds.pool.lose_hold(handle, err.reason or NOT_HOLDER)
             raise
         handle.value = value

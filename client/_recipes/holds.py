@@ -299,7 +299,7 @@ class Holds:
                 the coordinator may be unreachable) and the loop retries on a
                 new lease rather than hand out a handle that is lost from the start.
         """
-        lease = handle.lease
+        lease = handle._lease
         if lease.lost:
             self.spawn(self.release_quietly(handle), f"fencepost-release-{handle.name}")
             raise LeaseLost(f"the lease was lost while {recipe.acting}", name=handle.name, lease_id=lease.lease_id,
@@ -378,7 +378,7 @@ class Holds:
             self.pool.finish_release(handle)
             raise LeaseLost(f"{'lock hold' if handle.what == 'lock' else handle.what} was lost before release",
                             name=handle.name, lease_id=handle.lease_id, reason=reason)
-        await asyncio.shield(handle.start_release(lambda: call(handle, deadline),
+        await asyncio.shield(handle._start_release(lambda: call(handle, deadline),
                                                   lambda done: self._settle_release(handle, done)))
 
     def _settle_release(self, handle: AsyncLockHandle, done: asyncio.Future[None]) -> None:
@@ -393,13 +393,13 @@ class Holds:
             return
         if isinstance(err, (NotHolder, StaleTokenError, LeaseLost)):
             if isinstance(err, LeaseLost):
-                self.pool.lose(handle.lease, LEASE_EXPIRED)
+                self.pool.lose(handle._lease, LEASE_EXPIRED)
             self.pool.lose_hold(handle, err.reason or NOT_HOLDER)
             self.pool.finish_release(handle)
             return
-        ended = handle.ended_during_release
+        ended = handle._ended_during_release
         if ended == LEASE_EXPIRED:
-            self.pool.lose(handle.lease, ended)
+            self.pool.lose(handle._lease, ended)
         elif ended is not None:
             # The server ended the hold while our release was in flight:
             # most likely that very release. The lock is not held either way.

@@ -10,7 +10,7 @@ else as unary calls; the same rules either way:
   out), with the holder's lease and token when the coordinator sent them;
 - Withdraw deletes what an abandoned Acquire may have left: a queued wait,
   or a grant that never reached its caller;
-- Release carries one request id per hold (:meth:`AsyncLockHandle.release_request_id`):
+- Release carries one request id per hold (:meth:`AsyncLockHandle._release_request_id`):
   every attempt, and a release called again after one that failed
   (Unavailable), is the same call, so a retry of a Release that committed
   answers OK; hence it is retried after UNAVAILABLE like an idempotent call.
@@ -93,7 +93,7 @@ class LockRecipe(Recipe):
     async def release_call(self, handle: AsyncLockHandle, until: float) -> None:
         holds = self.holds
         request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token,
-                                    request_id=handle.release_request_id())
+                                    request_id=handle._release_request_id())
         await holds.transport.call("Release", lambda left: (request, bounded(holds.call_timeout, left)),
                                    until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
                                    token=handle.token, secret=handle.lease_secret, stream=holds.stream.calls)

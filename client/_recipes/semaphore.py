@@ -147,7 +147,7 @@ class PermitRecipe(Recipe):
         holds = self.holds
         # One request id per permit: a retry of its ReleasePermit answers as the first did.
         request = pb.ReleasePermitRequest(name=handle.name, lease_id=handle.lease_id, slot=handle.slot,
-                                          token=handle.token, request_id=handle.release_request_id())
+                                          token=handle.token, request_id=handle._release_request_id())
         await holds.transport.call("ReleasePermit", lambda left: (request, bounded(holds.call_timeout, left)),
                                    until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
                                    token=handle.token, secret=handle.lease_secret)
@@ -261,7 +261,7 @@ class AsyncSemaphore:
         if exc is None:
             await handle.release()
             return
-        if isinstance(exc, asyncio.CancelledError) and task is not None and handle.cancelled_by_loss(task) \
+        if isinstance(exc, asyncio.CancelledError) and task is not None and handle._cancelled_by_loss(task) \
                 and task.uncancel() == 0:
             await self._holds.release_quietly(handle)
             raise LeaseLost(f"{handle.what} was lost", name=self.name, lease_id=handle.lease_id,

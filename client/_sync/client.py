@@ -275,7 +275,7 @@ class LockClient:
         Returns:
             The :class:`LeaderObserver`; ``stop()`` it when done.
         """
-        return LeaderObserver(self.observe(election), election, callback)
+        return LeaderObserver(self, election, callback)
 
 
 class Semaphore:

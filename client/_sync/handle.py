@@ -39,7 +39,7 @@ class LockHandle(HoldView):
         self.lost = threading.Event()
         if inner.lost_reason is not None:
             self.lost.set()
-        inner.add_lost_hook(lambda _h: self.lost.set())
+        inner._add_lost_hook(lambda _h: self.lost.set())
 
     def release(self) -> None:
         """Release the lock (one Release RPC); ownership is kept if it fails (see :meth:`AsyncLockHandle.release`).

@@ -12,12 +12,15 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._aio.client import AsyncLockClient
 from .._recipes.election import LeaderInfo
 from ..errors import FencepostError
 from .loop import LoopThread
+
+if TYPE_CHECKING:
+    from .client import LockClient
 
 __all__ = ["LeaderChanges", "LeaderObserver"]
 
@@ -73,13 +76,19 @@ class LeaderChanges(Iterator["LeaderInfo | None"]):
 class LeaderObserver:
     """A thread calling ``callback`` with each change of an election's leader (:meth:`LockClient.on_leader`).
 
+    Args:
+        client: the client whose :meth:`~LockClient.observe` is followed (it stays open when this stops).
+        election: the election's name.
+        callback: called in this object's thread with each change: a :class:`LeaderInfo`, or None when the
+            election has no leader.
+
     Attributes:
         error: What ended the observation early (Unavailable, AccessDenied, ...), None while it runs or once stopped.
     """
 
-    def __init__(self, changes: LeaderChanges, election: str, callback: Callable[[LeaderInfo | None], object]) -> None:
+    def __init__(self, client: LockClient, election: str, callback: Callable[[LeaderInfo | None], object]) -> None:
         self.error: BaseException | None = None
-        self._changes = changes
+        self._changes = client.observe(election)
         self._callback = callback
         self._thread = threading.Thread(target=self._run, name=f"fencepost-observe-{election}", daemon=True)
         self._thread.start()

@@ -301,13 +301,13 @@ async def _f09(etcd: Any, prefix: str, etcd_client: Etcd3Client, cut_stream: boo
             assert task.cancelled()
             # The second path fires too, within one more keepalive period: a keepalive
             # answered with TTL <= 0 ends the lease itself (white-box: the lease's own reason).
-            await wait_for(lambda: h.lease.lost_reason == "LEASE_EXPIRED", k + E, interval=0.005,
+            await wait_for(lambda: h._lease.lost_reason == "LEASE_EXPIRED", k + E, interval=0.005,
                            what="the keepalive path to end the lease too")
             assert len(calls) == 1, calls  # ... and the handler was still called only once
             assert not h.is_valid()
             assert seen_valid and seen_valid[-1] is True  # the task ran until it was cancelled
             return {"detected after s": round(detected, 3), "reason": h.lost_reason,
-                    "lease reason": h.lease.lost_reason, "handler calls": len(calls)}
+                    "lease reason": h._lease.lost_reason, "handler calls": len(calls)}
     finally:
         if replacement is not None:
             await replacement.stop(grace=0)
