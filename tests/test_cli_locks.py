@@ -97,6 +97,16 @@ async def test_locks_when_page_size_is_bad_exits_2_naming_it(address: str, size:
         assert_one_line_error(result, "invalid page_size")
 
 
+@pytest.mark.parametrize("bad_prefix", ["a\udcff", "a\x01b"], ids=["not-utf8", "control"])
+@pytest.mark.parametrize("watch", [False, True], ids=["once", "watch"])
+async def test_locks_when_prefix_is_bad_exits_2_naming_it(address: str, bad_prefix: str, watch: bool) -> None:
+    """A PREFIX with a byte that is not UTF-8 (a lone surrogate in sys.argv) or a control character exits 2
+    with one line naming the prefix, never a traceback."""
+    result = await run_cli("locks", bad_prefix, *(["--watch"] if watch else []), "--address", address)
+    assert result.rc == 2, result
+    assert_one_line_error(result, "invalid prefix")
+
+
 async def test_locks_watch_lists_again_until_interrupted(address: str) -> None:
     """``--watch --json`` prints a listing per interval, shows a new lock, and exits 0 on SIGINT."""
     proc = await asyncio.create_subprocess_exec(

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from fencepost.client import AsyncLockClient, AsyncLockHandle, HeldLock, InvalidArgument
+from fencepost.client import AsyncLockClient, AsyncLockHandle, HeldLock, InvalidArgument, LockClient
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.keys import Hold
 from fencepost.coordinator.recipes.listing import MAX_PAGE_SIZE, GrantTimes, decode_page_token, encode_page_token
@@ -123,6 +123,23 @@ async def test_client_list_locks_reads_every_page(address: str) -> None:
     assert all(isinstance(lock, HeldLock) and lock.holder_lease_id == handles[0].lease_id for lock in locks)
     assert len({lock.revision for lock in locks}) == 1
     assert bad.value.field == "page_size"
+
+
+@pytest.mark.parametrize("bad_prefix", ["a\udcff", "a\x01", "x" * 257], ids=["surrogate", "control", "long"])
+async def test_client_list_locks_when_prefix_is_bad_names_the_field(address: str, bad_prefix: str) -> None:
+    """A prefix that cannot be sent (a lone surrogate), or one the server would refuse, raises InvalidArgument
+    naming ``prefix`` from both clients, before any call."""
+    async with AsyncLockClient(address) as client:
+        with pytest.raises(InvalidArgument) as bad:
+            await client.list_locks(bad_prefix)
+    assert bad.value.field == "prefix"
+
+    def sync() -> str | None:
+        with LockClient(address) as sync_client, pytest.raises(InvalidArgument) as err:
+            sync_client.list_locks(bad_prefix)
+        return err.value.field
+
+    assert await asyncio.to_thread(sync) == "prefix"
 
 
 def test_page_token_round_trips_and_rejects_foreign_ranges() -> None:

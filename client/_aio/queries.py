@@ -64,6 +64,7 @@ class QueryCalls(ClientCore):
             FencepostError: the client is closed, or was inherited through fork.
         """
         self._check_fork()
+        wire.check_prefix(prefix)
         await self._ensure_open()
         locks: list[HeldLock] = []
         token = ""

@@ -210,6 +210,7 @@ class LockClient:
     @twin(AsyncLockClient.list_locks)
     def list_locks(self, prefix: str = "", *, page_size: int = 0) -> list[HeldLock]:
         self._loop.check_fork()
+        wire.check_prefix(prefix)
         return self._loop.run(self._aio.list_locks(prefix, page_size=page_size))
 
     @twin(AsyncLockClient.server_info)

@@ -32,6 +32,7 @@ __all__ = [
     "check_fraction",
     "check_idle_leases",
     "check_name",
+    "check_prefix",
     "check_timeout",
     "host_port",
     "name_problem",
@@ -208,6 +209,25 @@ def check_name(name: str) -> str:
     if problem is not None:
         raise InvalidArgument(f"name {problem}", field="name")
     return name
+
+
+def check_prefix(prefix: str) -> str:
+    """Check a name prefix client-side (ListLocks), by the server's rules: a name's, except that it may be empty.
+
+    Args:
+        prefix: The name prefix; "" for every name.
+
+    Returns:
+        ``prefix`` unchanged.
+
+    Raises:
+        InvalidArgument: ``prefix`` is not a str of 0 to 256 bytes of UTF-8
+            without control characters (field "prefix").
+    """
+    problem = name_problem(prefix) if prefix != "" else None
+    if problem is not None:
+        raise InvalidArgument(f"prefix {problem}", field="prefix")
+    return prefix
 
 
 #: What an address may be, for error messages.

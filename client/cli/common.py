@@ -126,12 +126,12 @@ EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success (acquire: released after SIGINT/SIGTERM)",
     EXIT_UNAVAILABLE: "coordinator unreachable (a failed TLS handshake too) or not serving, or another server error",
     EXIT_USAGE: "bad input: a flag, a lock name, a TTL, a lease id, a token or a TLS file",
-    EXIT_LOST: "acquire, run: the lease or the lock was lost while holding it",
-    EXIT_TIMEOUT: "acquire, run: --timeout passed before the lock was granted",
-    EXIT_HELD: "acquire --try, run --try: the lock is held by someone else",
+    EXIT_LOST: "acquire, run, elect: the lease or the lock (the leadership) was lost while holding it",
+    EXIT_TIMEOUT: "acquire, run, elect: --timeout passed before the lock was granted (before leading)",
+    EXIT_HELD: "acquire --try, run --try, elect --try: the lock is held by someone else (the election has a leader)",
     EXIT_PRECONDITION: "release: not released (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED or NOT_LEASE_OWNER); "
                        "leader: the election has no leader",
-    EXIT_INTERRUPTED: "acquire, run: interrupted before the lock was granted",
+    EXIT_INTERRUPTED: "acquire, run, elect: interrupted before the lock was granted",
 }
 """Exit codes of the client commands (``status``, ``acquire``, ``release``; ``run`` and ``demo`` have their own)."""
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from fencepost.client import DEFAULT_ADDRESS, TlsConfig
 from fencepost.client._transport.tls import security
-from fencepost.client._transport.wire import check_addresses, check_name
+from fencepost.client._transport.wire import check_addresses, check_name, check_prefix
 from fencepost.client.errors import InvalidArgument
 from fencepost.client.v1.keys import MAX_LEASE_ID, MAX_LOCK_DELAY_SECONDS, MAX_TOKEN, MAX_TTL_SECONDS, MIN_TTL_SECONDS
 
@@ -43,6 +43,7 @@ __all__ = [
     "lease_secret",
     "lock_delay_flag",
     "lock_name",
+    "name_prefix",
     "parse_address",
     "parse_addresses",
     "parse_lease_id",
@@ -216,6 +217,21 @@ def lock_name(name: str) -> str:
         return check_name(name)
     except InvalidArgument as err:
         raise CliError(f"invalid name: {err_text(err)}", EXIT_USAGE) from None
+
+
+def name_prefix(prefix: str) -> str:
+    """Check a PREFIX argument (``fencepost locks``) as the client does: a name's rules, but it may be empty.
+
+    Returns:
+        ``prefix`` unchanged.
+
+    Raises:
+        CliError: not a valid name prefix (exit 2).
+    """
+    try:
+        return check_prefix(prefix)
+    except InvalidArgument as err:
+        raise CliError(f"invalid prefix: {err_text(err)}", EXIT_USAGE) from None
 
 
 def parse_addresses(values: Sequence[str] | None, env: str | None = None) -> list[str]:

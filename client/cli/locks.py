@@ -22,7 +22,7 @@ from fencepost.client import TlsConfig
 from fencepost.client.v1 import lock_pb2 as pb
 
 from .common import EXIT_OK, EXIT_USAGE, CallFailed, CliError, Formatter, call, call_error, epilog, lease_hex
-from .flags import address_flag, addresses_of, tls_flags, tls_of
+from .flags import address_flag, addresses_of, name_prefix, tls_flags, tls_of
 
 __all__ = ["COLUMNS", "add_parser", "execute", "listing_json", "table"]
 
@@ -152,6 +152,7 @@ def execute(args: argparse.Namespace) -> int:
     Raises:
         CliError: bad input (exit 2) or no coordinator answered (exit 1; with --watch only for bad input).
     """
+    name_prefix(args.prefix)
     addresses = addresses_of(args)
     tls = tls_of(args)
     if not args.watch:
