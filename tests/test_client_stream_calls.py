@@ -329,7 +329,7 @@ async def test_errors_on_the_stream_when_compared_with_unary(coordinator: Coordi
         found: dict[str, list[Outcome]] = {}
         for client in (streamed, unary):
             mine = await client.acquire(f"mine-{id(client)}", ttl=5)
-            lease = mine.lease
+            lease = mine._lease
             foreign = Lease(held.lease_id, 5, 0.0, clock=lambda: 0.0, secret="not-the-secret")
             until = asyncio.get_running_loop().time() + 5
             busy, elsewhere = LockRecipe(client._holds, "busy"), LockRecipe(client._holds, "elsewhere")
