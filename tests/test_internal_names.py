@@ -104,6 +104,9 @@ async def test_admin_revoke_refuses_an_internal_name(policed: Any, pki: Any) -> 
             open_channel(policed.address, pki.billing.credentials) as billing:
         operator = OwnedStub(channel)
         leader = await _lease(OwnedStub(billing))
+        # The lock algorithm is called directly (the Acquire RPC refuses internal names): it hands out tokens only
+        # once the coordinator has read its token record, which start() leaves running (the RPCs wait for it).
+        await policed.locks.tokens.ready()
         assert (await policed.locks.acquire(ELECTION, leader, 0.0)).acquired
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await operator.AdminRevoke(lock_pb2.AdminRevokeRequest(name=ELECTION), timeout=10)
