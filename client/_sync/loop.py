@@ -89,7 +89,8 @@ class LoopThread:
             here = shared.thread is threading.current_thread()
             # Submitted under the mutex, after every call of this client: each
             # has begun when the close runs, and is ended by it.
-            call = shared.submit(self._close_on_loop(shared, detach=here))
+            call = shared.put(self._close_on_loop(shared, detach=here))
+        shared.wake()
         if here:
             return  # called on the loop itself: the close goes on there, then detaches
         try:
@@ -144,7 +145,8 @@ class LoopThread:
             if shared is None or self._closed:
                 coro.close()
                 raise FencepostError("client is closed")
-            future = shared.submit(coro, self._tasks, future=True).future
+            future = shared.put(coro, self._tasks, future=True).future
+        shared.wake()
         assert future is not None
         return future
 
@@ -163,7 +165,8 @@ class LoopThread:
             if shared.thread is threading.current_thread():
                 coro.close()
                 raise RuntimeError("LockClient methods must not be called from its own event loop thread")
-            call = shared.submit(coro, self._tasks)
+            call = shared.put(coro, self._tasks)
+        shared.wake()
         try:
             return call.wait()
         except asyncio.CancelledError as err:

@@ -155,25 +155,36 @@ class SharedLoop:
 
     def submit(self, coro: Coroutine[Any, Any, T], tasks: set[asyncio.Task[Any]] | None = None, *,
                future: bool = False) -> Call[T]:
-        """Hand ``coro`` to the loop, where it runs as a task; return its :class:`Call`.
-
-        Calls submitted from one thread begin in order. Only the first call
-        of a batch wakes the loop: the others find it woken and not yet
-        draining, and are drained with it.
+        """Hand ``coro`` to the loop, where it runs as a task; return its :class:`Call` (:meth:`put` + :meth:`wake`).
 
         Args:
             coro: The coroutine.
             tasks: A set the call's task is in while it runs (touched on the loop thread only).
             future: Also give the call a ``concurrent.futures.Future`` (:attr:`Call.future`).
         """
+        call = self.put(coro, tasks, future=future)
+        self.wake()
+        return call
+
+    def put(self, coro: Coroutine[Any, Any, T], tasks: set[asyncio.Task[Any]] | None = None, *,
+            future: bool = False) -> Call[T]:
+        """Queue ``coro`` as a :class:`Call` without waking the loop: call :meth:`wake` next (outside any lock of
+        the caller's: waking the loop is a write to a socket, during which other threads run).
+
+        Calls put from one thread begin in order.
+        """
         call = Call(coro, self.loop, tasks, future)
         self._queue.append(call)
-        # A drain resets the flag before it pops: a call appended after that
-        # either is drained by it or finds the flag down and wakes the loop.
+        return call
+
+    def wake(self) -> None:
+        """Have the loop drain the queue. Only the first wake of a batch writes to the loop's socket: the others
+        find the loop woken and not yet draining, and their calls are drained with it."""
+        # A drain resets the flag before it pops: a call queued after that
+        # either is drained by it or finds the flag down here and wakes the loop.
         if not self._woken:
             self._woken = True
             self.loop.call_soon_threadsafe(self._drain)
-        return call
 
     def _drain(self) -> None:
         self._woken = False
