@@ -26,7 +26,7 @@ in threads of the bench process, so they share its GIL.
   (session) per user.
 - ``fencepost-stub``: Acquire + Release through the coordinator over the
   generated grpc.aio stub, one channel and one lease per user.
-- ``fencepost-sync``: ``LockClient`` (sync; its own loop thread), one per user.
+- ``fencepost-sync``: ``LockClient`` (sync; on the loop thread all LockClients share), one per user.
 - ``fencepost-async``: ``AsyncLockClient``, one per user.
 """
 
@@ -339,7 +339,7 @@ class FencepostAsync(_Described):
 
 
 class FencepostSync(_Described):
-    """``LockClient`` (sync, its own loop thread), one per user, run from one thread each."""
+    """``LockClient`` (sync, on the shared loop thread), one per user, run from one thread each."""
 
     kind = "fencepost-sync"
     sync = True

@@ -1,7 +1,7 @@
 """The asyncio lock client: the public API of locks, semaphores and elections.
 
 This is the one implementation; the sync :class:`~fencepost.client.LockClient`
-runs it on a private event loop thread. :class:`AsyncLockClient` is built in
+runs it on an event loop thread of its own (one for every LockClient of a process). :class:`AsyncLockClient` is built in
 layers: :class:`~.core.ClientCore` (its parts and lifecycle),
 :class:`~.queries.QueryCalls` (the calls that make no hold), and here the
 calls that make holds: each acquire runs the one acquire loop

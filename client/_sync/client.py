@@ -1,4 +1,4 @@
-"""The synchronous lock client: the asyncio client on a private event loop thread.
+"""The synchronous lock client: the asyncio client on an event loop thread of its own.
 
 :class:`LockClient` owns a :class:`~.loop.LoopThread` running one
 :class:`~fencepost.client.AsyncLockClient`, and every method is that
@@ -63,10 +63,12 @@ class LockClient:
     Same semantics, arguments and errors as
     :class:`~fencepost.client.AsyncLockClient` (read its docstring: a TTL
     lock is not mutual exclusion; pass ``handle.token`` to the storage), run
-    on an event loop in a private daemon thread. Every method may be called
-    from any thread, including ``on_lost`` callbacks; not from inside a
-    coroutine of that private loop. A call that ``close()`` from another
-    thread ends raises FencepostError ("client is closed").
+    on an event loop in a daemon thread of Fencepost's, which every
+    LockClient of the process shares (started by the first to connect,
+    stopped when the last one closes). Every method may be called from any
+    thread, including ``on_lost`` callbacks; not from inside a coroutine of
+    that loop. A call that ``close()`` from another thread ends raises
+    FencepostError ("client is closed"); other clients' calls go on.
 
     fork: in a forked child, an inherited LockClient and its handles raise
     FencepostError (reason "FORKED") from every method at once, without
@@ -128,7 +130,7 @@ class LockClient:
         return self._aio.lease_count
 
     def connect(self, timeout: float | None = None) -> None:
-        """Start the loop thread, connect to a coordinator and start the keepalive stream.
+        """Start (or join) the loop thread, connect to a coordinator and start the keepalive stream.
 
         Called by ``with`` and by the first call; calling it again is a no-op.
         Arguments and errors: :meth:`AsyncLockClient.connect`.
@@ -136,7 +138,8 @@ class LockClient:
         self._loop.connect(timeout)
 
     def close(self) -> None:
-        """Release every held lock, revoke the leases and stop the loop thread. Idempotent.
+        """Release every held lock, revoke the leases, end this client's calls left; the last client closed
+        stops the loop thread. Idempotent.
 
         Raises:
             FencepostError: the client was inherited through fork (reason

@@ -269,7 +269,7 @@ class Connection:
         replaced by a rotation within :data:`ROTATE_GRACE_SECONDS`) and gRPC
         has answered their connectivity watches (within :data:`DRAIN_SECONDS`):
         then gRPC has nothing left to deliver to this event loop, which may be
-        closed (the sync client closes its private loop next).
+        closed (the sync client's shared loop is closed once its last client has closed).
         """
         self.closed = True
         if self.channel is not None:
