@@ -3,6 +3,7 @@
 - :class:`CliResult`: a finished ``fencepost`` command; :func:`cli_env`, the environment to run one in.
 - :class:`ChildProcess`: a child whose stdout lines a thread collects (wait for a line, signal, kill).
 - :class:`CoordinatorProcess`: ``fencepost serve`` in a child process, restartable on the same port.
+- :func:`freeze`: SIGSTOP a process and return once all its threads have stopped.
 
 The fixtures that make them (``coordinator_process``, ``spawn``) are in ``tests/conftest.py``, which
 re-exports these names.
@@ -27,6 +28,44 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"fencepost: listening on (\S+):(\d+)")
+
+
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP process ``pid`` and return once every one of its threads is stopped.
+
+    kill() returns as soon as the signal is queued: the kernel wakes one
+    thread to take it, and until that thread runs and stops the others they
+    go on running. On a busy machine that took long enough for a "frozen"
+    etcd to answer one more request (seen once in CI).
+
+    Raises:
+        ProcessLookupError: there is no such process.
+        TimeoutError: a thread still ran after ``timeout`` seconds.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while not _all_stopped(pid):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} still runs {timeout} s after SIGSTOP")
+        time.sleep(0.001)
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether no thread of ``pid`` runs (state T or t in /proc/PID/task/TID/stat, or Z/X: it died)."""
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        tids = list(tasks.iterdir())
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    for tid in tids:
+        try:
+            stat = (tid / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that exited
+        state = stat.rpartition(")")[2].split()[0]
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 @dataclass
@@ -132,8 +171,11 @@ class ChildProcess:
         return await asyncio.to_thread(self.wait_line, pattern, timeout)
 
     def signal(self, sig: signal.Signals) -> None:
-        """Send ``sig`` to the child."""
-        self.proc.send_signal(sig)
+        """Send ``sig`` to the child; for SIGSTOP, return once it is stopped (:func:`freeze`)."""
+        if sig == signal.SIGSTOP:
+            freeze(self.proc.pid)
+        else:
+            self.proc.send_signal(sig)
 
     def terminate(self, timeout: float = 10.0) -> int:
         """SIGTERM the child and wait for it (SIGKILL after ``timeout``); returns its exit status."""

