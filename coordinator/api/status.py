@@ -14,7 +14,8 @@ LockTimeout                  ACQUIRE_TIMEOUT (DEADLINE_EXCEEDED)
 NotHolder                    NOT_HOLDER (FAILED_PRECONDITION), ``current_token``
 StaleTokenError              STALE_TOKEN (FAILED_PRECONDITION), ``current_token``
 LeaseLost                    LEASE_EXPIRED (FAILED_PRECONDITION)
-ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAUSTED)
+ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAUSTED);
+                             OVERLOADED (RESOURCE_EXHAUSTED + RetryInfo, :mod:`..admission.capacity`)
 LimitExceeded                LIMIT_EXCEEDED (RESOURCE_EXHAUSTED), ``limit`` and ``value``
                              set, RetryInfo for a rate limit (:mod:`..admission.limits`)
 NotLeaseOwner                NOT_LEASE_OWNER (PERMISSION_DENIED), ``lease_id`` set
@@ -44,6 +45,7 @@ from fencepost.client.errors import (
     LimitExceeded,
     NotHolder,
     PermitsMismatch,
+    ResourceExhausted,
     StaleTokenError,
     Unavailable,
 )
@@ -106,13 +108,12 @@ def to_status(exc: FencepostError) -> grpc.Status:
     request_id = getattr(exc, "request_id", None)  # REQUEST_ID_REUSED (coordinator.recipes.requests.RequestIdReused)
     if isinstance(exc, InvalidArgument) and request_id:
         metadata[details.REQUEST_ID] = str(request_id)
-    retry_delay = None
+    retry_delay = exc.retry_delay if isinstance(exc, ResourceExhausted) else None
     if isinstance(exc, LimitExceeded):
         if exc.limit is not None:
             metadata[details.LIMIT] = exc.limit
         if exc.value is not None:
             metadata[details.VALUE] = exc.value
-        retry_delay = exc.retry_delay
     return details.status_for(reason, exc.message, metadata, retry_delay=retry_delay)
 
 
