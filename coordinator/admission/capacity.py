@@ -27,9 +27,16 @@ its figure is the smallest of the last :data:`WINDOWS` windows (sustained:
 one busy moment or one slow window does not count). The coordinator is
 **past capacity** from the moment a figure reaches its high mark
 (``--max-loop-busy``, ``--max-client-rtt``, ``--max-lag``; 0 turns a signal
-off) until every figure, taken as the *largest* of the last windows, is
-below :data:`LOW_MARK` times its high mark (hysteresis: it leaves only once
-calm has lasted as long). Past capacity, new leases (LeaseGrant), new
+off) until every signal (each window's loop busy and median, the lag at each
+measurement) has stayed below :data:`LOW_MARK` times its high mark for
+:data:`CALM_WINDOWS` windows (hysteresis, in level and in time: the leases
+admitted just before the condition start their keepalives up to a third of
+their TTL later, so calm must last longer than that feedback takes, or the
+next rush of grants overshoots again). A condition that starts again
+within that calm period after it ended doubles the calm needed next time
+(up to :data:`MAX_CALM_SECONDS`; back to :data:`CALM_WINDOWS` after a calm
+as long as the last one): a coordinator whose admissions keep tipping it
+over admits less and less often. Past capacity, new leases (LeaseGrant), new
 KeepAlive streams and new waits (Acquire, AcquirePermit, Campaign with a
 wait) are refused with RESOURCE_EXHAUSTED / OVERLOADED and a RetryInfo of
 :data:`RETRY_SECONDS` (:meth:`Capacity.admit`); keepalives, releases,
@@ -43,6 +50,7 @@ Metrics: ``fencepost_loop_busy_ratio``, ``fencepost_keepalive_client_rtt_seconds
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -55,7 +63,7 @@ from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .limits import FLAGS, Limits
 from .overload import LoopLag
 
-__all__ = ["LOW_MARK", "RETRY_SECONDS", "SAMPLES", "WINDOW", "WINDOWS", "Capacity"]
+__all__ = ["CALM_WINDOWS", "LOW_MARK", "MAX_CALM_SECONDS", "RETRY_SECONDS", "SAMPLES", "WINDOW", "WINDOWS", "Capacity"]
 
 _log = logging.getLogger(__name__)
 
@@ -63,8 +71,12 @@ _log = logging.getLogger(__name__)
 WINDOW = 0.5
 #: Windows a figure is the smallest of (to enter), or the largest of (to leave): 1.5 s at WINDOW.
 WINDOWS = 3
-#: A figure must fall below this fraction of its high mark to leave the condition.
+#: A signal must stay below this fraction of its high mark to leave the condition...
 LOW_MARK = 0.8
+#: ... for this many windows (5 s at WINDOW)...
+CALM_WINDOWS = 10
+#: ... doubled each time the condition starts again soon after it ended, up to this many seconds.
+MAX_CALM_SECONDS = 60.0
 #: Reported round trips kept per window (the last ones when more arrive); a power of two.
 SAMPLES = 1024
 #: The RetryInfo of a refusal, in seconds.
@@ -87,11 +99,12 @@ class Capacity:
             with a clock that runs as fast as ``clock``.
         window: seconds per window.
         windows: windows per figure.
+        calm: windows every signal must stay below its low mark to leave the condition.
     """
 
     def __init__(self, limits: Limits | None = None, *, clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = time.thread_time, window: float = WINDOW,
-                 windows: int = WINDOWS) -> None:
+                 windows: int = WINDOWS, calm: int = CALM_WINDOWS) -> None:
         limits = limits if limits is not None else Limits()
         self._busy_high = limits.max_loop_busy
         self._rtt_high = limits.max_client_rtt
@@ -99,6 +112,9 @@ class Capacity:
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._window = window
+        self._base_calm = self._calm_seconds = calm * window
+        self._ended_at = -math.inf  # when the condition last ended
+        self._unsettled_at = clock()  # the last measurement at which a signal was at or above its low mark
         self._busy: deque[float] = deque(maxlen=windows)
         self._rtt: deque[float] = deque(maxlen=windows)
         self._samples = [0] * SAMPLES
@@ -169,20 +185,26 @@ class Capacity:
 
     def _update(self) -> None:
         lag = self._lag()
+        now = self._clock()
+        if not self._settled(lag):
+            self._unsettled_at = now
         if not self.overloaded:
             why = self._past(lag)
             if why:
                 self.overloaded, self._why = True, why
+                # Tipped over again soon after admitting again: be calm for longer before the next admissions.
+                soon = now - self._ended_at < self._calm_seconds
+                self._calm_seconds = (min(MAX_CALM_SECONDS, 2 * self._calm_seconds) if soon else self._base_calm)
                 self._metrics.overloaded(True)
                 log_event(_log, logging.WARNING, "overloaded", f"past capacity ({why}): new leases, streams and "
                           f"waits are refused until it is served again", busy=round(self.busy, 3),
-                          client_rtt_s=round(self.client_rtt, 3), lag_s=round(lag, 3))
-        elif self._calm(lag):
-            self.overloaded = False
+                          client_rtt_s=round(self.client_rtt, 3), lag_s=round(lag, 3),
+                          calm_s=self._calm_seconds)
+        elif now - self._unsettled_at >= self._calm_seconds:
+            self.overloaded, self._ended_at = False, now
             self._metrics.overloaded(False)
             log_event(_log, logging.INFO, "overload_end", "back within capacity: new leases, streams and waits are "
-                      "admitted", busy=round(_largest(self._busy), 3), client_rtt_s=round(_largest(self._rtt), 3),
-                      lag_s=round(lag, 3))
+                      "admitted", busy=round(self.busy, 3), client_rtt_s=round(self.client_rtt, 3), lag_s=round(lag, 3))
 
     def _past(self, lag: float) -> str:
         """Why the figures say past capacity ("" when they do not)."""
@@ -195,10 +217,10 @@ class Capacity:
             return f"{lag:.3f} s behind, --{FLAGS['max_lag']} {self._lag_high:g}"
         return ""
 
-    def _calm(self, lag: float) -> bool:
-        """Whether every figure has stayed below its low mark over the last windows."""
-        return ((not self._busy_high or _largest(self._busy) < LOW_MARK * self._busy_high)
-                and (not self._rtt_high or _largest(self._rtt) < LOW_MARK * self._rtt_high)
+    def _settled(self, lag: float) -> bool:
+        """Whether every signal is below its low mark now (the last window's busy and median, the lag)."""
+        return ((not self._busy_high or not self._busy or self._busy[-1] < LOW_MARK * self._busy_high)
+                and (not self._rtt_high or not self._rtt or self._rtt[-1] < LOW_MARK * self._rtt_high)
                 and (not self._lag_high or lag <= LOW_MARK * self._lag_high))
 
     # ------------------------------------------------------------------ admission
@@ -222,6 +244,3 @@ class Capacity:
 def _smallest(figures: deque[float]) -> float:
     return min(figures) if len(figures) == figures.maxlen else 0.0
 
-
-def _largest(figures: deque[float]) -> float:
-    return max(figures, default=0.0)
