@@ -12,7 +12,12 @@ the renewals are spread evenly and their rate is N * 3 / TTL per second.
 ``--batch B`` (``--mode fencepost``, B > 1) sends the renewals due in B per
 message (``KeepAliveRequest.keepalives``): each stream then wakes every
 :data:`BATCH_TICK` seconds and sends what fell due meanwhile (a renewal is
-that much late at most), so that several are due at each wake.
+that much late at most), so that several are due at each wake. Each
+keepalive message carries the round trip of the stream's last acknowledged
+keepalive (``last_rtt_ms``), as the client library does: the coordinator's
+sign that it is past its capacity. A LeaseGrant refused as overloaded
+(RESOURCE_EXHAUSTED) is asked again after the RetryInfo's 1 s, until
+``--grant-seconds``; the leases granted by then are the ones measured.
 
 It tells its parent how far it got, one line each on stdout:
 ``granted N SECONDS``, then ``steady`` (every lease granted and renewed at
@@ -70,6 +75,7 @@ class Generator:
         self.heaps: list[list[tuple[float, int]]] = [[] for _ in range(args.streams)]
         self.wake = [asyncio.Event() for _ in range(args.streams)]
         self.sent_at: list[dict[int, float]] = [{} for _ in range(args.streams)]
+        self.last_rtt_ms = [0] * args.streams  # per stream: the round trip of its last acknowledged keepalive
         self.verified: set[int] = set()
         self.in_window = False
         self.rtts: list[float] = []
@@ -101,7 +107,7 @@ class Generator:
                         except grpc.aio.AioRpcError as err:
                             if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                                 raise
-                            # Refused (overloaded: --max-lag): wait as its RetryInfo says (1 s) and ask again.
+                            # Refused (OVERLOADED: past capacity): wait as its RetryInfo says (1 s) and ask again.
                             self.refusals += 1
                             await asyncio.sleep(1.0)
                     lease, secret = r.lease_id, r.lease_secret
@@ -146,12 +152,13 @@ class Generator:
                                                                    lease_secret=secret))
                             if len(entries) == size or not (heap and heap[0][0] <= now):
                                 await call.write(lock_pb2.KeepAliveRequest(
-                                    keepalives=lock_pb2.LeaseKeepAlives(keepalives=entries)))
+                                    keepalives=lock_pb2.LeaseKeepAlives(keepalives=entries),
+                                    last_rtt_ms=self.last_rtt_ms[s]))
                                 entries = []
                         else:
                             await call.write(lock_pb2.KeepAliveRequest(
                                 keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease, request_id=request_id),
-                                lease_secret=secret))
+                                lease_secret=secret, last_rtt_ms=self.last_rtt_ms[s]))
                     else:
                         sent_at[lease] = time.perf_counter()
                         await call.write(rpc_pb2.LeaseKeepAliveRequest(ID=lease))
@@ -193,8 +200,10 @@ class Generator:
             for lease, ttl, start in answers:
                 if ttl <= 0:
                     self.dead_acks.add(lease)
-                if start is not None and self.in_window:
-                    self.rtts.append(now - start)
+                if start is not None:
+                    self.last_rtt_ms[s] = max(1, round((now - start) * 1000))
+                    if self.in_window:
+                        self.rtts.append(now - start)
 
     async def run(self) -> dict[str, Any]:
         streams = [asyncio.create_task(self.stream(s)) for s in range(self.args.streams)]

@@ -289,6 +289,8 @@ class Suite:
                     f"RSS/1000 leases {out.get('coordinator_rss_kib_per_1000_leases', '-')} KiB; "
                     f"keepalive RTT p99 {out['rtt_ms']['p99']} ms; spurious expiries {out['spurious_expiries']}; "
                     f"{out['renewals_per_second']:.0f} renewals/s; grants took {out['grant_seconds']} s; "
+                    f"admitted {out.get('leases', n)} of {n}, {out.get('grant_refusals', 0)} grants refused, "
+                    f"RTT p50 {out['rtt_ms']['p50']} ms; "
                     f"coordinator warnings {out.get('coordinator_warnings', '-')}  ({time.monotonic() - started:.0f} s)")
             self.results["P4"][str(n)] = row
 

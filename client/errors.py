@@ -31,7 +31,8 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
      │   └── DataLoss              etcd's revisions went back (restored from an
      │                             older snapshot): no token is granted until an
      │                             operator recovers the tokens
-     ├── ResourceExhausted         too many waiters, streams or calls; the S3
+     ├── ResourceExhausted         too many waiters, streams or calls, or past
+     │   │                         capacity (OVERLOADED, .retry_delay); the S3
      │   │                         guard's conditional writes kept losing
      │   └── LimitExceeded         a coordinator's limit on the caller or the
      │                             lease (.limit .value .retry_delay)
@@ -290,11 +291,22 @@ class DataLoss(Unavailable):
 
 
 class ResourceExhausted(FencepostError):
-    """A coordinator limit was hit (too many waiters, streams or calls).
+    """A coordinator limit was hit (too many waiters, streams or calls), or the coordinator is past its capacity.
+
+    Reason ``OVERLOADED``: the call did nothing. The client's calls try the
+    next address at once, and wait ``retry_delay`` once every address
+    refused, while their time allows; then they raise this.
 
     Also raised by the S3 fencing guard when every one of its conditional
     writes lost to another write (``max_attempts``); nothing was written.
+
+    Attributes:
+        retry_delay: Seconds the server asked the caller to wait (RetryInfo); None when it did not say.
     """
+
+    def __init__(self, message: str = "", *, retry_delay: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_delay = retry_delay
 
 
 class PermissionDenied(FencepostError):
@@ -353,10 +365,9 @@ class LimitExceeded(ResourceExhausted):
 
     def __init__(self, message: str = "", *, limit: str | None = None, value: str | None = None,
                  retry_delay: float | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
+        super().__init__(message, retry_delay=retry_delay, **kwargs)
         self.limit = limit
         self.value = value
-        self.retry_delay = retry_delay
 
 
 class NotLeaseOwner(PermissionDenied):
@@ -481,6 +492,8 @@ def from_rpc_error(
     elif cls is LimitExceeded:
         exc = LimitExceeded(message, limit=status.metadata.get(details.LIMIT), value=status.metadata.get(details.VALUE),
                             retry_delay=status.retry_delay, **common)
+    elif cls is ResourceExhausted:
+        exc = ResourceExhausted(message, retry_delay=status.retry_delay, **common)
     else:
         exc = cls(message, **common)
     exc.reason = reason  # exactly what the server said: None when the call never reached a coordinator

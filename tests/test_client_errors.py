@@ -40,6 +40,7 @@ CLASS_BY_REASON: dict[int, type[fc.FencepostError]] = {
     ErrorReason.NOT_LEASE_OWNER: fc.NotLeaseOwner,
     ErrorReason.PERMITS_MISMATCH: fc.PermitsMismatch,
     ErrorReason.REQUEST_ID_REUSED: fc.InvalidArgument,
+    ErrorReason.OVERLOADED: fc.ResourceExhausted,
 }
 
 
@@ -111,6 +112,17 @@ def test_from_rpc_error_when_limit_exceeded_carries_limit_value_and_retry_info()
     counted = from_rpc_error(failed_call(ErrorReason.LIMIT_EXCEEDED, limit="max-leases", value="10"))
     assert isinstance(counted, fc.LimitExceeded) and counted.retry_delay is None
     assert (counted.limit, counted.value) == ("max-leases", "10")
+
+
+def test_from_rpc_error_when_overloaded_carries_retry_info() -> None:
+    """An OVERLOADED refusal, as the coordinator builds it, gives ResourceExhausted with the RetryInfo's delay."""
+    from fencepost.coordinator.api.status import to_status
+
+    status = to_status(fc.ResourceExhausted("past capacity", reason="OVERLOADED"))
+    err = from_rpc_error(grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(),
+                                              grpc.aio.Metadata(*status.trailing_metadata), details=status.details))
+    assert type(err) is fc.ResourceExhausted and err.reason == "OVERLOADED"
+    assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and err.retry_delay == pytest.approx(1.0)
 
 
 def test_from_rpc_error_when_unavailable_carries_retry_info() -> None:

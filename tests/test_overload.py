@@ -1,4 +1,4 @@
-"""Overload: while the coordinator stays behind, new leases are refused and live ones kept alive.
+"""Overload: while the coordinator stays behind (``--max-lag``), new leases are refused and live ones kept alive.
 
 Overload is what lasts (coordinator/admission/overload.py): the figure is the smallest
 of the last few measurements, so a single pause does not count. The
@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from fencepost.client import AsyncLockClient
-from fencepost.client.v1 import lock_pb2
+from fencepost.client.v1 import details, lock_pb2
 from fencepost.coordinator.admission.limits import FLAGS, Limits, limits_from_args
 from fencepost.coordinator.admission.overload import TICKS, LoopLag
 from fencepost.coordinator.process.coordinator import Coordinator
@@ -110,16 +110,18 @@ async def test_new_leases_wait_while_behind_and_live_ones_are_kept(coordinator: 
         await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     info = error_info(refused.value)
-    assert info is not None and info.reason == "LIMIT_EXCEEDED" and info.metadata["limit"] == "max-lag"
-    assert "behind (overloaded)" in (refused.value.details() or "")
+    assert info is not None and info.reason == "OVERLOADED" and details.parse(refused.value).retry_delay == 1.0
+    assert "past its capacity (0.900 s behind, --max-lag 0.5)" in (refused.value.details() or "")
     # The live lease is kept alive meanwhile: its keepalive is answered.
     await stream.write(lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(
         lease_id=granted.lease_id, request_id=1)))
     ack = await asyncio.wait_for(stream.read(), 10)
     assert ack.keepalive.lease_id == granted.lease_id and ack.keepalive.ttl_seconds > 0
     stream.cancel()
-    backlog.seconds = 0.0  # caught up
-    await measured(lag)
+    backlog.seconds = 0.0  # caught up: admitted again once calm lasted (coordinator/admission/capacity.py)
+    capacity = coordinator.capacity
+    assert capacity is not None
+    await wait_for(lambda: not capacity.overloaded, 20, 0.02, "back within capacity")
     assert (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))).lease_id > 0
 
 

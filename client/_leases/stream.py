@@ -54,7 +54,7 @@ from .lease import Lease, LeasePool
 from .renewals import EARLY, Renewals
 from .._metrics import NO_CLIENT_METRICS, ClientMetrics
 from .._transport.transport import Transport, current_task_cancelling
-from ..errors import LimitExceeded, from_rpc_error
+from ..errors import ResourceExhausted, from_rpc_error
 from ..handle import AsyncLockHandle
 from ..v1 import kinds
 from ..v1 import lock_pb2 as pb
@@ -147,6 +147,9 @@ class KeepAliveStream:
         # release on it dropped their watch: watch() and unwatch() send nothing for them.
         self._watched_by_grant: set[HoldKey] = set()
         self._unwatched_by_release: set[HoldKey] = set()
+        #: The round trip of the last keepalive acknowledged on the current stream, in whole ms (0: none yet),
+        #: sent with each keepalive message (``last_rtt_ms``: the coordinator's sign of its capacity).
+        self.last_rtt_ms = 0
 
     # ------------------------------------------------------------------ sending
 
@@ -162,6 +165,7 @@ class KeepAliveStream:
         :data:`MAX_KEEPALIVES_PER_BATCH`) when the stream announced that it
         serves batches; else each is a ``keepalive`` message of its own.
         Dropped when no stream is open (the reconnect sends them again).
+        Each message carries :attr:`last_rtt_ms`.
         """
         live = [lease for lease in leases if not lease.lost]
         if self.outbox is None or not live:
@@ -182,11 +186,12 @@ class KeepAliveStream:
                        for lease, request_id in zip(live, ids)]
             for start in range(0, len(entries), MAX_KEEPALIVES_PER_BATCH):
                 batch = entries[start:start + MAX_KEEPALIVES_PER_BATCH]
-                self.send(pb.KeepAliveRequest(keepalives=pb.LeaseKeepAlives(keepalives=batch)))
+                self.send(pb.KeepAliveRequest(keepalives=pb.LeaseKeepAlives(keepalives=batch),
+                                              last_rtt_ms=self.last_rtt_ms))
             return
         for lease, request_id in zip(live, ids):
             self.send(pb.KeepAliveRequest(keepalive=pb.LeaseKeepAlive(lease_id=lease.lease_id, request_id=request_id),
-                                          lease_secret=lease.secret))
+                                          lease_secret=lease.secret, last_rtt_ms=self.last_rtt_ms))
 
     def watch(self, handle: AsyncLockHandle) -> None:
         """Ask to be told (HoldEnded) when ``handle``'s hold ends (nothing to send when granted on this stream)."""
@@ -251,7 +256,9 @@ class KeepAliveStream:
         lease, sent = entry
         if lease.lease_id != ack.lease_id:
             return
-        self.metrics.keepalive_answered(self.pool.clock() - sent)
+        rtt = self.pool.clock() - sent
+        self.last_rtt_ms = min(2**32 - 1, max(1, round(rtt * 1000)))
+        self.metrics.keepalive_answered(rtt)
         if lease.lost:
             return
         if not lease.on_ack(sent, ack.ttl_seconds):
@@ -332,6 +339,7 @@ class KeepAliveStream:
                 await asyncio.wait((listening,), timeout=self.announcement_wait())
                 self.outbox = outbox
                 self.pending.clear()
+                self.last_rtt_ms = 0  # a round trip of this stream's own
                 self._watched_by_grant.clear()
                 self._unwatched_by_release.clear()
                 self._on_open()
@@ -349,8 +357,9 @@ class KeepAliveStream:
                 if err.code() == grpc.StatusCode.UNAVAILABLE and not answered:
                     unreachable = err.details() or ""
                 # Log the first failure of a working stream, not every retry; a coordinator's limit
-                # (too many streams of this caller) always: its leases get no keepalives meanwhile.
-                log.log(logging.WARNING if isinstance(mapped, LimitExceeded) else
+                # (too many streams of this caller; past its capacity) always: its leases get no keepalives
+                # meanwhile. With several addresses, the next attempt goes to the next one.
+                log.log(logging.WARNING if isinstance(mapped, ResourceExhausted) else
                         logging.INFO if answered else logging.DEBUG,
                         "fencepost: keepalive stream to %s broke: %s", self.transport.address, mapped)
             except grpc.aio.UsageError:

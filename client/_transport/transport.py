@@ -20,7 +20,12 @@ is raised. A call a coordinator refused at a rate limit
 (RESOURCE_EXHAUSTED / LIMIT_EXCEEDED with a RetryInfo: the call did
 nothing) is sent again after the delay the coordinator asked for (times 1
 to 1.5, jitter), idempotent or not; the coordinator's other limits are
-raised at once (:class:`~fencepost.client.errors.LimitExceeded`). Either
+raised at once (:class:`~fencepost.client.errors.LimitExceeded`). A call
+refused by a coordinator past its capacity (RESOURCE_EXHAUSTED /
+OVERLOADED: a new lease or a wait; the call did nothing) goes at once to
+the next address, each once, and once every address refused it, waits the
+RetryInfo's delay (times 1 to 1.5) and goes round again; the rotation moves
+the client's KeepAlive stream too, off the overloaded coordinator. Either
 way a call stops trying ``connect_timeout`` seconds after its first
 failure, or at its own deadline.
 
@@ -77,6 +82,7 @@ from ..v1.retry import CLIENT_BACKOFF
 __all__ = ["MakeRequest", "Transport", "current_task_cancelling"]
 
 SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
+OVERLOADED = reason_name(ErrorReason.OVERLOADED)
 
 #: The W3C trace context header, sent in a stream call's ``traceparent`` field.
 TRACEPARENT = "traceparent"
@@ -158,6 +164,7 @@ class Transport(Connection):
             return give_up_at - now
 
         unreachable = 0  # addresses that could not be connected to (fail_fast)
+        overloaded = 0  # refusals of coordinators past their capacity
         tls_failed: dict[str, TlsError] = {}  # address -> its failed handshake
         # The last retried UNAVAILABLE answer (e.g. ETCD_UNAVAILABLE: a coordinator
         # answered, its etcd did not): what the call raises when a retry then runs
@@ -207,6 +214,18 @@ class Transport(Connection):
                 mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answered is not None:
                     raise answered from err
+                if mapped.reason == OVERLOADED:
+                    # Past its capacity, the coordinator did nothing: the next address at once (each once a
+                    # round), then wait as asked, within the call's time.
+                    overloaded += 1
+                    self.rotate(channel)
+                    if overloaded % len(self.addresses):
+                        continue
+                    pause = (mapped.retry_delay or 1.0) * random.uniform(1.0, 1.5)
+                    if budget() <= pause:
+                        raise mapped from err
+                    await asyncio.sleep(pause)
+                    continue
                 if isinstance(mapped, LimitExceeded) and mapped.retry_delay is not None:
                     # A rate limit: nothing was done; wait as asked (never in a tight loop), within the call's time.
                     pause = mapped.retry_delay * random.uniform(1.0, 1.5)

@@ -26,6 +26,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_LEASE_OWNER: _ClassVar[ErrorReason]
     PERMITS_MISMATCH: _ClassVar[ErrorReason]
     REQUEST_ID_REUSED: _ClassVar[ErrorReason]
+    OVERLOADED: _ClassVar[ErrorReason]
 
 class HoldKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -48,6 +49,7 @@ LIMIT_EXCEEDED: ErrorReason
 NOT_LEASE_OWNER: ErrorReason
 PERMITS_MISMATCH: ErrorReason
 REQUEST_ID_REUSED: ErrorReason
+OVERLOADED: ErrorReason
 HOLD_KIND_LOCK: HoldKind
 HOLD_KIND_ELECTION: HoldKind
 HOLD_KIND_SEMAPHORE: HoldKind
@@ -153,7 +155,7 @@ class Holder(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "keepalives", "lease_secret", "request_id", "timeout_ms", "traceparent")
+    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "keepalives", "lease_secret", "request_id", "timeout_ms", "traceparent", "last_rtt_ms")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
     UNWATCH_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +168,7 @@ class KeepAliveRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    LAST_RTT_MS_FIELD_NUMBER: _ClassVar[int]
     keepalive: LeaseKeepAlive
     watch: WatchHold
     unwatch: WatchHold
@@ -178,7 +181,8 @@ class KeepAliveRequest(_message.Message):
     request_id: int
     timeout_ms: int
     traceparent: str
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAlives, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    last_rtt_ms: int
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAlives, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., last_rtt_ms: _Optional[int] = ...) -> None: ...
 
 class CancelCall(_message.Message):
     __slots__ = ("request_id",)

@@ -148,7 +148,9 @@ class LockServiceServicer:
         whose ownership record cannot be written is revoked and the call fails.
         Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
         LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
-        coordinator, or its total of leases), UNAVAILABLE.
+        coordinator, or its total of leases), RESOURCE_EXHAUSTED/OVERLOADED
+        (this coordinator is past its capacity: retry later or on another
+        replica), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,7 +194,9 @@ class LockServiceServicer:
         lease is gone, or its place in the queue was deleted while waiting),
         RESOURCE_EXHAUSTED (too many waiters on this coordinator;
         LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
-        rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+        rate; OVERLOADED: a call that would wait, refused while this
+        coordinator is past its capacity; a try-once call is still served),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
         caller's), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -242,7 +246,9 @@ class LockServiceServicer:
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
         RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
-        streams on this coordinator), INVALID_ARGUMENT (name: a
+        streams on this coordinator; OVERLOADED: a new stream refused while
+        this coordinator is past its capacity, an open one is served on),
+        INVALID_ARGUMENT (name: a
         watch or unwatch whose name is not valid UTF-8; no field: a message
         that is no KeepAliveRequest at all; keepalives: a batch of more than
         500 entries; the stream ends),

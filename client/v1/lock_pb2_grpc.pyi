@@ -128,7 +128,9 @@ class LockServiceStub:
     whose ownership record cannot be written is revoked and the call fails.
     Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
     LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
-    coordinator, or its total of leases), UNAVAILABLE.
+    coordinator, or its total of leases), RESOURCE_EXHAUSTED/OVERLOADED
+    (this coordinator is past its capacity: retry later or on another
+    replica), UNAVAILABLE.
     """
     LeaseRevoke: _grpc.UnaryUnaryMultiCallable[_lock_pb2.LeaseRevokeRequest, _lock_pb2.LeaseRevokeResponse]
     """LeaseRevoke ends a lease at once and releases every lock it holds and
@@ -164,7 +166,9 @@ class LockServiceStub:
     lease is gone, or its place in the queue was deleted while waiting),
     RESOURCE_EXHAUSTED (too many waiters on this coordinator;
     LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
-    rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+    rate; OVERLOADED: a call that would wait, refused while this
+    coordinator is past its capacity; a try-once call is still served),
+    PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
     caller's), UNAVAILABLE.
     """
     Release: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]
@@ -202,7 +206,9 @@ class LockServiceStub:
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
     RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
-    streams on this coordinator), INVALID_ARGUMENT (name: a
+    streams on this coordinator; OVERLOADED: a new stream refused while
+    this coordinator is past its capacity, an open one is served on),
+    INVALID_ARGUMENT (name: a
     watch or unwatch whose name is not valid UTF-8; no field: a message
     that is no KeepAliveRequest at all; keepalives: a batch of more than
     500 entries; the stream ends),
@@ -448,7 +454,9 @@ class LockServiceAsyncStub(LockServiceStub):
     whose ownership record cannot be written is revoked and the call fails.
     Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
     LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
-    coordinator, or its total of leases), UNAVAILABLE.
+    coordinator, or its total of leases), RESOURCE_EXHAUSTED/OVERLOADED
+    (this coordinator is past its capacity: retry later or on another
+    replica), UNAVAILABLE.
     """
     LeaseRevoke: _aio.UnaryUnaryMultiCallable[_lock_pb2.LeaseRevokeRequest, _lock_pb2.LeaseRevokeResponse]  # type: ignore[assignment]
     """LeaseRevoke ends a lease at once and releases every lock it holds and
@@ -484,7 +492,9 @@ class LockServiceAsyncStub(LockServiceStub):
     lease is gone, or its place in the queue was deleted while waiting),
     RESOURCE_EXHAUSTED (too many waiters on this coordinator;
     LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
-    rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+    rate; OVERLOADED: a call that would wait, refused while this
+    coordinator is past its capacity; a try-once call is still served),
+    PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
     caller's), UNAVAILABLE.
     """
     Release: _aio.UnaryUnaryMultiCallable[_lock_pb2.ReleaseRequest, _lock_pb2.ReleaseResponse]  # type: ignore[assignment]
@@ -522,7 +532,9 @@ class LockServiceAsyncStub(LockServiceStub):
     and Watch messages: leases and tokens live in etcd and are unchanged.
     Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
     RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
-    streams on this coordinator), INVALID_ARGUMENT (name: a
+    streams on this coordinator; OVERLOADED: a new stream refused while
+    this coordinator is past its capacity, an open one is served on),
+    INVALID_ARGUMENT (name: a
     watch or unwatch whose name is not valid UTF-8; no field: a message
     that is no KeepAliveRequest at all; keepalives: a batch of more than
     500 entries; the stream ends),
@@ -771,7 +783,9 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         whose ownership record cannot be written is revoked and the call fails.
         Errors: INVALID_ARGUMENT (ttl_seconds), RESOURCE_EXHAUSTED/
         LIMIT_EXCEEDED (the caller's leases or LeaseGrant rate on this
-        coordinator, or its total of leases), UNAVAILABLE.
+        coordinator, or its total of leases), RESOURCE_EXHAUSTED/OVERLOADED
+        (this coordinator is past its capacity: retry later or on another
+        replica), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -819,7 +833,9 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         lease is gone, or its place in the queue was deleted while waiting),
         RESOURCE_EXHAUSTED (too many waiters on this coordinator;
         LIMIT_EXCEEDED: the lease's holds and waits or the caller's Acquire
-        rate), PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
+        rate; OVERLOADED: a call that would wait, refused while this
+        coordinator is past its capacity; a try-once call is still served),
+        PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another
         caller's), UNAVAILABLE.
         """
 
@@ -875,7 +891,9 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         and Watch messages: leases and tokens live in etcd and are unchanged.
         Errors on the stream itself: UNAVAILABLE (coordinator shutting down),
         RESOURCE_EXHAUSTED (too many streams; LIMIT_EXCEEDED: the caller's
-        streams on this coordinator), INVALID_ARGUMENT (name: a
+        streams on this coordinator; OVERLOADED: a new stream refused while
+        this coordinator is past its capacity, an open one is served on),
+        INVALID_ARGUMENT (name: a
         watch or unwatch whose name is not valid UTF-8; no field: a message
         that is no KeepAliveRequest at all; keepalives: a batch of more than
         500 entries; the stream ends),

@@ -43,7 +43,7 @@ from fencepost.client.errors import LimitExceeded
 
 from .limits import FLAGS, Limits
 
-__all__ = ["LOG_INTERVAL_SECONDS", "MAX_TRACKED_CALLERS", "OVERLOAD_RETRY_SECONDS", "LimitTracker", "TokenBucket"]
+__all__ = ["LOG_INTERVAL_SECONDS", "MAX_TRACKED_CALLERS", "LimitTracker", "TokenBucket"]
 
 _log = logging.getLogger(__name__)
 
@@ -149,14 +149,12 @@ class LimitTracker:
         holds: whether (lock name, lease id) is a hold granted here and not yet
             ended (:meth:`..recipes.holds.HoldTracker.holds`).
         clock: the monotonic clock, seconds (injected in tests).
-        loop_lag: how far behind this coordinator is now, seconds (:attr:`.overload.LoopLag.seconds`).
     """
 
     def __init__(self, limits: Limits, *, holds_of: Callable[[int], int] = lambda _lease_id: 0,
                  holds: Callable[[str, int], bool] = lambda _name, _lease_id: False,
-                 clock: Callable[[], float] = time.monotonic, loop_lag: Callable[[], float] = lambda: 0.0) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
-        self._loop_lag = loop_lag
         self._holds_of = holds_of
         self._holds = holds
         self._clock = clock
@@ -204,17 +202,9 @@ class LimitTracker:
 
         Raises:
             LimitExceeded: ``max-leases-per-caller``, ``max-leases``, or (with a
-                ``retry_delay``) ``max-lease-grant-rate`` or ``max-lag``.
+                ``retry_delay``) ``max-lease-grant-rate``.
         """
         limits = self.limits
-        if limits.max_lag:
-            lag = self._loop_lag()
-            if lag > limits.max_lag:
-                exc = _exceeded("max_lag", limits.max_lag,
-                                f"this coordinator is {lag:.3f} s behind (overloaded); new leases wait, the live "
-                                f"ones are kept alive")
-                exc.retry_delay = OVERLOAD_RETRY_SECONDS
-                raise exc
         if not limits.max_leases_per_caller and not limits.max_leases:  # nothing to count: keep nothing
             self._rate(self._lease_rate, caller, "LeaseGrant")
             yield lambda _lease_id, _ttl_seconds: None
@@ -383,10 +373,6 @@ class LimitTracker:
 
 def _number(value: float) -> str:
     return f"{value:g}"
-
-
-#: The RetryInfo of a LeaseGrant refused for overload (``max-lag``), in seconds.
-OVERLOAD_RETRY_SECONDS = 1.0
 
 
 def _exceeded(field: str, value: float, why: str, *, name: str | None = None,

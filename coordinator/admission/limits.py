@@ -61,10 +61,17 @@ class Limits:
             (``--max-acquire-rate``).
         acquire_burst: Acquire calls one caller may make at once after a pause
             (``--max-acquire-burst``).
-        max_lag: LeaseGrant is refused while this coordinator is this far
-            behind, in seconds (``--max-lag``; see :mod:`.overload`: its event
-            loop runs late, or a keepalive waits that long for etcd): past what
-            it can do, the keepalives of the live leases come first. RetryInfo: 1 s.
+        max_lag: past capacity while this coordinator is this far behind, in
+            seconds (``--max-lag``; see :mod:`.overload`: its event loop runs
+            late, or a keepalive waits that long for etcd).
+        max_loop_busy: past capacity while its event loop thread stays this
+            busy, in CPU seconds per wall second, 0 to 1 (``--max-loop-busy``).
+        max_client_rtt: past capacity while its clients' keepalive round
+            trips stay this long, in seconds (``--max-client-rtt``; the median
+            of what they report).
+            Past capacity (:mod:`.capacity`), new leases, KeepAlive streams and
+            waits are refused (RESOURCE_EXHAUSTED / OVERLOADED, RetryInfo 1 s):
+            the keepalives of the live leases come first.
         max_message_bytes: the largest request message the coordinator reads,
             in bytes, 1024 to 2**31 - 1 (``--max-message-bytes``); gRPC refuses a larger one with
             RESOURCE_EXHAUSTED before it reaches the service. The largest
@@ -83,6 +90,8 @@ class Limits:
     acquire_rate: float = 10000.0
     acquire_burst: int = 20000
     max_lag: float = 0.5
+    max_loop_busy: float = 0.9
+    max_client_rtt: float = 0.5
     max_message_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
@@ -93,6 +102,8 @@ class Limits:
         for name in ("lease_grant_burst", "acquire_burst"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{FLAGS[name]} is {getattr(self, name)}; must be 1 or more")
+        if self.max_loop_busy > 1:
+            raise ValueError(f"--{FLAGS['max_loop_busy']} is {self.max_loop_busy}; must be 0 to 1")
         if not MIN_MESSAGE_BYTES <= self.max_message_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"--{FLAGS['max_message_bytes']} is {self.max_message_bytes}; must be "
                              f"{MIN_MESSAGE_BYTES} to {MAX_MESSAGE_BYTES}")
@@ -117,6 +128,8 @@ FLAGS: dict[str, str] = {
     "acquire_rate": "max-acquire-rate",
     "acquire_burst": "max-acquire-burst",
     "max_lag": "max-lag",
+    "max_loop_busy": "max-loop-busy",
+    "max_client_rtt": "max-client-rtt",
     "max_message_bytes": "max-message-bytes",
 }
 
@@ -136,12 +149,20 @@ _HELP: dict[str, str] = {
     "lease_grant_burst": "LeaseGrant calls one caller may make at once after a pause; 1 or more",
     "acquire_rate": "Acquire calls per second of one caller, on average (RetryInfo says when to retry)",
     "acquire_burst": "Acquire calls one caller may make at once after a pause; 1 or more",
-    "max_lag": "seconds: new leases (LeaseGrant) are refused, with a RetryInfo of 1 s, while this coordinator "
-               "stays this far behind (its event loop running late, or keepalives or answers queued that long), "
-               "so that the leases it already keeps are renewed in time",
+    "max_lag": "seconds: past capacity while this coordinator stays this far behind (its event loop running "
+               "late, or keepalives or answers queued that long); past capacity, new leases, KeepAlive streams "
+               "and waits are refused (OVERLOADED, RetryInfo 1 s), so that the leases it keeps are renewed in time",
+    "max_loop_busy": "ratio 0 to 1: past capacity while the event loop thread stays this busy (CPU seconds per "
+                     "second, the smallest of the last 1.5 s)",
+    "max_client_rtt": "seconds: past capacity while the median keepalive round trip its clients report stays "
+                      "this long (the smallest of the last 1.5 s)",
     "max_message_bytes": "largest request message read, in bytes (gRPC refuses a larger one with "
                          "RESOURCE_EXHAUSTED); 1024 or more",
 }
+
+
+#: The metavar of the flags that are not counts.
+_METAVARS = {"max_lag": "S", "max_client_rtt": "S", "max_loop_busy": "R"}
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser, env: Callable[[str, str | None], str | None]) -> None:
@@ -161,7 +182,7 @@ def add_limit_arguments(parser: argparse.ArgumentParser, env: Callable[[str, str
         default = getattr(defaults, f.name)
         off = "" if f.name in ("lease_grant_burst", "acquire_burst", "max_message_bytes") else "; 0: no limit"
         group.add_argument(f"--{flag}", dest=f.name, default=env(flag, None),
-                           metavar="S" if f.name == "max_lag" else "N",
+                           metavar=_METAVARS.get(f.name, "N"),
                            help=f"{_HELP[f.name]} (env FENCEPOST_{flag.upper().replace('-', '_')}; "
                                 f"default {default:g}{off})")
 

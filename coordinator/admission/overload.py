@@ -10,12 +10,11 @@ how long the oldest keepalive forwarded to etcd has waited for its answer
 time while thousands of them wait). The KeepAlive streams add a third: how
 long an answer waited in a stream's queue to be sent to its client (a
 backlog on the way out; told by the stream itself as it sends). All stay
-near 0 while the coordinator keeps up and grow while work piles up. The
-limit ``--max-lag`` (:mod:`.limits`) refuses new leases (LeaseGrant,
-RESOURCE_EXHAUSTED / LIMIT_EXCEEDED with a RetryInfo) while the figure
-below is above it, so that the leases already granted keep being renewed: under overload, new
-work is refused and live leases do not die. Keepalives, releases and
-revokes are always served.
+near 0 while the coordinator keeps up and grow while work piles up. Above
+``--max-lag`` (:mod:`.limits`) the coordinator is past its capacity
+(:mod:`.capacity`, which also measures at each of these wake-ups): new
+leases, streams and waits are refused, so that the leases already granted
+keep being renewed. Keepalives, releases and revokes are always served.
 
 Overload is what lasts: the figure is the smallest of the last :data:`TICKS`
 measurements (each the largest of the three seen since the one before), so
@@ -62,6 +61,7 @@ class LoopLag:
         #: Measurements made so far.
         self.measurements = 0
         self._task: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def seconds(self) -> float:
@@ -83,6 +83,10 @@ class LoopLag:
                 await self._task
             self._task = None
 
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after each measurement, in the event loop's thread (:class:`.capacity.Capacity`)."""
+        self._listeners.append(listener)
+
     def record(self, seconds: float) -> None:
         """Tell a lag seen elsewhere (an answer that waited ``seconds`` to be sent): part of the next measurement."""
         if seconds > self._since:
@@ -94,6 +98,8 @@ class LoopLag:
         self._since = 0.0
         self.measurements += 1
         self._metrics.loop_lag(self.seconds)
+        for listener in self._listeners:
+            listener()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -11,12 +11,16 @@ through, always in this order:
    lock). An admin call (``audited``) needs a policy that grants it, and
    each refusal is audited (:mod:`.admin_calls`); ListLocks (``listing``)
    is refused only when the caller may describe no name under its prefix;
-3. **token floor**: ``READY`` waits until the floor is known and refuses
+3. **capacity**: a newcomer (``NEW``: a lease, a stream; ``WAIT``: a call
+   that would wait) is refused while the coordinator is past its capacity
+   (:meth:`~..admission.capacity.Capacity.admit`, RESOURCE_EXHAUSTED /
+   OVERLOADED): a cheap check, before anything reads etcd;
+4. **token floor**: ``READY`` waits until the floor is known and refuses
    while tokens would go back (:meth:`~..recipes.tokens.TokenFloor.ready`);
    ``SERVING`` refuses only once tokens are known unsafe (LeaseGrant: a
    lease carries no token); none for the calls that only keep or remove
    state (LeaseRevoke, Withdraw, the admin ListSessions, ServerInfo);
-4. **owner**: the caller must own ``request.lease_id``
+5. **owner**: the caller must own ``request.lease_id``
    (:meth:`~..admission.ownership.Ownership.check_call`).
 
 :func:`served` wraps a unary servicer method: it refuses a request that could
@@ -39,6 +43,7 @@ import grpc
 from fencepost.client.errors import FencepostError, InvalidArgument
 
 from ..admission.access import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
+from ..admission.capacity import Capacity
 from ..admission.ownership import Ownership
 from ..etcd import bounded
 from ..recipes.election import validate_election, validate_value
@@ -51,8 +56,8 @@ from .admin_calls import admit_admin
 from .decode import Undecodable
 from .status import Refusals
 
-__all__ = ["DEADLINE_MARGIN_SECONDS", "EVERY_NAME", "READY", "RPCS", "SERVING", "VALIDATORS", "Admission", "Rpc",
-           "served"]
+__all__ = ["DEADLINE_MARGIN_SECONDS", "EVERY_NAME", "NEW", "READY", "RPCS", "SERVING", "VALIDATORS", "WAIT",
+           "Admission", "Rpc", "served"]
 
 R = TypeVar("R")
 
@@ -63,6 +68,9 @@ DEADLINE_MARGIN_SECONDS = 0.5
 #: Token floor steps: wait until it is known and safe; or refuse only once tokens are known unsafe.
 READY = "ready"
 SERVING = "serving"
+#: Capacity steps: refused while past capacity always (a new lease or stream); or when it would wait.
+NEW = "new"
+WAIT = "wait"
 #: ``on`` of a call on every lock name (ListSessions: every lease of every lock).
 EVERY_NAME = "*"
 
@@ -103,6 +111,7 @@ class Rpc:
         listing: ``on`` is a prefix whose names the call lists (ListLocks).
         audited: for an admin call, its audited action (``revoke``, ``list_sessions``): it needs a policy.
         floor: :data:`READY`, :data:`SERVING` or None.
+        capacity: :data:`NEW`, :data:`WAIT` (the request's ``wait_ms`` > 0 or ``wait_forever``) or None.
         owner: whether the caller must own ``request.lease_id``.
     """
 
@@ -113,14 +122,16 @@ class Rpc:
     audited: str | None = None
     floor: str | None = None
     owner: bool = False
+    capacity: str | None = None
 
 
 #: Every RPC of LockService, by method name.
 RPCS: dict[str, Rpc] = {
-    "LeaseGrant": Rpc(action=ACQUIRE, floor=SERVING),  # a lease is only good for acquiring
+    "LeaseGrant": Rpc(action=ACQUIRE, floor=SERVING, capacity=NEW),  # a lease is only good for acquiring
     "LeaseRevoke": Rpc(action=ACQUIRE, owner=True),
-    "KeepAlive": Rpc(action=ACQUIRE),
-    "Acquire": Rpc(("name", "lease_id", "request_id", "wait", "lock_delay"), ACQUIRE, "name", floor=READY, owner=True),
+    "KeepAlive": Rpc(action=ACQUIRE, capacity=NEW),
+    "Acquire": Rpc(("name", "lease_id", "request_id", "wait", "lock_delay"), ACQUIRE, "name", floor=READY, owner=True,
+                   capacity=WAIT),
     "Release": Rpc(("name", "lease_id", "token", "request_id"), RELEASE, "name", floor=READY, owner=True),
     "Withdraw": Rpc(("name", "lease_id", "request_id"), ACQUIRE, "name", owner=True),
     # A caller's lock name: never an election's or a semaphore's internal one.
@@ -131,12 +142,12 @@ RPCS: dict[str, Rpc] = {
     "AdminRevoke": Rpc(("request_id",), ADMIN, "name", audited="revoke", floor=READY),
     "ListSessions": Rpc(action=ADMIN, on=EVERY_NAME, audited="list_sessions"),
     "AcquirePermit": Rpc(("name", "lease_id", "permits", "request_id", "wait"), ACQUIRE, "name", floor=READY,
-                         owner=True),
+                         owner=True, capacity=WAIT),
     "ReleasePermit": Rpc(("name", "lease_id", "slot", "token?", "request_id"), RELEASE, "name", floor=READY,
                          owner=True),
     "DescribeSemaphore": Rpc(("name",), DESCRIBE, "name", floor=READY),
     "Campaign": Rpc(("election", "lease_id", "value", "request_id", "wait"), ACQUIRE, "election", floor=READY,
-                    owner=True),
+                    owner=True, capacity=WAIT),
     "Proclaim": Rpc(("election", "lease_id", "token", "value"), ACQUIRE, "election", floor=READY, owner=True),
     "Resign": Rpc(("election", "lease_id", "token?", "request_id"), RELEASE, "election", floor=READY, owner=True),
     "Leader": Rpc(("election",), DESCRIBE, "election", floor=READY),
@@ -152,12 +163,15 @@ class Admission:
         access: the access policy in force.
         owners: the ownership records of leases.
         tokens: the token floor.
+        capacity: whether the coordinator is past its capacity; None: never.
     """
 
-    def __init__(self, access: Access, owners: Ownership, tokens: TokenFloor) -> None:
+    def __init__(self, access: Access, owners: Ownership, tokens: TokenFloor, capacity: Capacity | None = None
+                 ) -> None:
         self.access = access
         self.owners = owners
         self.tokens = tokens
+        self.capacity = capacity
 
     async def admit(self, rpc: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Run the steps of ``rpc``'s row on ``request``; return when the call may run.
@@ -170,6 +184,7 @@ class Admission:
         Raises:
             InvalidArgument: a field of ``fields``.
             AccessDenied: the policy does not allow the call (for an admin call: or there is no policy).
+            ResourceExhausted: OVERLOADED, a newcomer while past capacity.
             DataLoss, Unavailable: the token floor refuses (tokens would go back, or etcd is unreachable).
             PermissionDenied: NOT_LEASE_OWNER.
         """
@@ -183,6 +198,9 @@ class Admission:
             self.access.lister(context, on or "")
         elif row.action is not None:
             self.access.check(context, row.action, on)
+        if row.capacity is not None and self.capacity is not None and (
+                row.capacity == NEW or request.wait_forever or request.wait_ms > 0):
+            self.capacity.admit(rpc)
         if row.floor == READY:
             await self.tokens.ready()
         elif row.floor == SERVING:

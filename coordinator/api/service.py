@@ -39,6 +39,7 @@ from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
 from fencepost.client.v1.keys import Hold, Keys
 
 from ..admission.access import Access
+from ..admission.capacity import Capacity
 from ..admission.identity import caller_of
 from ..admission.limit_tracker import LimitTracker
 from ..admission.limits import Limits
@@ -98,12 +99,15 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             records in ``locks.etcd`` under ``keys``.
         loop_lag: the overload monitor (started by the server); None for one that
             measures the event loop and the etcd layer's keepalive backlog.
+        capacity: tells when the coordinator is past its capacity, measured at each of
+            ``loop_lag``'s measurements; None for one with ``limits``' marks.
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher, keys: Keys,
                  *, max_streams: int | None = None, metrics: LockMetrics = NO_METRICS, about: About | None = None,
                  access: Access | None = None, limits: Limits | None = None, owners: Ownership | None = None,
-                 records: RequestRecords | None = None, loop_lag: LoopLag | None = None) -> None:
+                 records: RequestRecords | None = None, loop_lag: LoopLag | None = None,
+                 capacity: Capacity | None = None) -> None:
         limits = limits if limits is not None else Limits()
         owners = owners if owners is not None else Ownership(locks.etcd, keys)
         self._leases, self._locks, self._watcher, self._keys, self._metrics = leases, locks, watcher, keys, metrics
@@ -115,11 +119,13 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._holds = HoldTracker(watcher, keys.contender, locks.hold_exists, locks.lease_alive, metrics=metrics)
         self.loop_lag = loop_lag if loop_lag is not None else LoopLag(
             metrics, waiting=lambda: locks.etcd.keepalive_waiting_seconds)  # started by the server
-        self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds,
-                                    loop_lag=lambda: self.loop_lag.seconds)
+        self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds)
+        #: Whether this coordinator is past its capacity (newcomers refused, see :mod:`..admission.capacity`).
+        self.capacity = capacity if capacity is not None else Capacity(limits)
+        self.capacity.follow(self.loop_lag, metrics)
         self.closing = asyncio.Event()
         #: Applies each RPC's row of the RPC table (see :func:`.rpcs.served`).
-        self.admission = Admission(access if access is not None else Access(), owners, locks.tokens)
+        self.admission = Admission(access if access is not None else Access(), owners, locks.tokens, self.capacity)
         #: Ends refused calls with their status.
         self.refusals = Refusals(metrics, self._limits)
         self._releases = Releases(self._holds, leases, self._kept, self._limits, owners, metrics=metrics)
@@ -327,4 +333,4 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         return KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender, metrics=self._metrics,
                                released=self._releases.released, kept=self._kept, on_keepalive=self._limits.kept_alive,
                                owners=self.admission.owners, caller=caller_of(context), calls=self._stream_calls,
-                               context=context, on_late=self.loop_lag.record, **who)
+                               context=context, on_late=self.loop_lag.record, on_rtt=self.capacity.reported, **who)

@@ -14,7 +14,8 @@ LockTimeout                  ACQUIRE_TIMEOUT (DEADLINE_EXCEEDED)
 NotHolder                    NOT_HOLDER (FAILED_PRECONDITION), ``current_token``
 StaleTokenError              STALE_TOKEN (FAILED_PRECONDITION), ``current_token``
 LeaseLost                    LEASE_EXPIRED (FAILED_PRECONDITION)
-ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAUSTED)
+ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAUSTED);
+                             OVERLOADED (RESOURCE_EXHAUSTED + RetryInfo, :mod:`..admission.capacity`)
 LimitExceeded                LIMIT_EXCEEDED (RESOURCE_EXHAUSTED), ``limit`` and ``value``
                              set, RetryInfo for a rate limit (:mod:`..admission.limits`)
 NotLeaseOwner                NOT_LEASE_OWNER (PERMISSION_DENIED), ``lease_id`` set
@@ -26,7 +27,7 @@ InvalidArgument(reason=...)  REQUEST_ID_REUSED (INVALID_ARGUMENT), ``field`` = "
 
 :class:`Refusals` ends a call with that status: counted in
 ``fencepost_refusals_total`` and logged as one ``refusal`` event (a refusal
-at a limit at most once per caller and limit every 10 s, see
+at a limit, or past capacity, at most once per caller and limit every 10 s, see
 :meth:`~..admission.limit_tracker.LimitTracker.log_refusal`).
 """
 
@@ -44,6 +45,7 @@ from fencepost.client.errors import (
     LimitExceeded,
     NotHolder,
     PermitsMismatch,
+    ResourceExhausted,
     StaleTokenError,
     Unavailable,
 )
@@ -58,6 +60,8 @@ from ..telemetry.metrics import NO_METRICS, LockMetrics
 __all__ = ["Refusals", "reason_of", "shutting_down", "to_status"]
 
 _log = logging.getLogger(__name__)
+
+_OVERLOADED = reason_name(ErrorReason.OVERLOADED)
 
 
 def reason_of(exc: FencepostError) -> int:
@@ -106,13 +110,12 @@ def to_status(exc: FencepostError) -> grpc.Status:
     request_id = getattr(exc, "request_id", None)  # REQUEST_ID_REUSED (coordinator.recipes.requests.RequestIdReused)
     if isinstance(exc, InvalidArgument) and request_id:
         metadata[details.REQUEST_ID] = str(request_id)
-    retry_delay = None
+    retry_delay = exc.retry_delay if isinstance(exc, ResourceExhausted) else None
     if isinstance(exc, LimitExceeded):
         if exc.limit is not None:
             metadata[details.LIMIT] = exc.limit
         if exc.value is not None:
             metadata[details.VALUE] = exc.value
-        retry_delay = exc.retry_delay
     return details.status_for(reason, exc.message, metadata, retry_delay=retry_delay)
 
 
@@ -152,12 +155,16 @@ class Refusals:
         reason = reason_name(reason_of(exc))
         self._metrics.refused(reason)
         level, limited = logging.INFO, {}
-        if log and isinstance(exc, LimitExceeded) and self._limits is not None:
+        if log and (isinstance(exc, LimitExceeded) or reason == _OVERLOADED) and self._limits is not None:
             who = caller_of(context)  # one line per caller and limit per 10 s: a loop must not flood
-            suppressed = self._limits.log_refusal(who.key, exc.limit)
+            if isinstance(exc, LimitExceeded):
+                suppressed = self._limits.log_refusal(who.key, exc.limit)
+                level, limited = logging.WARNING, {"limit": exc.limit, "value": exc.value, "identity": who.identity,
+                                                   "suppressed": suppressed}
+            else:  # past capacity: the ``overloaded`` event said so once, at WARNING
+                suppressed = self._limits.log_refusal(who.key, reason)
+                limited = {"suppressed": suppressed}
             log = suppressed is not None
-            level, limited = logging.WARNING, {"limit": exc.limit, "value": exc.value, "identity": who.identity,
-                                               "suppressed": suppressed}
         if log:
             identity = getattr(exc, "identity", None)
             if reason == reason_name(ErrorReason.NOT_LEASE_OWNER):

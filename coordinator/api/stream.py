@@ -88,6 +88,8 @@ class KeepAliveStream:
         context: the stream's ``grpc.aio.ServicerContext`` (its certificate), for those calls.
         on_late: told the seconds a response waited to be sent, when more than
             :data:`.outbox.LATE_SECONDS` (a backlog of answers: the coordinator is behind, see :mod:`..admission.overload`).
+        on_rtt: told each round trip, in milliseconds, a keepalive message reports
+            (``last_rtt_ms`` > 0; :meth:`..admission.capacity.Capacity.reported`).
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
@@ -96,8 +98,10 @@ class KeepAliveStream:
                  on_keepalive: Callable[[int, int], None] | None = None,
                  peer: str | None = None, trace_id: str | None = None, owners: Ownership | None = None,
                  caller: Caller | None = None, calls: dict[str, Any] | None = None,
-                 context: Any = None, on_late: Callable[[float], None] | None = None) -> None:
+                 context: Any = None, on_late: Callable[[float], None] | None = None,
+                 on_rtt: Callable[[int], None] = lambda _ms: None) -> None:
         self._calls = calls
+        self._on_rtt = on_rtt
         self._context = context
         self._peer = peer or ""
         self._running: dict[int, tuple[str, asyncio.Task[None]]] = {}  # request id -> a call on the stream
@@ -193,8 +197,12 @@ class KeepAliveStream:
                 raise request.error()
             kind = request.WhichOneof("request")
             if kind == "keepalive":
+                if request.last_rtt_ms:
+                    self._on_rtt(request.last_rtt_ms)
                 self._renewals.received((request.keepalive,), request.lease_secret)
             elif kind == "keepalives":
+                if request.last_rtt_ms:
+                    self._on_rtt(request.last_rtt_ms)
                 entries = request.keepalives.keepalives
                 if len(entries) > MAX_KEEPALIVES_PER_BATCH:  # the stream is refused, as for an undecodable message
                     raise InvalidArgument(f"keepalives holds {len(entries)} entries; at most "

@@ -41,6 +41,7 @@ from fencepost.client.v1.keys import Keys
 
 from ..admission.access import Access, Policy
 from ..admission.limits import Limits
+from ..admission.capacity import Capacity
 from ..admission.overload import LoopLag
 from ..api.decode import add_lock_service
 from ..api.server_info import About
@@ -134,6 +135,9 @@ class Coordinator:
             new leases past (:mod:`..admission.overload`), started and stopped
             with the coordinator; None for one that measures this process's
             event loop and the etcd layer's keepalive backlog.
+        capacity: tells when the coordinator is past its capacity and refuses
+            newcomers (:mod:`..admission.capacity`), measured at each of
+            ``loop_lag``'s measurements; None for one with ``limits``' marks.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -152,7 +156,7 @@ class Coordinator:
                  metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
                  tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
                  policy: Policy | None = None, limits: Limits | None = None, etcd_batch_max: int = 64,
-                 loop_lag: LoopLag | None = None) -> None:
+                 loop_lag: LoopLag | None = None, capacity: Capacity | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -191,6 +195,7 @@ class Coordinator:
         self._locks: LockManager | None = None
         self._tokens: TokenFloor | None = None
         self._loop_lag = loop_lag
+        self._capacity = capacity
         self._claims: list[UnixSocketClaim] = []
         #: The bound TCP port after ``start()``; 0 for a Unix socket.
         self.port = 0
@@ -299,7 +304,8 @@ class Coordinator:
         locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted,
                                           tokens=self._tokens, max_waiters=self.limits.max_waiters or 2**63)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about,
-                                    access=self._access, limits=self.limits, loop_lag=self._loop_lag)
+                                    access=self._access, limits=self.limits, loop_lag=self._loop_lag,
+                                    capacity=self._capacity)
         self._service.intercepted_by(interceptors)
         self._service.loop_lag.start()
         server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
@@ -419,3 +425,8 @@ class Coordinator:
     def loop_lag(self) -> LoopLag | None:
         """The overload monitor (after ``start()``): how far behind this coordinator is."""
         return self._service.loop_lag if self._service is not None else self._loop_lag
+
+    @property
+    def capacity(self) -> Capacity | None:
+        """Whether this coordinator is past its capacity (after ``start()``; see :mod:`..admission.capacity`)."""
+        return self._service.capacity if self._service is not None else self._capacity

@@ -41,7 +41,10 @@ fencepost_etcd_batch_size           histogram                      lock Txns per
 fencepost_watch_restarts_total      counter                        restarts of the lock watch
 fencepost_lag_seconds               gauge                          how far behind: the event loop's lateness or
                                                                    the oldest keepalive's wait for etcd, the
-                                                                   largest in the last 2 s (see overload.py)
+                                                                   smallest of the last 0.25 s (overload.py)
+fencepost_loop_busy_ratio           gauge                          event loop thread CPU s per s (capacity.py)
+fencepost_keepalive_client_rtt_...  gauge                          median keepalive round trip clients report
+fencepost_overloaded                gauge                          1 while past capacity (capacity.py)
 ==================================  =========  ==================  ==============================================
 
 ``docs/operations.md`` ("Metrics") explains each one. :data:`NO_METRICS`
@@ -218,8 +221,17 @@ class LockMetrics:
                                        "compaction).", registry=registry)
         self._loop_lag = Gauge("fencepost_lag_seconds",
                                "How far behind the coordinator is: the larger of its event loop's lateness and the "
-                               "wait of the oldest keepalive forwarded to etcd, the largest in the last 2 s; above "
-                               "--max-lag, LeaseGrant is refused.", registry=registry)
+                               "wait of the oldest keepalive forwarded to etcd, the smallest of the last 0.25 s; "
+                               "above --max-lag, past capacity.", registry=registry)
+        self._busy = Gauge("fencepost_loop_busy_ratio",
+                           "CPU seconds of the event loop thread per wall second, the smallest of the last 1.5 s; "
+                           "at --max-loop-busy, past capacity.", registry=registry)
+        self._client_rtt = Gauge("fencepost_keepalive_client_rtt_seconds",
+                                 "The keepalive round trip clients report (median of each 0.5 s), the smallest of "
+                                 "the last 1.5 s; at --max-client-rtt, past capacity.", registry=registry)
+        self._overloaded = Gauge("fencepost_overloaded",
+                                 "1 while this coordinator is past its capacity (new leases, KeepAlive streams and "
+                                 "waits refused with OVERLOADED), else 0.", registry=registry)
 
     def prefix_of(self, name: str) -> str:
         """The ``prefix`` label of lock ``name``: the longest configured prefix it starts with, else "".
@@ -315,6 +327,15 @@ class LockMetrics:
         """The coordinator is now ``seconds`` behind (see :mod:`..admission.overload`)."""
         self._loop_lag.set(seconds)
 
+    def capacity(self, busy: float, client_rtt: float) -> None:
+        """The capacity figures (see :mod:`..admission.capacity`): loop ``busy`` (CPU s per s), ``client_rtt`` (s)."""
+        self._busy.set(busy)
+        self._client_rtt.set(client_rtt)
+
+    def overloaded(self, past: bool) -> None:
+        """The coordinator entered (True) or left (False) the past-capacity condition."""
+        self._overloaded.set(1 if past else 0)
+
 
 class _NoMetrics(LockMetrics):
     """:class:`LockMetrics` that records nothing (metrics off)."""
@@ -368,6 +389,12 @@ class _NoMetrics(LockMetrics):
         pass
 
     def loop_lag(self, seconds: float) -> None:
+        pass
+
+    def capacity(self, busy: float, client_rtt: float) -> None:
+        pass
+
+    def overloaded(self, past: bool) -> None:
         pass
 
 

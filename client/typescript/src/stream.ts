@@ -75,6 +75,8 @@ export class KeepAliveStream {
   /** request id -> (lease, clock reading when its keepalive was queued) */
   private readonly pending = new Map<bigint, { lease: Lease; sent: number }>();
   private nextRequestId = 1n;
+  /** The round trip of the last keepalive acknowledged on this stream, whole ms (0: none yet): `lastRttMs`. */
+  private lastRttMs = 0;
   private closing = false;
   private readonly stop = new AbortController();
   /** How many streams answered (for tests and logs). */
@@ -99,7 +101,11 @@ export class KeepAliveStream {
     }
     const requestId = this.nextRequestId++;
     this.pending.set(requestId, { lease, sent: t });
-    this.send({ request: { case: "keepalive", value: { leaseId: lease.leaseId, requestId } }, leaseSecret: lease.secret });
+    this.send({
+      request: { case: "keepalive", value: { leaseId: lease.leaseId, requestId } },
+      leaseSecret: lease.secret,
+      lastRttMs: this.lastRttMs,
+    });
   }
 
   /** Ask to be told (HoldEnded) when the hold ends. */
@@ -145,7 +151,9 @@ export class KeepAliveStream {
     if (entry === undefined) return;
     this.pending.delete(ack.requestId);
     const { lease, sent } = entry;
-    if (lease.leaseId !== ack.leaseId || lease.lost) return;
+    if (lease.leaseId !== ack.leaseId) return;
+    this.lastRttMs = Math.min(2 ** 32 - 1, Math.max(1, Math.round((now() - sent) * 1000)));
+    if (lease.lost) return;
     if (!lease.onAck(sent, ack.ttlSeconds)) this.pool.lose(lease, "LEASE_EXPIRED");
   }
 
@@ -189,6 +197,7 @@ export class KeepAliveStream {
         const responses = client.keepAlive(outbox, { signal: this.stop.signal });
         this.outbox = outbox;
         this.pending.clear();
+        this.lastRttMs = 0;
         this.resendAll();
         for await (const response of responses) {
           if (!answered) {
