@@ -14,8 +14,8 @@ message (``KeepAliveRequest.keepalives``): each stream then wakes every
 :data:`BATCH_TICK` seconds and sends what fell due meanwhile (a renewal is
 that much late at most), so that several are due at each wake. Each
 keepalive message carries the round trip of the stream's last acknowledged
-keepalive (``last_rtt_ms``), as the client library does: the coordinator's
-sign that it is past its capacity. A LeaseGrant refused as overloaded
+keepalive (``last_rtt_ms``) and its send time (``sent_ms``), as the client
+library does: the coordinator's signs that it is past its capacity. A LeaseGrant refused as overloaded
 (RESOURCE_EXHAUSTED) is asked again after the RetryInfo's 1 s, until
 ``--grant-seconds``; the leases granted by then are the ones measured.
 
@@ -153,12 +153,13 @@ class Generator:
                             if len(entries) == size or not (heap and heap[0][0] <= now):
                                 await call.write(lock_pb2.KeepAliveRequest(
                                     keepalives=lock_pb2.LeaseKeepAlives(keepalives=entries),
-                                    last_rtt_ms=self.last_rtt_ms[s]))
+                                    last_rtt_ms=self.last_rtt_ms[s], sent_ms=int(time.monotonic() * 1000)))
                                 entries = []
                         else:
                             await call.write(lock_pb2.KeepAliveRequest(
                                 keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease, request_id=request_id),
-                                lease_secret=secret, last_rtt_ms=self.last_rtt_ms[s]))
+                                lease_secret=secret, last_rtt_ms=self.last_rtt_ms[s],
+                                sent_ms=int(time.monotonic() * 1000)))
                     else:
                         sent_at[lease] = time.perf_counter()
                         await call.write(rpc_pb2.LeaseKeepAliveRequest(ID=lease))

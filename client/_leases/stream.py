@@ -165,7 +165,7 @@ class KeepAliveStream:
         :data:`MAX_KEEPALIVES_PER_BATCH`) when the stream announced that it
         serves batches; else each is a ``keepalive`` message of its own.
         Dropped when no stream is open (the reconnect sends them again).
-        Each message carries :attr:`last_rtt_ms`.
+        Each message carries :attr:`last_rtt_ms` and its send time (``sent_ms``, the pool's clock).
         """
         live = [lease for lease in leases if not lease.lost]
         if self.outbox is None or not live:
@@ -179,6 +179,7 @@ class KeepAliveStream:
             request_id = next(self._request_ids)
             self.pending[request_id] = (lease, now)
             ids.append(request_id)
+        sent_ms = max(1, int(now * 1000))
         # The secret goes with every keepalive and watch: a stream (re)connected to any replica needs it
         # with the first message naming the lease, and 43 bytes each TTL/3 cost less than tracking that.
         if len(live) > 1 and self.calls.announces(KEEPALIVES):
@@ -187,11 +188,12 @@ class KeepAliveStream:
             for start in range(0, len(entries), MAX_KEEPALIVES_PER_BATCH):
                 batch = entries[start:start + MAX_KEEPALIVES_PER_BATCH]
                 self.send(pb.KeepAliveRequest(keepalives=pb.LeaseKeepAlives(keepalives=batch),
-                                              last_rtt_ms=self.last_rtt_ms))
+                                              last_rtt_ms=self.last_rtt_ms, sent_ms=sent_ms))
             return
         for lease, request_id in zip(live, ids):
             self.send(pb.KeepAliveRequest(keepalive=pb.LeaseKeepAlive(lease_id=lease.lease_id, request_id=request_id),
-                                          lease_secret=lease.secret, last_rtt_ms=self.last_rtt_ms))
+                                          lease_secret=lease.secret, last_rtt_ms=self.last_rtt_ms,
+                                          sent_ms=sent_ms))
 
     def watch(self, handle: AsyncLockHandle) -> None:
         """Ask to be told (HoldEnded) when ``handle``'s hold ends (nothing to send when granted on this stream)."""

@@ -155,7 +155,7 @@ class Holder(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "keepalives", "lease_secret", "request_id", "timeout_ms", "traceparent", "last_rtt_ms")
+    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "keepalives", "lease_secret", "request_id", "timeout_ms", "traceparent", "last_rtt_ms", "sent_ms")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
     UNWATCH_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class KeepAliveRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     LAST_RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    SENT_MS_FIELD_NUMBER: _ClassVar[int]
     keepalive: LeaseKeepAlive
     watch: WatchHold
     unwatch: WatchHold
@@ -182,7 +183,8 @@ class KeepAliveRequest(_message.Message):
     timeout_ms: int
     traceparent: str
     last_rtt_ms: int
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAlives, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., last_rtt_ms: _Optional[int] = ...) -> None: ...
+    sent_ms: int
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAlives, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., last_rtt_ms: _Optional[int] = ..., sent_ms: _Optional[int] = ...) -> None: ...
 
 class CancelCall(_message.Message):
     __slots__ = ("request_id",)

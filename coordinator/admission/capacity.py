@@ -19,15 +19,20 @@ load then degrades everyone instead of being refused at the door.
   messages waited unread in gRPC's buffers. The median of a window's reports,
   so that a few slow clients (their own network, their own pause) do not
   count; a window without reports counts as 0.
+- **keepalive wait**: how long each keepalive message waited before the
+  coordinator read it (in the network and gRPC's buffers), from the send
+  time its client puts in it (``KeepAliveRequest.sent_ms``, see
+  :class:`..api.stream.KeepAliveStream`): the backlog as it forms, with no
+  renewal period of delay. The median of a window's messages.
 - **lag** (:class:`.overload.LoopLag`, ``--max-lag``): the loop's lateness,
   the oldest keepalive waiting for etcd, answers waiting to be sent.
 
-Each of the first two is measured over windows of :data:`WINDOW` seconds;
+Each of the first three is measured over windows of :data:`WINDOW` seconds;
 its figure is the smallest of the last :data:`WINDOWS` windows (sustained:
 one busy moment or one slow window does not count). The coordinator is
 **past capacity** from the moment a figure reaches its high mark
-(``--max-loop-busy``, ``--max-client-rtt``, ``--max-lag``; 0 turns a signal
-off) until every signal (each window's loop busy and median, the lag at each
+(``--max-loop-busy``, ``--max-client-rtt``, ``--max-keepalive-wait``,
+``--max-lag``; 0 turns a signal off) until every signal (each window's loop busy and median, the lag at each
 measurement) has stayed below :data:`LOW_MARK` times its high mark for
 :data:`CALM_WINDOWS` windows (hysteresis, in level and in time: the leases
 admitted just before the condition start their keepalives up to a third of
@@ -42,8 +47,23 @@ wait) are refused with RESOURCE_EXHAUSTED / OVERLOADED and a RetryInfo of
 :data:`RETRY_SECONDS` (:meth:`Capacity.admit`); keepalives, releases,
 withdrawals, revokes, try-once acquires and watches are always served.
 
-Metrics: ``fencepost_loop_busy_ratio``, ``fencepost_keepalive_client_rtt_seconds``
-(the figures) and ``fencepost_overloaded`` (0 or 1); refusals are counted in
+Refusing newcomers does not take back what was admitted, and a lease adds
+its keepalives only from its first renewal on, up to a third of its TTL
+after its grant: a coordinator that let grants in whenever it was calm
+would admit, in each calm spell, leases whose renewals tip it over later,
+until what it admitted alone is more than it can serve. So it also learns a
+**lease ceiling** (additive-increase/multiplicative-decrease, as TCP's
+congestion window, RFC 5681): on entering the condition the ceiling becomes
+:data:`BACKOFF` times the leases it then carries (the leases kept alive
+through its streams, plus those granted in the last :data:`RAISE_SECONDS`,
+whose renewals may not have started); outside the condition a LeaseGrant is
+refused (OVERLOADED) while that many are carried; after :data:`RAISE_SECONDS`
+calm in which a grant was refused at the ceiling, it rises by
+:data:`RAISE`. No ceiling until the condition first starts.
+
+Metrics: ``fencepost_loop_busy_ratio``, ``fencepost_keepalive_client_rtt_seconds``,
+``fencepost_keepalive_wait_seconds`` (the figures), ``fencepost_lease_ceiling``
+(0: none) and ``fencepost_overloaded`` (0 or 1); refusals are counted in
 ``fencepost_refusals_total{reason="OVERLOADED"}``.
 """
 
@@ -63,7 +83,8 @@ from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .limits import FLAGS, Limits
 from .overload import LoopLag
 
-__all__ = ["CALM_WINDOWS", "LOW_MARK", "MAX_CALM_SECONDS", "RETRY_SECONDS", "SAMPLES", "WINDOW", "WINDOWS", "Capacity"]
+__all__ = ["BACKOFF", "CALM_WINDOWS", "LOW_MARK", "MAX_CALM_SECONDS", "MIN_CEILING", "RAISE", "RAISE_SECONDS",
+           "RETRY_SECONDS", "SAMPLES", "WINDOW", "WINDOWS", "Capacity"]
 
 _log = logging.getLogger(__name__)
 
@@ -79,6 +100,14 @@ CALM_WINDOWS = 10
 MAX_CALM_SECONDS = 60.0
 #: Reported round trips kept per window (the last ones when more arrive); a power of two.
 SAMPLES = 1024
+#: The lease ceiling on entering the condition, as a fraction of the leases carried then.
+BACKOFF = 0.9
+#: The lease ceiling's growth after a calm spell in which grants were refused at it...
+RAISE = 1.1
+#: ... of this many seconds (more than a third of the usual TTL: the new leases' renewals have started).
+RAISE_SECONDS = 5.0
+#: The lowest lease ceiling.
+MIN_CEILING = 100
 #: The RetryInfo of a refusal, in seconds.
 RETRY_SECONDS = RETRY_DELAY_BY_REASON[ErrorReason.OVERLOADED]
 
@@ -108,6 +137,7 @@ class Capacity:
         limits = limits if limits is not None else Limits()
         self._busy_high = limits.max_loop_busy
         self._rtt_high = limits.max_client_rtt
+        self._wait_high = limits.max_keepalive_wait
         self._lag_high = limits.max_lag
         self._clock = clock
         self._cpu_clock = cpu_clock
@@ -117,8 +147,15 @@ class Capacity:
         self._unsettled_at = clock()  # the last measurement at which a signal was at or above its low mark
         self._busy: deque[float] = deque(maxlen=windows)
         self._rtt: deque[float] = deque(maxlen=windows)
+        self._wait: deque[float] = deque(maxlen=windows)
         self._samples = [0] * SAMPLES
         self._reports = 0  # round trips reported in the current window
+        self._waits = [0] * SAMPLES
+        self._waited = 0  # keepalive messages' waits in the current window
+        self._kept: Callable[[], int] = lambda: 0
+        self._grants: deque[float] = deque()  # when leases were granted, the last RAISE_SECONDS
+        self._raised_at = -math.inf  # when the ceiling last changed
+        self._pressed = False  # a grant was refused at the ceiling since it last changed
         self._started = clock()
         self._cpu_started = cpu_clock()
         self._lag: Callable[[], float] = lambda: 0.0
@@ -128,16 +165,20 @@ class Capacity:
         self.overloaded = False
         #: Windows closed so far.
         self.windows = 0
+        #: The lease ceiling (see the module docstring); None before the condition first started.
+        self.ceiling: int | None = None
 
-    def follow(self, lag: LoopLag, metrics: LockMetrics = NO_METRICS) -> None:
-        """Measure at each of ``lag``'s measurements (in the loop thread), with its figure as the third signal.
+    def follow(self, lag: LoopLag, metrics: LockMetrics = NO_METRICS, kept: Callable[[], int] = lambda: 0) -> None:
+        """Measure at each of ``lag``'s measurements (in the loop thread), with its figure as a signal.
 
         Args:
             lag: the coordinator's lag monitor (its ticker drives the windows).
             metrics: where the figures and the condition are set.
+            kept: the number of leases kept alive through this coordinator's streams now.
         """
         self._lag = lambda: lag.seconds
         self._metrics = metrics
+        self._kept = kept
         lag.subscribe(self.tick)
 
     # ------------------------------------------------------------------ the signals
@@ -150,6 +191,31 @@ class Capacity:
         i = self._reports
         self._samples[i & (SAMPLES - 1)] = rtt_ms
         self._reports = i + 1
+
+    def waited(self, wait_ms: int) -> None:
+        """A keepalive message waited ``wait_ms`` milliseconds (>= 0) before it was read.
+
+        Called for every keepalive message that carries its send time: constant work, no allocation.
+        """
+        i = self._waited
+        self._waits[i & (SAMPLES - 1)] = wait_ms
+        self._waited = i + 1
+
+    def granted(self) -> None:
+        """A lease was granted here: it counts as carried (for the ceiling) from now on."""
+        self._grants.append(self._clock())
+
+    @property
+    def carried(self) -> int:
+        """The leases this coordinator carries: kept alive through its streams, plus those granted in the last
+        :data:`RAISE_SECONDS` (a lease granted then may be counted twice: on the safe side)."""
+        return self._kept() + len(self._grants)
+
+    @property
+    def keepalive_wait(self) -> float:
+        """The keepalive wait figure, in seconds: the smallest median of the last windows (0.0 until there are as
+        many as it needs)."""
+        return _smallest(self._wait)
 
     @property
     def busy(self) -> float:
@@ -171,17 +237,23 @@ class Capacity:
         if elapsed >= self._window:
             cpu = self._cpu_clock()
             self._busy.append(min(1.0, max(0.0, (cpu - self._cpu_started) / elapsed)))
-            self._rtt.append(self._median() / 1000.0)
-            self._started, self._cpu_started, self._reports = now, cpu, 0
+            self._rtt.append(_median(self._samples, self._reports) / 1000.0)
+            self._wait.append(_median(self._waits, self._waited) / 1000.0)
+            self._started, self._cpu_started, self._reports, self._waited = now, cpu, 0, 0
             self.windows += 1
-            self._metrics.capacity(self.busy, self.client_rtt)
+            self._metrics.capacity(self.busy, self.client_rtt, self.keepalive_wait, self.ceiling or 0)
+        while self._grants and self._grants[0] < now - RAISE_SECONDS:
+            self._grants.popleft()
         self._update()
+        if (self.ceiling is not None and self._pressed and not self.overloaded
+                and now - max(self._raised_at, self._ended_at) >= RAISE_SECONDS):
+            self._set_ceiling(int(self.ceiling * RAISE) + 1, now, "raised after a calm spell")
 
-    def _median(self) -> float:
-        n = min(self._reports, SAMPLES)
-        if n == 0:
-            return 0.0
-        return float(sorted(self._samples[:n])[n // 2])
+    def _set_ceiling(self, ceiling: int, now: float, why: str) -> None:
+        self.ceiling, self._raised_at, self._pressed = ceiling, now, False
+        self._metrics.capacity(self.busy, self.client_rtt, self.keepalive_wait, ceiling)
+        log_event(_log, logging.INFO, "lease_ceiling", f"lease ceiling {ceiling} ({why}): LeaseGrant is refused while "
+                  f"this coordinator carries that many leases", ceiling=ceiling, carried=self.carried)
 
     def _update(self) -> None:
         lag = self._lag()
@@ -196,15 +268,18 @@ class Capacity:
                 soon = now - self._ended_at < self._calm_seconds
                 self._calm_seconds = (min(MAX_CALM_SECONDS, 2 * self._calm_seconds) if soon else self._base_calm)
                 self._metrics.overloaded(True)
+                self._set_ceiling(max(MIN_CEILING, int(BACKOFF * min(self.carried, self.ceiling or math.inf))), now,
+                                  "past capacity")
                 log_event(_log, logging.WARNING, "overloaded", f"past capacity ({why}): new leases, streams and "
                           f"waits are refused until it is served again", busy=round(self.busy, 3),
-                          client_rtt_s=round(self.client_rtt, 3), lag_s=round(lag, 3),
-                          calm_s=self._calm_seconds)
+                          client_rtt_s=round(self.client_rtt, 3), keepalive_wait_s=round(self.keepalive_wait, 3),
+                          lag_s=round(lag, 3), calm_s=self._calm_seconds, ceiling=self.ceiling)
         elif now - self._unsettled_at >= self._calm_seconds:
             self.overloaded, self._ended_at = False, now
             self._metrics.overloaded(False)
             log_event(_log, logging.INFO, "overload_end", "back within capacity: new leases, streams and waits are "
-                      "admitted", busy=round(self.busy, 3), client_rtt_s=round(self.client_rtt, 3), lag_s=round(lag, 3))
+                      "admitted", busy=round(self.busy, 3), client_rtt_s=round(self.client_rtt, 3),
+                      keepalive_wait_s=round(self.keepalive_wait, 3), lag_s=round(lag, 3), ceiling=self.ceiling)
 
     def _past(self, lag: float) -> str:
         """Why the figures say past capacity ("" when they do not)."""
@@ -213,6 +288,9 @@ class Capacity:
         if self._rtt_high and self.client_rtt >= self._rtt_high:
             return (f"clients' keepalive round trip {self.client_rtt:.3f} s, --{FLAGS['max_client_rtt']} "
                     f"{self._rtt_high:g}")
+        if self._wait_high and self.keepalive_wait >= self._wait_high:
+            return (f"keepalives wait {self.keepalive_wait:.3f} s to be read, --{FLAGS['max_keepalive_wait']} "
+                    f"{self._wait_high:g}")
         if self._lag_high and lag > self._lag_high:
             return f"{lag:.3f} s behind, --{FLAGS['max_lag']} {self._lag_high:g}"
         return ""
@@ -221,24 +299,39 @@ class Capacity:
         """Whether every signal is below its low mark now (the last window's busy and median, the lag)."""
         return ((not self._busy_high or not self._busy or self._busy[-1] < LOW_MARK * self._busy_high)
                 and (not self._rtt_high or not self._rtt or self._rtt[-1] < LOW_MARK * self._rtt_high)
+                and (not self._wait_high or not self._wait or self._wait[-1] < LOW_MARK * self._wait_high)
                 and (not self._lag_high or lag <= LOW_MARK * self._lag_high))
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, call: str) -> None:
-        """Refuse a newcomer while past capacity: ``call`` is a new lease, stream or wait.
+    def admit(self, call: str, lease: bool = False) -> None:
+        """Refuse a newcomer while past capacity: ``call`` is a new lease, stream or wait; a new lease at the ceiling.
 
         Args:
             call: what is asked, for the message (``LeaseGrant``, ``KeepAlive``, ``Acquire``, ...).
+            lease: whether ``call`` asks for a new lease (refused at the lease ceiling too).
 
         Raises:
             ResourceExhausted: reason OVERLOADED, ``retry_delay`` :data:`RETRY_SECONDS`.
         """
         if self.overloaded:
-            raise ResourceExhausted(
-                f"{call} refused: this coordinator is past its capacity ({self._why}); the leases it keeps are "
-                f"served first: retry in {RETRY_SECONDS:g} s or on another coordinator", reason=_OVERLOADED,
-                retry_delay=RETRY_SECONDS)
+            why = f"past its capacity ({self._why})"
+        elif lease and self.ceiling is not None and self.carried >= self.ceiling:
+            self._pressed = True
+            why = f"at its lease ceiling ({self.ceiling} leases, learned when it was last past its capacity)"
+        else:
+            return
+        raise ResourceExhausted(
+            f"{call} refused: this coordinator is {why}; the leases it keeps are served first: retry in "
+            f"{RETRY_SECONDS:g} s or on another coordinator", reason=_OVERLOADED, retry_delay=RETRY_SECONDS)
+
+
+def _median(samples: list[int], count: int) -> float:
+    """The median of the first ``count`` of ``samples`` (a ring of :data:`SAMPLES`); 0.0 for none."""
+    n = min(count, SAMPLES)
+    if n == 0:
+        return 0.0
+    return float(sorted(samples[:n])[n // 2])
 
 
 def _smallest(figures: deque[float]) -> float:

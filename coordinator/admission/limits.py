@@ -69,6 +69,9 @@ class Limits:
         max_client_rtt: past capacity while its clients' keepalive round
             trips stay this long, in seconds (``--max-client-rtt``; the median
             of what they report).
+        max_keepalive_wait: past capacity while keepalive messages wait this
+            long before the coordinator reads them, in seconds
+            (``--max-keepalive-wait``; the median, from their ``sent_ms``).
             Past capacity (:mod:`.capacity`), new leases, KeepAlive streams and
             waits are refused (RESOURCE_EXHAUSTED / OVERLOADED, RetryInfo 1 s):
             the keepalives of the live leases come first.
@@ -92,6 +95,7 @@ class Limits:
     max_lag: float = 0.5
     max_loop_busy: float = 0.9
     max_client_rtt: float = 0.5
+    max_keepalive_wait: float = 0.05
     max_message_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
@@ -130,6 +134,7 @@ FLAGS: dict[str, str] = {
     "max_lag": "max-lag",
     "max_loop_busy": "max-loop-busy",
     "max_client_rtt": "max-client-rtt",
+    "max_keepalive_wait": "max-keepalive-wait",
     "max_message_bytes": "max-message-bytes",
 }
 
@@ -156,13 +161,16 @@ _HELP: dict[str, str] = {
                      "second, the smallest of the last 1.5 s)",
     "max_client_rtt": "seconds: past capacity while the median keepalive round trip its clients report stays "
                       "this long (the smallest of the last 1.5 s)",
+    "max_keepalive_wait": "seconds: past capacity while keepalive messages wait this long before the coordinator "
+                          "reads them (the median, from the send time clients put in them; the smallest of the last "
+                          "1.5 s)",
     "max_message_bytes": "largest request message read, in bytes (gRPC refuses a larger one with "
                          "RESOURCE_EXHAUSTED); 1024 or more",
 }
 
 
 #: The metavar of the flags that are not counts.
-_METAVARS = {"max_lag": "S", "max_client_rtt": "S", "max_loop_busy": "R"}
+_METAVARS = {"max_lag": "S", "max_client_rtt": "S", "max_keepalive_wait": "S", "max_loop_busy": "R"}
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser, env: Callable[[str, str | None], str | None]) -> None:

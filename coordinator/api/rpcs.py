@@ -11,8 +11,9 @@ through, always in this order:
    lock). An admin call (``audited``) needs a policy that grants it, and
    each refusal is audited (:mod:`.admin_calls`); ListLocks (``listing``)
    is refused only when the caller may describe no name under its prefix;
-3. **capacity**: a newcomer (``NEW``: a lease, a stream; ``WAIT``: a call
-   that would wait) is refused while the coordinator is past its capacity
+3. **capacity**: a newcomer (``NEW``: a stream; ``LEASE``: a lease; ``WAIT``:
+   a call that would wait) is refused while the coordinator is past its
+   capacity, a lease also at the lease ceiling
    (:meth:`~..admission.capacity.Capacity.admit`, RESOURCE_EXHAUSTED /
    OVERLOADED): a cheap check, before anything reads etcd;
 4. **token floor**: ``READY`` waits until the floor is known and refuses
@@ -56,7 +57,7 @@ from .admin_calls import admit_admin
 from .decode import Undecodable
 from .status import Refusals
 
-__all__ = ["DEADLINE_MARGIN_SECONDS", "EVERY_NAME", "NEW", "READY", "RPCS", "SERVING", "VALIDATORS", "WAIT",
+__all__ = ["DEADLINE_MARGIN_SECONDS", "EVERY_NAME", "LEASE", "NEW", "READY", "RPCS", "SERVING", "VALIDATORS", "WAIT",
            "Admission", "Rpc", "served"]
 
 R = TypeVar("R")
@@ -70,6 +71,8 @@ READY = "ready"
 SERVING = "serving"
 #: Capacity steps: refused while past capacity always (a new lease or stream); or when it would wait.
 NEW = "new"
+#: ... and a new lease: also refused at the lease ceiling (see :mod:`..admission.capacity`).
+LEASE = "lease"
 WAIT = "wait"
 #: ``on`` of a call on every lock name (ListSessions: every lease of every lock).
 EVERY_NAME = "*"
@@ -111,7 +114,8 @@ class Rpc:
         listing: ``on`` is a prefix whose names the call lists (ListLocks).
         audited: for an admin call, its audited action (``revoke``, ``list_sessions``): it needs a policy.
         floor: :data:`READY`, :data:`SERVING` or None.
-        capacity: :data:`NEW`, :data:`WAIT` (the request's ``wait_ms`` > 0 or ``wait_forever``) or None.
+        capacity: :data:`NEW`, :data:`LEASE` (refused at the lease ceiling too), :data:`WAIT` (the request's
+            ``wait_ms`` > 0 or ``wait_forever``) or None.
         owner: whether the caller must own ``request.lease_id``.
     """
 
@@ -127,7 +131,7 @@ class Rpc:
 
 #: Every RPC of LockService, by method name.
 RPCS: dict[str, Rpc] = {
-    "LeaseGrant": Rpc(action=ACQUIRE, floor=SERVING, capacity=NEW),  # a lease is only good for acquiring
+    "LeaseGrant": Rpc(action=ACQUIRE, floor=SERVING, capacity=LEASE),  # a lease is only good for acquiring
     "LeaseRevoke": Rpc(action=ACQUIRE, owner=True),
     "KeepAlive": Rpc(action=ACQUIRE, capacity=NEW),
     "Acquire": Rpc(("name", "lease_id", "request_id", "wait", "lock_delay"), ACQUIRE, "name", floor=READY, owner=True,
@@ -199,8 +203,8 @@ class Admission:
         elif row.action is not None:
             self.access.check(context, row.action, on)
         if row.capacity is not None and self.capacity is not None and (
-                row.capacity == NEW or request.wait_forever or request.wait_ms > 0):
-            self.capacity.admit(rpc)
+                row.capacity in (NEW, LEASE) or request.wait_forever or request.wait_ms > 0):
+            self.capacity.admit(rpc, lease=row.capacity == LEASE)
         if row.floor == READY:
             await self.tokens.ready()
         elif row.floor == SERVING:

@@ -122,7 +122,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._limits = LimitTracker(limits, holds_of=self._holds.holds_of, holds=self._holds.holds)
         #: Whether this coordinator is past its capacity (newcomers refused, see :mod:`..admission.capacity`).
         self.capacity = capacity if capacity is not None else Capacity(limits)
-        self.capacity.follow(self.loop_lag, metrics)
+        self.capacity.follow(self.loop_lag, metrics, kept=lambda: self._kept.count)
         self.closing = asyncio.Event()
         #: Applies each RPC's row of the RPC table (see :func:`.rpcs.served`).
         self.admission = Admission(access if access is not None else Access(), owners, locks.tokens, self.capacity)
@@ -174,6 +174,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             lease_id, ttl = await self._leases.grant_or_revoke(
                 request.ttl_seconds, then=lambda granted: self.admission.owners.record(granted, record))
             counted(lease_id, ttl)
+        self.capacity.granted()
         log_event(_log, logging.DEBUG, "lease_granted", f"lease {lease_id:#x} granted, TTL {ttl} s",
                   lease_id=lease_id, ttl_s=ttl, owner=record.owner, **caller(context))
         return lock_pb2.LeaseGrantResponse(lease_id=lease_id, ttl_seconds=ttl, lease_secret=secret)
@@ -333,4 +334,5 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         return KeepAliveStream(self._leases, self._locks, self._watcher, self._keys.contender, metrics=self._metrics,
                                released=self._releases.released, kept=self._kept, on_keepalive=self._limits.kept_alive,
                                owners=self.admission.owners, caller=caller_of(context), calls=self._stream_calls,
-                               context=context, on_late=self.loop_lag.record, on_rtt=self.capacity.reported, **who)
+                               context=context, on_late=self.loop_lag.record, on_rtt=self.capacity.reported,
+                               on_wait=self.capacity.waited, **who)

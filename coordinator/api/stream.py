@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -90,6 +92,12 @@ class KeepAliveStream:
             :data:`.outbox.LATE_SECONDS` (a backlog of answers: the coordinator is behind, see :mod:`..admission.overload`).
         on_rtt: told each round trip, in milliseconds, a keepalive message reports
             (``last_rtt_ms`` > 0; :meth:`..admission.capacity.Capacity.reported`).
+        on_wait: told how long each keepalive message that carries its send
+            time (``sent_ms``) waited to be read, in milliseconds: its delay
+            from the sender's clock to the coordinator's, less the least such
+            delay seen on the stream (the clocks' offset and the network's
+            floor; after LEDBAT, RFC 6817 section 3.4.2;
+            :meth:`..admission.capacity.Capacity.waited`).
     """
 
     def __init__(self, leases: Leases, locks: LockManager, watcher: DeleteWatcher,
@@ -99,9 +107,12 @@ class KeepAliveStream:
                  peer: str | None = None, trace_id: str | None = None, owners: Ownership | None = None,
                  caller: Caller | None = None, calls: dict[str, Any] | None = None,
                  context: Any = None, on_late: Callable[[float], None] | None = None,
-                 on_rtt: Callable[[int], None] = lambda _ms: None) -> None:
+                 on_rtt: Callable[[int], None] = lambda _ms: None,
+                 on_wait: Callable[[int], None] = lambda _ms: None) -> None:
         self._calls = calls
         self._on_rtt = on_rtt
+        self._on_wait = on_wait
+        self._least_delay = math.inf  # the least (coordinator's clock - sent_ms) seen on the stream, ms
         self._context = context
         self._peer = peer or ""
         self._running: dict[int, tuple[str, asyncio.Task[None]]] = {}  # request id -> a call on the stream
@@ -197,12 +208,10 @@ class KeepAliveStream:
                 raise request.error()
             kind = request.WhichOneof("request")
             if kind == "keepalive":
-                if request.last_rtt_ms:
-                    self._on_rtt(request.last_rtt_ms)
+                self._signs(request)
                 self._renewals.received((request.keepalive,), request.lease_secret)
             elif kind == "keepalives":
-                if request.last_rtt_ms:
-                    self._on_rtt(request.last_rtt_ms)
+                self._signs(request)
                 entries = request.keepalives.keepalives
                 if len(entries) > MAX_KEEPALIVES_PER_BATCH:  # the stream is refused, as for an undecodable message
                     raise InvalidArgument(f"keepalives holds {len(entries)} entries; at most "
@@ -234,6 +243,16 @@ class KeepAliveStream:
                 if unsubscribe is not None:
                     self._metrics.watched_holds(-1)
                     unsubscribe()
+
+    def _signs(self, request: lock_pb2.KeepAliveRequest) -> None:
+        """Pass on a keepalive message's signs of capacity: its reported round trip, how long it waited."""
+        if request.last_rtt_ms:
+            self._on_rtt(request.last_rtt_ms)
+        if request.sent_ms:
+            delay = int(time.monotonic() * 1000) - request.sent_ms
+            if delay < self._least_delay:
+                self._least_delay = delay
+            self._on_wait(int(delay - self._least_delay))
 
     def _start_call(self, kind: str, request: lock_pb2.KeepAliveRequest) -> None:
         """Serve the call ``request`` carries in a task of its own (its answer goes on the stream)."""

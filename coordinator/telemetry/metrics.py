@@ -44,6 +44,8 @@ fencepost_lag_seconds               gauge                          how far behin
                                                                    smallest of the last 0.25 s (overload.py)
 fencepost_loop_busy_ratio           gauge                          event loop thread CPU s per s (capacity.py)
 fencepost_keepalive_client_rtt_...  gauge                          median keepalive round trip clients report
+fencepost_keepalive_wait_seconds    gauge                          median wait of keepalives before read
+fencepost_lease_ceiling             gauge                          leases carried before grants are refused
 fencepost_overloaded                gauge                          1 while past capacity (capacity.py)
 ==================================  =========  ==================  ==============================================
 
@@ -229,6 +231,13 @@ class LockMetrics:
         self._client_rtt = Gauge("fencepost_keepalive_client_rtt_seconds",
                                  "The keepalive round trip clients report (median of each 0.5 s), the smallest of "
                                  "the last 1.5 s; at --max-client-rtt, past capacity.", registry=registry)
+        self._keepalive_wait = Gauge("fencepost_keepalive_wait_seconds",
+                                     "How long keepalive messages wait before the coordinator reads them (median of "
+                                     "each 0.5 s, from their send time), the smallest of the last 1.5 s; at "
+                                     "--max-keepalive-wait, past capacity.", registry=registry)
+        self._lease_ceiling = Gauge("fencepost_lease_ceiling",
+                                    "The leases this coordinator carries before it refuses LeaseGrant (learned when "
+                                    "past capacity); 0: none yet.", registry=registry)
         self._overloaded = Gauge("fencepost_overloaded",
                                  "1 while this coordinator is past its capacity (new leases, KeepAlive streams and "
                                  "waits refused with OVERLOADED), else 0.", registry=registry)
@@ -327,10 +336,13 @@ class LockMetrics:
         """The coordinator is now ``seconds`` behind (see :mod:`..admission.overload`)."""
         self._loop_lag.set(seconds)
 
-    def capacity(self, busy: float, client_rtt: float) -> None:
-        """The capacity figures (see :mod:`..admission.capacity`): loop ``busy`` (CPU s per s), ``client_rtt`` (s)."""
+    def capacity(self, busy: float, client_rtt: float, keepalive_wait: float = 0.0, ceiling: int = 0) -> None:
+        """The capacity figures (see :mod:`..admission.capacity`): loop ``busy`` (CPU s per s), ``client_rtt`` and
+        ``keepalive_wait`` (s), the lease ``ceiling`` (0: none)."""
         self._busy.set(busy)
         self._client_rtt.set(client_rtt)
+        self._keepalive_wait.set(keepalive_wait)
+        self._lease_ceiling.set(ceiling)
 
     def overloaded(self, past: bool) -> None:
         """The coordinator entered (True) or left (False) the past-capacity condition."""
@@ -391,7 +403,7 @@ class _NoMetrics(LockMetrics):
     def loop_lag(self, seconds: float) -> None:
         pass
 
-    def capacity(self, busy: float, client_rtt: float) -> None:
+    def capacity(self, busy: float, client_rtt: float, keepalive_wait: float = 0.0, ceiling: int = 0) -> None:
         pass
 
     def overloaded(self, past: bool) -> None:

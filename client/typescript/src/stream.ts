@@ -105,6 +105,7 @@ export class KeepAliveStream {
       request: { case: "keepalive", value: { leaseId: lease.leaseId, requestId } },
       leaseSecret: lease.secret,
       lastRttMs: this.lastRttMs,
+      sentMs: BigInt(Math.max(1, Math.floor(t * 1000))),
     });
   }
 
