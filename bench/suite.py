@@ -83,7 +83,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "contended_clients": [64] if quick else [16, 64, 256],
         "p2_clients": [1, 64],
         "handoffs": 20 if quick else 200,
-        "p4_leases": [1000, 10000] if quick else [1000, 10000, 50000],
+        "p4_leases": [1000, 10000],
+        "p4_over_capacity": not quick,
+        "p4_batch_leases": 2000,
         "p4_window": 3.4 if quick else 20.0,
         "p4_ttl": 10,
         "p5_ttls": [2, 10],
@@ -96,7 +98,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.clients:
         s["clients"] = s["contended_clients"] = args.clients
     if args.p4_leases:
-        s["p4_leases"] = args.p4_leases
+        s["p4_leases"], s["p4_over_capacity"], s["p4_batch_leases"] = args.p4_leases, False, 0
     return s
 
 
@@ -264,35 +266,49 @@ class Suite:
     # ------------------------------------------------------------------------------------------ P4
 
     async def p4(self) -> None:
-        endpoint = self.args.etcd_endpoints
+        """P4: each of ``p4_leases``; then 2x the capacity measured (the most leases admitted by a run that
+        refused grants, else 2x the largest run); then ``p4_batch_leases`` renewed one per message and 10 per
+        message (batched keepalives), through the coordinator only."""
         for n in self.s["p4_leases"]:
-            row: dict[str, Any] = {}
-            for mode in ("etcd-direct", "fencepost"):
-                started = time.monotonic()
-                try:
-                    out = await leases_kept(mode, n, self.s["p4_window"], self.s["p4_ttl"], endpoint,
-                                            self.args.coordinator_arg, self.args.loop, self.args.p4_batch)
-                except Exception as exc:
-                    row[mode] = {"error": _error(exc)}
-                    say(f"[P4] {mode:<16} N={n:<6} FAILED: {_error(exc)}")
-                    continue
-                row[mode] = out
-                base = row.get("etcd-direct", {})
-                if mode == "fencepost" and "rtt_ms" in base:
-                    out["ratio_rtt_p99"] = _ratio(out["rtt_ms"]["p99"], base["rtt_ms"]["p99"])
-                    if "etcd" in base.get("cores", {}) and "etcd" in out["cores"]:
-                        servers = out["cores"]["coordinator"] + out["cores"]["etcd"]
-                        out["ratio_server_cores"] = _ratio(servers, base["cores"]["etcd"])
-                cores = out["cores"]
-                say(f"[P4] {mode:<16} N={n:<6} coordinator {cores.get('coordinator', float('nan')):.3f} cores, "
-                    f"etcd {cores.get('etcd', float('nan')):.3f}, generator {cores['generator']:.3f}; "
-                    f"RSS/1000 leases {out.get('coordinator_rss_kib_per_1000_leases', '-')} KiB; "
-                    f"keepalive RTT p99 {out['rtt_ms']['p99']} ms; spurious expiries {out['spurious_expiries']}; "
-                    f"{out['renewals_per_second']:.0f} renewals/s; grants took {out['grant_seconds']} s; "
-                    f"admitted {out.get('leases', n)} of {n}, {out.get('grant_refusals', 0)} grants refused, "
-                    f"RTT p50 {out['rtt_ms']['p50']} ms; "
-                    f"coordinator warnings {out.get('coordinator_warnings', '-')}  ({time.monotonic() - started:.0f} s)")
-            self.results["P4"][str(n)] = row
+            await self._p4_row(str(n), n, self.args.p4_batch)
+        if self.s["p4_over_capacity"]:
+            runs = [row["fencepost"] for row in self.results["P4"].values() if "leases" in row.get("fencepost", {})]
+            refused = [e["leases"] for e in runs if e.get("grant_refusals")]
+            capacity = max(refused) if refused else max(self.s["p4_leases"])
+            await self._p4_row(f"{2 * capacity}", 2 * capacity, self.args.p4_batch)
+        n = self.s["p4_batch_leases"]
+        for batch in (1, 10) if n else ():
+            await self._p4_row(f"{n} batch {batch}", n, batch, modes=("fencepost",))
+
+    async def _p4_row(self, key: str, n: int, batch: int, modes: tuple[str, ...] = ("etcd-direct", "fencepost")
+                      ) -> None:
+        endpoint = self.args.etcd_endpoints
+        row: dict[str, Any] = self.results["P4"].setdefault(key, {})
+        for mode in modes:
+            started = time.monotonic()
+            try:
+                out = await leases_kept(mode, n, self.s["p4_window"], self.s["p4_ttl"], endpoint,
+                                        self.args.coordinator_arg, self.args.loop, batch)
+            except Exception as exc:
+                row[mode] = {"error": _error(exc)}
+                say(f"[P4] {mode:<16} N={key:<6} FAILED: {_error(exc)}")
+                continue
+            row[mode] = out
+            base = row.get("etcd-direct", {})
+            if mode == "fencepost" and "rtt_ms" in base:
+                out["ratio_rtt_p99"] = _ratio(out["rtt_ms"]["p99"], base["rtt_ms"]["p99"])
+                if "etcd" in base.get("cores", {}) and "etcd" in out["cores"]:
+                    servers = out["cores"]["coordinator"] + out["cores"]["etcd"]
+                    out["ratio_server_cores"] = _ratio(servers, base["cores"]["etcd"])
+            cores = out["cores"]
+            say(f"[P4] {mode:<16} N={key:<6} coordinator {cores.get('coordinator', float('nan')):.3f} cores, "
+                f"etcd {cores.get('etcd', float('nan')):.3f}, generator {cores['generator']:.3f}; "
+                f"RSS/1000 leases {out.get('coordinator_rss_kib_per_1000_leases', '-')} KiB; "
+                f"keepalive RTT p99 {out['rtt_ms']['p99']} ms; spurious expiries {out['spurious_expiries']}; "
+                f"{out['renewals_per_second']:.0f} renewals/s; grants took {out['grant_seconds']} s; "
+                f"admitted {out.get('leases', n)} of {n}, {out.get('grant_refusals', 0)} grants refused, "
+                f"RTT p50 {out['rtt_ms']['p50']} ms; "
+                f"coordinator warnings {out.get('coordinator_warnings', '-')}  ({time.monotonic() - started:.0f} s)")
 
     # ------------------------------------------------------------------------------------------ P5
 
