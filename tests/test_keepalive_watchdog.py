@@ -1,4 +1,4 @@
-"""The shared etcd LeaseKeepAlive stream's watchdog (coordinator/etcd/keepalive.py), pure logic.
+"""The shared etcd LeaseKeepAlive streams' watchdog (coordinator/etcd/keepalive.py), pure logic.
 
 A fake "member" stands for etcd: it answers each LeaseKeepAliveRequest, or
 stays silent (a SIGSTOPped member keeps its connection open). The real-etcd
@@ -19,7 +19,7 @@ import pytest
 from fencepost.client.errors import Unavailable
 from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.coordinator.etcd.failures import RULES, Failure, Op
-from fencepost.coordinator.etcd.keepalive import KeepAlives
+from fencepost.coordinator.etcd.keepalive import STREAMS, KeepAlives
 
 
 class FakeCall:
@@ -101,6 +101,7 @@ async def test_an_answering_stream_survives_a_late_event_loop() -> None:
             await asyncio.sleep(0)  # sent
             time.sleep(RULES[Op.KEEPALIVE].timeout * 1.5)  # the loop blocked: a GC pause, a CPU-bound burst
             assert await asyncio.gather(*waiting) == [30] * len(waiting)
-        assert members.opened == [0] and members.broken == []  # (close() ends the stream: checked before it)
+        # One stream per shard, each opened once (close() ends them: checked before it).
+        assert members.opened == [0] * STREAMS and members.broken == []
     finally:
         await keepalives.close()

@@ -159,6 +159,7 @@ class Capacity:
         self._started = clock()
         self._cpu_started = cpu_clock()
         self._lag: Callable[[], float] = lambda: 0.0
+        self._lag_parts: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0)
         self._metrics = NO_METRICS
         self._why = ""
         #: Whether the coordinator is past its capacity now.
@@ -177,6 +178,7 @@ class Capacity:
             kept: the number of leases kept alive through this coordinator's streams now.
         """
         self._lag = lambda: lag.seconds
+        self._lag_parts = lambda: lag.parts
         self._metrics = metrics
         self._kept = kept
         lag.subscribe(self.tick)
@@ -273,7 +275,8 @@ class Capacity:
                 log_event(_log, logging.WARNING, "overloaded", f"past capacity ({why}): new leases, streams and "
                           f"waits are refused until it is served again", busy=round(self.busy, 3),
                           client_rtt_s=round(self.client_rtt, 3), keepalive_wait_s=round(self.keepalive_wait, 3),
-                          lag_s=round(lag, 3), calm_s=self._calm_seconds, ceiling=self.ceiling)
+                          lag_s=round(lag, 3), lag_parts_s=[round(part, 3) for part in self._lag_parts()],
+                          calm_s=self._calm_seconds, ceiling=self.ceiling)
         elif now - self._unsettled_at >= self._calm_seconds:
             self.overloaded, self._ended_at = False, now
             self._metrics.overloaded(False)

@@ -60,6 +60,9 @@ class LoopLag:
         self._since = 0.0  # the largest lag told (record) since the last measurement
         #: Measurements made so far.
         self.measurements = 0
+        #: The last measurement's parts, in seconds: the loop's lateness, the oldest keepalive's wait for etcd,
+        #: the longest wait of an answer to be sent.
+        self.parts = (0.0, 0.0, 0.0)
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[], None]] = []
 
@@ -94,7 +97,8 @@ class LoopLag:
 
     def tick(self, lateness: float) -> None:
         """One measurement: the loop's ``lateness`` in seconds, with the keepalive wait and what was told since."""
-        self._ticks.append(max(lateness, self._waiting(), self._since))
+        self.parts = (lateness, self._waiting(), self._since)
+        self._ticks.append(max(self.parts))
         self._since = 0.0
         self.measurements += 1
         self._metrics.loop_lag(self.seconds)

@@ -1,8 +1,13 @@
-"""The one LeaseKeepAlive stream per coordinator, shared by every lease.
+"""The coordinator's LeaseKeepAlive streams, :data:`STREAMS` of them, shared by every lease.
 
 Each keepalive a client sends is forwarded as one ``LeaseKeepAliveRequest``
-on this stream; etcd answers each with the TTL it reset the lease to (0 or
-less when the lease is gone), in order per lease. Nothing here renews a lease
+on the stream of its lease (``lease_id % STREAMS``: one lease always on the
+same stream); etcd answers each with the TTL it reset the lease to (0 or
+less when the lease is gone), in order per lease. More than one stream
+because a grpc.aio stream sends one message at a time, each write awaited
+until gRPC took it: one stream was found to carry about 1,500 to 2,000
+keepalives a second on 2 busy cores while its event loop was mostly idle,
+and past that they queued here (``waiting_seconds``). Nothing here renews a lease
 on a timer. A client's batch of keepalives (:meth:`KeepAlives.keepalives`) is
 forwarded the same way, one request per lease, without a task per lease:
 each answer is handed over as it arrives.
@@ -44,7 +49,7 @@ from fencepost.client.v1.etcd import rpc_pb2
 from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .failures import RULES, Failure, Op, classify, error_for
 
-__all__ = ["BrokenHandler", "KeepAlives", "StreamOpener"]
+__all__ = ["STREAMS", "BrokenHandler", "KeepAlives", "StreamOpener"]
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +59,8 @@ _Sent = collections.deque[tuple[float, asyncio.Future[int]]]
 
 #: A stream silent this many timeouts is ended even while this process runs late.
 SILENCE_CAP = 4
+#: LeaseKeepAlive streams per coordinator.
+STREAMS = 4
 
 #: Opens a LeaseKeepAlive stream on the current member: (member index, the call).
 StreamOpener = Callable[[AsyncIterator[rpc_pb2.LeaseKeepAliveRequest]],
@@ -73,29 +80,23 @@ class _StreamBroke(Exception):
 
 
 class KeepAlives:
-    """Forwards keepalives on one shared LeaseKeepAlive stream, replaced when it goes silent.
+    """Forwards keepalives on :data:`STREAMS` shared LeaseKeepAlive streams, each replaced when it goes silent.
 
     Args:
         open_stream: Opens a stream on the current member (the etcd layer's).
-        on_broken: Called with a member's index and the failure when its
+        on_broken: Called with a member's index and the failure when a
             stream went silent or broke, so that the next stream goes to
             another member (or carries a new auth token).
         metrics: Records each keepalive's time to its answer, and those
             unanswered (operation ``keepalive``).
+        streams: how many streams the leases are spread over.
     """
 
     def __init__(self, open_stream: StreamOpener, on_broken: BrokenHandler,
-                 metrics: LockMetrics = NO_METRICS) -> None:
-        self._open = open_stream
-        self._on_broken = on_broken
+                 metrics: LockMetrics = NO_METRICS, streams: int = STREAMS) -> None:
         self._metrics = metrics
         self._rule = RULES[Op.KEEPALIVE]
-        self._outbox: asyncio.Queue[rpc_pb2.LeaseKeepAliveRequest] | None = None
-        # Answers awaited on the current stream, by lease id, oldest first.
-        self._pending: _Pending = collections.defaultdict(collections.deque)
-        self._sent: _Sent = collections.deque()
-        self._heard = 0.0  # time.monotonic() of the current stream's last answer (or its start)
-        self._task: asyncio.Task[None] | None = None
+        self._streams = [_Stream(open_stream, on_broken) for _ in range(streams)]
 
     async def keepalive(self, lease_id: int) -> int:
         """Forward one keepalive for ``lease_id`` and return etcd's answer (:meth:`keepalives` of one).
@@ -176,6 +177,40 @@ class KeepAlives:
         return unanswered, error_for(broke.failure, broke.exc, Op.KEEPALIVE, lease_id=lease_ids[unanswered[0]])
 
     def _send(self, lease_id: int) -> asyncio.Future[int]:
+        """Send one keepalive of ``lease_id`` on its stream: its answer."""
+        streams = self._streams
+        return streams[lease_id % len(streams)].send(lease_id)
+
+    @property
+    def waiting_seconds(self) -> float:
+        """How long the oldest keepalive still waiting for etcd's answer has waited, in seconds (0.0: none waits).
+
+        Counted from when it was queued: a backlog in this process counts, as
+        well as a slow etcd.
+        """
+        return max(stream.waiting_seconds for stream in self._streams)
+
+    async def close(self) -> None:
+        """Stop the streams (leases are left alone)."""
+        for stream in self._streams:
+            await stream.close()
+
+
+class _Stream:
+    """One LeaseKeepAlive stream: opened on first use, replaced when it goes silent or breaks."""
+
+    def __init__(self, open_stream: StreamOpener, on_broken: BrokenHandler) -> None:
+        self._open = open_stream
+        self._on_broken = on_broken
+        self._rule = RULES[Op.KEEPALIVE]
+        self._outbox: asyncio.Queue[rpc_pb2.LeaseKeepAliveRequest] | None = None
+        # Answers awaited on the current stream, by lease id, oldest first.
+        self._pending: _Pending = collections.defaultdict(collections.deque)
+        self._sent: _Sent = collections.deque()
+        self._heard = 0.0  # time.monotonic() of the current stream's last answer (or its start)
+        self._task: asyncio.Task[None] | None = None
+
+    def send(self, lease_id: int) -> asyncio.Future[int]:
         """Send one keepalive of ``lease_id`` on the current stream (opened if there is none): its answer."""
         outbox, pending, sent_here = self._ensure_stream()
         answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()

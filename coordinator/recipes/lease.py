@@ -1,7 +1,7 @@
 """Leases: grant, revoke, and keepalives forwarded to etcd.
 
 A lease is an etcd lease with its TTL. Every keepalive a client sends is
-forwarded on the etcd layer's one shared ``LeaseKeepAlive`` stream and
+forwarded on one of the etcd layer's shared ``LeaseKeepAlive`` streams and
 answered with the TTL etcd reset the lease to. The coordinator never renews
 a lease on its own timer: a frozen or dead client loses its lease one TTL
 after its last keepalive (after etcd's ``concurrency.Session``, whose
