@@ -153,6 +153,23 @@ def test_the_lease_ceiling_rises_after_a_calm_spell_with_demand() -> None:
     assert capacity.overloaded and capacity.ceiling == int(BACKOFF * 991)
 
 
+@pytest.mark.parametrize("behind", ["loop", "etcd"])
+def test_a_lag_that_is_etcds_refuses_newcomers_but_sets_no_ceiling(behind: str) -> None:
+    """Past --max-lag because the event loop runs late: the ceiling is learned. Because the oldest keepalive
+    forwarded to etcd waits (a stalled disk or member): newcomers are refused all the same, the ceiling is not
+    lowered (the leases carried did not cause it)."""
+    clocks = Clocks()
+    etcd_wait = 0.8 if behind == "etcd" else 0.0
+    lag = LoopLag(ticks=1, waiting=lambda: etcd_wait)
+    capacity = Capacity(Limits(), clock=lambda: clocks.wall, cpu_clock=lambda: 0.0, window=1.0)
+    capacity.follow(lag, kept=lambda: 1000)
+    lag.tick(0.8 if behind == "loop" else 0.0)
+    assert capacity.overloaded
+    with pytest.raises(fc.ResourceExhausted, match="0.800 s behind, --max-lag 0.5"):
+        capacity.admit("LeaseGrant", lease=True)
+    assert capacity.ceiling == (900 if behind == "loop" else None)
+
+
 def test_the_wait_and_the_ceiling_are_metrics() -> None:
     """fencepost_keepalive_wait_seconds follows the figure; fencepost_lease_ceiling is 0 until learned."""
     registry = CollectorRegistry()

@@ -270,8 +270,12 @@ class Capacity:
                 soon = now - self._ended_at < self._calm_seconds
                 self._calm_seconds = (min(MAX_CALM_SECONDS, 2 * self._calm_seconds) if soon else self._base_calm)
                 self._metrics.overloaded(True)
-                self._set_ceiling(max(MIN_CEILING, int(BACKOFF * min(self.carried, self.ceiling or math.inf))), now,
-                                  "past capacity")
+                loop_late, etcd_wait, send_wait = self._lag_parts()
+                if why == self._lag_why(lag) and etcd_wait > max(loop_late, send_wait):
+                    pass  # etcd is the one behind (a disk or a member stalled): the leases carried did not do it
+                else:
+                    self._set_ceiling(max(MIN_CEILING, int(BACKOFF * min(self.carried, self.ceiling or math.inf))),
+                                      now, "past capacity")
                 log_event(_log, logging.WARNING, "overloaded", f"past capacity ({why}): new leases, streams and "
                           f"waits are refused until it is served again", busy=round(self.busy, 3),
                           client_rtt_s=round(self.client_rtt, 3), keepalive_wait_s=round(self.keepalive_wait, 3),
@@ -294,6 +298,10 @@ class Capacity:
         if self._wait_high and self.keepalive_wait >= self._wait_high:
             return (f"keepalives wait {self.keepalive_wait:.3f} s to be read, --{FLAGS['max_keepalive_wait']} "
                     f"{self._wait_high:g}")
+        return self._lag_why(lag)
+
+    def _lag_why(self, lag: float) -> str:
+        """Why the lag says past capacity ("" when it does not)."""
         if self._lag_high and lag > self._lag_high:
             return f"{lag:.3f} s behind, --{FLAGS['max_lag']} {self._lag_high:g}"
         return ""
