@@ -9,7 +9,8 @@
 - The lease ceiling: learned on entering the condition (0.9 of the leases
   carried), LeaseGrant refused at it outside the condition while keepalives,
   streams and waits are served, raised by 10 % after a calm spell in which a
-  grant was refused, not raised without demand.
+  grant was refused, not raised without demand, not raised back to where it
+  tipped over for a minute.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prometheus_client import CollectorRegistry
 import fencepost.client as fc
 from fencepost.client.v1 import details, lock_pb2
 from fencepost.coordinator.admission.capacity import (BACKOFF, CALM_WINDOWS, MIN_CEILING, RAISE, RAISE_SECONDS,
-                                                       WINDOWS, Capacity)
+                                                       TIPPED_SECONDS, WINDOWS, Capacity)
 from fencepost.coordinator.admission.limits import FLAGS, Limits
 from fencepost.coordinator.admission.overload import LoopLag
 from fencepost.coordinator.process.coordinator import Coordinator
@@ -137,20 +138,32 @@ def test_leases_just_granted_count_as_carried_until_their_renewals_start() -> No
 
 def test_the_lease_ceiling_rises_after_a_calm_spell_with_demand() -> None:
     """After RAISE_SECONDS of calm in which a grant was refused at the ceiling, it rises by RAISE; without a
-    refusal it stays; entering the condition again sets it to BACKOFF of what is carried (or of itself, if less)."""
+    refusal it stays; for TIPPED_SECONDS after tipping over it never rises above BACKOFF of what was carried
+    then (no ratchet into overload); entering the condition again sets it to BACKOFF of what is carried (or of
+    itself, if less)."""
     clocks = Clocks()
-    carried = Carried(kept=1000)
+    carried = Carried(kept=500)
     capacity = monitor(clocks, carried)
-    overload(capacity, clocks)
+    overload(capacity, clocks)  # tipped over at 500 carried
+    assert capacity.ceiling == 450
+    carried.kept = 300  # leases ended meanwhile
     windows(capacity, clocks, count=int(RAISE_SECONDS) + 2)
-    assert capacity.ceiling == 900  # no grant asked: no demand seen
+    assert capacity.ceiling == 450  # no grant asked: no demand seen
+    carried.kept = 450
     with pytest.raises(fc.ResourceExhausted):
         capacity.admit("LeaseGrant", lease=True)
     windows(capacity, clocks, count=int(RAISE_SECONDS))
-    assert capacity.ceiling == int(900 * RAISE) + 1 == 991
+    assert capacity.ceiling == 450  # at BACKOFF of where it tipped over, until TIPPED_SECONDS have passed
+    windows(capacity, clocks, count=int(TIPPED_SECONDS))
+    assert capacity.ceiling == int(450 * RAISE) + 1 == 496
+    with pytest.raises(fc.ResourceExhausted):
+        carried.kept = 496
+        capacity.admit("LeaseGrant", lease=True)
+    windows(capacity, clocks, count=int(RAISE_SECONDS))
+    assert capacity.ceiling == int(496 * RAISE) + 1
     carried.kept = 1200  # leases kept here that were granted elsewhere
     windows(capacity, clocks, count=WINDOWS, waits=(400,) * 20)
-    assert capacity.overloaded and capacity.ceiling == int(BACKOFF * 991)
+    assert capacity.overloaded and capacity.ceiling == int(BACKOFF * (int(496 * RAISE) + 1))
 
 
 @pytest.mark.parametrize("behind", ["loop", "etcd"])

@@ -59,7 +59,10 @@ through its streams, plus those granted in the last :data:`RAISE_SECONDS`,
 whose renewals may not have started); outside the condition a LeaseGrant is
 refused (OVERLOADED) while that many are carried; after :data:`RAISE_SECONDS`
 calm in which a grant was refused at the ceiling, it rises by
-:data:`RAISE`. No ceiling until the condition first starts.
+:data:`RAISE`, but for :data:`TIPPED_SECONDS` after tipping over never
+above :data:`BACKOFF` of what it carried then (the leases admitted stay:
+each rise to the level that tipped it over, and the fall after it, would
+leave it carrying a little more than before, a ratchet into overload). No ceiling until the condition first starts.
 
 Metrics: ``fencepost_loop_busy_ratio``, ``fencepost_keepalive_client_rtt_seconds``,
 ``fencepost_keepalive_wait_seconds`` (the figures), ``fencepost_lease_ceiling``
@@ -84,7 +87,7 @@ from .limits import FLAGS, Limits
 from .overload import LoopLag
 
 __all__ = ["BACKOFF", "CALM_WINDOWS", "LOW_MARK", "MAX_CALM_SECONDS", "MIN_CEILING", "RAISE", "RAISE_SECONDS",
-           "RETRY_SECONDS", "SAMPLES", "WINDOW", "WINDOWS", "Capacity"]
+           "RETRY_SECONDS", "SAMPLES", "TIPPED_SECONDS", "WINDOW", "WINDOWS", "Capacity"]
 
 _log = logging.getLogger(__name__)
 
@@ -106,6 +109,8 @@ BACKOFF = 0.9
 RAISE = 1.1
 #: ... of this many seconds (more than a third of the usual TTL: the new leases' renewals have started).
 RAISE_SECONDS = 5.0
+#: For this many seconds after tipping over, the ceiling rises to at most BACKOFF of the leases carried then.
+TIPPED_SECONDS = 60.0
 #: The lowest lease ceiling.
 MIN_CEILING = 100
 #: The RetryInfo of a refusal, in seconds.
@@ -156,6 +161,7 @@ class Capacity:
         self._grants: deque[float] = deque()  # when leases were granted, the last RAISE_SECONDS
         self._raised_at = -math.inf  # when the ceiling last changed
         self._pressed = False  # a grant was refused at the ceiling since it last changed
+        self._tipped, self._tipped_at = 0, -math.inf  # the leases carried when it last tipped over, and when
         self._started = clock()
         self._cpu_started = cpu_clock()
         self._lag: Callable[[], float] = lambda: 0.0
@@ -249,7 +255,13 @@ class Capacity:
         self._update()
         if (self.ceiling is not None and self._pressed and not self.overloaded
                 and now - max(self._raised_at, self._ended_at) >= RAISE_SECONDS):
-            self._set_ceiling(int(self.ceiling * RAISE) + 1, now, "raised after a calm spell")
+            # Never back up to where it last tipped over, for a while: leases admitted stay, so each rise
+            # up to there and the fall after it would leave a few more than the coordinator serves.
+            raised = int(self.ceiling * RAISE) + 1
+            if now - self._tipped_at < TIPPED_SECONDS:
+                raised = min(raised, int(BACKOFF * self._tipped))
+            if raised > self.ceiling:
+                self._set_ceiling(raised, now, "raised after a calm spell")
 
     def _set_ceiling(self, ceiling: int, now: float, why: str) -> None:
         self.ceiling, self._raised_at, self._pressed = ceiling, now, False
@@ -274,7 +286,8 @@ class Capacity:
                 if why == self._lag_why(lag) and etcd_wait > max(loop_late, send_wait):
                     pass  # etcd is the one behind (a disk or a member stalled): the leases carried did not do it
                 else:
-                    self._set_ceiling(max(MIN_CEILING, int(BACKOFF * min(self.carried, self.ceiling or math.inf))),
+                    self._tipped, self._tipped_at = self.carried, now
+                    self._set_ceiling(max(MIN_CEILING, int(BACKOFF * min(self._tipped, self.ceiling or math.inf))),
                                       now, "past capacity")
                 log_event(_log, logging.WARNING, "overloaded", f"past capacity ({why}): new leases, streams and "
                           f"waits are refused until it is served again", busy=round(self.busy, 3),
