@@ -125,3 +125,18 @@ async def test_cli_elect_interrupted_while_waiting_exits_130_and_withdraws(addre
         assert b"ran" not in out
         assert await has_candidates(etcd_client, prefix, "intr", 1)  # only the leader's key is left
         await lead.resign()
+
+
+def test_leader_line_when_skipped_says_so() -> None:
+    """`leader --watch` marks a leader reported after a compaction gap, in text and in JSON; others are unmarked."""
+    import json
+
+    from fencepost.client import LeaderInfo
+    from fencepost.client.cli.leader import SKIPPED_NOTE, line
+
+    after_gap = LeaderInfo(b"n", 0x10, 42, 50, skipped=True)
+    assert line("e", after_gap, False).endswith(SKIPPED_NOTE)
+    assert json.loads(line("e", after_gap, True))["leader"]["skipped"] is True
+    in_order = LeaderInfo(b"n", 0x10, 42, 50)
+    assert SKIPPED_NOTE not in line("e", in_order, False)
+    assert json.loads(line("e", in_order, True))["leader"]["skipped"] is False

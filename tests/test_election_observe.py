@@ -188,3 +188,86 @@ async def test_observe_refused_from_the_start_gives_up_after_connect_timeout(pre
             assert caught.value.reason == "ETCD_UNAVAILABLE", caught.value
     finally:
         await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compacted", "not-compacted"])
+async def test_observe_when_history_compacted_flags_the_gap(etcd: Any, prefix: str, etcd_client: Etcd3Client,
+                                                           compact: bool) -> None:
+    """Leaders L, M, N come and go while an observer's only coordinator is down: when etcd compacted past M
+    meanwhile, the resumed observe (async, and the sync client's observe and on_leader) reports N with
+    ``skipped`` set (it jumped from L to N silently before); without compaction it reports L, M, N, none
+    flagged."""
+    from fencepost.client import LockClient
+    from fencepost.coordinator.process.coordinator import Coordinator
+
+    first = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    second = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix)
+    await asyncio.wait_for(first.start(), 20)
+    await asyncio.wait_for(second.start(), 20)
+    observed_at = f"127.0.0.1:{first.port}"
+    sync_client = LockClient(observed_at)
+    called: list[LeaderInfo | None] = []
+    try:
+        async with AsyncLockClient(observed_at) as watcher, AsyncLockClient(f"127.0.0.1:{second.port}") as cands:
+            seen: list[LeaderInfo | None] = []
+            changed = asyncio.Event()
+            observer = asyncio.create_task(_collect(watcher, "gap", seen, changed))
+            sync_changes = await asyncio.to_thread(sync_client.observe, "gap")
+            sync_seen = asyncio.create_task(asyncio.to_thread(_read_until, sync_changes, b"N"))
+            on_leader = await asyncio.to_thread(sync_client.on_leader, "gap", called.append)
+            l_lead = await cands.campaign("gap", b"L", timeout=5)
+            await _seen(seen, changed, 1)
+            await _until(lambda: any(c is not None for c in called))
+            await asyncio.wait_for(first.stop(grace=0), 20)  # the observers' only coordinator goes
+            await l_lead.resign()
+            m_lead = await cands.campaign("gap", b"M", timeout=5)
+            await m_lead.resign()
+            n_lead = await cands.campaign("gap", b"N", timeout=5)
+            if compact:
+                assert etcd_client.kv is not None
+                head = (await etcd_client.kv.get(b"/", count_only=True, timeout=5)).header.revision
+                await etcd_client.kv.compact(int(head), physical=True, timeout=10)
+            first = Coordinator([etcd.endpoint], listen=observed_at, prefix=prefix)
+            await asyncio.wait_for(first.start(), 20)
+            await asyncio.wait_for(_until_token(seen, changed, n_lead.token), 20)
+            await _until(lambda: any(c is not None and c.token == n_lead.token for c in called))
+            from_sync = await asyncio.wait_for(sync_seen, 20)
+            await n_lead.resign()
+            observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await observer
+            on_leader.stop()
+            sync_changes.close()
+        expected = [(b"L", False), (b"N", True)] if compact else [(b"L", False), (b"M", False), (b"N", False)]
+        assert [(s.value, s.skipped) for s in seen if s is not None] == expected, seen
+        assert [(c.value, c.skipped) for c in called if c is not None] == expected, called
+        assert [(s.value, s.skipped) for s in from_sync if s is not None] == expected, from_sync
+        assert [s.token for s in seen if s is not None][-1] == n_lead.token > m_lead.token > l_lead.token
+    finally:
+        sync_client.close()
+        await asyncio.wait_for(first.stop(grace=0), 20)
+        await asyncio.wait_for(second.stop(grace=0), 20)
+
+
+def _read_until(changes: Any, value: bytes) -> list[LeaderInfo | None]:
+    """The items of a sync observe iterator up to the first leader of ``value`` (in a thread)."""
+    got: list[LeaderInfo | None] = []
+    for info in changes:
+        got.append(info)
+        if info is not None and info.value == value:
+            break
+    return got
+
+
+async def _until(condition: Any, timeout: float = 20) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def _until_token(seen: list[LeaderInfo | None], changed: asyncio.Event, token: int) -> None:
+    while not any(s is not None and s.token == token for s in seen):
+        changed.clear()
+        await changed.wait()

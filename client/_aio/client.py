@@ -403,9 +403,11 @@ class AsyncLockClient(QueryCalls):
         leader (larger token), a new value (``proclaim``), or None when the
         election has no leader. Reconnects across coordinator failover and
         resumes where it was (``after_revision``): no change is missed (unless
-        etcd compacted that history meanwhile, then the current leader comes
-        next), and none is yielded twice or out of order. Stop by breaking
-        out of the loop (or cancelling the task).
+        etcd compacted that history meanwhile: then the current leader comes
+        next, with :attr:`LeaderInfo.skipped` True to say that leaders
+        between it and the previous one may be missing), and none is yielded
+        twice or out of order. Stop by breaking out of the loop (or
+        cancelling the task).
 
         Raises:
             InvalidArgument: bad election.

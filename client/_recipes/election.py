@@ -77,12 +77,18 @@ class LeaderInfo:
         lease_id: The leader's lease.
         token: The leadership's fencing token.
         revision: The etcd revision from which this is the leader (of the read, for Leader).
+        skipped: Observe only: True when history before this item is unknown: etcd compacted the
+            revisions the observer missed while its stream was down (a coordinator failover or an outage),
+            so leaders (and values) between the previous leader reported and this one may be missing. The
+            Observe stream's ``compacted`` flag, carried to the next leader reported (a None item cannot
+            carry it). Always False from Leader.
     """
 
     value: bytes
     lease_id: int
     token: int
     revision: int = 0
+    skipped: bool = False
 
 
 def check_election(election: str) -> str:
@@ -267,9 +273,13 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
     The first item is the current state. Across a broken stream (a
     coordinator stopped or failed over) the Observe call is made again with
     ``after_revision``, so no change is missed (unless etcd compacted that
-    history meanwhile: then the current leader follows) and none repeated: a
-    leader whose token is below the last one yielded, or the same leader with
-    the same value, is never yielded again; nor two Nones in a row.
+    history meanwhile: then the current state follows, and the next leader
+    yielded has ``skipped`` set, as etcd's Election.Observe cannot say what
+    it missed) and none repeated: a leader whose token is below the last one
+    yielded, or the same leader with the same value, is never yielded again;
+    nor two Nones in a row. A gap after which the same leader (same token and
+    value) is still there is not flagged: no other leadership can have come
+    between (a leader's key keeps its create revision while it lives).
 
     Once a coordinator has accepted the Observe, the observation goes on
     through any later outage (it resumes when a coordinator answers again,
@@ -286,6 +296,7 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
     accepted = False  # a coordinator accepted an Observe (its initial metadata came): outages are waited out
     last: tuple[int, bytes] | None = None  # (token, value) last yielded
     yielded_none = False
+    gap = False  # etcd compacted history this observer missed: said on the next leader yielded
     loop = asyncio.get_running_loop()
     delays = CLIENT_BACKOFF.delays()
     failing_since: float | None = None
@@ -313,6 +324,11 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
                     accepted, failing_since, delays = True, None, CLIENT_BACKOFF.delays()
                 async for resp in call:
                     failing_since, delays = None, CLIENT_BACKOFF.delays()
+                    if resp.compacted and not (resp.HasField("leader") and last is not None and (
+                            int(resp.leader.token), bytes(resp.leader.value)) == last):
+                        log.warning("fencepost: observe of %r resumed after revision %d, which etcd compacted: "
+                                    "changes up to revision %d are unknown", election, after, int(resp.revision))
+                        gap = True
                     after = int(resp.revision)
                     if not resp.HasField("leader"):
                         if not yielded_none:
@@ -320,10 +336,10 @@ async def observe(transport: Transport, election: str, *, ensure_open: Callable[
                             yield None
                         continue
                     info = LeaderInfo(bytes(resp.leader.value), int(resp.leader.lease_id), int(resp.leader.token),
-                                      after)
+                                      after, gap)
                     if last is not None and (info.token < last[0] or (info.token, info.value) == last):
                         continue
-                    last, yielded_none = (info.token, info.value), False
+                    last, yielded_none, gap = (info.token, info.value), False, False
                     yield info
             finally:
                 call.cancel()

@@ -274,7 +274,9 @@ class LockClient:
         """Call ``callback(leader)`` in a thread of its own with each change of the leader of ``election``.
 
         The first call is with the current leader (None: none). The
-        observation resumes across coordinator failover, as :meth:`observe`.
+        observation resumes across coordinator failover, as :meth:`observe`;
+        a leader reported after history etcd compacted away has
+        :attr:`LeaderInfo.skipped` True.
 
         Returns:
             The :class:`LeaderObserver`; ``stop()`` it when done.

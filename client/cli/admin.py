@@ -9,6 +9,7 @@ policy that grants the caller ``admin``, docs/security.md "Administration"):
   the lock was free (the line says so). ``--election``: depose election
   NAME's leader the same way; ``--semaphore --slot N``: the holder of
   semaphore NAME's permit N.
+- ``fencepost admin end-lock-delay NAME [--json]``: end lock NAME's lock-delay.
 - ``fencepost admin sessions [--json]``: every live lease with its owner
   identity, TTL and the locks it holds and waits for.
 
@@ -98,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     address_flag(sessions)
     tls_flags(sessions)
     sessions.add_argument("--json", action="store_true", help="print one JSON object")
+    end = sub.add_parser(
+        "end-lock-delay", formatter_class=Formatter, epilog=epilog(None, _NEEDS),
+        help="end the lock-delay of lock NAME (running, or pending after its holder was lost)",
+        description="End the lock-delay of lock NAME: its waiters are granted at once (AdminEndLockDelay; "
+                    "a hold still held keeps its own). Prints what was ended; exit 0 also when there was none.")
+    address_flag(end)
+    tls_flags(end)
+    end.add_argument("name", metavar="NAME", help="the lock whose lock-delay ends")
+    end.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -177,6 +187,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{len(found)} sessions, etcd revision {revision}, from {address}", flush=True)
         return EXIT_OK
     lock_name(args.name)
+    if args.command == "end-lock-delay":
+        return _end_lock_delay(addresses, tls, args.name, args.json)
     kind, slot, what = _revoke_target(args)
     # With a request id (the same on each retry), a retry after a lost answer answers as the first
     # attempt did instead of revoking the next holder: retried like an idempotent call.
@@ -198,6 +210,23 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{what} has no leader: nothing revoked", flush=True)
     else:
         print(f"{what} is not held: nothing revoked", flush=True)
+    return EXIT_OK
+
+
+def _end_lock_delay(addresses: list[str], tls: Any, name: str, as_json: bool) -> int:
+    try:
+        address, resp = asyncio.run(call(addresses, "AdminEndLockDelay", pb.AdminEndLockDelayRequest(name=name),
+                                         idempotent=True, name=name, tls=tls))
+    except CallFailed as failed:
+        raise call_error(failed.error, addresses, failed.address, "AdminEndLockDelay") from None
+    if as_json:
+        print(json.dumps({"address": address, "name": name, "ended": resp.ended,
+                          "lock_delay_remaining_ms": resp.lock_delay_remaining_ms}), flush=True)
+    elif resp.ended:
+        left = f" ({resp.lock_delay_remaining_ms / 1000:g} s were left)" if resp.lock_delay_remaining_ms else ""
+        print(f"lock-delay of {name} ended{left}", flush=True)
+    else:
+        print(f"{name} has no lock-delay: nothing ended", flush=True)
     return EXIT_OK
 
 

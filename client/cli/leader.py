@@ -6,7 +6,9 @@ etcd answers that case FAILED_PRECONDITION, "election: no leader", and 6 is
 the precondition code of the table; 1 stays "coordinator unreachable"). With ``--watch``:
 the current leader, then each change (a new leader, a new value, no leader)
 as it happens, one line each, until Ctrl-C (exit 0); the observation
-resumes across coordinator failover without missing or repeating a change.
+resumes across coordinator failover without missing or repeating a change,
+unless etcd compacted the changes it missed: the next leader's line then
+ends with :data:`SKIPPED_NOTE` (``"skipped": true`` with --json).
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ from .common import (
 )
 from .flags import address_flag, addresses_of, lock_name, tls_flags, tls_of
 
-__all__ = ["EXIT_NO_LEADER", "LEADER_EXIT_CODES", "add_parser", "execute", "fetch", "line"]
+__all__ = ["EXIT_NO_LEADER", "LEADER_EXIT_CODES", "SKIPPED_NOTE", "add_parser", "execute", "fetch", "line"]
+
+#: The end of a --watch line whose leader follows history etcd compacted away (LeaderInfo.skipped).
+SKIPPED_NOTE = " (skipped: earlier changes were compacted away)"
 
 #: ``fencepost leader NAME``'s exit code when the election has no leader (the table's precondition code).
 EXIT_NO_LEADER = EXIT_PRECONDITION
@@ -75,12 +80,12 @@ def line(election: str, info: LeaderInfo | None, as_json: bool) -> str:
     if as_json:
         return json.dumps({"election": election, "leader": None if info is None else {
             "value": info.value.decode("utf-8", "backslashreplace"), "lease_id": info.lease_id,
-            "lease_id_hex": lease_hex(info.lease_id), "token": info.token}, "revision": None if info is None
-            else info.revision})
+            "lease_id_hex": lease_hex(info.lease_id), "token": info.token, "skipped": info.skipped},
+            "revision": None if info is None else info.revision})
     if info is None:
         return f"{election}: no leader"
     return (f"{election}: value {info.value.decode('utf-8', 'backslashreplace')!r} lease {lease_hex(info.lease_id)} "
-            f"({info.lease_id}) token {info.token}")
+            f"({info.lease_id}) token {info.token}" + (SKIPPED_NOTE if info.skipped else ""))
 
 
 def execute(args: argparse.Namespace) -> int:

@@ -136,6 +136,8 @@ def _describe(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | N
             "waiter_count": resp.waiter_count,
             "waiters": waiters,
             "revision": resp.revision,
+            "lock_delay_seconds": resp.lock_delay_seconds,
+            "lock_delay_remaining_ms": resp.lock_delay_remaining_ms,
         }
         print(json.dumps(obj))
         return EXIT_OK
@@ -147,6 +149,11 @@ def _describe(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | N
         print(f"  TTL left       {resp.ttl_remaining_seconds} s of {resp.ttl_seconds} s")
     else:
         print(f"{name}: not held")
+    if resp.lock_delay_remaining_ms > 0:
+        print(f"  lock-delay     {resp.lock_delay_remaining_ms / 1000:g} s left of {resp.lock_delay_seconds} s "
+              f"(held back; `fencepost admin end-lock-delay {name}` ends it)")
+    elif resp.lock_delay_remaining_ms < 0:
+        print(f"  lock-delay     {resp.lock_delay_seconds} s, starting at the next acquire (its holder was lost)")
     print(f"  waiters        {resp.waiter_count}")
     for i, w in enumerate(waiters[:10], 1):
         print(f"    {i}. lease {w['lease_id_hex']} ({w['lease_id']}), queued at revision {w['revision']}")

@@ -291,7 +291,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("held", "holder", "ttl_remaining_seconds", "ttl_seconds", "waiter_count", "waiters", "revision")
+    __slots__ = ("held", "holder", "ttl_remaining_seconds", "ttl_seconds", "waiter_count", "waiters", "revision", "lock_delay_remaining_ms", "lock_delay_seconds")
     HELD_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     TTL_REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,8 @@ class DescribeResponse(_message.Message):
     WAITER_COUNT_FIELD_NUMBER: _ClassVar[int]
     WAITERS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    LOCK_DELAY_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
+    LOCK_DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     held: bool
     holder: Holder
     ttl_remaining_seconds: int
@@ -306,7 +308,9 @@ class DescribeResponse(_message.Message):
     waiter_count: int
     waiters: _containers.RepeatedCompositeFieldContainer[Holder]
     revision: int
-    def __init__(self, held: _Optional[bool] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., waiter_count: _Optional[int] = ..., waiters: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    lock_delay_remaining_ms: int
+    lock_delay_seconds: int
+    def __init__(self, held: _Optional[bool] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., waiter_count: _Optional[int] = ..., waiters: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ..., revision: _Optional[int] = ..., lock_delay_remaining_ms: _Optional[int] = ..., lock_delay_seconds: _Optional[int] = ...) -> None: ...
 
 class ListLocksRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")
@@ -651,3 +655,17 @@ class DescribeSemaphoreResponse(_message.Message):
     waiter_count: int
     revision: int
     def __init__(self, permits: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[PermitHolder, _Mapping]]] = ..., waiter_count: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class AdminEndLockDelayRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AdminEndLockDelayResponse(_message.Message):
+    __slots__ = ("ended", "lock_delay_remaining_ms")
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    LOCK_DELAY_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    lock_delay_remaining_ms: int
+    def __init__(self, ended: _Optional[bool] = ..., lock_delay_remaining_ms: _Optional[int] = ...) -> None: ...

@@ -132,6 +132,11 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreResponse.FromString,
                 _registered_method=True)
+        self.AdminEndLockDelay = channel.unary_unary(
+                '/fencepost.v1.LockService/AdminEndLockDelay',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayResponse.FromString,
+                _registered_method=True)
 
 
 class LockServiceServicer:
@@ -533,6 +538,24 @@ class LockServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdminEndLockDelay(self, request, context):
+        """AdminEndLockDelay ends the lock-delay of lock `name` (an operator's
+        action: `fencepost admin end-lock-delay NAME`): a running delay (see
+        AcquireRequest.lock_delay_seconds) is ended and its waiters are granted
+        at once, and the record of a hold that ended uncleanly (its delay not
+        started yet) is dropped. The record of a hold that is still held stays:
+        its own later end still delays. Idempotent: a lock with no delay to end
+        answers ended = false and changes nothing. Needs the `admin` action on
+        `name` in the access policy; without a policy every call is refused.
+        Each call is logged (event `admin`, action `end_lock_delay`, level
+        WARNING).
+        Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+        allowed `admin` on the name, or no access policy), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -630,6 +653,11 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.DescribeSemaphore,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreResponse.SerializeToString,
+            ),
+            'AdminEndLockDelay': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdminEndLockDelay,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1147,6 +1175,33 @@ class LockService:
             '/fencepost.v1.LockService/DescribeSemaphore',
             fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.DescribeSemaphoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdminEndLockDelay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/AdminEndLockDelay',
+            fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayResponse.FromString,
             options,
             channel_credentials,
             insecure,

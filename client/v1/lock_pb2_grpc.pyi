@@ -437,6 +437,20 @@ class LockServiceStub:
     and waiters of semaphore `name` at one etcd revision. Read-only.
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
+    AdminEndLockDelay: _grpc.UnaryUnaryMultiCallable[_lock_pb2.AdminEndLockDelayRequest, _lock_pb2.AdminEndLockDelayResponse]
+    """AdminEndLockDelay ends the lock-delay of lock `name` (an operator's
+    action: `fencepost admin end-lock-delay NAME`): a running delay (see
+    AcquireRequest.lock_delay_seconds) is ended and its waiters are granted
+    at once, and the record of a hold that ended uncleanly (its delay not
+    started yet) is dropped. The record of a hold that is still held stays:
+    its own later end still delays. Idempotent: a lock with no delay to end
+    answers ended = false and changes nothing. Needs the `admin` action on
+    `name` in the access policy; without a policy every call is refused.
+    Each call is logged (event `admin`, action `end_lock_delay`, level
+    WARNING).
+    Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+    allowed `admin` on the name, or no access policy), UNAVAILABLE.
+    """
 
 @_typing.type_check_only
 class LockServiceAsyncStub(LockServiceStub):
@@ -762,6 +776,20 @@ class LockServiceAsyncStub(LockServiceStub):
     """DescribeSemaphore reports the permits, holders (slot, lease, token)
     and waiters of semaphore `name` at one etcd revision. Read-only.
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
+    """
+    AdminEndLockDelay: _aio.UnaryUnaryMultiCallable[_lock_pb2.AdminEndLockDelayRequest, _lock_pb2.AdminEndLockDelayResponse]  # type: ignore[assignment]
+    """AdminEndLockDelay ends the lock-delay of lock `name` (an operator's
+    action: `fencepost admin end-lock-delay NAME`): a running delay (see
+    AcquireRequest.lock_delay_seconds) is ended and its waiters are granted
+    at once, and the record of a hold that ended uncleanly (its delay not
+    started yet) is dropped. The record of a hold that is still held stays:
+    its own later end still delays. Idempotent: a lock with no delay to end
+    answers ended = false and changes nothing. Needs the `admin` action on
+    `name` in the access policy; without a policy every call is refused.
+    Each call is logged (event `admin`, action `end_lock_delay`, level
+    WARNING).
+    Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+    allowed `admin` on the name, or no access policy), UNAVAILABLE.
     """
 
 class LockServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -1199,6 +1227,26 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """DescribeSemaphore reports the permits, holders (slot, lease, token)
         and waiters of semaphore `name` at one etcd revision. Read-only.
         Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def AdminEndLockDelay(
+        self,
+        request: _lock_pb2.AdminEndLockDelayRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.AdminEndLockDelayResponse, _abc.Awaitable[_lock_pb2.AdminEndLockDelayResponse]]:
+        """AdminEndLockDelay ends the lock-delay of lock `name` (an operator's
+        action: `fencepost admin end-lock-delay NAME`): a running delay (see
+        AcquireRequest.lock_delay_seconds) is ended and its waiters are granted
+        at once, and the record of a hold that ended uncleanly (its delay not
+        started yet) is dropped. The record of a hold that is still held stays:
+        its own later end still delays. Idempotent: a lock with no delay to end
+        answers ended = false and changes nothing. Needs the `admin` action on
+        `name` in the access policy; without a policy every call is refused.
+        Each call is logged (event `admin`, action `end_lock_delay`, level
+        WARNING).
+        Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
+        allowed `admin` on the name, or no access policy), UNAVAILABLE.
         """
 
 def add_LockServiceServicer_to_server(servicer: LockServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -34,6 +34,9 @@ A rule's keys, and nothing else:
   (``billing/*`` is every name that starts with ``billing/``; ``job-*``
   those that start with ``job-``), or ``"*"`` for every name. ``*``
   elsewhere than at the end is refused.
+- ``max_lock_delay_seconds`` (optional): the longest lock-delay the rule's
+  Acquires may ask for, 0 to 3600 whole seconds; it lowers ``serve
+  --max-lock-delay``, never raises it (:mod:`.lock_delay_limit`).
 
 Every list must be non-empty, of strings; the file must hold at least one
 rule. A bad file is refused with a :class:`PolicyError` naming the file,
@@ -66,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from fencepost.client.errors import AccessDenied
-from fencepost.client.v1.keys import MAX_NAME_BYTES
+from fencepost.client.v1.keys import MAX_LOCK_DELAY_SECONDS, MAX_NAME_BYTES
 
 from ..telemetry.events import log_event
 from .identity import Caller, caller_of
@@ -85,7 +88,7 @@ ACTIONS = (ACQUIRE, RELEASE, DESCRIBE, ADMIN)
 #: In ``identities``: any caller with a verified client certificate.
 ANY_IDENTITY = "*"
 #: The keys a rule may have.
-RULE_KEYS = ("identities", "anonymous", "actions", "names")
+RULE_KEYS = ("identities", "anonymous", "actions", "names", "max_lock_delay_seconds")
 #: The file name endings of each format.
 FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
 
@@ -115,12 +118,14 @@ class Rule:
         anonymous: whether it also allows callers without a client certificate.
         actions: the actions it allows (of :data:`ACTIONS`).
         names: its name patterns: exact names, prefixes ending in ``*``, or ``"*"``.
+        max_lock_delay_seconds: the longest lock-delay its Acquires may ask for; None: the coordinator's.
     """
 
     identities: tuple[str, ...]
     anonymous: bool
     actions: tuple[str, ...]
     names: tuple[str, ...]
+    max_lock_delay_seconds: int | None = None
 
 
 @dataclass
@@ -345,7 +350,11 @@ def _rule(raw: Any, where: str, at: str) -> Rule:
         problem = _pattern_problem(pattern)
         if problem is not None:
             raise PolicyError(where, f"{at}.names", f"{pattern!r} {problem}")
-    return Rule(tuple(identities), anonymous, tuple(actions), tuple(names))
+    delay = raw.get("max_lock_delay_seconds")
+    if delay is not None and (type(delay) is not int or not 0 <= delay <= MAX_LOCK_DELAY_SECONDS):
+        raise PolicyError(where, f"{at}.max_lock_delay_seconds", f"is {delay!r}; must be a whole number of "
+                                                                 f"seconds from 0 to {MAX_LOCK_DELAY_SECONDS}")
+    return Rule(tuple(identities), anonymous, tuple(actions), tuple(names), delay)
 
 
 def _strings(raw: Mapping[str, Any], key: str, where: str, at: str) -> list[str]:

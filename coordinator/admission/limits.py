@@ -23,6 +23,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from fencepost.client.v1.keys import MAX_LOCK_DELAY_SECONDS
+
 __all__ = ["FLAGS", "MAX_MESSAGE_BYTES", "MIN_MESSAGE_BYTES", "Limits", "add_limit_arguments", "limits_from_args"]
 
 #: The range of ``--max-message-bytes`` (a smaller value would refuse legitimate requests; gRPC's own ceiling).
@@ -80,6 +82,11 @@ class Limits:
             RESOURCE_EXHAUSTED before it reaches the service. The largest
             legitimate request is well under 1 KiB (a lock name is at most 256
             bytes); responses are not limited by it.
+        max_lock_delay: the longest lock-delay an Acquire may ask for, in
+            whole seconds, 0 to 3600 (``--max-lock-delay``; Chubby's bound and
+            Consul's are one minute); a longer one is refused with
+            INVALID_ARGUMENT naming ``lock_delay_seconds``. An access policy
+            rule may lower it (:mod:`.lock_delay_limit`). 0: the protocol's 3600.
     """
 
     max_leases_per_caller: int = 1000
@@ -97,6 +104,7 @@ class Limits:
     max_client_rtt: float = 0.5
     max_keepalive_wait: float = 0.05
     max_message_bytes: int = 64 * 1024
+    max_lock_delay: int = 60
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -108,6 +116,9 @@ class Limits:
                 raise ValueError(f"--{FLAGS[name]} is {getattr(self, name)}; must be 1 or more")
         if self.max_loop_busy > 1:
             raise ValueError(f"--{FLAGS['max_loop_busy']} is {self.max_loop_busy}; must be 0 to 1")
+        if self.max_lock_delay > MAX_LOCK_DELAY_SECONDS:
+            raise ValueError(f"--{FLAGS['max_lock_delay']} is {self.max_lock_delay}; must be 0 to "
+                             f"{MAX_LOCK_DELAY_SECONDS}")
         if not MIN_MESSAGE_BYTES <= self.max_message_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"--{FLAGS['max_message_bytes']} is {self.max_message_bytes}; must be "
                              f"{MIN_MESSAGE_BYTES} to {MAX_MESSAGE_BYTES}")
@@ -136,6 +147,7 @@ FLAGS: dict[str, str] = {
     "max_client_rtt": "max-client-rtt",
     "max_keepalive_wait": "max-keepalive-wait",
     "max_message_bytes": "max-message-bytes",
+    "max_lock_delay": "max-lock-delay",
 }
 
 
@@ -166,11 +178,13 @@ _HELP: dict[str, str] = {
                           "1.5 s)",
     "max_message_bytes": "largest request message read, in bytes (gRPC refuses a larger one with "
                          "RESOURCE_EXHAUSTED); 1024 or more",
+    "max_lock_delay": "seconds: the longest lock-delay an Acquire may ask for (longer: INVALID_ARGUMENT "
+                      "lock_delay_seconds); a policy rule's max_lock_delay_seconds may lower it; at most 3600",
 }
 
 
 #: The metavar of the flags that are not counts.
-_METAVARS = {"max_lag": "S", "max_client_rtt": "S", "max_keepalive_wait": "S", "max_loop_busy": "R"}
+_METAVARS = {"max_lock_delay": "S", "max_lag": "S", "max_client_rtt": "S", "max_keepalive_wait": "S", "max_loop_busy": "R"}
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser, env: Callable[[str, str | None], str | None]) -> None:

@@ -1,4 +1,4 @@
-"""The admin calls: AdminRevoke and ListSessions, each audited with one ``admin`` event.
+"""The admin calls: AdminRevoke, ListSessions and AdminEndLockDelay, each audited with one ``admin`` event.
 
 Both need the ``admin`` action of an access policy (:func:`admit_admin`):
 without a policy they are refused (PERMISSION_DENIED / ACCESS_DENIED), since
@@ -12,6 +12,10 @@ the operator's own act). With a ``request_id``, what it revokes is recorded
 first (:mod:`..recipes.requests`; etcd cannot revoke inside a Txn): a retry
 finds the record and revokes that lease again (a no-op once it is gone) and
 answers as the first attempt, instead of revoking the next holder.
+
+AdminEndLockDelay ends a lock's running or pending lock-delay
+(:meth:`..recipes.lock.LockManager.end_lock_delay`): idempotent, so it needs
+no request id.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def audit(context: grpc.aio.ServicerContext, action: str, name: str, outcome: st
         context: the call's context (its caller and peer).
         action: the audited action (``revoke``, ``list_sessions``).
         name: the lock name it acts on (``*``: every name).
-        outcome: ``denied``, ``failed``, ``not_held``, ``revoked``, ``listed``.
+        outcome: ``denied``, ``failed``, ``not_held``, ``revoked``, ``listed``, ``ended``, ``no_delay``.
         level: the log level.
         fields: more fields of the event.
     """
@@ -186,6 +190,28 @@ class AdminCalls:
                                       f"(slots 0 to {d.permits - 1})", name=request.name, field="slot")
             return next((Holder(p.lease_id, p.token) for p in d.holders if p.slot == request.slot), None)
         return (await self._locks.describe(request.name)).holder
+
+    async def end_lock_delay(self, request: lock_pb2.AdminEndLockDelayRequest, context: grpc.aio.ServicerContext
+                             ) -> lock_pb2.AdminEndLockDelayResponse:
+        """AdminEndLockDelay, audited: end the lock-delay of lock ``request.name``.
+
+        Raises:
+            InvalidArgument: field ``name``.
+            Unavailable: etcd unreachable.
+        """
+        try:
+            validate_name(request.name)
+            ended = await self._locks.end_lock_delay(request.name)
+        except FencepostError as exc:
+            audit(context, "end_lock_delay", request.name, "failed", logging.WARNING, error=exc.message)
+            raise
+        if not ended.seconds:
+            audit(context, "end_lock_delay", request.name, "no_delay", logging.WARNING)
+            return lock_pb2.AdminEndLockDelayResponse(ended=False)
+        left = max(ended.remaining_ms, 0)
+        audit(context, "end_lock_delay", request.name, "ended", logging.WARNING, lock_delay_seconds=ended.seconds,
+              lock_delay_remaining_ms=left)
+        return lock_pb2.AdminEndLockDelayResponse(ended=True, lock_delay_remaining_ms=left)
 
     async def list_sessions(self, request: lock_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
                             ) -> lock_pb2.ListSessionsResponse:

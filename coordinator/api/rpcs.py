@@ -10,7 +10,9 @@ through, always in this order:
    names (:mod:`..admission.access`; ``on`` None: a call that names no
    lock). An admin call (``audited``) needs a policy that grants it, and
    each refusal is audited (:mod:`.admin_calls`); ListLocks (``listing``)
-   is refused only when the caller may describe no name under its prefix;
+   is refused only when the caller may describe no name under its prefix.
+   Then a ``lock_delay_seconds`` above the caller's bound on the name is
+   refused (:mod:`..admission.lock_delay_limit`);
 3. **capacity**: a newcomer (``NEW``: a stream; ``LEASE``: a lease; ``WAIT``:
    a call that would wait) is refused while the coordinator is past its
    capacity, a lease also at the lease ceiling
@@ -45,6 +47,7 @@ from fencepost.client.errors import FencepostError, InvalidArgument
 
 from ..admission.access import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
 from ..admission.capacity import Capacity
+from ..admission.lock_delay_limit import LockDelayLimit
 from ..admission.ownership import Ownership
 from ..etcd import bounded
 from ..recipes.election import validate_election, validate_value
@@ -145,6 +148,8 @@ RPCS: dict[str, Rpc] = {
     # AdminRevoke checks its name and kind after its admission, so that their refusal is audited.
     "AdminRevoke": Rpc(("request_id",), ADMIN, "name", audited="revoke", floor=READY),
     "ListSessions": Rpc(action=ADMIN, on=EVERY_NAME, audited="list_sessions"),
+    # AdminEndLockDelay checks its name after its admission, so that its refusal is audited.
+    "AdminEndLockDelay": Rpc((), ADMIN, "name", audited="end_lock_delay", floor=READY),
     "AcquirePermit": Rpc(("name", "lease_id", "permits", "request_id", "wait"), ACQUIRE, "name", floor=READY,
                          owner=True, capacity=WAIT),
     "ReleasePermit": Rpc(("name", "lease_id", "slot", "token?", "request_id"), RELEASE, "name", floor=READY,
@@ -168,14 +173,17 @@ class Admission:
         owners: the ownership records of leases.
         tokens: the token floor.
         capacity: whether the coordinator is past its capacity; None: never.
+        delay_limit: the longest lock-delay a caller may ask for (checked after the policy, for the rows
+            with the field ``lock_delay``); None: the default ``--max-lock-delay``.
     """
 
-    def __init__(self, access: Access, owners: Ownership, tokens: TokenFloor, capacity: Capacity | None = None
-                 ) -> None:
+    def __init__(self, access: Access, owners: Ownership, tokens: TokenFloor, capacity: Capacity | None = None,
+                 delay_limit: LockDelayLimit | None = None) -> None:
         self.access = access
         self.owners = owners
         self.tokens = tokens
         self.capacity = capacity
+        self.delay_limit = delay_limit if delay_limit is not None else LockDelayLimit(access)
 
     async def admit(self, rpc: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Run the steps of ``rpc``'s row on ``request``; return when the call may run.
@@ -186,7 +194,7 @@ class Admission:
             context: the call's context (its certificate, metadata and deadline).
 
         Raises:
-            InvalidArgument: a field of ``fields``.
+            InvalidArgument: a field of ``fields`` (``lock_delay_seconds`` also above the caller's bound).
             AccessDenied: the policy does not allow the call (for an admin call: or there is no policy).
             ResourceExhausted: OVERLOADED, a newcomer while past capacity.
             DataLoss, Unavailable: the token floor refuses (tokens would go back, or etcd is unreachable).
@@ -202,6 +210,8 @@ class Admission:
             self.access.lister(context, on or "")
         elif row.action is not None:
             self.access.check(context, row.action, on)
+        if "lock_delay" in row.fields and request.lock_delay_seconds:
+            self.delay_limit.check(context, on, request.lock_delay_seconds)
         if row.capacity is not None and self.capacity is not None and (
                 row.capacity in (NEW, LEASE) or request.wait_forever or request.wait_ms > 0):
             self.capacity.admit(rpc, lease=row.capacity == LEASE)

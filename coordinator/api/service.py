@@ -43,6 +43,7 @@ from ..admission.capacity import Capacity
 from ..admission.identity import caller_of
 from ..admission.limit_tracker import LimitTracker
 from ..admission.limits import Limits
+from ..admission.lock_delay_limit import LockDelayLimit
 from ..admission.overload import LoopLag
 from ..admission.ownership import OwnerRecord, Ownership, new_secret
 from ..etcd import bounded
@@ -125,7 +126,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self.capacity.follow(self.loop_lag, metrics, kept=lambda: self._kept.count)
         self.closing = asyncio.Event()
         #: Applies each RPC's row of the RPC table (see :func:`.rpcs.served`).
-        self.admission = Admission(access if access is not None else Access(), owners, locks.tokens, self.capacity)
+        access = access if access is not None else Access()
+        self.admission = Admission(access, owners, locks.tokens, self.capacity,
+                                   LockDelayLimit(access, limits.max_lock_delay))
         #: Ends refused calls with their status.
         self.refusals = Refusals(metrics, self._limits)
         self._releases = Releases(self._holds, leases, self._kept, self._limits, owners, metrics=metrics)
@@ -238,7 +241,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         return lock_pb2.DescribeResponse(
             held=d.holder is not None, holder=_holder(d.holder), ttl_remaining_seconds=d.ttl_remaining_seconds,
             ttl_seconds=d.ttl_seconds, waiter_count=d.waiter_count, waiters=[_holder(w) for w in d.waiters],
-            revision=d.revision)
+            revision=d.revision, lock_delay_remaining_ms=d.lock_delay.remaining_ms,
+            lock_delay_seconds=d.lock_delay.seconds)
 
     @served
     async def ListLocks(self, request: lock_pb2.ListLocksRequest, context: grpc.aio.ServicerContext
@@ -281,6 +285,11 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def ReleasePermit(self, request: lock_pb2.ReleasePermitRequest, context: grpc.aio.ServicerContext
                             ) -> lock_pb2.ReleasePermitResponse:
         return await self._semaphore_calls.release(request, context)
+
+    @served
+    async def AdminEndLockDelay(self, request: lock_pb2.AdminEndLockDelayRequest,
+                                context: grpc.aio.ServicerContext) -> lock_pb2.AdminEndLockDelayResponse:
+        return await self._admin.end_lock_delay(request, context)
 
     @served
     async def DescribeSemaphore(self, request: lock_pb2.DescribeSemaphoreRequest, context: grpc.aio.ServicerContext

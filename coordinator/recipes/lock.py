@@ -38,7 +38,7 @@ from fencepost.client.v1.keys import Hold, Keys
 
 from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan
 from ..telemetry.metrics import NO_METRICS, LockMetrics
-from .lock_delay import HeldBack, LockDelays, validate_lock_delay
+from .lock_delay import DelayState, HeldBack, LockDelays, validate_lock_delay
 from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_lock_name, validate_token
 from .waiters import REATTACH_SECONDS, Waiters
@@ -84,6 +84,7 @@ class Description:
     waiter_count: int
     waiters: list[Holder] = field(default_factory=list)
     revision: int = 0
+    lock_delay: DelayState = DelayState(0, 0)
 
 
 def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_alive: bool, *,
@@ -423,19 +424,32 @@ class LockManager:
         self._tokens.check_serving()
         listed, counted, delays = (r.response_range for r in resp.responses)
         contenders = [self._holder(kv) for kv in listed.kvs]
+        first = None
         if contenders:
             head = listed.kvs[0]
             parsed = self._keys.parse(bytes(head.key))
-            if not self._delays.settled(delays, parsed[1] if parsed else 0, int(head.create_revision), 0):
-                # A lock-delay holds the first contender back: nobody holds the lock, all of them wait.
-                return Description(None, -1, 0, int(counted.count), contenders, int(resp.header.revision))
+            first = (parsed[1] if parsed else 0, int(head.create_revision))
+        delay = await self._delays.state(delays, first) if delays.kvs else DelayState(0, 0)
+        if first is not None and not self._delays.settled(delays, first[0], first[1], 0):
+            # A lock-delay holds the first contender back: nobody holds the lock, all of them wait.
+            return Description(None, -1, 0, int(counted.count), contenders, int(resp.header.revision), delay)
         if not contenders:
-            return Description(None, -1, 0, 0, [], int(resp.header.revision))
+            return Description(None, -1, 0, 0, [], int(resp.header.revision), delay)
         holder = contenders[0]
         ttl_left, granted = -1, 0
         with contextlib.suppress(FencepostError):
             ttl_left, granted = await self._etcd.lease_ttl(holder.lease_id)
         return Description(holder, ttl_left, granted, int(counted.count) - 1, contenders[1:], int(resp.header.revision))
+
+    async def end_lock_delay(self, name: str) -> DelayState:
+        """End the lock-delay of lock ``name`` (:meth:`.lock_delay.LockDelays.end`): the delay that was ended.
+
+        Raises:
+            InvalidArgument: bad name.
+            Unavailable: etcd unreachable.
+        """
+        validate_lock_name(name)
+        return await self._delays.end(self._keys.lock_prefix(name))
 
     async def hold_exists(self, hold: Hold) -> bool:
         """Whether ``hold.lease_id`` still holds ``hold.name`` under ``hold.token`` (one read).

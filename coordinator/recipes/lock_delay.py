@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+from urllib.parse import unquote
 
 from fencepost.client.errors import FencepostError, InvalidArgument
 from fencepost.client.v1 import etcdops
@@ -58,7 +59,7 @@ from fencepost.client.v1.keys import MAX_LOCK_DELAY_SECONDS, Keys, prefix_end
 from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan
 from .watch import DeleteWatcher
 
-__all__ = ["DelayRecord", "HeldBack", "LockDelays", "delay_range", "validate_lock_delay"]
+__all__ = ["PENDING", "DelayRecord", "DelayState", "HeldBack", "LockDelays", "delay_range", "validate_lock_delay"]
 
 _log = logging.getLogger(__name__)
 
@@ -135,6 +136,31 @@ def _starts_with(key: bytes, start: bytes) -> list[rpc_pb2.Compare]:
     """Compares "``key`` exists and its value starts with ``start``" (``start`` ends with ``:``, so ``;`` bounds it)."""
     above = etcdops.Compare(result=etcdops.Compare.GREATER, target=etcdops.Compare.VALUE, key=key, value=start)
     return [above, etcdops.value_below(key, start[:-1] + b";")]
+
+
+#: :attr:`DelayState.remaining_ms` of a delay that starts at the next Acquire (its hold ended uncleanly).
+PENDING = -1
+
+
+@dataclass(frozen=True)
+class DelayState:
+    """A lock's lock-delay as Describe reports it.
+
+    Attributes:
+        seconds: the delay running or pending, in seconds; 0: none.
+        remaining_ms: milliseconds left on a running delay (etcd's lease TTL, whole seconds, at least 1);
+            :data:`PENDING` when it starts at the next Acquire; 0: none.
+    """
+
+    seconds: int
+    remaining_ms: int
+
+
+def _int(value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0
 
 
 class HeldBack(NamedTuple):
@@ -233,14 +259,14 @@ class LockDelays:
         # released: start the delay, once whoever else races here.
         ended = DelayRecord.parse(bytes(record.value))
         if ended is None or ended.delay <= 0:
-            _log.warning("lock-delay record %r has a malformed value %r: deleted", bytes(record.key),
-                         bytes(record.value))
-        started = await self._start(start, record, ended.delay if ended is not None else 0)
+            _log.warning("lock-delay record of lock %r has a malformed value %r: deleted", self._name(lock),
+                         bytes(record.value).decode("utf-8", "backslashreplace"))
+        started = await self._start(start, record, ended.delay if ended is not None else 0, self._name(lock))
         if started and wait:
             await self._watcher.wait_deleted(start + _WAIT, started)
         return False
 
-    async def _start(self, start: bytes, record: Any, delay: int) -> int:
+    async def _start(self, start: bytes, record: Any, delay: int, name: str) -> int:
         """Replace the record of an ended hold by the wait of ``delay`` seconds.
 
         Returns:
@@ -253,8 +279,10 @@ class LockDelays:
         if delay > 0:
             lease_id, granted = await self._etcd.lease_grant(delay)
             ops.append(etcdops.put(start + _WAIT, str(delay).encode(), lease_id=lease_id))
-            _log.info("lock-delay of %d s (etcd granted %d s) starts for %r after an unclean end of %r", delay,
-                      granted, start, bytes(record.value))
+            ended = DelayRecord.parse(bytes(record.value))
+            _log.info("lock-delay of %d s (etcd granted %d s) starts for lock %r after an unclean end of "
+                      "the hold of lease %#x (token revision %d)", delay, granted, name,
+                      ended.lease_id if ended else 0, ended.revision if ended else 0)
         unchanged = etcdops.is_unchanged(bytes(record.key), int(record.mod_revision))
 
         def resolve(resp: Any) -> int:
@@ -291,6 +319,78 @@ class LockDelays:
                        lambda resp: None, [etcdops.get(start + _RECORD, keys_only=True)],
                        lambda resp: None if resp.responses[0].response_range.kvs else NOT_APPLIED)
         await self._etcd.lock_txn(plan, lock)
+
+    def _name(self, lock: bytes) -> str:
+        """The lock name of the key range ``lock``, as text (for logs)."""
+        return unquote(lock[len(self._keys.prefix):-1].decode("utf-8", "backslashreplace"))
+
+    async def state(self, delays: Any, head: tuple[int, int] | None) -> DelayState:
+        """The delay that holds the lock back, from its delay keys as :meth:`read` read them.
+
+        Args:
+            delays: the range response of :meth:`read`.
+            head: (lease id, create revision) of the lock's first contender; None when it has none.
+
+        Returns:
+            A :class:`DelayState` (``seconds`` 0: none; a contender's own record is none).
+
+        Raises:
+            Unavailable: etcd unreachable (reading the wait's lease).
+        """
+        found = {bytes(kv.key).rsplit(b"!", 1)[-1]: kv for kv in delays.kvs}
+        wait = found.get(_WAIT)
+        if wait is not None:
+            left, _ = await self._etcd.lease_ttl(int(wait.lease))
+            if left >= 0:
+                return DelayState(_int(bytes(wait.value)), max(1, left * 1000))
+        record = found.get(_RECORD)
+        parsed = DelayRecord.parse(bytes(record.value)) if record is not None else None
+        if parsed is None or (head is not None and (parsed.lease_id, parsed.revision) == head):
+            return DelayState(0, 0)
+        return DelayState(parsed.delay, PENDING)
+
+    async def end(self, lock: bytes) -> DelayState:
+        """End the lock-delay of the lock whose key range is ``lock`` (AdminEndLockDelay).
+
+        Deletes the running wait (its waiters are then granted: the watcher
+        sees the deletion) and the record of a hold that ended uncleanly; the
+        record of a hold still held stays. One Txn, compared on what was read.
+
+        Returns:
+            The delay ended (``seconds`` 0: there was none, or it changed meanwhile).
+
+        Raises:
+            Unavailable: etcd unreachable.
+        """
+        start = delay_range(self._keys, lock)
+        resp = await self._etcd.read([self.read(lock), etcdops.holder_of(lock)], name=self._name(lock))
+        delays, heads = (r.response_range for r in resp.responses)
+        head = heads.kvs[0] if heads.kvs else None
+        state = await self.state(delays, (int(bytes(head.key)[len(lock):], 16), int(head.create_revision))
+                                 if head is not None else None)
+        found = {bytes(kv.key)[len(start):]: kv for kv in delays.kvs}
+        compares, deletes, gone = [], [], []
+        wait, record = found.get(_WAIT), found.get(_RECORD)
+        parsed = DelayRecord.parse(bytes(record.value)) if record is not None else None
+        if record is not None and state.remaining_ms == 0 and parsed is not None:
+            record = None  # the record of the hold still held (no delay now): its own later end still delays
+        for kv in (wait, record):
+            if kv is not None:
+                compares.append(etcdops.is_unchanged(bytes(kv.key), int(kv.mod_revision)))
+                deletes.append(etcdops.delete(bytes(kv.key)))
+                gone.append(etcdops.get(bytes(kv.key), keys_only=True))
+        if record is not None and parsed is not None:  # that hold is gone (else it would be the head)
+            compares.append(etcdops.is_absent(lock + f"{parsed.lease_id:016x}".encode()))
+        if not deletes:
+            return DelayState(0, 0)
+        ended = await self._etcd.txn(TxnPlan(
+            etcdops.txn(compares, deletes), lambda r: bool(r.succeeded), gone,
+            lambda r: NOT_APPLIED if all(x.response_range.kvs for x in r.responses) else True))
+        if not ended:
+            return DelayState(0, 0)
+        if wait is not None:
+            await self._revoke_quietly(int(wait.lease))
+        return state if state.seconds else DelayState(parsed.delay if parsed else 0, PENDING)
 
     async def _revoke_quietly(self, lease_id: int) -> None:
         try:
