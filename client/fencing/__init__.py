@@ -17,7 +17,11 @@ The contract, the same for every adapter:
   statement, to fill the error (or, in MySQL, to tell what an inconclusive
   affected-rows count meant, under the statement's row lock). S3 is the
   exception the storage imposes: a read of the ETag, then a PUT conditional
-  on that ETag (a compare-and-swap of the object), retried on 412.
+  on that ETag (a compare-and-swap of the object), retried on 412. DynamoDB
+  and etcd cannot test "an integer" in a condition: their first conditional
+  write passes only on no token or exactly the writer's token, and when the
+  refusal returns a valid lower token, the next one is conditional on
+  exactly that stored value (a compare-and-swap), retried if it changed.
 - Every write method takes the record's key, then the token (the etcd
   guard: the hold that carries it), then the values.
 - A stored token that is not a canonical non-negative integer of the
