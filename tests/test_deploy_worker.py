@@ -30,7 +30,8 @@ def test_example_worker_uses_the_guards_statement() -> None:
     from fencepost.client.fencing import upsert_statement
 
     worker = _load_worker()
-    assert worker.UPSERT == upsert_statement(worker.TABLE, "name", ["writer", "ran_at"], placeholder="%s")
+    assert worker.UPSERT == upsert_statement(worker.TABLE, "name", ["writer", "ran_at"], placeholder="%s",
+                                             dialect="postgresql")
     assert '<= excluded."fencing_token"' in worker.UPSERT
 
 

@@ -17,9 +17,18 @@ The contract, the same for every adapter:
   statement, to fill the error (or, in MySQL, to tell what an inconclusive
   affected-rows count meant, under the statement's row lock). S3 is the
   exception the storage imposes: a read of the ETag, then a PUT conditional
-  on that ETag (a compare-and-swap of the object), retried on 412.
+  on that ETag (a compare-and-swap of the object), retried on 412. DynamoDB
+  and etcd cannot test "an integer" in a condition: their first conditional
+  write passes only on no token or exactly the writer's token, and when the
+  refusal returns a valid lower token, the next one is conditional on
+  exactly that stored value (a compare-and-swap), retried if it changed.
 - Every write method takes the record's key, then the token (the etcd
   guard: the hold that carries it), then the values.
+- A stored token that is not a canonical non-negative integer of the
+  store's type (``"1e3"``, ``"007"``, ``7.5``, ``"abc"``, ``{"S": "7"}``,
+  ``-5``; docs/fencing.md, "What a stored token must be") refuses the write
+  inside the same atomic step; the guard raises :class:`MalformedTokenError`
+  (a StaleTokenError), counted as a rejection, the record unchanged.
 - A rejection raises :class:`fencepost.client.StaleTokenError` with
   ``.record`` (the record's key), ``.token`` (offered) and
   ``.current_token`` (stored), and leaves the record unchanged.
@@ -53,7 +62,8 @@ Adapters (each module's docstring shows its exact statement):
 - :class:`EtcdGuard` (a grpc.aio channel to etcd, asyncio): one Txn that also requires the
   writer's lock key to still have the token as its create revision.
 - :class:`DynamoDBGuard` (boto3): ``attribute_not_exists(fencing_token) OR
-  fencing_token <= :t`` as the write's ConditionExpression; :func:`condition_kwargs`.
+  fencing_token = :t`` as the write's ConditionExpression, then, over a lower
+  integer token s, ``fencing_token = :s``; :func:`condition_kwargs`.
 - :class:`MySqlGuard` (MySQL, MariaDB; PyMySQL): ``UPDATE `t` SET ...,
   `fencing_token` = %s WHERE `id` = %s AND (`fencing_token` IS NULL OR
   `fencing_token` <= %s)`` and ``INSERT ... ON DUPLICATE KEY UPDATE `c` =
@@ -81,7 +91,7 @@ from ._dynamodb import DynamoDBGuard, condition_kwargs
 from ._etcd import EtcdGuard, HoldLike
 from ._mysql import MySqlGuard, mysql_update_statement, mysql_upsert_statement
 from ..v1.keys import Hold
-from ._guard import FencingGuard, RejectHook, check_identifier, check_token
+from ._guard import FencingGuard, MalformedTokenError, RejectHook, check_identifier, check_token
 from ._redis import SCRIPT as REDIS_SCRIPT
 from ._redis import RedisGuard
 from ._s3 import TOKEN_METADATA as S3_TOKEN_METADATA
@@ -97,6 +107,7 @@ __all__ = [
     "FencingGuard",
     "Hold",
     "HoldLike",
+    "MalformedTokenError",
     "MissingRecordError",
     "MySqlGuard",
     "RejectHook",

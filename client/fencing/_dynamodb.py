@@ -1,19 +1,27 @@
 """DynamoDB guard: the token check as a ``ConditionExpression`` of the write itself.
 
 The token is a number attribute of the item (``fencing_token``; absent = no
-token yet). ``put_item`` and ``update_item`` carry the condition, which
-DynamoDB evaluates atomically with the write::
+token yet), an ``N`` holding an integer >= 0. ``put_item`` and
+``update_item`` carry a condition, which DynamoDB evaluates atomically with
+the write. A condition cannot tell an integer from a fraction, so a write is
+up to two kinds of round; the first passes on no token or exactly the
+writer's (a holder's own writes, a new item)::
 
-    ConditionExpression="attribute_not_exists(#ft) OR #ft <= :ft"
+    ConditionExpression="attribute_not_exists(#ft) OR #ft = :ft"
     ExpressionAttributeNames={"#ft": "fencing_token"}
     ExpressionAttributeValues={":ft": {"N": str(token)}}
     ReturnValuesOnConditionCheckFailure="ALL_OLD"
 
-A failed condition (``ConditionalCheckFailedException``) becomes
-:class:`~fencepost.client.StaleTokenError`; the stored token comes from the
-``ALL_OLD`` item returned with the failure, or, on servers that do not return
-it (dynalite), from a consistent read made after the refusal, for the error
-only. ``update_item`` on a missing item creates it (DynamoDB's own rule;
+A failed condition (``ConditionalCheckFailedException``) returns the stored
+token: from the ``ALL_OLD`` item, or, on servers that do not return it
+(dynalite), from a consistent read made after the refusal. Above the
+writer's: :class:`~fencepost.client.StaleTokenError`. Not an ``N`` holding an
+integer >= 0 (``{"S": "7"}``, ``{"N": "7.5"}``):
+:class:`~fencepost.client.fencing.MalformedTokenError`, nothing written. An
+integer s below the writer's: the next round writes over exactly that one
+(``#ft = :seen AND #ft <= :ft``, ``:seen`` = s), again if another write came
+in between, up to :data:`MAX_ATTEMPTS` rounds
+(:class:`~fencepost.client.ResourceExhausted`). ``update_item`` on a missing item creates it (DynamoDB's own rule;
 ``attribute_not_exists`` holds). Existing items need no migration: an item
 without the attribute takes any token. To guard your own calls use
 :func:`condition_kwargs`.
@@ -28,12 +36,20 @@ cannot change: write the item under its new key instead).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, ResourceExhausted
 from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token
 
-CONDITION = "attribute_not_exists(#ft) OR #ft <= :ft"
+#: The condition of :func:`condition_kwargs`: no token yet, or a number from 0 to the writer's token.
+CONDITION = "attribute_not_exists(#ft) OR #ft BETWEEN :ft0 AND :ft"
+#: The guard's first round: no token yet, or exactly the writer's token (its own earlier writes).
+FIRST_ROUND = "attribute_not_exists(#ft) OR #ft = :ft"
+#: The guard's next round: exactly the integer token the refusal returned, still <= the writer's.
+NEXT_ROUND = "#ft = :seen AND #ft <= :ft"
+#: Conditional write rounds before a contended write gives up.
+MAX_ATTEMPTS = 16
 
 
 def condition_kwargs(token: int, *, token_attribute: str = TOKEN_FIELD) -> dict[str, Any]:
@@ -44,10 +60,14 @@ def condition_kwargs(token: int, *, token_attribute: str = TOKEN_FIELD) -> dict[
         token_attribute: The number attribute that stores the token.
 
     Returns:
-        ``ConditionExpression``, ``ExpressionAttributeNames`` (``#ft``),
-        ``ExpressionAttributeValues`` (``:ft``) and
+        ``ConditionExpression`` (:data:`CONDITION`), ``ExpressionAttributeNames``
+        (``#ft``), ``ExpressionAttributeValues`` (``:ft``, ``:ft0``) and
         ``ReturnValuesOnConditionCheckFailure="ALL_OLD"``; merge your own
-        names and values into the two dicts.
+        names and values into the two dicts. The condition refuses a stored
+        token that is not a number (``{"S": "7"}``) or is negative, but a
+        condition cannot tell an integer from a fraction: a stored ``7.5``
+        passes it for a token >= 8. The guard's own writes close that gap
+        (see :class:`DynamoDBGuard`).
 
     Raises:
         InvalidArgument: a bad token or attribute name.
@@ -57,7 +77,7 @@ def condition_kwargs(token: int, *, token_attribute: str = TOKEN_FIELD) -> dict[
     return {
         "ConditionExpression": CONDITION,
         "ExpressionAttributeNames": {"#ft": token_attribute},
-        "ExpressionAttributeValues": {":ft": {"N": str(token)}},
+        "ExpressionAttributeValues": {":ft": {"N": str(token)}, ":ft0": {"N": "0"}},
         "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
     }
 
@@ -102,6 +122,10 @@ class DynamoDBGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the item holds a higher token; nothing was written.
+            MalformedTokenError: the item's token attribute is not an ``N``
+                holding an integer >= 0 (``{"S": "7"}``, ``{"N": "7.5"}``);
+                nothing was written.
+            ResourceExhausted: every round lost to another write; nothing was written.
             InvalidArgument: a bad key or token, or ``attributes`` is not a
                 mapping or names the token attribute or a key attribute
                 (field ``attributes``), or a str in the key or the attributes is not
@@ -124,6 +148,10 @@ class DynamoDBGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the item holds a higher token; nothing was written.
+            MalformedTokenError: the item's token attribute is not an ``N``
+                holding an integer >= 0 (``{"S": "7"}``, ``{"N": "7.5"}``);
+                nothing was written.
+            ResourceExhausted: every round lost to another write; nothing was written.
             InvalidArgument: a bad key or token, or ``values`` is not a
                 mapping or names the token attribute or a key attribute
                 (field ``values``), or a str in the key or the values is not
@@ -179,15 +207,44 @@ class DynamoDBGuard(FencingGuard):
         check_text(values, argument)
 
     def _write(self, key: Mapping[str, Any], token: int, call: Any, **kwargs: Any) -> None:
-        try:
-            call(**kwargs)
-        except self.client.exceptions.ConditionalCheckFailedException as exc:
-            old = exc.response.get("Item")
-            if old is None:  # server without ReturnValuesOnConditionCheckFailure
-                old = self.get_item(key)
-            current = None
-            if old is not None and self.token_attribute in old:
-                current = int(old[self.token_attribute]["N"])
-            raise self._reject(dict(key), token, current) from exc
-        else:
-            self._accepted()
+        """Write in conditional rounds: no token or this token; else exactly the integer token seen, if <= ``token``."""
+        values = kwargs["ExpressionAttributeValues"]
+        del values[":ft0"]
+        kwargs["ConditionExpression"] = FIRST_ROUND
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                call(**kwargs)
+            except self.client.exceptions.ConditionalCheckFailedException as exc:
+                old = exc.response.get("Item")
+                if old is None:  # server without ReturnValuesOnConditionCheckFailure
+                    old = self.get_item(key)
+                stored = None if old is None else old.get(self.token_attribute)
+                if stored is None:  # the item or its token went away since: start over
+                    kwargs["ConditionExpression"] = FIRST_ROUND
+                    values.pop(":seen", None)
+                    continue
+                current = token_number(stored)
+                if current is None:
+                    raise self._malformed(dict(key), token, stored, what=f"{self.token_attribute} attribute") from exc
+                if current > token:
+                    raise self._reject(dict(key), token, current) from exc
+                kwargs["ConditionExpression"] = NEXT_ROUND
+                values[":seen"] = stored
+            else:
+                self._accepted()
+                return
+        raise ResourceExhausted(f"{self.table}: {MAX_ATTEMPTS} conditional writes with fencing token {token} to "
+                                f"{dict(key)!r} each lost to another write; nothing written, retry later")
+
+
+def token_number(stored: object) -> int | None:
+    """A stored DynamoDB token (``{"N": "7"}``) as an int; None unless it is an ``N`` holding an integer >= 0."""
+    if not isinstance(stored, Mapping) or list(stored) != ["N"] or not isinstance(stored["N"], str):
+        return None
+    try:
+        number = Decimal(stored["N"])
+    except ArithmeticError:
+        return None
+    if not number.is_finite() or number < 0 or number != number.to_integral_value():
+        return None
+    return int(number)

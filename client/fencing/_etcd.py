@@ -14,16 +14,25 @@ revision):
    value is absent or <= the offered token.
 
 Layout: the value at ``key``, the token at ``key + b"\\x00fencing_token"`` as
-20 zero-padded decimal digits, so that byte order is number order. etcd's
-compares are ANDed, so "absent OR <=" takes a nested Txn; one request::
+exactly 20 zero-padded decimal digits, so that byte order is number order.
+etcd's compares are ANDed and cannot test that a value is 20 digits, so a
+put is up to two kinds of round. The first (a holder's own writes, a new
+record) passes only on no token or exactly the writer's::
 
-    Txn(compare=[CREATE(holder) == token - F, VALUE(token_key) < pad(token + 1)],
+    Txn(compare=[CREATE(holder) == token - F, VALUE(token_key) == pad(token)],
         success=[Put(key, value), Put(token_key, pad(token))],
         failure=[Txn(compare=[CREATE(holder) == token - F, CREATE(token_key) == 0],
                      success=[Put(key, value), Put(token_key, pad(token))],
                      failure=[Range(holder), Range(token_key), Range(token record)])])
 
 (a VALUE compare on a missing key is false in etcd, hence the second branch.)
+A refusal returns the stored token: when it is a valid token s < t, the next
+round replaces ``VALUE(token_key) == pad(token)`` with ``MOD(token_key) ==``
+the mod revision it returned (exactly that version), again after another
+write came in between, up to :data:`MAX_ATTEMPTS` rounds
+(:class:`~fencepost.client.ResourceExhausted`). A stored token that is not 20
+ASCII digits raises :class:`~fencepost.client.fencing.MalformedTokenError`
+(counted), nothing written.
 A refusal raises :class:`~fencepost.client.StaleTokenError`: reason
 ``STALE_TOKEN`` when the record holds a higher token, ``NOT_HOLDER`` when the
 writer no longer holds the lock (released, lease expired, key deleted); both
@@ -60,16 +69,18 @@ from typing import Any, Protocol
 import grpc
 
 from .._transport.wire import name_problem
-from ..errors import InvalidArgument, Unavailable
+from ..errors import InvalidArgument, ResourceExhausted, Unavailable
 from ..v1 import etcdops
 from ..v1.details import ErrorReason
 from ..v1.etcd import rpc_pb2_grpc
 from ..v1.keys import DEFAULT_PREFIX, MAX_LEASE_ID, Keys, token_floor
-from ._guard import FencingGuard, RejectHook, check_token
+from ._guard import FencingGuard, MalformedTokenError, RejectHook, check_token
 
 TOKEN_SUFFIX = b"\x00fencing_token"
 #: Per-call deadline of the guard's etcd calls, in seconds.
 ETCD_CALL_TIMEOUT = 5.0
+#: Txn rounds of one put before a contended write gives up (each lost to another write, or to a new floor).
+MAX_ATTEMPTS = 16
 
 
 class HoldLike(Protocol):
@@ -85,6 +96,13 @@ class HoldLike(Protocol):
 
 def _pad(token: int) -> bytes:
     return f"{token:020d}".encode()
+
+
+def _stored(stored: bytes | None) -> int | None:
+    """A stored token key's value as a token: exactly 20 ASCII digits (the guard's own form); else None."""
+    if stored is None or len(stored) != 20 or not stored.isdigit():
+        return None
+    return int(stored)
 
 
 def _bytes(data: str | bytes, field: str) -> bytes:
@@ -192,18 +210,17 @@ class EtcdGuard(FencingGuard):
         holder = self.keys.contender(name, lease_id)
         puts = [etcdops.put(key, data), etcdops.put(token_key, _pad(token))]
         reads = [etcdops.get(holder, keys_only=True), etcdops.get(token_key), etcdops.get(self.keys.token_record)]
-        for _ in range(2):  # a second time only when the refusal showed another token floor
+        seen = 0  # the mod revision of a lower token the last refusal showed (0: none: compare with our own)
+        for _ in range(MAX_ATTEMPTS):
             floor = self._floor
             created = token - floor if token > floor else -1  # -1: no key has it (0 would match a missing key)
             held = etcdops.is_owner(holder, created)
+            stored_ok = (etcdops.is_unchanged(token_key, seen) if seen
+                         else etcdops.value_is(token_key, _pad(token)))
             first = etcdops.txn_op([held, etcdops.is_absent(token_key)], puts, reads)
-            resp = await self._txn(etcdops.txn([held, etcdops.value_below(token_key, _pad(token + 1))], puts,
-                                               [first]))
-            if resp.succeeded:
-                self._accepted()
-                return int(resp.header.revision)
-            inner = resp.responses[0].response_txn
-            if inner.succeeded:
+            resp = await self._txn(etcdops.txn([held, stored_ok], puts, [first]))
+            inner = resp.responses[0].response_txn if not resp.succeeded else None
+            if inner is None or inner.succeeded:
                 self._accepted()
                 return int(resp.header.revision)
             record_kvs = inner.responses[2].response_range.kvs
@@ -211,17 +228,25 @@ class EtcdGuard(FencingGuard):
                 self._floor = token_floor(bytes(record_kvs[0].value) if record_kvs else None)
             except ValueError:
                 self._floor = floor
-            if self._floor == floor:
-                break
-        holder_kvs = inner.responses[0].response_range.kvs
-        token_kvs = inner.responses[1].response_range.kvs
-        current = int(token_kvs[0].value) if token_kvs else None
-        if not holder_kvs or int(holder_kvs[0].create_revision) != created:
-            raise self._reject(
-                record, token, current, reason=ErrorReason.NOT_HOLDER, name=name, lease_id=lease_id,
-                message=(f"write with fencing token {token} refused: lease {lease_id:#x} no longer "
-                         f"holds lock {name!r} under that token"))
-        raise self._reject(record, token, current, name=name, lease_id=lease_id)
+            if self._floor != floor:
+                continue  # another token floor: send again
+            holder_kvs = inner.responses[0].response_range.kvs
+            token_kvs = inner.responses[1].response_range.kvs
+            stored = bytes(token_kvs[0].value) if token_kvs else None
+            current = _stored(stored)
+            if not holder_kvs or int(holder_kvs[0].create_revision) != created:
+                raise self._reject(
+                    record, token, current, reason=ErrorReason.NOT_HOLDER, name=name, lease_id=lease_id,
+                    message=(f"write with fencing token {token} refused: lease {lease_id:#x} no longer "
+                             f"holds lock {name!r} under that token"))
+            if stored is not None and current is None:
+                raise self._malformed(record, token, stored, what="token key value", name=name, lease_id=lease_id)
+            if current is not None and current > token:
+                raise self._reject(record, token, current, name=name, lease_id=lease_id)
+            # No token now, or a lower one: write over exactly that one (its mod revision) next round.
+            seen = int(token_kvs[0].mod_revision) if token_kvs else 0
+        raise ResourceExhausted(f"etcd: {MAX_ATTEMPTS} fenced writes with fencing token {token} to {record!r} each "
+                                f"lost to another write; nothing written, retry later")
 
     async def get(self, key: str | bytes) -> tuple[bytes | None, int | None]:
         """Read a record: (value, token), each None when absent (one Txn, one revision).
@@ -234,8 +259,12 @@ class EtcdGuard(FencingGuard):
         resp = await self._txn(etcdops.txn([], [etcdops.get(key), etcdops.get(key + TOKEN_SUFFIX)]))
         value_kvs = resp.responses[0].response_range.kvs
         token_kvs = resp.responses[1].response_range.kvs
-        return (bytes(value_kvs[0].value) if value_kvs else None,
-                int(token_kvs[0].value) if token_kvs else None)
+        stored = bytes(token_kvs[0].value) if token_kvs else None
+        token = _stored(stored)
+        if stored is not None and token is None:
+            raise MalformedTokenError(f"{key!r}: the stored token is {stored!r}, not a fencing token",
+                                      record=key, stored=stored)
+        return (bytes(value_kvs[0].value) if value_kvs else None), token
 
     def _key(self, key: str | bytes) -> bytes:
         """A record key as bytes: not empty, and neither it nor its token key inside the lock prefix."""

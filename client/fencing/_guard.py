@@ -23,6 +23,63 @@ TOKEN_FIELD = "fencing_token"
 
 RejectHook = Callable[[StaleTokenError], None]
 
+#: A stored token's text form: decimal digits, no sign, no leading zero but in "0" itself.
+CANONICAL_TOKEN = re.compile(r"^(0|[1-9][0-9]*)\Z")
+#: The client-local reason of :class:`MalformedTokenError`.
+REASON_MALFORMED_TOKEN = "MALFORMED_TOKEN"
+
+
+class MalformedTokenError(StaleTokenError):
+    """A guard refused a write because the record's stored token is not a fencing token.
+
+    The record holds a token it did not get from a guard: not a canonical
+    non-negative integer (decimal digits, no sign, no leading zeros but
+    ``"0"``, no exponent, fraction or whitespace), or not of the store's
+    integer type (a SQL integer column, a DynamoDB ``N`` holding an integer).
+    The guard cannot order the write against it, so it refuses the write and
+    leaves the record unchanged; the refusal is counted in ``rejected`` and
+    passed to ``on_reject`` like a stale one. Fix the record (or delete its
+    token) outside the guard. A subclass of :class:`StaleTokenError`, so that
+    code that stops on a refused write stops on this one too.
+
+    Attributes:
+        stored: The stored token as the store returned it (``"1e3"``,
+            ``b"007"``, ``Decimal("7.5")``, ``{"S": "7"}``).
+        current_token: Always None: there is no token to compare.
+        reason: ``"MALFORMED_TOKEN"`` (client-local).
+    """
+
+    def __init__(self, message: str = "", *, stored: object = None, **kwargs: Any) -> None:
+        kwargs.setdefault("reason", REASON_MALFORMED_TOKEN)
+        super().__init__(message, **kwargs)
+        self.stored = stored
+
+
+def stored_token(value: object, *, text: bool) -> int | None:
+    """A stored token as an int, or None when it is malformed.
+
+    Args:
+        value: The stored token as the store returned it.
+        text: Whether the store keeps the token as text (Redis, S3, etcd):
+            then ``str``/``bytes`` in canonical form are tokens; else only an
+            ``int`` (not bool) is (a SQL integer column, a DynamoDB ``N``
+            parsed by the caller).
+
+    Returns:
+        The token (>= 0), or None when ``value`` is not a canonical
+        non-negative integer of the store's type.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 and not text else None
+    if text and isinstance(value, (bytes, bytearray)):
+        try:
+            value = bytes(value).decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if text and isinstance(value, str) and CANONICAL_TOKEN.match(value):
+        return int(value)
+    return None
+
 
 def check_token(token: int) -> int:
     """Check a fencing token offered with a write.
@@ -165,6 +222,26 @@ class FencingGuard:
                        f"fencing token {current_token}")
         err = StaleTokenError(message, record=record, token=token, current_token=current_token,
                               reason=reason_name(reason), name=name, lease_id=lease_id)
+        return self._count(err)
+
+    def _malformed(self, record: object, token: int, stored: object, *, what: str = "token",
+                   name: str | None = None, lease_id: int | None = None) -> MalformedTokenError:
+        """Count a write refused over a malformed stored token, call the hook, and return the error to raise.
+
+        Args:
+            record: The record's key.
+            token: The token the write carried.
+            stored: The stored token as the store returned it.
+            what: Where the token is stored, for the message (a column, an attribute).
+        """
+        err = MalformedTokenError(
+            f"write with fencing token {token} refused: the record's stored {what} is {stored!r}, not a fencing "
+            f"token (a non-negative integer in canonical form); it was written outside the guard",
+            record=record, token=token, stored=stored, name=name, lease_id=lease_id)
+        return self._count(err)
+
+    def _count(self, err: StaleTokenError) -> Any:
+        """Count ``err`` as a refused write, call the hook; returns ``err``."""
         with self._count_lock:
             self._rejected += 1
         self._metrics.rejected()

@@ -17,6 +17,11 @@ Each write is ONE conditional statement that does the fencing; for a table
       `total` = IF(`fencing_token` IS NULL OR `fencing_token` <= %s, %s, `total`),
       `fencing_token` = IF(`fencing_token` IS NULL OR `fencing_token` <= %s, %s, `fencing_token`)
 
+Here ```fencing_token` <= %s`` is shortened: in full it is ``(CAST(`fencing_token`
+AS CHAR) REGEXP '^(0|[1-9][0-9]*)$' AND `fencing_token` <= %s)``, so that a
+stored 7.5, ``'1e3'``, ``'abc'`` or -5 refuses the write (then
+:class:`~fencepost.client.fencing.MalformedTokenError`).
+
 MySQL evaluates these assignments left to right, each one seeing the columns
 already assigned: the token column is assigned LAST, so that every value's
 condition reads the stored token, never the one being written.
@@ -71,7 +76,7 @@ from typing import Any
 
 from ..errors import MissingRecordError, StaleTokenError
 from ._guard import TOKEN_FIELD, RejectHook
-from ._sql import SqlGuard, check_columns, quoted, update_statement
+from ._sql import SqlGuard, allows, check_columns, quoted, update_statement
 
 #: pymysql.constants.CLIENT.FOUND_ROWS: affected rows = matched rows (not changed rows).
 CLIENT_FOUND_ROWS = 2
@@ -87,7 +92,8 @@ def mysql_update_statement(table: str, key_column: str, columns: list[str], *,
         InvalidArgument: a name is not an identifier, or ``columns`` names the
             key or the token column (field ``values``).
     """
-    return update_statement(table, key_column, columns, token_column=token_column, placeholder="%s", quote="`")
+    return update_statement(table, key_column, columns, token_column=token_column, placeholder="%s", quote="`",
+                            dialect="mysql")
 
 
 def mysql_upsert_statement(table: str, key_column: str, columns: list[str], *,
@@ -104,7 +110,7 @@ def mysql_upsert_statement(table: str, key_column: str, columns: list[str], *,
     check_columns(table, key_column, token_column, columns)
     names = [key_column, *columns, token_column]
     tok = quoted(token_column, "`")
-    cond = f"{tok} IS NULL OR {tok} <= %s"
+    cond = allows(tok, "%s", "mysql")
     # Left to right: the token column comes last so every condition reads the stored token.
     sets = ", ".join(f"{quoted(c, '`')} = IF({cond}, %s, {quoted(c, '`')})" for c in [*columns, token_column])
     return (f"INSERT INTO {quoted(table, '`')} ({', '.join(quoted(n, '`') for n in names)}) "
@@ -164,7 +170,8 @@ class MySqlGuard(SqlGuard):
         params = [values[c] for c in columns] + [token, key, token]
         with self._transaction():
             if self._run(sql, params) != 1:
-                current, found = self._locked_token(key)
+                stored, found = self._locked_token(key)
+                current = self._token_of(key, token, stored)
                 if not found:
                     raise MissingRecordError(f"no row of {self.table!r} has {self.key_column} = {key!r}",
                                              record=key)
@@ -200,7 +207,7 @@ class MySqlGuard(SqlGuard):
             if not (count == 2 or (count == 1 and not self.found_rows)):
                 # The statement inserted or row-locked the row: its token now is the writer's
                 # (accepted: inserted, or the same values) or a higher one (refused).
-                current, _ = self._locked_token(key)
+                current = self._token_of(key, token, self._locked_token(key)[0])
                 if current is not None and current > token:
                     raise self._reject(key, token, current)
         self._accepted()
@@ -213,7 +220,7 @@ class MySqlGuard(SqlGuard):
             self._run("START TRANSACTION", None)
         try:
             yield
-        except (StaleTokenError, MissingRecordError):
+        except (StaleTokenError, MissingRecordError):  # MalformedTokenError too
             if own or self.commit:
                 self.conn.commit()
             raise
@@ -238,8 +245,12 @@ class MySqlGuard(SqlGuard):
         finally:
             cur.close()
 
-    def _locked_token(self, key: Any) -> tuple[int | None, bool]:
-        """The row's token read with FOR UPDATE (current, not snapshot): (token, row found)."""
+    def _locked_token(self, key: Any) -> tuple[object, bool]:
+        """The row's stored token, read with FOR UPDATE (current, not snapshot), as the driver returns it.
+
+        Returns:
+            (stored token, row found).
+        """
         cur = self.conn.cursor()
         try:
             cur.execute(f"SELECT {quoted(self.token_column, '`')} FROM {quoted(self.table, '`')} "
@@ -249,4 +260,4 @@ class MySqlGuard(SqlGuard):
             cur.close()
         if row is None:
             return None, False
-        return (None if row[0] is None else int(row[0])), True
+        return row[0], True

@@ -7,6 +7,9 @@ step. The script (registered once with ``register_script``, run by EVALSHA)::
 
     local stored = redis.call('HGET', KEYS[1], 'fencing_token')
     local t = ARGV[1]
+    if stored and not (stored == '0' or string.find(stored, '^[1-9][0-9]*$')) then
+      return {2, stored}
+    end
     if stored and (#stored > #t or (#stored == #t and stored > t)) then
       return {0, stored}
     end
@@ -15,6 +18,10 @@ step. The script (registered once with ``register_script``, run by EVALSHA)::
 
 Tokens are compared as decimal strings without leading zeros (longer is
 larger, then byte order), so the comparison is exact for any 64-bit token.
+A stored token that is not in that canonical form (``"1e3"``, ``"007"``,
+``"7.0"``, ``"-5"``, ``""``, ``"abc"``: written by something else) cannot be
+compared so: the script refuses the write ({2, stored}) and the guard raises
+:class:`~fencepost.client.fencing.MalformedTokenError`, record unchanged.
 Needs Redis 4.0 or later (HSET with several fields).
 """
 
@@ -23,11 +30,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidArgument
-from ._guard import FencingGuard, RejectHook, check_text, check_token
+from ._guard import FencingGuard, MalformedTokenError, RejectHook, check_text, check_token, stored_token
 
 SCRIPT = """\
 local stored = redis.call('HGET', KEYS[1], 'fencing_token')
 local t = ARGV[1]
+if stored and not (stored == '0' or string.find(stored, '^[1-9][0-9]*$')) then
+  return {2, stored}
+end
 if stored and (#stored > #t or (#stored == #t and stored > t)) then
   return {0, stored}
 end
@@ -76,6 +86,8 @@ class RedisGuard(FencingGuard):
 
         Raises:
             StaleTokenError: the record holds a higher token; nothing was written.
+            MalformedTokenError: the record's ``fencing_token`` field is not a
+                canonical non-negative integer; nothing was written.
             InvalidArgument: a bad token, or a key or value that is not
                 str, bytes, int or float (None, say) or a str that is not
                 valid UTF-8; nothing was sent.
@@ -84,20 +96,29 @@ class RedisGuard(FencingGuard):
         check_token(token)
         _check_data(key, "key")
         _check_data(value, "value")
-        accepted, stored = self._script(keys=[key], args=[str(token), value])
-        if int(accepted) == 1:
+        outcome, stored = self._script(keys=[key], args=[str(token), value])
+        if int(outcome) == 1:
             self._accepted()
             return
-        raise self._reject(key, token, int(stored))
+        current = stored_token(stored, text=True)
+        if int(outcome) == 2 or current is None:
+            raise self._malformed(key, token, stored, what="fencing_token field")
+        raise self._reject(key, token, current)
 
     def get(self, key: str | bytes) -> tuple[bytes | None, int | None]:
         """Read a record: (value, token), each None when absent (one HMGET).
 
         Raises:
+            MalformedTokenError: the stored token is not a canonical
+                non-negative integer (not counted: nothing was refused).
             InvalidArgument: ``key`` is not str, bytes, int or float, or
                 is a str that is not valid UTF-8.
             redis.exceptions.RedisError: the server failed.
         """
         _check_data(key, "key")
-        value, token = self.client.hmget(key, ["value", "fencing_token"])
-        return value, (None if token is None else int(token))
+        value, stored = self.client.hmget(key, ["value", "fencing_token"])
+        token = None if stored is None else stored_token(stored, text=True)
+        if stored is not None and token is None:
+            raise MalformedTokenError(f"{key!r}: the stored fencing_token field is {stored!r}, not a fencing token",
+                                      record=key, stored=stored)
+        return value, token

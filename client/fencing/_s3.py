@@ -47,9 +47,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import FencepostError, InvalidArgument, ResourceExhausted
+from ..errors import InvalidArgument, ResourceExhausted
 from ..v1.retry import Backoff
-from ._guard import FencingGuard, RejectHook, check_token
+from ._guard import FencingGuard, MalformedTokenError, RejectHook, check_token, stored_token
 
 #: The user metadata name (x-amz-meta-...) that stores the token.
 TOKEN_METADATA = "fencing-token"
@@ -140,8 +140,8 @@ class S3Guard(FencingGuard):
                 nothing was written by this call.
             InvalidArgument: a bad key, token, body or metadata (naming the
                 token metadata, say); nothing was sent.
-            FencepostError: the object's token metadata is not a number
-                (written outside the guard); nothing was written.
+            MalformedTokenError: the object's token metadata is not a canonical
+                non-negative integer (written outside the guard); nothing was written.
             botocore.exceptions.ClientError: any other failure (no such bucket).
         """
         check_token(token)
@@ -156,7 +156,10 @@ class S3Guard(FencingGuard):
         for attempt in range(self.max_attempts):
             if attempt:
                 time.sleep(next(pauses))
-            etag, current = self._head(key)
+            etag, stored = self._head(key)
+            current = stored_token(stored, text=True)
+            if stored is not None and current is None:
+                raise self._malformed(key, token, stored, what=f"{self.token_metadata} metadata")
             if current is not None and current > token:
                 raise self._reject(key, token, current)
             condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
@@ -175,6 +178,8 @@ class S3Guard(FencingGuard):
 
         Raises:
             InvalidArgument: ``key`` is not a non-empty str.
+            MalformedTokenError: the token metadata is not a canonical
+                non-negative integer (not counted: nothing was refused).
             botocore.exceptions.ClientError: any failure but a missing object.
         """
         self._check_key(key)
@@ -184,27 +189,22 @@ class S3Guard(FencingGuard):
             if _code(exc) in {"NoSuchKey", "404"}:
                 return None, None
             raise
-        return resp["Body"].read(), self._token(resp.get("Metadata") or {})
+        stored = (resp.get("Metadata") or {}).get(self.token_metadata)
+        token = stored_token(stored, text=True)
+        if stored is not None and token is None:
+            raise MalformedTokenError(f"s3://{self.bucket}/{key}: the stored {self.token_metadata} metadata is "
+                                      f"{stored!r}, not a fencing token", record=key, stored=stored)
+        return resp["Body"].read(), token
 
-    def _head(self, key: str) -> tuple[str | None, int | None]:
-        """(ETag, stored token) of the object; (None, None) when there is none."""
+    def _head(self, key: str) -> tuple[str | None, str | None]:
+        """(ETag, stored token metadata as text) of the object; (None, None) when there is none."""
         try:
             resp = self.client.head_object(Bucket=self.bucket, Key=key)
         except self.client.exceptions.ClientError as exc:
             if _code(exc) in {"404", "NoSuchKey", "NotFound"}:
                 return None, None
             raise
-        return str(resp["ETag"]), self._token(resp.get("Metadata") or {})
-
-    def _token(self, metadata: Mapping[str, str]) -> int | None:
-        value = metadata.get(self.token_metadata)
-        if value is None:
-            return None
-        try:
-            return int(value)
-        except ValueError:
-            raise FencepostError(f"s3://{self.bucket}: the object's {self.token_metadata} metadata is {value!r}, "
-                                 f"not a fencing token: it was written outside the guard") from None
+        return str(resp["ETag"]), (resp.get("Metadata") or {}).get(self.token_metadata)
 
     @staticmethod
     def _check_key(key: object) -> None:

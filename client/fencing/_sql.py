@@ -16,6 +16,14 @@ psycopg)::
                                      "fencing_token" = excluded."fencing_token"
      WHERE "invoices"."fencing_token" IS NULL OR "invoices"."fencing_token" <= excluded."fencing_token"
 
+Here ``"fencing_token" <= ?`` is shortened: in full it is ``(<is a token> AND
+"fencing_token" <= ?)``, where <is a token> (:data:`IS_TOKEN`) is
+``typeof("fencing_token") = 'integer' AND "fencing_token" >= 0`` in SQLite and
+``pg_typeof("fencing_token") IN ('bigint'::regtype, ...) AND "fencing_token" >= 0``
+in PostgreSQL: a stored REAL, TEXT or BLOB, a NUMERIC column's value or a
+negative one refuses the write, and the read after the refusal raises
+:class:`~fencepost.client.fencing.MalformedTokenError`.
+
 The statement's row count decides (1 = accepted, 0 = refused or, for
 ``update``, no such row). Only after a refusal does the guard read the row's
 token, to tell "stale" from "missing" and to fill the error; that read decides
@@ -50,12 +58,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidArgument, MissingRecordError
-from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token
+from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token, stored_token
 
 _PLACEHOLDERS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
 #: The driver modules of MySQL and MariaDB connections (their statements are MySqlGuard's).
 MYSQL_DRIVERS = frozenset({"pymysql", "MySQLdb", "mysql", "mariadb"})
+
+
+#: Per dialect, the SQL test that a stored token (``{tok}``) is a token: a non-negative value of an integer
+#: type (SQLite: storage class INTEGER; PostgreSQL: an integer column). MySQL has no per-value type: its
+#: text form must be canonical digits (a DOUBLE column's 7 passes, its 7.5 does not). '': other drivers.
+IS_TOKEN = {
+    "sqlite": "typeof({tok}) = 'integer' AND {tok} >= 0",
+    "postgresql": "pg_typeof({tok}) IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype) AND {tok} >= 0",
+    "mysql": "CAST({tok} AS CHAR) REGEXP '^(0|[1-9][0-9]*)$'",
+    "": "{tok} >= 0",
+}
 
 
 def quoted(name: str, quote: str = '"') -> str:
@@ -119,12 +138,20 @@ def check_columns(table: str, key_column: str, token_column: str, columns: list[
                                   f"write the record under its new key instead", field="values")
 
 
+def allows(tok: str, value: str, dialect: str) -> str:
+    """The fencing condition: the stored token ``tok`` is NULL, or a token (:data:`IS_TOKEN`) <= ``value``."""
+    return f"{tok} IS NULL OR ({IS_TOKEN.get(dialect, IS_TOKEN['']).format(tok=tok)} AND {tok} <= {value})"
+
+
 def update_statement(table: str, key_column: str, columns: list[str], *,
-                     token_column: str = TOKEN_FIELD, placeholder: str = "?", quote: str = '"') -> str:
+                     token_column: str = TOKEN_FIELD, placeholder: str = "?", quote: str = '"',
+                     dialect: str = "sqlite") -> str:
     """The conditional UPDATE for ``columns`` (parameters: values..., token, key, token).
 
     Args:
         quote: The identifier quote: ``"`` (SQL standard), or a backtick for MySQL.
+        dialect: ``sqlite``, ``postgresql`` or ``mysql``: which test of :data:`IS_TOKEN`
+            refuses a stored value that is not a token.
 
     Raises:
         InvalidArgument: a name is not an identifier, or ``columns`` names the
@@ -135,12 +162,15 @@ def update_statement(table: str, key_column: str, columns: list[str], *,
     sets = "".join(f"{quoted(c, quote)} = {p}, " for c in columns)
     tok = quoted(token_column, quote)
     return (f"UPDATE {quoted(table, quote)} SET {sets}{tok} = {p} "
-            f"WHERE {quoted(key_column, quote)} = {p} AND ({tok} IS NULL OR {tok} <= {p})")
+            f"WHERE {quoted(key_column, quote)} = {p} AND ({allows(tok, p, dialect)})")
 
 
 def upsert_statement(table: str, key_column: str, columns: list[str], *,
-                     token_column: str = TOKEN_FIELD, placeholder: str = "?") -> str:
+                     token_column: str = TOKEN_FIELD, placeholder: str = "?", dialect: str = "sqlite") -> str:
     """The conditional upsert for ``columns`` (parameters: key, values..., token).
+
+    Args:
+        dialect: ``sqlite`` or ``postgresql`` (see :func:`update_statement`).
 
     Raises:
         InvalidArgument: a name is not an identifier, or ``columns`` names the
@@ -154,7 +184,7 @@ def upsert_statement(table: str, key_column: str, columns: list[str], *,
     return (f"INSERT INTO {quoted(table)} ({', '.join(quoted(n) for n in names)}) "
             f"VALUES ({', '.join(p for _ in names)}) "
             f"ON CONFLICT ({quoted(key_column)}) DO UPDATE SET {sets} "
-            f"WHERE {quoted(table)}.{tok} IS NULL OR {quoted(table)}.{tok} <= excluded.{tok}")
+            f"WHERE {allows(f'{quoted(table)}.{tok}', f'excluded.{tok}', dialect)}")
 
 
 def add_token_column(conn: Any, table: str, *, token_column: str = TOKEN_FIELD,
@@ -229,6 +259,7 @@ class SqlGuard(FencingGuard):
         self.key_column = key_column
         self.token_column = token_column
         self.placeholder = _paramstyle(conn, paramstyle)
+        self.dialect = "mysql" if self.mysql else self.storage if self.storage in IS_TOKEN else ""
         self.conn = conn
         self.commit = commit
 
@@ -250,13 +281,14 @@ class SqlGuard(FencingGuard):
                 nothing was sent.
         """
         columns = self._check(key, token, values)
-        sql = update_statement(self.table, self.key_column, columns,
-                               token_column=self.token_column, placeholder=self.placeholder)
+        sql = update_statement(self.table, self.key_column, columns, token_column=self.token_column,
+                               placeholder=self.placeholder, dialect=self.dialect)
         params = [values[c] for c in columns] + [token, key, token]
         if self._execute(sql, params):
             return
-        current, found = self._current(key)
+        stored, found = self._current(key)
         self._end_refused()
+        current = self._token_of(key, token, stored)
         if not found or current is None or current <= token:
             raise MissingRecordError(f"no row of {self.table!r} has {self.key_column} = {key!r}", record=key)
         raise self._reject(key, token, current)
@@ -277,14 +309,14 @@ class SqlGuard(FencingGuard):
                 nothing was sent.
         """
         columns = self._check(key, token, values)
-        sql = upsert_statement(self.table, self.key_column, columns,
-                               token_column=self.token_column, placeholder=self.placeholder)
+        sql = upsert_statement(self.table, self.key_column, columns, token_column=self.token_column,
+                               placeholder=self.placeholder, dialect=self.dialect)
         params = [key] + [values[c] for c in columns] + [token]
         if self._execute(sql, params):
             return
-        current, _ = self._current(key)
+        stored, _ = self._current(key)
         self._end_refused()
-        raise self._reject(key, token, current)
+        raise self._reject(key, token, self._token_of(key, token, stored))
 
     def _check(self, key: Any, token: int, values: Mapping[str, Any]) -> list[str]:
         """Check a write's arguments before any statement; returns the column names."""
@@ -317,8 +349,22 @@ class SqlGuard(FencingGuard):
         if self.commit:
             self.conn.commit()
 
-    def _current(self, key: Any) -> tuple[int | None, bool]:
-        """The row's token after a refusal, for the error only: (token, row found)."""
+    def _token_of(self, key: Any, token: int, stored: object) -> int | None:
+        """The row's stored token read after a refusal (None: no token, or no row).
+
+        Raises:
+            MalformedTokenError: ``stored`` is not a non-negative int (a REAL,
+                TEXT or BLOB in SQLite, a NUMERIC in PostgreSQL; counted as a refusal).
+        """
+        if stored is None:
+            return None
+        current = stored_token(stored, text=False)
+        if current is None:
+            raise self._malformed(key, token, stored, what=f"{self.token_column} column value")
+        return current
+
+    def _current(self, key: Any) -> tuple[object, bool]:
+        """The row's stored token as the driver returns it, after a refusal, for the error only: (token, found)."""
         p = self.placeholder
         cur = self.conn.cursor()
         try:
@@ -329,4 +375,4 @@ class SqlGuard(FencingGuard):
             cur.close()
         if row is None:
             return None, False
-        return (None if row[0] is None else int(row[0])), True
+        return row[0], True

@@ -114,6 +114,11 @@ def value_below(key: bytes, value: bytes) -> rpc_pb2.Compare:
     return Compare(result=Compare.LESS, target=Compare.VALUE, key=key, value=value)
 
 
+def value_is(key: bytes, value: bytes) -> rpc_pb2.Compare:
+    """The compare "``key`` exists and its value is exactly ``value``" (false when absent)."""
+    return Compare(result=Compare.EQUAL, target=Compare.VALUE, key=key, value=value)
+
+
 def value_differs(key: bytes, value: bytes) -> rpc_pb2.Compare:
     """The compare "``key`` exists and its value is not ``value``" (false when absent)."""
     return Compare(result=Compare.NOT_EQUAL, target=Compare.VALUE, key=key, value=value)

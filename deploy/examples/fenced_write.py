@@ -21,7 +21,8 @@ Environment:
         ``postgresql://postgres:PASSWORD@postgres:5432/fencepost``.
 
 Exit status: 0 written; 1 refused (a newer holder has written: stale
-token), the stored token on stderr; 2 a missing or bad variable.
+token; or the stored token is not a token), the stored token on stderr;
+2 a missing or bad variable.
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ CREATE = (f'CREATE TABLE IF NOT EXISTS "{TABLE}" ('
           '"name" TEXT PRIMARY KEY, "writer" TEXT NOT NULL, "ran_at" TIMESTAMPTZ NOT NULL, '
           '"fencing_token" BIGINT)')
 
-#: Insert the row, or update it only if our token is not lower than the stored one.
+#: Insert the row, or update it only if our token is not lower than the stored one (and that one is a
+#: token: a value >= 0 of an integer column; docs/fencing.md, "What a stored token must be").
 UPSERT = (f'INSERT INTO "{TABLE}" ("name", "writer", "ran_at", "fencing_token") VALUES (%s, %s, %s, %s) '
           'ON CONFLICT ("name") DO UPDATE SET "writer" = excluded."writer", "ran_at" = excluded."ran_at", '
           '"fencing_token" = excluded."fencing_token" '
-          f'WHERE "{TABLE}"."fencing_token" IS NULL OR "{TABLE}"."fencing_token" <= excluded."fencing_token"')
+          f'WHERE "{TABLE}"."fencing_token" IS NULL OR (pg_typeof("{TABLE}"."fencing_token") IN '
+          "('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype) AND "
+          f'"{TABLE}"."fencing_token" >= 0 AND "{TABLE}"."fencing_token" <= excluded."fencing_token")')
 
 STORED = f'SELECT "fencing_token" FROM "{TABLE}" WHERE "name" = %s'
 
@@ -70,8 +74,12 @@ def main() -> int:
             return 0
         row = conn.execute(STORED, (name,)).fetchone()
     stored = row[0] if row else None
-    print(f"fenced_write: {name}: REFUSED: token {token} is lower than the stored token {stored} "
-          f"(a newer holder has written)", file=sys.stderr, flush=True)
+    if isinstance(stored, int) and stored >= 0:
+        print(f"fenced_write: {name}: REFUSED: token {token} is lower than the stored token {stored} "
+              f"(a newer holder has written)", file=sys.stderr, flush=True)
+    else:
+        print(f"fenced_write: {name}: REFUSED: the stored token {stored!r} is not a fencing token "
+              f"(written outside the guard)", file=sys.stderr, flush=True)
     return 1
 
 

@@ -122,6 +122,8 @@ class Driver:
     """One adapter behind the shape the conformance suite uses."""
 
     name = ""
+    #: The guard of the last writer made (to read its ``rejected`` count).
+    guard: Any = None
 
     async def writer(self, on_reject: Hook | None = None) -> Write:
         raise NotImplementedError
@@ -173,6 +175,7 @@ class SqliteDriver(_Blocking):
 
     async def writer(self, on_reject: Hook | None = None) -> Write:
         guard = SqlGuard(self.connect(), "records", "id", commit=True, on_reject=on_reject)
+        self.guard = guard
 
         async def write(key: str, value: str, token: int) -> None:
             await self.run(guard.upsert, key, token, {"value": value})
@@ -205,6 +208,7 @@ class PostgresDriver(_Blocking):
         conn = await self.run(psycopg.connect, self.dsn)
         self.cleanup.append(conn.close)
         guard = SqlGuard(conn, self.table, "id", commit=True, on_reject=on_reject)
+        self.guard = guard
 
         async def write(key: str, value: str, token: int) -> None:
             await self.run(guard.upsert, key, token, {"value": value})
@@ -240,6 +244,7 @@ class MariaDbDriver(_Blocking):
         conn = await self.run(self.server.connect)
         self.cleanup.append(conn.close)
         guard = MySqlGuard(conn, self.table, "id", commit=True, on_reject=on_reject)
+        self.guard = guard
 
         async def write(key: str, value: str, token: int) -> None:
             await self.run(guard.upsert, key, token, {"value": value})
@@ -271,6 +276,7 @@ class RedisDriver(_Blocking):
 
     async def writer(self, on_reject: Hook | None = None) -> Write:
         guard = RedisGuard(self.client, on_reject=on_reject)
+        self.guard = guard
 
         async def write(key: str, value: str, token: int) -> None:
             await self.run(guard.put, self.ns + key, token, value)
@@ -301,6 +307,7 @@ class DynamoDriver(_Blocking):
 
     async def writer(self, on_reject: Hook | None = None) -> Write:
         guard = DynamoDBGuard(self.client, self.table, on_reject=on_reject)
+        self.guard = guard
 
         async def write(key: str, value: str, token: int) -> None:
             await self.run(guard.put_item, {"id": {"S": key}}, token, {"value": {"S": value}})
@@ -328,6 +335,7 @@ class S3Driver(_Blocking):
 
     async def writer(self, on_reject: Hook | None = None) -> Write:
         guard = S3Guard(self.client, self.bucket, on_reject=on_reject)
+        self.guard = guard
 
         async def write(key: str, value: str, token: int) -> None:
             await self.run(guard.put, key, token, value)
@@ -391,6 +399,7 @@ class EtcdDriver(Driver):
 
     async def writer(self, on_reject: Hook | None = None) -> Write:
         guard = EtcdGuard(self.channel, prefix=self.prefix, on_reject=on_reject)
+        self.guard = guard
 
         async def write(key: str, value: str, token: int) -> None:
             # A token that is not a conformance token (the bad-token test) goes to the guard as it is.

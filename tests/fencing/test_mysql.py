@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +12,7 @@ from pymysql.constants import CLIENT
 
 from fencepost.client import InvalidArgument, StaleTokenError
 from fencepost.client.fencing import (
+    MalformedTokenError,
     MissingRecordError,
     MySqlGuard,
     SqlGuard,
@@ -114,8 +116,8 @@ def test_upsert_assigns_the_token_column_last(mariadb: MariaDbServer, table: str
     the builder put the token column first.
     """
     sql = mysql_upsert_statement(table, "id", ["name"])
-    assignments = sql.split("ON DUPLICATE KEY UPDATE ", 1)[1].split("), ")
-    assert [a.split(" = ", 1)[0] for a in assignments] == ["`name`", "`fencing_token`"]
+    assignments = re.findall(r"(`\w+`) = IF\(", sql.split("ON DUPLICATE KEY UPDATE ", 1)[1])
+    assert assignments == ["`name`", "`fencing_token`"]
     db = mariadb.connect(autocommit=True)
     try:
         with db.cursor() as cur:
@@ -285,3 +287,26 @@ def test_add_token_column_on_mariadb(mariadb: MariaDbServer) -> None:
             assert cur.fetchone() == ("paid", 3)
     finally:
         db.close()
+
+
+@pytest.mark.parametrize(("column", "stored"), [("DECIMAL(10,1)", "7.5"), ("DECIMAL(10,1)", "7.0"),
+                                                 ("VARCHAR(20)", "'1e3'"), ("VARCHAR(20)", "'007'"),
+                                                 ("VARCHAR(20)", "'abc'"), ("VARCHAR(20)", "''"), ("BIGINT", "-5")])
+def test_write_when_token_column_holds_no_token(mariadb: MariaDbServer, conn: Any, column: str, stored: str) -> None:
+    """Stored 7.5 with token 7 (was reported as written), "1e3", "abc", -5: update and upsert refuse, typed, counted."""
+    table = f"t_{uuid.uuid4().hex[:12]}"
+    admin = mariadb.connect(autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, name TEXT, fencing_token {column}) ENGINE=InnoDB")
+            cur.execute(f"INSERT INTO {table} VALUES (1, 'old', {stored})")
+    finally:
+        admin.close()
+    before = _rows(mariadb, table)
+    guard = MySqlGuard(conn, table, "id", commit=True)
+    for token in (7, 1000):
+        for write in (guard.update, guard.upsert):
+            with pytest.raises(MalformedTokenError):
+                write(1, token, {"name": "new"})
+    assert guard.rejected == 4
+    assert _rows(mariadb, table) == before

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fencepost.client import InvalidArgument
-from fencepost.client.fencing import RedisGuard
+from fencepost.client.fencing import MalformedTokenError, RedisGuard
 
 from .servers import RedisServer
 
@@ -46,3 +46,18 @@ def test_put_when_key_or_value_is_bad(redis_client: Any, key: Any, value: Any, f
     assert redis_client.keys(ns + "*") == []
     guard.put(ns + "k", 5, 7)
     assert guard.get(ns + "k") == (b"7", 5)
+
+
+@pytest.mark.parametrize("stored", ["1e3", "7.0", "abc", "007", ""])
+def test_put_when_stored_token_is_not_canonical(redis_client: Any, stored: str) -> None:
+    """Token 999 over a stored "1e3" (same length, sorts higher) and the rest: MalformedTokenError, hash unchanged."""
+    key = f"fencing-test:{uuid.uuid4().hex}"
+    redis_client.hset(key, mapping={"value": "old", "fencing_token": stored})
+    guard = RedisGuard(redis_client)
+    with pytest.raises(MalformedTokenError) as info:
+        guard.put(key, 999, "new")
+    assert info.value.stored == stored.encode() and info.value.current_token is None
+    assert guard.rejected == 1
+    assert redis_client.hgetall(key) == {b"value": b"old", b"fencing_token": stored.encode()}
+    with pytest.raises(MalformedTokenError):
+        guard.get(key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from fencepost.client import StaleTokenError
 from fencepost.client import FencepostError, InvalidArgument
 from fencepost.client.fencing import (
+    MalformedTokenError,
     MissingRecordError,
     SqlGuard,
     add_token_column,
@@ -57,7 +59,40 @@ def test_statement_binds_parameters() -> None:
     """The UPDATE is the documented single conditional statement with placeholders only."""
     assert update_statement("users", "id", ["name"]) == (
         'UPDATE "users" SET "name" = ?, "fencing_token" = ? '
-        'WHERE "id" = ? AND ("fencing_token" IS NULL OR "fencing_token" <= ?)')
+        'WHERE "id" = ? AND ("fencing_token" IS NULL OR '
+        '''(typeof("fencing_token") = 'integer' AND "fencing_token" >= 0 AND "fencing_token" <= ?))''')
+
+
+def test_update_when_stored_token_is_a_fraction(conn: sqlite3.Connection) -> None:
+    """SQLite: an UPDATE over a REAL 7.5 in the token column is MalformedTokenError (not MissingRecordError)."""
+    conn.execute("CREATE TABLE t (id TEXT PRIMARY KEY, v TEXT, fencing_token BIGINT)")
+    conn.execute("INSERT INTO t VALUES ('k', 'old', 7.5)")
+    guard = SqlGuard(conn, "t", "id")
+    for write in (guard.update, guard.upsert):
+        with pytest.raises(MalformedTokenError) as info:
+            write("k", 8, {"v": "new"})
+        assert (info.value.record, info.value.token, info.value.stored) == ("k", 8, 7.5)
+    assert guard.rejected == 2
+    assert conn.execute("SELECT v, fencing_token FROM t").fetchone() == ("old", 7.5)
+
+
+@pytest.mark.parametrize(("column", "stored"), [("NUMERIC", "7.5"), ("NUMERIC", "7.0"), ("DOUBLE PRECISION", "7"),
+                                                 ("BIGINT", "-5")])
+def test_postgres_when_token_column_holds_no_token(postgres: PostgresServer, column: str, stored: str) -> None:
+    """PostgreSQL: a token column that is not an integer type, or a negative token, refuses update and upsert."""
+    import psycopg
+
+    table = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as db:
+        db.execute(f"CREATE TABLE {table} (id TEXT PRIMARY KEY, v TEXT, fencing_token {column})")
+        db.execute(f"INSERT INTO {table} VALUES ('k', 'old', {stored})")
+        guard = SqlGuard(db, table, "id")
+        for write in (guard.update, guard.upsert):
+            with pytest.raises(MalformedTokenError):
+                write("k", 8, {"v": "new"})
+        assert guard.rejected == 2
+        row = db.execute(f"SELECT v, fencing_token::text FROM {table}").fetchone()
+        assert row == ("old", str(db.execute(f"SELECT ({stored})::{column}::text").fetchone()[0]))
 
 
 def test_update_when_row_missing(conn: sqlite3.Connection) -> None:

@@ -2,7 +2,7 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { InvalidArgument, MissingRecordError, StaleTokenError } from "../src/index.js";
-import { PgGuard, updateStatement, updateWithFencing } from "../src/fencing/index.js";
+import { MalformedTokenError, PgGuard, updateStatement, updateWithFencing } from "../src/fencing/index.js";
 import { freshTable, pool, row } from "./helpers.js";
 
 const db = pool();
@@ -44,7 +44,9 @@ test("updateWithFencing of a missing row: MissingRecordError; upsertWithFencing 
 test("the statement is one conditional UPDATE; bad names and arguments are InvalidArgument before any statement", async () => {
   assert.equal(
     updateStatement("invoices", "id", ["total"]),
-    'UPDATE "invoices" SET "total" = $1, "fencing_token" = $2 WHERE "id" = $3 AND ("fencing_token" IS NULL OR "fencing_token" <= $4)',
+    'UPDATE "invoices" SET "total" = $1, "fencing_token" = $2 WHERE "id" = $3 AND ("fencing_token" IS NULL OR ' +
+      `(pg_typeof("fencing_token") IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype) AND ` +
+      `"fencing_token" >= 0 AND "fencing_token" <= $4))`,
   );
   const field = (f: string) => (err: unknown) => err instanceof InvalidArgument && err.field === f;
   assert.throws(() => new PgGuard(db, "x; DROP TABLE y", "id"), field("table"));
@@ -59,4 +61,26 @@ test("the statement is one conditional UPDATE; bad names and arguments are Inval
   await assert.rejects(guard.updateWithFencing(1, { val: "x" }, 5 as unknown as bigint), field("token"));
   await assert.rejects(guard.updateWithFencing(null, { val: "x" }, 5n), field("key"));
   assert.deepEqual(await row(db, table), { val: "initial", token: null });
+});
+
+test("a stored token that is not a token (negative; a NUMERIC or DOUBLE column's value) refuses both writes: MalformedTokenError, counted, row unchanged", async () => {
+  for (const [column, stored] of [["BIGINT", "-5"], ["NUMERIC", "7.5"], ["NUMERIC", "7.0"], ["DOUBLE PRECISION", "7"]]) {
+    const table = await freshTable(db);
+    await db.query(`ALTER TABLE "${table}" ALTER COLUMN fencing_token TYPE ${column}`);
+    await db.query(`UPDATE "${table}" SET fencing_token = ${stored} WHERE id = 1`);
+    const before = (await db.query(`SELECT val, fencing_token::text AS t FROM "${table}"`)).rows;
+    const seen: StaleTokenError[] = [];
+    const guard = new PgGuard(db, table, "id", { onReject: (err) => seen.push(err) });
+    for (const write of [guard.updateWithFencing.bind(guard), guard.upsertWithFencing.bind(guard)]) {
+      const err = await write(1, { val: "new" }, 8n).then(() => assert.fail(`accepted over ${stored}`), (e: unknown) => e);
+      assert.ok(err instanceof MalformedTokenError, String(err));
+      assert.ok(err instanceof StaleTokenError);
+      assert.equal(err.reason, "MALFORMED_TOKEN");
+      assert.equal(err.currentToken, undefined);
+      assert.equal(err.record, 1);
+    }
+    assert.equal(guard.rejected, 2);
+    assert.equal(seen.length, 2);
+    assert.deepEqual((await db.query(`SELECT val, fencing_token::text AS t FROM "${table}"`)).rows, before);
+  }
 });

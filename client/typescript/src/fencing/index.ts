@@ -6,5 +6,5 @@
  * @module
  */
 
-export { PgGuard, TOKEN_COLUMN, updateStatement, updateWithFencing, upsertStatement, type PgGuardOptions, type Queryable } from "./pg.js";
+export { MalformedTokenError, PgGuard, TOKEN_COLUMN, updateStatement, updateWithFencing, upsertStatement, type PgGuardOptions, type Queryable } from "./pg.js";
 export { MissingRecordError, StaleTokenError } from "../errors.js";

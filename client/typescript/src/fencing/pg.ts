@@ -21,7 +21,10 @@
  * A write with token `t` is accepted when the row has no token yet or
  * `t >= stored` (one holder may write many times), and refused when
  * `t < stored`: {@link StaleTokenError} with `record`, `token` and
- * `currentToken`, the row unchanged. The statement's row count decides; only
+ * `currentToken`, the row unchanged. A stored token that is not a value >= 0 of an integer column
+ * (`"fencing_token" <= $4` above is, in full, `pg_typeof(...) IN ('bigint'::regtype, ...) AND
+ * "fencing_token" >= 0 AND "fencing_token" <= $4`) refuses the write too:
+ * {@link MalformedTokenError}, counted. The statement's row count decides; only
  * after a refusal is the row's token read, to fill the error and tell
  * "stale" from "missing" ({@link MissingRecordError}); that read decides
  * nothing. Table and column names are validated identifiers (double-quoted:
@@ -51,6 +54,36 @@ export interface PgGuardOptions {
 }
 
 const q = (name: string): string => `"${name}"`;
+
+/** The integer types a token column may have (`pg_typeof`): any other type holds no token. */
+const INTEGER_TYPES = ["bigint", "integer", "smallint"];
+/** A token's text form: decimal digits, no sign, no leading zero but "0" itself. */
+const CANONICAL = /^(0|[1-9][0-9]*)$/;
+
+/**
+ * The fencing condition: the stored token `tok` is NULL, or a token (a value >= 0 of an integer
+ * column) <= `value`. The Python guard's `allows(..., "postgresql")`.
+ */
+function allows(tok: string, value: string): string {
+  const types = INTEGER_TYPES.map((t) => `'${t}'::regtype`).join(", ");
+  return `${tok} IS NULL OR (pg_typeof(${tok}) IN (${types}) AND ${tok} >= 0 AND ${tok} <= ${value})`;
+}
+
+/**
+ * A guard refused a write because the row's stored token is not a fencing token: a value of a
+ * column that is not an integer type (NUMERIC 7.5, DOUBLE PRECISION 7), or a negative one. The row
+ * is unchanged; the refusal is counted in `rejected` and passed to `onReject`. A
+ * {@link StaleTokenError} (reason `MALFORMED_TOKEN`, `currentToken` undefined), so that code that
+ * stops on a refused write stops on this one too. The Python guards' `MalformedTokenError`.
+ */
+export class MalformedTokenError extends StaleTokenError {
+  /** The stored token as text, and its PostgreSQL type: `"7.5 (numeric)"`. */
+  readonly stored: string;
+  constructor(message: string, fields: { record?: unknown; token?: bigint; stored: string }) {
+    super(message, { record: fields.record, token: fields.token, reason: "MALFORMED_TOKEN" });
+    this.stored = fields.stored;
+  }
+}
 
 function checkColumns(table: string, keyColumn: string, tokenColumn: string, columns: string[]): void {
   checkIdentifier(table, "table");
@@ -89,7 +122,9 @@ export function updateStatement(table: string, keyColumn: string, columns: strin
   const p = (): string => `$${++n}`;
   const sets = columns.map((c) => `${q(c)} = ${p()}, `).join("");
   const tok = q(tokenColumn);
-  return `UPDATE ${q(table)} SET ${sets}${tok} = ${p()} WHERE ${q(keyColumn)} = ${p()} AND (${tok} IS NULL OR ${tok} <= ${p()})`;
+  const set = p();
+  const key = p();
+  return `UPDATE ${q(table)} SET ${sets}${tok} = ${set} WHERE ${q(keyColumn)} = ${key} AND (${allows(tok, p())})`;
 }
 
 /**
@@ -105,7 +140,7 @@ export function upsertStatement(table: string, keyColumn: string, columns: strin
   return (
     `INSERT INTO ${q(table)} (${names.map(q).join(", ")}) VALUES (${names.map((_, i) => `$${i + 1}`).join(", ")}) ` +
     `ON CONFLICT (${q(keyColumn)}) DO UPDATE SET ${sets} ` +
-    `WHERE ${q(table)}.${tok} IS NULL OR ${q(table)}.${tok} <= excluded.${tok}`
+    `WHERE ${allows(`${q(table)}.${tok}`, `excluded.${tok}`)}`
   );
 }
 
@@ -156,6 +191,7 @@ export class PgGuard {
    * @param values - Column name -> new value; neither the key nor the token column. `{}` writes the token alone.
    * @param token - The writer's fencing token (`handle.token`).
    * @throws {@link StaleTokenError} the row holds a higher token; nothing was written.
+   * @throws {@link MalformedTokenError} the row's token is not a token (a non-integer column's value, a negative); nothing was written.
    * @throws {@link MissingRecordError} no row has that key; nothing was written.
    * @throws {@link InvalidArgument} a bad key, token, values object or column name; nothing was sent.
    * @throws the driver's own errors, unchanged.
@@ -166,7 +202,7 @@ export class PgGuard {
     const params = [...columns.map((c) => values[c]), token.toString(), key, token.toString()];
     const result = await this.db.query(sql, params);
     if (result.rowCount === 1) return;
-    const { current, found } = await this.current(key);
+    const { current, found } = await this.current(key, token);
     if (!found || current === undefined || current <= token) {
       throw new MissingRecordError(
         `no row of ${JSON.stringify(this.table)} has ${this.keyColumn} = ${JSON.stringify(String(key))}`,
@@ -180,6 +216,7 @@ export class PgGuard {
    * Insert the row, or update it if `token` is not lower than its token.
    *
    * @throws {@link StaleTokenError} the row holds a higher token; nothing was written.
+   * @throws {@link MalformedTokenError} the row's token is not a token; nothing was written.
    * @throws {@link InvalidArgument} a bad key, token, values object or column name; nothing was sent.
    */
   async upsertWithFencing(key: unknown, values: Record<string, unknown>, token: bigint): Promise<void> {
@@ -188,7 +225,7 @@ export class PgGuard {
     const params = [key, ...columns.map((c) => values[c]), token.toString()];
     const result = await this.db.query(sql, params);
     if (result.rowCount === 1) return;
-    const { current } = await this.current(key);
+    const { current } = await this.current(key, token);
     throw this.reject(key, token, current);
   }
 
@@ -207,22 +244,41 @@ export class PgGuard {
     return columns;
   }
 
-  private async current(key: unknown): Promise<{ current: bigint | undefined; found: boolean }> {
+  /** The row's token after a refusal (for the error only); throws MalformedTokenError (counted) for a stored non-token. */
+  private async current(key: unknown, token: bigint): Promise<{ current: bigint | undefined; found: boolean }> {
+    const tok = q(this.tokenColumn);
     const result = await this.db.query(
-      `SELECT ${q(this.tokenColumn)}::text AS token FROM ${q(this.table)} WHERE ${q(this.keyColumn)} = $1`,
+      `SELECT ${tok}::text AS token, pg_typeof(${tok})::text AS type FROM ${q(this.table)} WHERE ${q(this.keyColumn)} = $1`,
       [key],
     );
     const row = result.rows[0];
     if (row === undefined) return { current: undefined, found: false };
-    return { current: row["token"] === null ? undefined : BigInt(row["token"] as string), found: true };
+    const text = row["token"] as string | null;
+    if (text === null) return { current: undefined, found: true };
+    const type = String(row["type"]);
+    if (!INTEGER_TYPES.includes(type) || !CANONICAL.test(text)) {
+      throw this.count(
+        new MalformedTokenError(
+          `write to ${this.table} ${JSON.stringify(String(key))} refused: the stored ${this.tokenColumn} is ` +
+            `${text} (${type}), not a fencing token (a value >= 0 of an integer column); it was written outside the guard`,
+          { record: key, token, stored: `${text} (${type})` },
+        ),
+      );
+    }
+    return { current: BigInt(text), found: true };
   }
 
   private reject(key: unknown, token: bigint, current: bigint | undefined): StaleTokenError {
-    this.rejected++;
-    const err = new StaleTokenError(
-      `write to ${this.table} ${JSON.stringify(String(key))} refused: token ${token} < stored ${current ?? "?"}`,
-      { record: key, token, currentToken: current },
+    return this.count(
+      new StaleTokenError(
+        `write to ${this.table} ${JSON.stringify(String(key))} refused: token ${token} < stored ${current ?? "?"}`,
+        { record: key, token, currentToken: current },
+      ),
     );
+  }
+
+  private count<E extends StaleTokenError>(err: E): E {
+    this.rejected++;
     try {
       this.onReject?.(err);
     } catch {
