@@ -73,7 +73,7 @@ class SecretVolume:
         return ["--ca", ca_file, "--cert", str(self.dir / "cert.pem"), "--key", str(self.dir / "key.pem")]
 
 
-async def _until_past(moment: datetime.datetime) -> None:
+async def until_past(moment: datetime.datetime) -> None:
     """Wait until the wall clock is past ``moment`` (a certificate's expiry), by a margin."""
     async with asyncio.timeout(60):
         while datetime.datetime.now(datetime.timezone.utc) < moment + datetime.timedelta(seconds=1):
@@ -125,7 +125,7 @@ async def test_holds_when_client_certificate_rotates_survive_a_restart_after_exp
                 assert datetime.datetime.now(datetime.timezone.utc) < expiry, "the clients started too slowly"
 
                 volume.issue(3600.0)  # renewed before the old certificate expires, as cert-manager does
-                await _until_past(expiry)
+                await until_past(expiry)
                 await server.stop()
                 client.answered.clear()
                 await server.start(address, pki.server(client_ca=pki.ca))
@@ -166,7 +166,7 @@ async def test_stream_when_client_certificate_expired_names_the_file_and_expiry_
     expiry = volume.issue(6.0)
     async with Observed(address, tls=volume.tls(pki.ca_file), connect_timeout=5.0) as client:
         handle = await client.acquire(_name(), ttl=10.0, timeout=5.0)
-        await _until_past(expiry)
+        await until_past(expiry)
         await server.stop()
         await server.start(address, pki.server(client_ca=pki.ca))
         said = f"tls.cert ({tmp_path / 'cert.pem'}) expired at {expiry.strftime('%Y-%m-%dT%H:%M:%SZ')}"

@@ -26,7 +26,7 @@ from fencepost.coordinator.etcd import EtcdAuth
 from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
-from .test_etcd_connect import PASSWORD, _enable_auth
+from .test_etcd_connect import PASSWORD, enable_auth
 
 PREFIX = "/fencepost-auth/"
 
@@ -44,7 +44,7 @@ def jwt_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]
     etcd = EmbeddedEtcd(tmp_path_factory.mktemp("jwt-etcd"), auth_token=token)
     etcd.start()
     try:
-        asyncio.run(_enable_auth(etcd.endpoint, PREFIX))
+        asyncio.run(enable_auth(etcd.endpoint, PREFIX))
         yield etcd
     finally:
         etcd.stop()
