@@ -232,13 +232,14 @@ def auth_etcd(tmp_path_factory: pytest.TempPathFactory, auth_prefix: str) -> Ite
     etcd = EmbeddedEtcd(tmp_path_factory.mktemp("auth-etcd"))
     etcd.start()
     try:
-        asyncio.run(_enable_auth(etcd.endpoint, auth_prefix))
+        asyncio.run(enable_auth(etcd.endpoint, auth_prefix))
         yield etcd
     finally:
         etcd.stop()
 
 
-async def _enable_auth(endpoint: str, prefix: str) -> None:
+async def enable_auth(endpoint: str, prefix: str) -> None:
+    """Enable auth on the etcd at ``endpoint``: users root and locks (role fencepost: readwrite on ``prefix``)."""
     async with grpc.aio.insecure_channel(f"dns:///{endpoint}") as channel:
         auth = rpc_pb2_grpc.AuthStub(channel)
         await auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="root"), timeout=5)
@@ -329,7 +330,7 @@ async def test_auth_when_etcd_refuses_the_password_after_start(tmp_path: Path, a
     coordinator = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=auth_prefix + "later/",
                               etcd_auth=EtcdAuth("locks", "not-" + PASSWORD))
     try:
-        await _enable_auth(etcd.endpoint, auth_prefix)
+        await enable_auth(etcd.endpoint, auth_prefix)
         await asyncio.to_thread(etcd.stop)
         await _started(coordinator)  # etcd out of reach: not a refusal yet
         await wait_for(lambda: _logged(caplog, "fencepost.coordinator", "unreachable: NOT_SERVING"), 10, 0.05,

@@ -33,6 +33,8 @@ Code = grpc.StatusCode
     (Code.NOT_FOUND, "etcdserver: requested lease not found", Failure.LEASE_NOT_FOUND),
     (Code.UNAUTHENTICATED, "etcdserver: invalid auth token", Failure.AUTH_EXPIRED),
     (Code.INVALID_ARGUMENT, "etcdserver: revision of auth store is old", Failure.AUTH_EXPIRED),
+    (Code.UNKNOWN, "auth: revision in header is old", Failure.AUTH_EXPIRED),
+    (Code.UNKNOWN, "auth: invalid auth token", Failure.AUTH_EXPIRED),
     (Code.INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password", Failure.AUTH_FAILED),
     (Code.FAILED_PRECONDITION, "etcdserver: authentication is not enabled", Failure.AUTH_FAILED),
     (Code.PERMISSION_DENIED, "etcdserver: permission denied", Failure.PERMISSION_DENIED),

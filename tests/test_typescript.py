@@ -48,7 +48,8 @@ def pg_server() -> Iterator[PostgresServer]:
 
 
 def _certificates(folder: Path) -> Path:
-    """ca.pem, server.pem and server-key.pem (for 127.0.0.1 and localhost), and an unrelated other-ca.pem."""
+    """ca.pem, server.pem and server-key.pem (for 127.0.0.1 and localhost), an unrelated other-ca.pem, and
+    client-ca-{a,b}.pem with client-{a,b}.pem and client-{a,b}-key.pem signed by each."""
     import trustme
 
     folder.mkdir()
@@ -59,6 +60,12 @@ def _certificates(folder: Path) -> Path:
     for i, pem in enumerate(server.cert_chain_pems):
         pem.write_to_path(str(folder / "server.pem"), append=i > 0)
     trustme.CA().cert_pem.write_to_path(str(folder / "other-ca.pem"))
+    for tag in ("a", "b"):  # two client CAs, each with a client certificate (tls.test.ts's rotation)
+        client_ca = trustme.CA()
+        client_ca.cert_pem.write_to_path(str(folder / f"client-ca-{tag}.pem"))
+        leaf = client_ca.issue_cert(f"client-{tag}@fencepost.test")
+        leaf.cert_chain_pems[0].write_to_path(str(folder / f"client-{tag}.pem"))
+        leaf.private_key_pem.write_to_path(str(folder / f"client-{tag}-key.pem"))
     return folder
 
 

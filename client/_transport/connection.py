@@ -12,7 +12,14 @@ connect, :meth:`Connection.tls_failure` asks whether the TLS handshake is
 why; an address that failed its handshake is not waited for again, and
 once every address has, the wait raises
 :class:`~fencepost.client.errors.TlsError` at once: a certificate that does
-not verify will not verify on the next try.
+not verify will not verify on the next try, unless the client's TLS files
+changed on disk meanwhile. Each channel is opened with the files as they
+are then (:meth:`~.tls.Security.reloaded`, see :mod:`.renewal`), and a
+channel that is not connected is replaced by a new one when the files
+changed since it was opened, so that a renewed certificate is used at the
+next handshake. When a coordinator refuses a handshake while the client's
+own certificate has expired (or is not valid yet), the TlsError (and the
+KeepAlive stream's one warning) names its file and its expiry.
 
 The calls made over it are :class:`~.transport.Transport`'s.
 """
@@ -26,7 +33,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from . import handshake
+from . import handshake, renewal
 from ..errors import TlsError, Unavailable
 from ..v1 import lock_pb2_grpc as pb_grpc
 from ..v1.retry import CLIENT_BACKOFF
@@ -98,7 +105,8 @@ class Connection:
         return max(1.0, self.connect_timeout / len(self.addresses))
 
     def open(self) -> None:
-        """Open a channel to the current address (no connection is made yet)."""
+        """Open a channel to the current address (no connection is made yet), with the TLS files as they are now."""
+        self.security = self.security.reloaded()
         self.channel = self.security.channel(self.address)
         self.stub = pb_grpc.LockServiceStub(self.channel)
 
@@ -115,7 +123,7 @@ class Connection:
         current = self.channel
         if failed is None or current is None or failed is not current or self.closed:
             return
-        if not force and len(self.addresses) == 1:
+        if not force and len(self.addresses) == 1 and not renewal.changed(self.security):
             if failed.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY:
                 return
         self._index = (self._index + 1) % len(self.addresses)
@@ -174,7 +182,9 @@ class Connection:
         wait began may be stale (gRPC reports the last attempt until its
         reconnect backoff ends, and the certificates may have been fixed
         since): it is not raised, STALE is returned so that the caller tries
-        a fresh channel.
+        a fresh channel. STALE is returned too, at once, when the channel is
+        not READY and the client's TLS files changed since it was opened: a
+        fresh channel reads them.
 
         Args:
             channel: The channel to wait for.
@@ -195,10 +205,12 @@ class Connection:
         state = channel.get_state(try_to_connect=True)
         stale = state == grpc.ChannelConnectivity.TRANSIENT_FAILURE
         while state != grpc.ChannelConnectivity.READY:
+            if renewal.changed(self.security):
+                return STALE
             if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
                 failure = await self.tls_failure(channel, address, until - loop.time())
                 if failure is not None:
-                    if stale:
+                    if stale or renewal.changed(self.security):
                         return STALE
                     raise failure
                 if once:
@@ -253,7 +265,9 @@ class Connection:
 
         Returns:
             The TlsError naming the cause, or None when the failure is not
-            (known to be) TLS: nothing listens, a reset, a timeout.
+            (known to be) TLS: nothing listens, a reset, a timeout. A
+            coordinator's refusal of the client's certificate while it has
+            expired (or is not valid yet) names its file and expiry.
         """
         timeout = max(0.05, min(timeout, DIAGNOSE_SECONDS))
         if details is None:

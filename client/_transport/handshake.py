@@ -43,7 +43,7 @@ import contextlib
 import re
 import ssl
 
-from . import wire
+from . import renewal, wire
 from .tls import Security, no_password
 from ..errors import TlsError
 
@@ -104,6 +104,9 @@ def _refused(security: Security, why: str) -> str:
                 f"or does not trust the one in the given credentials")
     if security.cert is None:
         return f"the coordinator requires a client certificate, and none was given: set tls.cert and tls.key ({why})"
+    problem = renewal.validity_problem(security)
+    if problem is not None:
+        return f"the coordinator refused the client certificate: {problem} ({why})"
     return (f"the coordinator refused the client certificate in tls.cert ({security.cert}): it is not signed "
             f"by a CA the coordinator trusts, or has expired ({why})")
 

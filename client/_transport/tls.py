@@ -2,9 +2,10 @@
 
 :class:`TlsConfig` names the PEM files of a client's TLS: the CAs to trust,
 the client certificate and its key, and the name to check in the
-coordinator's certificate. :func:`security` reads and checks them once,
-when a client is made, into a :class:`Security` that opens every channel of
-that client (``grpc.aio.secure_channel``, or ``insecure_channel`` without
+coordinator's certificate. :func:`security` reads and checks them when a
+client is made, into a :class:`Security` that opens the channels of that
+client, and again when they change on disk (:meth:`Security.reloaded`, see
+:mod:`.renewal`: a renewed certificate is used at the next handshake) (``grpc.aio.secure_channel``, or ``insecure_channel`` without
 TLS), with the options of :data:`fencepost.client._transport.wire.CHANNEL_OPTIONS`.
 Why a handshake failed is read in :mod:`fencepost.client._transport.handshake`.
 """
@@ -19,7 +20,7 @@ import ssl
 import grpc
 import grpc.aio
 
-from . import wire
+from . import renewal, wire
 from ..errors import InvalidArgument
 
 __all__ = ["PLAINTEXT", "Security", "TlsConfig", "UNIX_SERVER_NAME", "security"]
@@ -47,12 +48,19 @@ _KEY_PEM = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )?PRIVATE KEY-----")
 
 @dataclasses.dataclass(frozen=True)
 class TlsConfig:
-    """The TLS settings of a client: PEM files, read when the client is made.
+    """The TLS settings of a client: PEM files, read when the client is made and again when they change.
 
     Pass it as ``tls=`` to :class:`~fencepost.client.AsyncLockClient` or
     :class:`~fencepost.client.LockClient`; every channel to a coordinator is
     then TLS. A ready ``grpc.ChannelCredentials`` (from
     ``grpc.ssl_channel_credentials``) may be passed instead, and is used as is.
+
+    The files are read again when they change on disk (a new file renamed
+    over the old one, a Kubernetes Secret volume's symlink swap) before the
+    client's next connection to a coordinator: a renewed certificate is used
+    at the next TLS handshake, and connections already made keep theirs.
+    New files that cannot be used leave the ones read before in use, with a
+    warning naming the file.
 
     Example::
 
@@ -94,6 +102,10 @@ class Security:
         cert: The client certificate's file, None without one.
         key: Its key's file.
         opaque: The credentials were given ready-made: their files are unknown.
+        config: The TlsConfig read; None for plaintext or ready-made credentials (never read again).
+        files: The files read, in the order CA, cert, key (None for one not given).
+        stamps: What identified each of ``files`` just before it was read (:data:`~.renewal.Stamp`).
+        validity: When the client certificate is valid; None without one, or unknown.
     """
 
     credentials: grpc.ChannelCredentials | None = None
@@ -102,6 +114,14 @@ class Security:
     cert: str | None = None
     key: str | None = None
     opaque: bool = False
+    config: TlsConfig | None = None
+    files: tuple[str | None, ...] = ()
+    stamps: tuple[renewal.Stamp, ...] = ()
+    validity: renewal.Validity | None = None
+
+    def reloaded(self) -> Security:
+        """This Security, or a new one read from its files when they changed on disk (see :mod:`.renewal`)."""
+        return renewal.reload(self, security)
 
     @property
     def tls(self) -> bool:
@@ -168,6 +188,9 @@ def security(tls: TlsConfig | grpc.ChannelCredentials | None) -> Security:
         raise InvalidArgument("tls.key: tls.cert is given without its key", field="tls.key")
     if tls.key is not None and tls.cert is None:
         raise InvalidArgument("tls.cert: tls.key is given without its certificate", field="tls.cert")
+    files = tuple(None if path is None else _path(path, field)
+                  for path, field in ((tls.ca, "tls.ca"), (tls.cert, "tls.cert"), (tls.key, "tls.key")))
+    stamps = renewal.stamps(files)  # before reading: a change made during the read is seen at the next look
     roots: bytes | None = None
     if tls.ca is not None:
         ca = _path(tls.ca, "tls.ca")
@@ -191,7 +214,8 @@ def security(tls: TlsConfig | grpc.ChannelCredentials | None) -> Security:
         _check_pair(cert, key)
     credentials = grpc.ssl_channel_credentials(root_certificates=roots, private_key=key_pem,
                                                certificate_chain=cert_pem)
-    return Security(credentials=credentials, server_name=server_name, trusted=trusted, cert=cert, key=key)
+    return Security(credentials=credentials, server_name=server_name, trusted=trusted, cert=cert, key=key,
+                    config=tls, files=files, stamps=stamps, validity=renewal.validity(cert_pem))
 
 
 def _check_server_name(name: object) -> str | None:

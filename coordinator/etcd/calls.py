@@ -164,7 +164,9 @@ class EtcdCalls:
                  backoff: Backoff = ETCD_BACKOFF, metrics: LockMetrics = NO_METRICS,
                  tracer: Tracer | None = None) -> None:
         self.members = Members(endpoints, tls=tls)
+        self._make_stubs = stubs
         self._stubs = [stubs(self.members.channel(i)) for i in range(len(self.members))]
+        self._stubs_of = [self.members.channel(i) for i in range(len(self.members))]  # the channel of each
         self._auth = auth
         self._rules = {**RULES, **(rules or {})}
         self._backoff = backoff
@@ -203,7 +205,9 @@ class EtcdCalls:
 
 
     def _current(self) -> tuple[int, Stubs]:
-        index, _ = self.members.current()
+        index, channel = self.members.current()
+        if self._stubs_of[index] is not channel:  # reopened with renewed TLS files
+            self._stubs[index], self._stubs_of[index] = self._make_stubs(channel), channel
         return index, self._stubs[index]
 
     def _metadata(self, token: str | None) -> tuple[tuple[str, str], ...] | None:

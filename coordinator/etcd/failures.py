@@ -66,7 +66,7 @@ class Failure(enum.Enum):
     NO_LEADER = "no leader"
     #: etcd refused the request before applying it ("too many requests").
     BUSY = "busy"
-    #: Our auth token was rejected (expired simple token, auth store changed): authenticate again.
+    #: Our auth token was rejected (expired simple token or JWT, auth store changed): authenticate again.
     AUTH_EXPIRED = "auth token rejected"
     #: etcd refused our user and password (or auth is not enabled, or no such user).
     AUTH_FAILED = "authentication failed"
@@ -89,6 +89,13 @@ FAILURES: tuple[tuple[grpc.StatusCode, str | None, Failure], ...] = (
     (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found", Failure.LEASE_NOT_FOUND),
     (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token", Failure.AUTH_EXPIRED),
     (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: revision of auth store is old", Failure.AUTH_EXPIRED),
+    # The same refusals as etcd's auth store words them where etcd passes them on unmapped (UNKNOWN): a
+    # JWT carries the auth store's revision it was issued at, and adding any user or role makes it old
+    # ("auth: revision in header is old", etcd 3.5 server/auth/store.go ErrAuthOldRevision).
+    (grpc.StatusCode.UNKNOWN, "auth: revision in header is old", Failure.AUTH_EXPIRED),
+    (grpc.StatusCode.UNKNOWN, "etcdserver: revision of auth store is old", Failure.AUTH_EXPIRED),
+    (grpc.StatusCode.UNKNOWN, "auth: invalid auth token", Failure.AUTH_EXPIRED),
+    (grpc.StatusCode.UNKNOWN, "etcdserver: invalid auth token", Failure.AUTH_EXPIRED),
     (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: authentication failed", Failure.AUTH_FAILED),
     (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled", Failure.AUTH_FAILED),
     (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name not found", Failure.AUTH_FAILED),

@@ -11,18 +11,41 @@ Calls go to one current member; a member whose call failed in transport
 (failover rotation, as etcd's clientv3 balancer does when an endpoint turns
 unhealthy). Several calls failing on the same member rotate once, not once
 each.
+
+TLS files (``--etcd-ca``, ``--etcd-cert``, ``--etcd-key``) are read again
+when they change on disk (a new file renamed over the old one, a Secret
+volume's symlink swap): gRPC Python's client credentials are fixed per
+channel, so a member's channel that is not connected, when calls go to it,
+is replaced by one with the new files, and the next handshake with etcd
+uses the renewed certificate. Connected channels (and the streams on them)
+keep theirs. New files that cannot be used keep the ones in use, with a
+warning naming the file.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 import re
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from ..telemetry.certificates import expiry_problem, iso, validity
+
 __all__ = ["EtcdAuth", "EtcdTls", "Members", "check_endpoints", "parse_endpoint"]
+
+_log = logging.getLogger("fencepost.coordinator")
+
+#: Seconds a replaced channel's calls get before it is closed.
+_REPLACED_GRACE = 1.0
+
+#: What identifies one version of a file: (device, inode, size, mtime ns, ctime ns), or None when missing.
+_Stamp = tuple[int, int, int, int, int] | None
 
 #: gRPC channel options of every etcd channel: HTTP/2 pings find a dead
 #: member's connection within keepalive_time + keepalive_timeout (15 s) even
@@ -109,11 +132,15 @@ class EtcdTls:
         cert: PEM of the coordinator's client certificate (mTLS, etcd's
             ``--client-cert-auth``), with ``key``; None for none.
         key: PEM of the client certificate's private key.
+        files: The files ``ca``, ``cert`` and ``key`` were read from (None
+            for one not given), when :meth:`from_files` read them: they are
+            read again when they change. Empty: never read again.
     """
 
     ca: bytes | None = None
     cert: bytes | None = None
     key: bytes | None = field(default=None, repr=False)
+    files: tuple[Path | None, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
@@ -135,7 +162,42 @@ class EtcdTls:
             except OSError as exc:
                 raise ValueError(f"cannot read the etcd {what} {str(path)!r}: {exc.strerror}") from None
 
-        return cls(read(ca, "CA certificate"), read(cert, "client certificate"), read(key, "client key"))
+        files = tuple(None if path is None else Path(path) for path in (ca, cert, key))
+        return cls(read(ca, "CA certificate"), read(cert, "client certificate"), read(key, "client key"), files)
+
+    def stamps(self) -> tuple[_Stamp, ...]:
+        """What identifies the current version of each of :attr:`files` on disk (through symlinks)."""
+        out: list[_Stamp] = []
+        for path in self.files:
+            try:
+                st = os.stat(path) if path is not None else None
+            except OSError:
+                st = None
+            out.append(None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return tuple(out)
+
+    def read_again(self) -> EtcdTls:
+        """The same settings read again from :attr:`files`, the certificate checked against its key.
+
+        Raises:
+            ValueError: naming the file: it cannot be read, or the key is not the certificate's.
+        """
+        fresh = EtcdTls.from_files(*self.files)
+        if fresh.cert is not None and fresh.key is not None:
+            cert, key = self.files[1], self.files[2]
+            try:
+                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=b"")  # type: ignore[arg-type]
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise ValueError(f"the etcd client certificate {cert} and key {key} cannot be loaded "
+                                 f"together: {exc}") from None
+            if EtcdTls.from_files(*self.files) != fresh:
+                raise ValueError(f"the etcd client certificate {cert} or key {key} changed while it was read")
+        return fresh
+
+    def certificate_problem(self) -> str | None:
+        """Why the client certificate (``--etcd-cert``) is not valid now (expired, not yet valid), or None."""
+        path = self.files[1] if len(self.files) > 1 else None
+        return expiry_problem("the etcd client certificate --etcd-cert", path, self.cert)
 
     def credentials(self) -> grpc.ChannelCredentials:
         """The gRPC channel credentials (``grpc.ssl_channel_credentials``)."""
@@ -177,13 +239,18 @@ class Members:
         self.targets, self.tls = check_endpoints(endpoints, tls)
         self.endpoints = list(endpoints)
         tls = self.tls
-        credentials = tls.credentials() if tls is not None else None
-        self._channels = [
-            grpc.aio.secure_channel(t, credentials, options=CHANNEL_OPTIONS) if credentials is not None
-            else grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS)
-            for t in self.targets
-        ]
+        self._credentials = tls.credentials() if tls is not None else None
+        # The version of the TLS files last seen, and the one in use (they differ while new files are bad).
+        self._seen = self._loaded = tls.stamps() if tls is not None and tls.files else ()
+        self._channels = [self._open(t) for t in self.targets]
+        self._made_with = [self._loaded] * len(self._channels)  # the files' version each channel has
+        self._closing: set[asyncio.Task[None]] = set()
         self._current = 0
+
+    def _open(self, target: str) -> grpc.aio.Channel:
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(target, self._credentials, options=CHANNEL_OPTIONS)
 
     def __len__(self) -> int:
         return len(self._channels)
@@ -193,8 +260,38 @@ class Members:
         return self._channels[index]
 
     def current(self) -> tuple[int, grpc.aio.Channel]:
-        """The member calls go to now: (its index, its channel)."""
-        return self._current, self._channels[self._current]
+        """The member calls go to now: (its index, its channel).
+
+        A channel that is not connected is first replaced when the TLS files
+        changed since it was opened (see the module's docstring).
+        """
+        index = self._current
+        if self._seen and self._channels[index].get_state() != grpc.ChannelConnectivity.READY:
+            self._renew(index)
+        return index, self._channels[index]
+
+    def _renew(self, index: int) -> None:
+        """Read the TLS files again if they changed; reopen member ``index``'s channel if it has older ones."""
+        assert self.tls is not None
+        now = self.tls.stamps()
+        if now != self._seen:
+            self._seen = now
+            try:
+                fresh = self.tls.read_again()
+            except ValueError as exc:
+                _log.warning("etcd TLS files not reloaded, the ones in use stay: %s", exc)
+            else:
+                self.tls, self._credentials, self._loaded = fresh, fresh.credentials(), now
+                dates = validity(fresh.cert) if fresh.cert else None
+                until = f" (valid until {iso(dates[1])})" if dates else ""
+                _log.info("etcd TLS files reloaded: client certificate %s%s", self.tls.files[1], until)
+        if self._made_with[index] != self._loaded:
+            old = self._channels[index]
+            self._channels[index] = self._open(self.targets[index])
+            self._made_with[index] = self._loaded
+            task = asyncio.ensure_future(old.close(grace=_REPLACED_GRACE))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def failed(self, index: int) -> None:
         """Move on from member ``index`` after a transport failure there (no-op if already moved)."""
@@ -205,3 +302,5 @@ class Members:
         """Close every channel (calls in flight fail with CANCELLED)."""
         for channel in self._channels:
             await channel.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

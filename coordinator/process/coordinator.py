@@ -51,6 +51,7 @@ from ..recipes.lease import Leases
 from ..recipes.lock import LockManager
 from ..recipes.tokens import TokenFloor
 from ..recipes.watch import DeleteWatcher
+from ..telemetry.certificates import CertificateExpiry
 from ..telemetry.endpoint import MetricsEndpoint
 from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS
@@ -177,6 +178,13 @@ class Coordinator:
         self._etcd_tls = etcd_tls
         self._etcd_auth = etcd_auth
         self._etcd_batch_max = etcd_batch_max
+        watched = {role: path for role, path in (
+            ("serving", tls.cert if tls is not None else None),
+            ("etcd_client", etcd_tls.files[1] if etcd_tls is not None and len(etcd_tls.files) > 1 else None))
+            if path is not None}
+        #: The expiry of its serving and etcd client certificates: a metric, warnings 7 days ahead.
+        self.certificate_expiry = CertificateExpiry(
+            watched, self._metrics.certificate_expiry if self._metrics is not None else None)
         self._listen = listen
         self._keys = Keys(prefix)
         #: What ServerInfo reports of this coordinator (instance id, addresses, readiness, ...).
@@ -333,6 +341,8 @@ class Coordinator:
         self.about.started = time.monotonic()
         self._watcher.start()
         self._tasks.append(asyncio.create_task(self._health.monitor(self._etcd, self._tokens), name="fencepost-health"))
+        if self.certificate_expiry.files:
+            self._tasks.append(asyncio.create_task(self.certificate_expiry.run(), name="fencepost-certificate-expiry"))
         return self.port
 
     def _bind(self, server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:

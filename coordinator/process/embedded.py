@@ -132,6 +132,7 @@ class EmbeddedEtcd:
         key_file: str | os.PathLike[str] | None = None,
         trusted_ca_file: str | os.PathLike[str] | None = None,
         client_cert_auth: bool = False,
+        auth_token: str | None = None,
     ) -> None:
         """Describe the server; nothing starts until :meth:`start`.
 
@@ -148,6 +149,8 @@ class EmbeddedEtcd:
             key_file: PEM private key of ``cert_file``.
             trusted_ca_file: PEM CA that client certificates must chain to.
             client_cert_auth: require a client certificate (etcd's ``--client-cert-auth``).
+            auth_token: etcd's ``--auth-token`` (``simple``, its default, or
+                ``jwt,pub-key=...,priv-key=...,sign-method=RS256,ttl=5m``).
 
         Raises:
             ValueError: a TLS option without the certificate and key.
@@ -167,6 +170,7 @@ class EmbeddedEtcd:
         self.key_file = key_file
         self.trusted_ca_file = trusted_ca_file
         self.client_cert_auth = client_cert_auth
+        self.auth_token = auth_token
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -218,6 +222,7 @@ class EmbeddedEtcd:
             "--election-timeout", "1000",
             "--log-level", "warn",
             *self._tls_flags(),
+            *(["--auth-token", self.auth_token] if self.auth_token else []),
         ]
 
     @property

@@ -76,7 +76,7 @@ class Health:
         """Keep readiness SERVING while etcd answers a linearizable read and tokens are safe, NOT_SERVING
         otherwise (runs until cancelled)."""
         serving: bool | None = None
-        said: tuple[bool, str | None] | None = None
+        said: tuple[bool, str | None, str | None] | None = None
         ever_ok = False
         lost_at = 0.0  # when etcd stopped answering, after it had answered
         while True:
@@ -88,7 +88,9 @@ class Health:
                 await self.set_serving(serving)
             # Logged once per change, also when an unreachable etcd comes back
             # refusing the coordinator (health stays NOT_SERVING meanwhile).
-            state = (ok, None if ok else etcd.refusal)
+            # An expired (or not yet valid) etcd client certificate in use is named, again when it changes.
+            problem = None if ok or etcd.members.tls is None else etcd.members.tls.certificate_problem()
+            state = (ok, None if ok else etcd.refusal, problem)
             if state != said:
                 answered_before = said is not None and said[0]
                 said = state
@@ -106,7 +108,9 @@ class Health:
                         log_event(_log, logging.WARNING, "etcd_refused", f"etcd refuses the coordinator ({state[1]}, "
                                   f"{who}): NOT_SERVING until it accepts it", reason=state[1], user=etcd.user)
                     else:
-                        log_event(_log, logging.WARNING, "etcd_unreachable", "etcd unreachable: NOT_SERVING")
+                        log_event(_log, logging.WARNING, "etcd_unreachable", "etcd unreachable: NOT_SERVING"
+                                  + (f"; {problem}: renew it (the file is read again when it changes)"
+                                     if problem else ""), certificate_problem=problem)
             await asyncio.sleep(HEALTH_INTERVAL)
 
 

@@ -30,6 +30,7 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
+from .certificates import expiry_gauge
 from .interceptor import GrpcServerMetrics
 from .metrics import LockMetrics
 
@@ -71,6 +72,7 @@ class MetricsEndpoint:
         grpc: the gRPC server interceptor (install it on the grpc.aio server).
         locks: the ``fencepost_*`` metrics (hand it to the lock, lease, stream,
             watch and etcd modules).
+        certificate_expiry: the certificate expiry gauge (see :mod:`.certificates`).
         port: the bound port after :meth:`start`.
 
     Raises:
@@ -90,6 +92,7 @@ class MetricsEndpoint:
         GCCollector(registry=self.registry)
         self.grpc = GrpcServerMetrics(self.registry)
         self.locks = LockMetrics(self.registry, name_prefixes)
+        self.certificate_expiry = expiry_gauge(self.registry)
         self.port = 0
         self._httpd: WSGIServer | None = None
         self._thread: threading.Thread | None = None

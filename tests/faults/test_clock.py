@@ -106,12 +106,17 @@ with LockClient(address) as client:
 """
 
 
+#: The modules that compare a certificate's notBefore/notAfter with the wall clock (as OpenSSL does at a
+#: handshake) to word an expiry in logs, errors and a metric; no timer, deadline or lease reads them.
+CERTIFICATE_DATES = {"client/_transport/renewal.py", "coordinator/telemetry/certificates.py"}
+
+
 def test_product_reads_no_wall_clock() -> None:
     """No timer of the client or the coordinator reads the wall clock (time.time, datetime, CLOCK_REALTIME)."""
     pattern = re.compile(r"\btime\.time(_ns)?\(|\bdatetime\b|CLOCK_REALTIME|\bfrom time import time\b")
     hits = []
     for path in [*(REPO / "client").rglob("*.py"), *(REPO / "coordinator").rglob("*.py")]:
-        if "/v1/" in str(path):
+        if "/v1/" in str(path) or path.relative_to(REPO).as_posix() in CERTIFICATE_DATES:
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line) and not line.lstrip().startswith("#"):

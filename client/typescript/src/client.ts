@@ -36,7 +36,7 @@ import { LeasePool } from "./lease.js";
 import { Leasing } from "./leasing.js";
 import { Lifecycle } from "./lifecycle.js";
 import { KeepAliveStream } from "./stream.js";
-import { readTls, type TlsOptions } from "./tls.js";
+import { TlsFiles, type TlsOptions } from "./tls.js";
 import { Transport } from "./transport.js";
 import {
   DEFAULT_ADDRESS,
@@ -127,7 +127,7 @@ export class LockClient {
     const addresses = checkAddresses(address);
     const fraction = checkFraction(options.keepaliveFraction ?? 1 / 3);
     const connectTimeout = checkPositiveSeconds(options.connectTimeout ?? 10, "connectTimeout");
-    const tls = readTls(options.tls);
+    const tls = options.tls === undefined ? undefined : new TlsFiles(options.tls);
     this.transport = new Transport(addresses, connectTimeout, tls);
     this.stream = new KeepAliveStream(this.transport, this.pool, fraction);
     this.leasing = new Leasing(this.transport, this.pool, this.stream, this.life);

@@ -1,10 +1,13 @@
 /**
- * TLS options of the client: PEM files read once, when the client is made.
+ * TLS options of the client: PEM files read when the client is made, and
+ * again when they change on disk ({@link TlsFiles}): a certificate renewed
+ * by swapping new files in (a rename over the old file, a Kubernetes Secret
+ * volume's `..data` symlink swap) is used at the next connection.
  *
  * @module
  */
 
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { X509Certificate, createPrivateKey } from "node:crypto";
 import { InvalidArgument } from "./errors.js";
 
@@ -97,4 +100,73 @@ export function readTls(options: TlsOptions | undefined): TlsMaterial | undefine
     out.serverName = options.serverName;
   }
   return out;
+}
+
+/** What identifies the version of each file on disk (through symlinks): device, inode, size, mtime, ctime. */
+function stamps(options: TlsOptions): string {
+  return [options.ca, options.cert, options.key].map((path) => {
+    if (path === undefined) return "-";
+    try {
+      const st = statSync(path, { bigint: true });
+      return `${st.dev}:${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
+    } catch {
+      return "missing";
+    }
+  }).join("|");
+}
+
+/** When a certificate expires, and its file, for the messages of refused handshakes. */
+export function certificateProblem(material: TlsMaterial | undefined, file: string | undefined): string | undefined {
+  if (!material?.cert) return undefined;
+  const cert = new X509Certificate(material.cert);
+  const now = Date.now();
+  if (now >= Date.parse(cert.validTo)) {
+    return `the client certificate in tls.cert (${file}) expired at ${new Date(cert.validTo).toISOString()}`;
+  }
+  if (now < Date.parse(cert.validFrom)) {
+    return `the client certificate in tls.cert (${file}) is not valid until ${new Date(cert.validFrom).toISOString()}`;
+  }
+  return undefined;
+}
+
+/**
+ * A client's TLS files: read when the client is made, read again by
+ * {@link TlsFiles.current} when they changed on disk. New files that cannot
+ * be used (half written, a key that is not the certificate's) leave the
+ * material in use, with one warning naming the file; the next change is
+ * tried again.
+ */
+export class TlsFiles {
+  readonly options: TlsOptions;
+  private material: TlsMaterial;
+  private seen: string;
+
+  /**
+   * @param options - The TLS options.
+   * @throws {@link InvalidArgument} as {@link readTls}.
+   */
+  constructor(options: TlsOptions) {
+    this.material = readTls(options)!;
+    this.options = options;
+    this.seen = stamps(options);
+  }
+
+  /** The material as the files are now: read again when they changed since the last look. */
+  current(): TlsMaterial {
+    const now = stamps(this.options);
+    if (now !== this.seen) {
+      this.seen = now;
+      try {
+        this.material = readTls(this.options)!;
+      } catch (err) {
+        console.warn(`fencepost: TLS files changed but cannot be used, the ones read before stay: ${(err as Error).message}`);
+      }
+    }
+    return this.material;
+  }
+
+  /** Why the client certificate in use is not valid now (expired, not yet valid), naming its file; undefined if it is. */
+  problem(): string | undefined {
+    return certificateProblem(this.material, this.options.cert);
+  }
 }

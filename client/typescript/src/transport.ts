@@ -11,7 +11,10 @@
  * - a call stops trying `connectTimeout` seconds after its first failure
  *   (or at its own deadline), with jittered backoff between attempts;
  * - once every address has failed its TLS handshake, {@link TlsError} is
- *   thrown at once.
+ *   thrown at once;
+ * - TLS files that changed on disk are read again before a new connection:
+ *   a connection that is not open is made again with them (a renewed
+ *   certificate is used at the next handshake; open connections keep theirs).
  *
  * @module
  */
@@ -24,7 +27,7 @@ import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-no
 import { LockService } from "./gen/fencepost/v1/lock_pb.js";
 import { delays, now, sleep } from "./backoff.js";
 import { FencepostError, TlsError, Unavailable, fromConnectError, type CallContext } from "./errors.js";
-import type { TlsMaterial } from "./tls.js";
+import type { TlsFiles, TlsMaterial } from "./tls.js";
 import type { Address } from "./validate.js";
 
 /** The generated LockService client of Connect-ES. */
@@ -41,6 +44,8 @@ const CONNECT_ATTEMPT_SECONDS = 3;
 interface Slot {
   manager: Http2SessionManager;
   client: LockServiceClient;
+  /** The TLS material its connections use. */
+  material: TlsMaterial | undefined;
 }
 
 /** Whether a connection error is a failed TLS handshake. */
@@ -67,7 +72,7 @@ function describe(err: unknown): string {
 export class Transport {
   readonly addresses: readonly Address[];
   readonly connectTimeout: number;
-  private readonly tls: TlsMaterial | undefined;
+  private readonly files: TlsFiles | undefined;
   private readonly slots: (Slot | undefined)[];
   private index = 0;
   private closed = false;
@@ -75,12 +80,12 @@ export class Transport {
   /**
    * @param addresses - The coordinators, tried in turn.
    * @param connectTimeout - Seconds a call keeps trying after its first failure.
-   * @param tls - TLS material, undefined for plaintext.
+   * @param files - TLS files, undefined for plaintext.
    */
-  constructor(addresses: readonly Address[], connectTimeout: number, tls: TlsMaterial | undefined) {
+  constructor(addresses: readonly Address[], connectTimeout: number, files: TlsFiles | undefined) {
     this.addresses = addresses;
     this.connectTimeout = connectTimeout;
-    this.tls = tls;
+    this.files = files;
     this.slots = addresses.map(() => undefined);
   }
 
@@ -96,22 +101,28 @@ export class Transport {
 
   private slot(i: number): Slot {
     let slot = this.slots[i];
+    const material = this.files?.current();
+    if (slot !== undefined && slot.material !== material && slot.manager.state() !== "open") {
+      slot.manager.abort(); // TLS files renewed: the next connection uses them
+      slot = this.slots[i] = undefined;
+    }
     if (slot === undefined) {
       const address = this.addresses[i]!;
-      const scheme = this.tls ? "https" : "http";
+      const tlsMaterial = material;
+      const scheme = tlsMaterial ? "https" : "http";
       const authority = address.kind === "tcp"
         ? `${address.host.includes(":") ? `[${address.host}]` : address.host}:${address.port}`
         : "localhost";
       const options: http2.SecureClientSessionOptions = {};
-      if (this.tls) {
-        if (this.tls.ca) options.ca = this.tls.ca;
-        if (this.tls.cert) options.cert = this.tls.cert;
-        if (this.tls.key) options.key = this.tls.key;
-        if (this.tls.serverName) options.servername = this.tls.serverName;
+      if (tlsMaterial) {
+        if (tlsMaterial.ca) options.ca = tlsMaterial.ca;
+        if (tlsMaterial.cert) options.cert = tlsMaterial.cert;
+        if (tlsMaterial.key) options.key = tlsMaterial.key;
+        if (tlsMaterial.serverName) options.servername = tlsMaterial.serverName;
       }
       if (address.kind === "unix") {
         const path = address.path;
-        const tls = this.tls;
+        const tls = tlsMaterial;
         options.createConnection = () => {
           if (!tls) return net.connect(path);
           return tlsConnect(path, options);
@@ -124,7 +135,7 @@ export class Transport {
         options,
       );
       const transport = createGrpcTransport({ baseUrl: url, sessionManager: manager });
-      slot = { manager, client: createClient(LockService, transport) };
+      slot = { manager, client: createClient(LockService, transport), material };
       this.slots[i] = slot;
     }
     return slot;
@@ -147,6 +158,11 @@ export class Transport {
       this.slots[failed] = undefined;
     }
     if (this.index === failed) this.index = (this.index + 1) % this.addresses.length;
+  }
+
+  /** Whether the TLS files changed since the connection to address `position` was made. */
+  private renewed(position: number): boolean {
+    return this.files !== undefined && this.slots[position]?.material !== this.files.current();
   }
 
   /** Connect the address in use: undefined when connected, else the connection error. */
@@ -194,9 +210,10 @@ export class Transport {
       const address = this.address;
       const failure = await this.connect();
       if (failure !== undefined) {
+        const problem = this.files?.problem();
         const tls = tlsProblem(failure);
-        if (tls !== undefined) {
-          tlsFailed.set(address, tls);
+        if (tls !== undefined && !this.renewed(position)) {
+          tlsFailed.set(address, problem === undefined ? tls : `${tls}; ${problem}`);
           if (tlsFailed.size >= this.addresses.length) {
             const [first, cause] = [...tlsFailed.entries()][0]!;
             throw new TlsError(`TLS handshake with ${first} failed: ${cause}`, {
