@@ -50,6 +50,7 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
                                                              "l" + "r" * len(table))
         if "p1-cycles.png" in names:
             lines += ["![P1](p1-cycles.png)", ""]
+    lines += _floor_lines(results)
     if "P2" in results:
         lines += ["#### P2: latency of an uncontended acquire and release, ms (p50 ratio to etcd-direct)", ""]
         for n, table in results["P2"].items():
@@ -113,6 +114,7 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
                               str(e["spurious_expiries"]),
                               _num((e["rtt_ms"]["p99"] or math.inf) <= 100 and not e["spurious_expiries"])]
                              for n, e in above], "rrrrrl")
+        lines += _renewal_floor_lines(results["P4"])
         if "p4-leases.png" in names:
             lines += ["![P4](p4-leases.png)", ""]
     if "P5" in results:
@@ -131,6 +133,42 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
         if "p5-takeover.png" in names:
             lines += ["![P5](p5-takeover.png)", ""]
     return "\n".join(lines)
+
+
+def _floor_lines(results: dict[str, Any]) -> list[str]:
+    """The coordinator's CPU per acquire + release of each P1 row against the echo floor (bench/_floor.py)."""
+    rows = []
+    for key, entry in results.get("floor", {}).items():
+        if _err(entry) or not entry:
+            rows.append([key, _err(entry) or "no Fencepost peer"] + [""] * 5)
+            continue
+        stream, unary = entry["echo"]["stream"], entry["echo"]["unary"]
+        echo = (f"stream {_num(stream['server_us'], 0)} / unary {_num(unary['server_us'], 0)} server, "
+                f"{_num(unary['client_us'], 0)} client")
+        for kind, e in entry.items():
+            if kind != "echo":
+                rows.append([key, kind, _num(e["coordinator_us_per_cycle"], 0), _num(e["floor_us_per_cycle"], 0),
+                             _num(e["ratio_to_floor"], 2), echo])
+    if not rows:
+        return []
+    return ["Coordinator CPU per acquire + release against the floor of its messages (a bare grpc.aio echo at "
+            "the same load: 2 calls answered, 2 Txns sent to etcd):", ""] + _table(
+        ["P1 row", "peer", "coordinator us / cycle", "floor us / cycle", "ratio to floor",
+         "echo us per round trip"], rows, "llrrrl")
+
+
+def _renewal_floor_lines(table: dict[str, Any]) -> list[str]:
+    """The coordinator's CPU per renewal of each P4 run through it against the echo floor (bench/_floor.py)."""
+    rows = [[_num(int(n), 0), mode, _num(e.get("batch", 1), 0), _num(e["coordinator_us_per_renewal"], 0),
+             _num(e["floor_us_per_renewal"], 0), _num(e["ratio_to_floor"], 2), _num(e.get("ratio_to_single"), 2),
+             f"{_num(e['echo']['clients']['server_us'], 0)} server, {_num(e['echo']['etcd']['client_us'], 0)} client"]
+            for n, row in table.items() for mode, e in row.items() if "coordinator_us_per_renewal" in e]
+    if not rows:
+        return []
+    return ["Coordinator CPU per renewal against the floor of its messages (a bare grpc.aio stream echo at the "
+            "run's load: a client message answered, shared by a batch, and a keepalive to etcd):", ""] + _table(
+        ["leases", "kept by", "batch", "coordinator us / renewal", "floor us / renewal", "ratio to floor",
+         "ratio to batch 1", "echo us per round trip"], rows, "llrrrrrl")
 
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
