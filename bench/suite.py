@@ -348,7 +348,8 @@ class Suite:
         say(f"[P4] batch {batch}: coordinator CPU {out['coordinator_us_per_renewal']:.0f} us per renewal, floor "
             f"{out['floor_us_per_renewal']:.0f} us (echo: server {out['echo']['clients']['server_us']:.0f} us per "
             f"client message, client {out['echo']['etcd']['client_us']:.0f} us per etcd keepalive): "
-            f"{_x(out['ratio_to_floor'])} the echo floor"
+            f"{_x(out['ratio_to_floor'])} the echo floor ({_x(out['ratio_to_server_floor'])} counting both legs at "
+            f"the echo server's cost)"
             + (f"; {_x(out['ratio_to_single'])} the one-lease cost" if "ratio_to_single" in out else ""))
 
     # ------------------------------------------------------------------------------------------ P5
