@@ -37,6 +37,8 @@ class Loops:
 
     cycles: int = 0
     seconds: float = 0.0
+    #: CPU seconds the ``cpu`` probe of :func:`cycle_loops` counted over the timed loops (0.0 without a probe).
+    cpu_seconds: float = 0.0
     acquire: list[float] = field(default_factory=list)
     release: list[float] = field(default_factory=list)
 
@@ -65,7 +67,8 @@ async def close_users(peer: Any, users: list[Any]) -> None:
         await asyncio.gather(*(close_quietly(u.close()) for u in users))
 
 
-async def cycle_loops(peer: Any, n: int, seconds: float, name_of: Callable[[int], str]) -> Loops:
+async def cycle_loops(peer: Any, n: int, seconds: float, name_of: Callable[[int], str],
+                      cpu: Callable[[], float] | None = None) -> Loops:
     """``n`` users each looping acquire + release of ``name_of(i)`` for ``seconds``.
 
     Args:
@@ -73,21 +76,25 @@ async def cycle_loops(peer: Any, n: int, seconds: float, name_of: Callable[[int]
         n: concurrent users.
         seconds: how long the loops run (a cycle under way at the end finishes).
         name_of: user index -> lock name (distinct names, or shared: contended).
+        cpu: a server's CPU seconds so far (e.g. the coordinator's), read when
+            the timed loops start and end (not around the users' set-up); None for none.
 
     Returns:
-        The cycles, the elapsed seconds (until the last loop ended) and every
-        acquire and release latency.
+        The cycles, the elapsed seconds (until the last loop ended), every
+        acquire and release latency, and the CPU seconds ``cpu`` counted meanwhile.
     """
     users = await make_users(peer, n)
+    probe = cpu or (lambda: 0.0)
     try:
         if peer.sync:
-            return await asyncio.to_thread(_sync_loops, users, seconds, name_of)
-        return await _async_loops(users, seconds, name_of)
+            return await asyncio.to_thread(_sync_loops, users, seconds, name_of, probe)
+        return await _async_loops(users, seconds, name_of, probe)
     finally:
         await close_users(peer, users)
 
 
-async def _async_loops(users: list[Any], seconds: float, name_of: Callable[[int], str]) -> Loops:
+async def _async_loops(users: list[Any], seconds: float, name_of: Callable[[int], str],
+                       cpu: Callable[[], float]) -> Loops:
     async def warm(i: int) -> None:
         await users[i].release(name_of(i), await users[i].acquire(name_of(i)))
 
@@ -107,14 +114,16 @@ async def _async_loops(users: list[Any], seconds: float, name_of: Callable[[int]
             acq(t1 - t0)
             rel(clock() - t1)
 
+    used = cpu()
     start = clock()
     await asyncio.gather(*(loop(i) for i in range(len(users))))
     out.seconds = clock() - start
+    out.cpu_seconds = cpu() - used
     out.cycles = len(out.acquire)
     return out
 
 
-def _sync_loops(users: list[Any], seconds: float, name_of: Callable[[int], str]) -> Loops:
+def _sync_loops(users: list[Any], seconds: float, name_of: Callable[[int], str], cpu: Callable[[], float]) -> Loops:
     n = len(users)
     barrier = threading.Barrier(n + 1)
     acquires: list[list[float]] = [[] for _ in range(n)]
@@ -147,13 +156,14 @@ def _sync_loops(users: list[Any], seconds: float, name_of: Callable[[int], str])
         t.start()
     deadline[0] = 1e18
     barrier.wait()  # every warm-up done
+    used = cpu()
     start = clock()
     deadline[0] = start + seconds
     for t in threads:
         t.join()
     if failures:
         raise failures[0]
-    out = Loops(seconds=clock() - start)
+    out = Loops(seconds=clock() - start, cpu_seconds=cpu() - used)
     for a, r in zip(acquires, releases, strict=True):
         out.acquire += a
         out.release += r

@@ -50,6 +50,7 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
                                                              "l" + "r" * len(table))
         if "p1-cycles.png" in names:
             lines += ["![P1](p1-cycles.png)", ""]
+    lines += _floor_lines(results)
     if "P2" in results:
         lines += ["#### P2: latency of an uncontended acquire and release, ms (p50 ratio to etcd-direct)", ""]
         for n, table in results["P2"].items():
@@ -84,10 +85,8 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
                     rows.append([n, mode, _err(e) or ""] + [""] * 9)
                     continue
                 c = e["cores"]
-                kept = e.get("leases", _asked(n))
-                leases = _num(_asked(n), 0) if kept == _asked(n) else f"{_num(kept, 0)} of {_num(_asked(n), 0)} asked"
-                if "batch" in n:
-                    leases += f", {e.get('batch', 1)} per message"
+                kept = e.get("leases", int(n))
+                leases = _num(int(n), 0) if kept == int(n) else f"{_num(kept, 0)} of {_num(int(n), 0)} asked"
                 grant = _num(e["grant_seconds"], 1)
                 if e.get("grant_refusals"):
                     grant += f" ({_num(e['grant_refusals'], 0)} refused: overloaded)"
@@ -102,27 +101,20 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
                          "server cores ratio", "spurious expiries", "grant s"], rows, "llrrrrrrrrrr")
         lines += ["(server cores ratio: coordinator + etcd cores, over etcd's cores when the generator "
                   "renews directly on etcd.)", ""]
-        batched = sorted((e["batch"], 1e6 * e["cores"]["coordinator"] / e["renewals_per_second"], n)
-                         for n, row in results["P4"].items() if "batch" in n
-                         for e in [row.get("fencepost", {})] if not _err(e) and e.get("renewals_per_second"))
-        if len(batched) == 2:
-            (_, one, n), (b, many, _) = batched
-            lines += [f"Batched keepalives ({_num(_asked(n), 0)} leases): coordinator CPU per renewal "
-                      f"{_num(one, 0)} us one per message, {_num(many, 0)} us {b} per message: "
-                      f"{_num(many / one, 2)}x (goal <= 0.6).", ""]
         above = [(n, e) for n, row in results["P4"].items() for mode, e in row.items()
-                 if mode == "fencepost" and not _err(e) and (e.get("grant_refusals") or e.get("leases", 0) < _asked(n))]
+                 if mode == "fencepost" and not _err(e) and (e.get("grant_refusals") or e.get("leases", 0) < int(n))]
         if above:
             lines += ["Offered load above capacity: the leases the coordinator admitted (the others refused with "
                       "OVERLOADED, asked again every 1 s until the generator's --grant-seconds), and the keepalive "
                       "round trips of the admitted ones (goal: p99 <= 100 ms, no spurious expiry):", ""]
             lines += _table(["offered", "admitted", "grants refused", "admitted RTT p50 / p99 ms",
                              "spurious expiries", "goal met"],
-                            [[_num(_asked(n), 0), _num(e["leases"], 0), _num(e["grant_refusals"], 0),
+                            [[_num(int(n), 0), _num(e["leases"], 0), _num(e["grant_refusals"], 0),
                               f"{_num(e['rtt_ms']['p50'], 1)} / {_num(e['rtt_ms']['p99'], 1)}",
                               str(e["spurious_expiries"]),
                               _num((e["rtt_ms"]["p99"] or math.inf) <= 100 and not e["spurious_expiries"])]
                              for n, e in above], "rrrrrl")
+        lines += _renewal_floor_lines(results["P4"])
         if "p4-leases.png" in names:
             lines += ["![P4](p4-leases.png)", ""]
     if "P5" in results:
@@ -141,6 +133,42 @@ def render(results: dict[str, Any], images: list[Path]) -> str:
         if "p5-takeover.png" in names:
             lines += ["![P5](p5-takeover.png)", ""]
     return "\n".join(lines)
+
+
+def _floor_lines(results: dict[str, Any]) -> list[str]:
+    """The coordinator's CPU per acquire + release of each P1 row against the echo floor (bench/_floor.py)."""
+    rows = []
+    for key, entry in results.get("floor", {}).items():
+        if _err(entry) or not entry:
+            rows.append([key, _err(entry) or "no Fencepost peer"] + [""] * 5)
+            continue
+        stream, unary = entry["echo"]["stream"], entry["echo"]["unary"]
+        echo = (f"stream {_num(stream['server_us'], 0)} / unary {_num(unary['server_us'], 0)} server, "
+                f"{_num(unary['client_us'], 0)} client")
+        for kind, e in entry.items():
+            if kind != "echo":
+                rows.append([key, kind, _num(e["coordinator_us_per_cycle"], 0), _num(e["floor_us_per_cycle"], 0),
+                             _num(e["ratio_to_floor"], 2), echo])
+    if not rows:
+        return []
+    return ["Coordinator CPU per acquire + release against the floor of its messages (a bare grpc.aio echo at "
+            "the same load: 2 calls answered, 2 Txns sent to etcd):", ""] + _table(
+        ["P1 row", "peer", "coordinator us / cycle", "floor us / cycle", "ratio to floor",
+         "echo us per round trip"], rows, "llrrrl")
+
+
+def _renewal_floor_lines(table: dict[str, Any]) -> list[str]:
+    """The coordinator's CPU per renewal of each P4 run through it against the echo floor (bench/_floor.py)."""
+    rows = [[_num(int(n), 0), mode, _num(e.get("batch", 1), 0), _num(e["coordinator_us_per_renewal"], 0),
+             _num(e["floor_us_per_renewal"], 0), _num(e["ratio_to_floor"], 2), _num(e.get("ratio_to_single"), 2),
+             f"{_num(e['echo']['clients']['server_us'], 0)} server, {_num(e['echo']['etcd']['client_us'], 0)} client"]
+            for n, row in table.items() for mode, e in row.items() if "coordinator_us_per_renewal" in e]
+    if not rows:
+        return []
+    return ["Coordinator CPU per renewal against the floor of its messages (a bare grpc.aio stream echo at the "
+            "run's load: a client message answered, shared by a batch, and a keepalive to etcd):", ""] + _table(
+        ["leases", "kept by", "batch", "coordinator us / renewal", "floor us / renewal", "ratio to floor",
+         "ratio to batch 1", "echo us per round trip"], rows, "llrrrrrl")
 
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
@@ -220,7 +248,7 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
         ax.grid(True, axis="y", alpha=0.3)
         save(fig, "p3-handoff.png")
     if "P4" in results and results["P4"]:
-        table = {n: row for n, row in results["P4"].items() if n.isdigit()}  # one keepalive per message
+        table = results["P4"]
         ns = [int(n) for n in table]
         fig, axes = plt.subplots(1, 3, figsize=(13, 4))
         for mode, style in (("fencepost", "-"), ("etcd-direct", "--")):
@@ -262,8 +290,3 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
             ax.grid(True, axis="y", alpha=0.3)
         save(fig, "p5-takeover.png")
     return made
-
-
-def _asked(key: str) -> int:
-    """The leases a P4 row asked for: its key is the count, maybe followed by a variant (``"2000 batch 10"``)."""
-    return int(key.split()[0])

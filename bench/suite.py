@@ -14,6 +14,11 @@ Figures:
 - P4 leases kept alive by one coordinator: N leases renewed every TTL/3 (TTL
   10 s) by a generator in another process; coordinator CPU (cores), resident
   memory per 1,000 leases, keepalive round trip p99, spurious expiries.
+
+P1, P2 and P4 also give the coordinator's CPU per acquire + release and per
+renewal, and its ratio to the floor of the messages involved: a bare
+grpc.aio echo (bench/echo.py) measured at the same load right after
+(bench/_floor.py).
 - P5 take-over: a holder process killed with SIGKILL; seconds to the waiter's
   grant, p50 and max, TTL 2 s and 10 s, against the bound TTL + 0.5 s.
 
@@ -50,6 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import _procs  # noqa: E402
+from _floor import cycles_against_floor, renewals_against_floor  # noqa: E402
 from _leases import leases_kept  # noqa: E402
 from _measure import cycle_loops, handoffs, percentile  # noqa: E402
 from _peers import (  # noqa: E402
@@ -84,8 +90,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "p2_clients": [1, 64],
         "handoffs": 20 if quick else 200,
         "p4_leases": [1000, 10000],
+        "p4_batches": [1] if quick else [1, 10],
         "p4_over_capacity": not quick,
-        "p4_batch_leases": 2000,
         "p4_window": 3.4 if quick else 20.0,
         "p4_ttl": 10,
         "p5_ttls": [2, 10],
@@ -98,7 +104,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.clients:
         s["clients"] = s["contended_clients"] = args.clients
     if args.p4_leases:
-        s["p4_leases"], s["p4_over_capacity"], s["p4_batch_leases"] = args.p4_leases, False, 0
+        s["p4_leases"], s["p4_over_capacity"] = args.p4_leases, False
     return s
 
 
@@ -120,7 +126,7 @@ class Suite:
         self.peer_kinds: list[str] = []
         self.skipped: dict[str, str] = {}
         self.results: dict[str, Any] = {"P1": {"distinct": {}, "contended": {}}, "P2": {}, "P3": {}, "P4": {},
-                                        "P5": {}, "cpu": {}}
+                                        "P5": {}, "cpu": {}, "floor": {}}
         self._loops: dict[tuple[str, str, int], Any] = {}
         self.coordinator: subprocess.Popen[str] | None = None
 
@@ -185,8 +191,10 @@ class Suite:
             tag = f"{kind}/{variant}{n}"
             names = (lambda i: f"{tag}/{i}") if variant == "distinct" else (lambda i: f"{tag}/{i // PER_NAME}")
             cpu = self._cpu()
+            coordinator = self.coordinator.pid if self.coordinator else None
+            probe = (lambda: _procs.cpu_seconds(coordinator)) if coordinator and kind.startswith("fencepost") else None
             self._loops[key] = await asyncio.wait_for(
-                cycle_loops(self.peers[kind], n, self.s["seconds"], names), self.s["seconds"] + 300)
+                cycle_loops(self.peers[kind], n, self.s["seconds"], names, probe), self.s["seconds"] + 300)
             self.results["cpu"].setdefault(f"{variant}/{n}", {})[kind] = self._cpu_since(cpu)
         return self._loops[key]
 
@@ -217,6 +225,24 @@ class Suite:
                     say(f"[P1] {kind:<16} {variant:<9} n={n:<3} {rate:9.1f} cycles/s  "
                         f"{_x(row[kind]['ratio'])} etcd-direct  ({time.monotonic() - started:.0f} s)")
                 self.results["P1"][variant][str(n)] = row
+                await self.floor(variant, n)
+
+    async def floor(self, variant: str, n: int) -> dict[str, Any]:
+        """The coordinator's CPU per acquire + release of the Fencepost peers of one P1 row, against the echo floor."""
+        key = f"{variant}/{n}"
+        if key not in self.results["floor"]:
+            loops = {k[0]: loop for k, loop in self._loops.items() if k[1:] == (variant, n)}
+            try:
+                self.results["floor"][key] = out = await cycles_against_floor(loops, n, self.s["seconds"])
+            except Exception as exc:
+                self.results["floor"][key] = out = {"error": _error(exc)}
+                say(f"[P1] echo floor {key} FAILED: {_error(exc)}")
+            for kind, e in out.items():
+                if kind not in ("echo", "error"):
+                    say(f"[P1] {kind:<16} {variant:<9} n={n:<3} coordinator CPU {e['coordinator_us_per_cycle']:.0f} us "
+                        f"per acquire + release, floor {e['floor_us_per_cycle']:.0f} us: "
+                        f"{_x(e['ratio_to_floor'])} the echo floor")
+        return self.results["floor"][key]  # type: ignore[no-any-return]
 
     async def p2(self) -> None:
         for n in self.s["p2_clients"]:
@@ -232,6 +258,9 @@ class Suite:
                     values = getattr(loops, op)
                     entry[op] = {q: round(percentile(values, p) * 1e3, 3)
                                  for q, p in (("p50", 50), ("p99", 99), ("p99.9", 99.9))}
+                floor = (await self.floor("distinct", n)).get(kind)
+                if floor:
+                    entry.update(floor)
                 base = entry if kind == "etcd-direct" else row.get("etcd-direct")
                 for op in ("acquire", "release"):
                     entry[op]["ratio_p50"] = _ratio(entry[op]["p50"], base[op]["p50"] if base else None)
@@ -239,7 +268,9 @@ class Suite:
                 say(f"[P2] {kind:<16} n={n:<3} acquire p50/p99/p99.9 "
                     f"{entry['acquire']['p50']:.2f}/{entry['acquire']['p99']:.2f}/{entry['acquire']['p99.9']:.2f} ms, "
                     f"release {entry['release']['p50']:.2f}/{entry['release']['p99']:.2f}/"
-                    f"{entry['release']['p99.9']:.2f} ms  ({entry['samples']} cycles)")
+                    f"{entry['release']['p99.9']:.2f} ms  ({entry['samples']} cycles)"
+                    + (f"; coordinator {entry['coordinator_us_per_cycle']:.0f} us per cycle, "
+                       f"{_x(entry['ratio_to_floor'])} the echo floor" if floor else ""))
             self.results["P2"][str(n)] = row
 
     # ------------------------------------------------------------------------------------------ P3
@@ -266,32 +297,32 @@ class Suite:
     # ------------------------------------------------------------------------------------------ P4
 
     async def p4(self) -> None:
-        """P4: each of ``p4_leases``; then 2x the capacity measured (the most leases admitted by a run that
-        refused grants, else 2x the largest run); then ``p4_batch_leases`` renewed one per message and 10 per
-        message (batched keepalives), through the coordinator only."""
+        """P4: each of ``p4_leases``, renewed directly on etcd, then through the coordinator with each of the
+        ``--p4-batch`` sizes; then 2x the capacity measured (the most leases admitted by a run that refused
+        grants, else 2x the largest run), one lease per message."""
         for n in self.s["p4_leases"]:
-            await self._p4_row(str(n), n, self.args.p4_batch)
+            await self._p4_row(n, self.args.p4_batch or self.s["p4_batches"])
         if self.s["p4_over_capacity"]:
-            runs = [row["fencepost"] for row in self.results["P4"].values() if "leases" in row.get("fencepost", {})]
+            runs = [e for row in self.results["P4"].values() for mode, e in row.items()
+                    if mode == "fencepost" and "leases" in e]
             refused = [e["leases"] for e in runs if e.get("grant_refusals")]
             capacity = max(refused) if refused else max(self.s["p4_leases"])
-            await self._p4_row(f"{2 * capacity}", 2 * capacity, self.args.p4_batch)
-        n = self.s["p4_batch_leases"]
-        for batch in (1, 10) if n else ():
-            await self._p4_row(f"{n} batch {batch}", n, batch, modes=("fencepost",))
+            await self._p4_row(2 * capacity, [1])
 
-    async def _p4_row(self, key: str, n: int, batch: int, modes: tuple[str, ...] = ("etcd-direct", "fencepost")
-                      ) -> None:
+    async def _p4_row(self, n: int, batches: list[int]) -> None:
         endpoint = self.args.etcd_endpoints
-        row: dict[str, Any] = self.results["P4"].setdefault(key, {})
-        for mode in modes:
+        row: dict[str, Any] = {}
+        # The first batch size is the "fencepost" row; others are rows of their own ("fencepost-batch10").
+        modes = [("etcd-direct", 1), ("fencepost", batches[0]),
+                 *((f"fencepost-batch{b}", b) for b in batches[1:])]
+        for mode, batch in modes:
             started = time.monotonic()
             try:
-                out = await leases_kept(mode, n, self.s["p4_window"], self.s["p4_ttl"], endpoint,
-                                        self.args.coordinator_arg, self.args.loop, batch)
+                out = await leases_kept(mode.split("-batch")[0], n, self.s["p4_window"], self.s["p4_ttl"],
+                                        endpoint, self.args.coordinator_arg, self.args.loop, batch)
             except Exception as exc:
                 row[mode] = {"error": _error(exc)}
-                say(f"[P4] {mode:<16} N={key:<6} FAILED: {_error(exc)}")
+                say(f"[P4] {mode:<16} N={n:<6} FAILED: {_error(exc)}")
                 continue
             row[mode] = out
             base = row.get("etcd-direct", {})
@@ -300,8 +331,10 @@ class Suite:
                 if "etcd" in base.get("cores", {}) and "etcd" in out["cores"]:
                     servers = out["cores"]["coordinator"] + out["cores"]["etcd"]
                     out["ratio_server_cores"] = _ratio(servers, base["cores"]["etcd"])
+            if mode != "etcd-direct":
+                await self.renewal_floor(out, batch, row)
             cores = out["cores"]
-            say(f"[P4] {mode:<16} N={key:<6} coordinator {cores.get('coordinator', float('nan')):.3f} cores, "
+            say(f"[P4] {mode:<16} N={n:<6} coordinator {cores.get('coordinator', float('nan')):.3f} cores, "
                 f"etcd {cores.get('etcd', float('nan')):.3f}, generator {cores['generator']:.3f}; "
                 f"RSS/1000 leases {out.get('coordinator_rss_kib_per_1000_leases', '-')} KiB; "
                 f"keepalive RTT p99 {out['rtt_ms']['p99']} ms; spurious expiries {out['spurious_expiries']}; "
@@ -309,6 +342,28 @@ class Suite:
                 f"admitted {out.get('leases', n)} of {n}, {out.get('grant_refusals', 0)} grants refused, "
                 f"RTT p50 {out['rtt_ms']['p50']} ms; "
                 f"coordinator warnings {out.get('coordinator_warnings', '-')}  ({time.monotonic() - started:.0f} s)")
+        self.results["P4"][str(n)] = row
+
+    async def renewal_floor(self, out: dict[str, Any], batch: int, row: dict[str, Any]) -> None:
+        """Add to a P4 run through the coordinator its CPU per renewal against the echo floor (and batch 1's cost)."""
+        try:
+            out.update(await renewals_against_floor(out, batch))
+        except Exception as exc:
+            out["floor_error"] = _error(exc)
+            say(f"[P4] echo floor FAILED: {_error(exc)}")
+            return
+        if "coordinator_us_per_renewal" not in out:
+            return
+        single = next((e.get("coordinator_us_per_renewal") for e in row.values() if e.get("batch") == 1
+                       and e.get("mode") == "fencepost" and e is not out), None)
+        if batch > 1 and single:
+            out["ratio_to_single"] = _ratio(out["coordinator_us_per_renewal"], single)
+        say(f"[P4] batch {batch}: coordinator CPU {out['coordinator_us_per_renewal']:.0f} us per renewal, floor "
+            f"{out['floor_us_per_renewal']:.0f} us (echo: server {out['echo']['clients']['server_us']:.0f} us per "
+            f"client message, client {out['echo']['etcd']['client_us']:.0f} us per etcd keepalive): "
+            f"{_x(out['ratio_to_floor'])} the echo floor ({_x(out['ratio_to_server_floor'])} counting both legs at "
+            f"the echo server's cost)"
+            + (f"; {_x(out['ratio_to_single'])} the one-lease cost" if "ratio_to_single" in out else ""))
 
     # ------------------------------------------------------------------------------------------ P5
 
@@ -385,7 +440,7 @@ async def run(args: argparse.Namespace, endpoint: str, etcd_pid: int | None, wor
                      "settings": suite.s, "figures": only, "peers": suite.peer_kinds, "skipped": suite.skipped,
                      "loop": args.loop, "coordinator_args": args.coordinator_arg,
                      "etcd": args.etcd_endpoints or "embedded"},
-            **{k: v for k, v in suite.results.items() if k in only or k == "cpu"}}
+            **{k: v for k, v in suite.results.items() if k in only or k in ("cpu", "floor")}}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -407,8 +462,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--handoffs", type=int, help="P3 hand-offs per peer (default 200; --quick 20)")
     p.add_argument("--p5-kills", type=int, help="P5 kills per TTL for Fencepost (default 20; --quick 5)")
     p.add_argument("--p4-leases", type=int, action="append", help="P4 lease counts (repeatable)")
-    p.add_argument("--p4-batch", type=int, default=1,
-                   help="P4 (fencepost): renewals per keepalive message (default 1; see bench/_leasegen.py --batch)")
+    p.add_argument("--p4-batch", type=int, action="append",
+                   help="P4 (fencepost): renewals per keepalive message (default 1; see bench/_leasegen.py --batch); "
+                        "repeatable: each further size is a row of its own (fencepost-batch10), compared with batch 1")
     args = p.parse_args(argv)
     args.only = [f.strip().upper() for f in args.only.split(",") if f.strip()]
     if bad := [f for f in args.only if f not in FIGURES]:

@@ -89,7 +89,7 @@ class Tracing:
     Args:
         provider: The tracer provider to use; None for the global one, looked
             up at each :meth:`tracer` call (an application may set it after
-            making the client).
+            making the client; see :func:`_global_provider`).
         lock_names: Record lock names (``fencepost.lock.name``) on spans.
     """
 
@@ -104,7 +104,7 @@ class Tracing:
     def tracer(self) -> Tracer | None:
         """The tracer to make spans with now; None while tracing is off (the API's default provider, or
         an SDK provider disabled by ``OTEL_SDK_DISABLED``)."""
-        provider = self._provider if self._provider is not None else trace.get_tracer_provider()
+        provider = self._provider if self._provider is not None else _global_provider()
         if provider is not self._seen:
             tracer = None if isinstance(provider, _PASSIVE) else provider.get_tracer(INSTRUMENTATION)
             self._tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
@@ -122,6 +122,33 @@ class Tracing:
         if token:
             attributes[TOKEN] = token
         return attributes
+
+
+#: The global provider as last looked up (empty before the first look-up).
+_global: list[TracerProvider] = []
+
+
+def _global_provider() -> TracerProvider:
+    """``opentelemetry.trace.get_tracer_provider()``, without its read of ``os.environ`` at every call.
+
+    The first call asks OpenTelemetry, which also loads the provider that
+    ``OTEL_PYTHON_TRACER_PROVIDER`` names, if set then. While the answer is
+    the API's proxy (no provider set), each later call asks that proxy for a
+    tracer, which costs no environment read: it is a ``ProxyTracer`` until an
+    application sets a global provider (``set_tracer_provider``), and that
+    provider's own tracer once it did; then OpenTelemetry is asked again. A
+    global provider is set at most once (OpenTelemetry refuses a second), so
+    the one found is kept. Not seen: ``OTEL_PYTHON_TRACER_PROVIDER`` set in
+    ``os.environ`` by the process itself after the first call.
+    """
+    if _global:
+        seen = _global[0]
+        if not isinstance(seen, trace.ProxyTracerProvider) or isinstance(
+                seen.get_tracer(INSTRUMENTATION), trace.ProxyTracer):
+            return seen
+    provider = trace.get_tracer_provider()
+    _global[:] = [provider]
+    return provider
 
 
 def rpc_attributes(service: str, method: str) -> dict[str, Any]:

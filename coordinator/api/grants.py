@@ -77,5 +77,6 @@ class Grants:
         """
         self._metrics.granted(counted_as, waited)
         self._holds.granted(hold, freed_at, time.monotonic() - waited)
-        log_event(_log, logging.DEBUG, event, message, name=name, lease_id=hold.lease_id, token=hold.token, slot=slot,
-                  waited_s=round(waited, 6), request_id=request_id, **caller(context))
+        if _log.isEnabledFor(logging.DEBUG):  # not built otherwise: caller() reads the span, peer and metadata
+            log_event(_log, logging.DEBUG, event, message, name=name, lease_id=hold.lease_id, token=hold.token,
+                      slot=slot, waited_s=round(waited, 6), request_id=request_id, **caller(context))

@@ -218,9 +218,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             revision = await self._records.run(
                 request.request_id, Call("Release", request.name, request.lease_id, request.token),
                 lambda also: self._locks.release(request.name, request.lease_id, request.token, also=also))
-        log_event(_log, logging.DEBUG, "release", f"{request.name!r} released by lease {request.lease_id:#x}, "
-                  f"token {request.token}", name=request.name, lease_id=request.lease_id, token=request.token,
-                  revision=revision, request_id=request.request_id or None, **caller(context))
+        if _log.isEnabledFor(logging.DEBUG):  # not built otherwise: caller() reads the span, peer and metadata
+            log_event(_log, logging.DEBUG, "release", f"{request.name!r} released by lease {request.lease_id:#x}, "
+                      f"token {request.token}", name=request.name, lease_id=request.lease_id, token=request.token,
+                      revision=revision, request_id=request.request_id or None, **caller(context))
         return lock_pb2.ReleaseResponse(revision=revision)
 
     @served

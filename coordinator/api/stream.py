@@ -114,6 +114,7 @@ class KeepAliveStream:
         self._on_wait = on_wait
         self._least_delay = math.inf  # the least (coordinator's clock - sent_ms) seen on the stream, ms
         self._context = context
+        self._auth: Any = None  # the stream's context.auth_context(), read at its first call
         self._peer = peer or ""
         self._running: dict[int, tuple[str, asyncio.Task[None]]] = {}  # request id -> a call on the stream
         self._releasing: dict[Hold, bool] = {}  # holds being released on the stream -> deletion seen meanwhile
@@ -263,8 +264,10 @@ class KeepAliveStream:
             self._send(invalid(request_id, InvalidArgument(
                 f"request_id {request_id} is in use by a call still running on this stream", field="request_id")))
             return
+        if self._auth is None:
+            self._auth = self._context.auth_context() if self._context is not None else {}
         try:
-            context = call_context(self._context, self._peer, request)
+            context = call_context(self._auth, self._peer, request)
         except InvalidArgument as exc:
             self._send(invalid(request_id, exc))
             return

@@ -149,11 +149,12 @@ def wrapped_calls(service: Any, interceptors: Sequence[Any]) -> dict[str, Handle
     return calls
 
 
-def call_context(stream_context: Any, peer: str, request: lock_pb2.KeepAliveRequest) -> StreamCallContext:
-    """The context of the call carried by ``request`` on the stream of ``stream_context``.
+def call_context(auth: Any, peer: str, request: lock_pb2.KeepAliveRequest) -> StreamCallContext:
+    """The context of the call carried by ``request`` on a KeepAlive stream.
 
     Args:
-        stream_context: the KeepAlive stream's ``grpc.aio.ServicerContext`` (its certificate).
+        auth: the stream's ``context.auth_context()`` (its client certificate:
+            the same for every call of the stream, read once per stream).
         peer: the stream's peer address.
         request: the message (its ``lease_secret``, ``traceparent``, ``timeout_ms``).
 
@@ -168,8 +169,7 @@ def call_context(stream_context: Any, peer: str, request: lock_pb2.KeepAliveRequ
     if request.traceparent:
         metadata.append(("traceparent", request.traceparent))
     deadline = time.monotonic() + request.timeout_ms / 1000 if request.timeout_ms else None
-    return StreamCallContext(peer, stream_context.auth_context() if stream_context is not None else {},
-                             metadata, deadline)
+    return StreamCallContext(peer, auth, metadata, deadline)
 
 
 def failed(request_id: int, status: grpc.Status) -> lock_pb2.KeepAliveResponse:

@@ -51,7 +51,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fencepost.client.errors import FencepostError, InvalidArgument, LeaseLost, NotHolder, StaleTokenError
@@ -157,7 +157,9 @@ class Record:
 
 
 def _encode(call: Call, outcome: Mapping[str, int] | None = None) -> bytes:
-    value: dict[str, Any] = asdict(call)
+    # The fields in their declaration order, as dataclasses.asdict gives them (without its deep copy).
+    value: dict[str, Any] = {"method": call.method, "name": call.name, "lease_id": call.lease_id,
+                             "token": call.token, "slot": call.slot}
     if outcome:
         value["outcome"] = dict(outcome)
     return json.dumps(value, separators=(",", ":")).encode()
