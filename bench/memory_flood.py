@@ -165,8 +165,8 @@ async def stream_flood(stubs: list[Any], owned: list[tuple[int, str]], n: int) -
                                             lease_secret=secret)
         call = stubs[i % len(stubs)].KeepAlive()
         try:
-            await call.write(request)
-            if await call.read() is grpc.aio.EOF:
+            await asyncio.wait_for(call.write(request), 120)
+            if await asyncio.wait_for(call.read(), 120) is grpc.aio.EOF:
                 done(f"{(await call.code()).name}/{await call.details()}"[:120])
                 return
             done("acked")
@@ -176,6 +176,8 @@ async def stream_flood(stubs: list[Any], owned: list[tuple[int, str]], n: int) -
                 done(f"write failed; call {(await call.code()).name}/{await call.details()}"[:120])
             else:
                 done(outcome(err))
+        except asyncio.TimeoutError:
+            done("no answer in 120 s")
         except Exception:  # a write on a call that already ended: its status says why
             done(f"{(await call.code()).name}/{await call.details()}"[:120])
         finally:

@@ -320,8 +320,10 @@ class HoldTracker:
             self._ends = OrderedDict()  # a dict keeps its largest table: give it back once empty
         if not self._held:
             self._held, self._by_key, self._per_lease = OrderedDict(), {}, {}
-        self._sweep = (asyncio.get_running_loop().call_later(HANDOFF_MEMORY_SECONDS, self._forget_ends)
-                       if self._ends else None)
+        self._sweep = None
+        if self._ends:  # again when the oldest left is due
+            due = next(iter(self._ends.values())) + HANDOFF_MEMORY_SECONDS - self._clock()
+            self._sweep = asyncio.get_running_loop().call_later(max(0.1, due), self._forget_ends)
 
     def _forget(self, hold: Hold, followed: _Followed) -> None:
         followed.unsubscribe()

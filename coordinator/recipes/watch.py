@@ -245,8 +245,10 @@ class DeleteWatcher:
     def _forget_old(self) -> None:
         """Forget the deletions older than WINDOW_SECONDS; run again while some are left."""
         self._forget(0, time.monotonic() - WINDOW_SECONDS)
-        self._sweep = (asyncio.get_running_loop().call_later(WINDOW_SECONDS, self._forget_old)
-                       if self._order else None)
+        self._sweep = None
+        if self._order:  # again when the oldest left is due
+            due = self._order[0][2] + WINDOW_SECONDS - time.monotonic()
+            self._sweep = asyncio.get_running_loop().call_later(max(0.1, due), self._forget_old)
 
     def _forget(self, count: int, before: float) -> None:
         """Forget the ``count`` oldest deletions, and then those seen before ``before``."""
