@@ -333,6 +333,8 @@ class LimitTracker:
         left = self._streams.get(caller, 0) - 1
         if left <= 0:
             self._streams.pop(caller, None)
+            if not self._streams:
+                self._streams = {}  # a dict keeps its largest table: give it back once empty
         else:
             self._streams[caller] = left
 

@@ -8,11 +8,20 @@ the batches of keepalives it serves (initial metadata,
 one ``stream_open`` and one ``stream_close`` event (how it ended:
 ``half_closed``, ``cancelled``, ``refused``, ``shutdown``, ``error``). At
 shutdown it ends with UNAVAILABLE / SHUTTING_DOWN, unlogged as a refusal.
+
+Memory: a stream's objects form reference cycles (the stream, its renewals
+and outbox, their bound methods and tasks) that only the cycle collector
+frees, and its oldest generation runs rarely: after a flood of 2,000
+streams about 15 MiB of Python heap stayed 20 s after they all closed. So
+once :data:`COLLECT_AFTER` streams have ended since the last collection and
+none is open any more, one ``gc.collect()`` is run (tens of milliseconds,
+once per flood, never while a stream is served).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
@@ -33,6 +42,9 @@ from .stream_calls import CALLS_METADATA
 __all__ = ["KeepAlives"]
 
 _log = logging.getLogger(__name__)
+
+#: Streams ended since the last cycle collection after which the end of the last open one collects.
+COLLECT_AFTER = 1000
 
 
 class KeepAlives:
@@ -56,6 +68,7 @@ class KeepAlives:
         self._stream = stream
         #: The streams being served.
         self.open: set[KeepAliveStream] = set()
+        self._ended = 0  # streams ended since the last cycle collection
 
     async def serve(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest], context: grpc.aio.ServicerContext
                     ) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
@@ -89,6 +102,10 @@ class KeepAlives:
         finally:
             self._slots.close(key)
             self.open.discard(stream)
+            self._ended += 1
+            if not self.open and self._ended >= COLLECT_AFTER:
+                self._ended = 0
+                asyncio.get_running_loop().call_soon(gc.collect)  # after this stream's own frames are gone
             log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
                       ended=ended, leases=stream.lease_count, holds=stream.hold_count,
                       duration_s=round(time.monotonic() - started, 3), **who)

@@ -157,6 +157,19 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         """The KeepAlive and Observe streams being served."""
         return self._slots.count
 
+    def state_sizes(self) -> dict[str, int]:
+        """The entries of each per-stream, per-lease and per-name table kept in memory (for tests and benches).
+
+        Returns:
+            ``streams`` (open), ``keepalive_streams``, the watcher's ``deletions``
+            and ``subscriptions``, the hold tracker's ``holds``, ``hold_ends``,
+            ``revoked_leases`` and ``grant_times``, and the limit tracker's
+            tables prefixed ``limits_``.
+        """
+        return {"streams": self._slots.count, "keepalive_streams": len(self._keepalives.open),
+                **self._watcher.sizes, **self._holds.sizes,
+                **{f"limits_{k}": v for k, v in self._limits.tracked.items()}}
+
     def enter_graceful_shutdown(self) -> None:
         """Refuse new KeepAlive streams and end the open ones with UNAVAILABLE / SHUTTING_DOWN."""
         self.closing.set()

@@ -431,6 +431,11 @@ class Coordinator:
         """The shared deletion watcher of the lock keys (after ``start()``)."""
         return self._watcher
 
+    def state_sizes(self) -> dict[str, int]:
+        """The entries of each per-stream, per-lease and per-name table in memory (:meth:`..api.service.LockService.state_sizes`);
+        empty before ``start()``."""
+        return self._service.state_sizes() if self._service is not None else {}
+
     @property
     def loop_lag(self) -> LoopLag | None:
         """The overload monitor (after ``start()``): how far behind this coordinator is."""

@@ -25,7 +25,9 @@ restarts, each hold is read again (as a KeepAlive stream does).
 
 Hand-off: the end of each hold this coordinator saw is remembered by lock
 name, for :data:`HANDOFF_MEMORY_SECONDS` and for at most
-:data:`HANDOFF_MEMORY_NAMES` names; the next grant of that name here
+:data:`HANDOFF_MEMORY_NAMES` names (an end older than that is forgotten
+even while no grant comes: a flood of names used once leaves nothing
+behind); the next grant of that name here
 observes the time since the later of that end and the one a waiting
 Acquire brings (below), once per end, labelled ``queued="true"`` when its
 Acquire call had started by then (the lock passed to a contender already
@@ -112,11 +114,19 @@ class HoldTracker:
         self._revoked: OrderedDict[int, int] = OrderedDict()  # lease id -> LeaseRevoke calls (in flight or done)
         self._leases: dict[int, asyncio.Future[bool]] = {}  # lease id -> its liveness read in flight
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sweep: asyncio.TimerHandle | None = None  # forgets the hold ends older than HANDOFF_MEMORY_SECONDS
 
     @property
     def count(self) -> int:
         """The holds followed now (``fencepost_holds``)."""
         return len(self._held)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """What the tracker holds now: ``holds`` followed, ``hold_ends`` remembered for the hand-off,
+        ``revoked_leases`` remembered, ``grant_times`` kept."""
+        return {"holds": len(self._held), "hold_ends": len(self._ends), "revoked_leases": len(self._revoked),
+                "grant_times": self.grant_times.count}
 
     def holds_of(self, lease_id: int) -> int:
         """The holds of ``lease_id`` granted here and followed now (for ``--max-holds-per-lease``)."""
@@ -215,6 +225,9 @@ class HoldTracker:
 
     async def close(self) -> None:
         """Stop following: drop every subscription and stop the reads in flight."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for hold, followed in list(self._held.items()):
             self._forget(hold, followed)
         self._held.clear()
@@ -294,6 +307,23 @@ class HoldTracker:
         self._ends.move_to_end(hold.name)
         while len(self._ends) > HANDOFF_MEMORY_NAMES:
             self._ends.popitem(last=False)
+        if self._sweep is None:
+            with contextlib.suppress(RuntimeError):  # no running loop (a unit test): forgotten at the next end
+                self._sweep = asyncio.get_running_loop().call_later(HANDOFF_MEMORY_SECONDS, self._forget_ends)
+
+    def _forget_ends(self) -> None:
+        """Forget the hold ends older than HANDOFF_MEMORY_SECONDS; run again while some are left."""
+        old = self._clock() - HANDOFF_MEMORY_SECONDS
+        while self._ends and next(iter(self._ends.values())) < old:
+            self._ends.popitem(last=False)
+        if not self._ends:
+            self._ends = OrderedDict()  # a dict keeps its largest table: give it back once empty
+        if not self._held:
+            self._held, self._by_key, self._per_lease = OrderedDict(), {}, {}
+        self._sweep = None
+        if self._ends:  # again when the oldest left is due
+            due = next(iter(self._ends.values())) + HANDOFF_MEMORY_SECONDS - self._clock()
+            self._sweep = asyncio.get_running_loop().call_later(max(0.1, due), self._forget_ends)
 
     def _forget(self, hold: Hold, followed: _Followed) -> None:
         followed.unsubscribe()

@@ -116,9 +116,16 @@ class GrantTimes:
         while len(self._granted) > self._capacity:
             self._granted.popitem(last=False)
 
+    @property
+    def count(self) -> int:
+        """The grants remembered now."""
+        return len(self._granted)
+
     def released(self, hold: Hold) -> None:
         """Forget a hold that was released (or that ended otherwise)."""
         self._granted.pop(hold, None)
+        if not self._granted:
+            self._granted = OrderedDict()  # a dict keeps its largest table: give it back once empty
 
     def granted_at(self, hold: Hold) -> float | None:
         """The clock reading of ``hold``'s grant here; None when this coordinator did not grant it."""

@@ -13,6 +13,11 @@ latest deletion revision of recently deleted keys: ``deleted_after(key, R)``
 answers whether the key was deleted after R, or that it cannot tell (the
 window no longer reaches back to R, or the watch had to restart after a
 compaction), in which case the caller re-reads etcd.
+
+Memory: the window holds at most ``window`` deletions, each for at most
+:data:`WINDOW_SECONDS` (the gap between a read and its subscription is a
+few milliseconds; a caller whose gap was longer re-reads etcd): after a
+flood of deletions ends, the window empties and its tables are given back.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
@@ -38,6 +44,9 @@ _log = logging.getLogger(__name__)
 #: says so again at most this often, in seconds. A refusal (credentials,
 #: permissions) is logged once per change of its message.
 REPEAT_INTERVAL = 30.0
+
+#: Seconds a deletion is remembered for ``deleted_after`` (then the caller re-reads etcd).
+WINDOW_SECONDS = 30.0
 
 #: A deletion callback: called with the deletion revision, or None when
 #: deletions may have been missed (the watch restarted after compaction) and
@@ -79,7 +88,8 @@ class DeleteWatcher:
         self._window = window
         self._subs: dict[bytes, set[DeleteCallback]] = collections.defaultdict(set)
         self._latest: dict[bytes, int] = {}
-        self._order: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._order: collections.deque[tuple[int, bytes, float]] = collections.deque()  # (revision, key, seen at)
+        self._sweep: asyncio.TimerHandle | None = None  # forgets the deletions older than WINDOW_SECONDS
         self._known_after: int | None = None  # every deletion with revision > this is known
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()  # set while the watch runs and deletions are known
@@ -90,8 +100,16 @@ class DeleteWatcher:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="fencepost-delete-watch")
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """What the watcher holds now: ``deletions`` remembered, keys with ``subscriptions``."""
+        return {"deletions": len(self._order), "subscriptions": len(self._subs)}
+
     async def close(self) -> None:
         """Stop watching."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -116,6 +134,8 @@ class DeleteWatcher:
                 subs.discard(callback)
                 if not subs:
                     del self._subs[key]
+                    if not self._subs:  # a dict keeps its largest table: give it back once empty
+                        self._subs = collections.defaultdict(set)
 
         return unsubscribe
 
@@ -203,7 +223,7 @@ class DeleteWatcher:
                 await asyncio.sleep(delay)
 
     def _reset(self, start: int) -> None:
-        self._latest.clear()
+        self._latest = {}
         self._order.clear()
         self._known_after = start
         self._ready.set()
@@ -215,14 +235,33 @@ class DeleteWatcher:
 
     def _on_delete(self, key: bytes, revision: int) -> None:
         self._latest[key] = revision
-        self._order.append((revision, key))
-        while len(self._order) > self._window:
-            old_rev, old_key = self._order.popleft()
-            if self._latest.get(old_key) == old_rev:
-                del self._latest[old_key]
-            self._known_after = max(self._known_after or 0, old_rev)
+        self._order.append((revision, key, time.monotonic()))
+        self._forget(len(self._order) - self._window, -math.inf)
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(WINDOW_SECONDS, self._forget_old)
         for callback in list(self._subs.get(key, ())):
             _call(callback, revision)
+
+    def _forget_old(self) -> None:
+        """Forget the deletions older than WINDOW_SECONDS; run again while some are left."""
+        self._forget(0, time.monotonic() - WINDOW_SECONDS)
+        self._sweep = None
+        if self._order:  # again when the oldest left is due
+            due = self._order[0][2] + WINDOW_SECONDS - time.monotonic()
+            self._sweep = asyncio.get_running_loop().call_later(max(0.1, due), self._forget_old)
+
+    def _forget(self, count: int, before: float) -> None:
+        """Forget the ``count`` oldest deletions, and then those seen before ``before``."""
+        order = self._order
+        while order and (count > 0 or order[0][2] < before):
+            count -= 1
+            old_rev, old_key, _ = order.popleft()
+            if self._latest.get(old_key) == old_rev:
+                del self._latest[old_key]
+            if self._known_after is not None:  # None: the watch restarts, nothing is known yet
+                self._known_after = max(self._known_after, old_rev)
+        if not order:
+            self._latest = {}  # a dict keeps its largest table: give it back once empty
 
     def _notify_all_unknown(self) -> None:
         for subs in list(self._subs.values()):

@@ -1,0 +1,128 @@
+"""Floods of streams and of distinct lock names leave no per-stream or per-name state behind (issue 25, item 9).
+
+A coordinator with ``--max-streams`` small refuses the streams beyond it
+with RESOURCE_EXHAUSTED / TOO_MANY_STREAMS; once the flood's streams end,
+and once distinct names used once each have been idle past the watch's
+deletion window and the hand-off memory, every per-stream and per-name
+table of :meth:`Coordinator.state_sizes` is back at its size before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import grpc
+import pytest
+
+from fencepost.client.v1 import details, lock_pb2, lock_pb2_grpc
+from fencepost.coordinator.admission.limits import Limits
+from fencepost.coordinator.process.coordinator import Coordinator
+from fencepost.coordinator.recipes import holds, watch
+
+from .conftest import wait_for
+from .owned_stub import OwnedStub
+
+#: Tables that count per-stream or per-name state (the leases' own entries stay while the leases live).
+PER_FLOOD = ("streams", "keepalive_streams", "deletions", "subscriptions", "holds", "hold_ends", "grant_times",
+             "limits_streams", "limits_acquiring")
+
+
+@pytest.fixture
+async def small(etcd: Any, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A coordinator allowing 1,000 streams, whose deletion window and hand-off memory last 1 s."""
+    monkeypatch.setattr(watch, "WINDOW_SECONDS", 1.0)
+    monkeypatch.setattr(holds, "HANDOFF_MEMORY_SECONDS", 1.0)
+    limits = Limits(max_streams=1000, max_streams_per_caller=0, lease_grant_rate=0, acquire_rate=0,
+                    max_lag=0, max_loop_busy=0, max_client_rtt=0, max_keepalive_wait=0)
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, limits=limits)
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        yield coord
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+def _flood_sizes(coord: Coordinator) -> dict[str, int]:
+    sizes = coord.state_sizes()
+    return {k: sizes[k] for k in PER_FLOOD}
+
+
+async def test_stream_flood_when_past_max_streams_refuses_typed_and_frees_state(small: Coordinator) -> None:
+    """2,000 streams against --max-streams 1,000: the rest get TOO_MANY_STREAMS, and all state goes after."""
+    before = _flood_sizes(small)
+    channels = [grpc.aio.insecure_channel(small.address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(20)]
+    calls: list[Any] = []
+    try:
+        stubs = [OwnedStub(c) for c in channels]
+        lease = await stubs[0].LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=60), timeout=30)
+        keepalive = lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease.lease_id))
+
+        async def one(i: int) -> str:
+            call = lock_pb2_grpc.LockServiceStub(channels[i % len(channels)]).KeepAlive()
+            calls.append(call)
+            try:
+                await call.write(keepalive.__class__(keepalive=keepalive.keepalive,
+                                                     lease_secret=lease.lease_secret))
+                answer = await call.read()
+                if answer is not grpc.aio.EOF:
+                    return "acked"
+            except grpc.aio.AioRpcError:
+                pass
+            code = await call.code()
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                info = details.parse(grpc.aio.AioRpcError(code, await call.initial_metadata(),
+                                                          await call.trailing_metadata(), await call.details()))
+                return f"RESOURCE_EXHAUSTED/{info.reason}"
+            return code.name
+
+        outcomes: list[str] = []
+        for start in range(0, 2000, 250):  # in waves: the client's own gRPC stays within its means
+            outcomes += await asyncio.gather(*(one(i) for i in range(start, start + 250)))
+        assert outcomes.count("acked") == 1000, sorted(set(outcomes))
+        assert outcomes.count("RESOURCE_EXHAUSTED/TOO_MANY_STREAMS") == 1000, sorted(set(outcomes))
+        assert small.state_sizes()["streams"] == 1000
+    finally:
+        for call in calls:
+            call.cancel()
+        for c in channels:
+            await c.close()
+    await wait_for(lambda: _flood_sizes(small) == before, 60, what="per-stream state back to its size before")
+
+
+async def test_name_flood_when_idle_forgets_every_name(small: Coordinator) -> None:
+    """3,000 distinct names acquired and released once: once idle, no table holds an entry for them."""
+    before = _flood_sizes(small)
+    channels = [grpc.aio.insecure_channel(small.address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(20)]
+    try:
+        stubs = [OwnedStub(c) for c in channels]
+        run = uuid.uuid4().hex[:8]
+
+        async def worker(c: int) -> int:
+            lease = await stubs[c].LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=60), timeout=30)
+            done = 0
+            for i in range(c, 3000, len(stubs)):
+                name = f"{run}-{i}"
+                for _ in range(5):  # etcd may time out on a loaded machine: Acquire and Release are retryable
+                    try:
+                        got = await stubs[c].Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease.lease_id),
+                                                     timeout=60)
+                        await stubs[c].Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease.lease_id,
+                                                                       token=got.token), timeout=60)
+                        done += 1
+                        break
+                    except grpc.aio.AioRpcError as err:
+                        if err.code() != grpc.StatusCode.UNAVAILABLE:
+                            raise
+            return done
+
+        assert sum(await asyncio.gather(*(worker(c) for c in range(len(stubs))))) == 3000
+        seen = small.state_sizes()
+        assert seen["hold_ends"] > 0 and seen["deletions"] > 0  # the flood was remembered for a moment
+    finally:
+        for c in channels:
+            await c.close()
+    await wait_for(lambda: _flood_sizes(small) == before, 60, what="per-name state back to its size before")
