@@ -25,7 +25,10 @@ refused by a coordinator past its capacity (RESOURCE_EXHAUSTED /
 OVERLOADED: a new lease or a wait; the call did nothing) goes at once to
 the next address, each once, and once every address refused it, waits the
 RetryInfo's delay (times 1 to 1.5) and goes round again; the rotation moves
-the client's KeepAlive stream too, off the overloaded coordinator. Either
+the client's KeepAlive stream too, off the overloaded coordinator. A call
+refused by a coordinator that drains before it stops (UNAVAILABLE /
+DRAINING: a new lease or stream, an acquire; the call did nothing) is
+treated the same way, idempotent or not. Either
 way a call stops trying ``connect_timeout`` seconds after its first
 failure, or at its own deadline.
 
@@ -83,6 +86,9 @@ __all__ = ["MakeRequest", "Transport", "current_task_cancelling"]
 
 SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
 OVERLOADED = reason_name(ErrorReason.OVERLOADED)
+DRAINING = reason_name(ErrorReason.DRAINING)
+#: The refusals of a coordinator that did nothing and asks for another one: past its capacity, or draining.
+GO_ELSEWHERE = frozenset({OVERLOADED, DRAINING})
 
 #: The W3C trace context header, sent in a stream call's ``traceparent`` field.
 TRACEPARENT = "traceparent"
@@ -214,9 +220,9 @@ class Transport(Connection):
                 mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answered is not None:
                     raise answered from err
-                if mapped.reason == OVERLOADED:
-                    # Past its capacity, the coordinator did nothing: the next address at once (each once a
-                    # round), then wait as asked, within the call's time.
+                if mapped.reason in GO_ELSEWHERE:
+                    # Past its capacity, or draining before it stops, the coordinator did nothing: the next
+                    # address at once (each once a round), then wait as asked, within the call's time.
                     overloaded += 1
                     self.rotate(channel)
                     if overloaded % len(self.addresses):
