@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -137,6 +138,37 @@ async def test_a_client_refused_as_draining_gets_its_lock_through_the_next_addre
         assert handle.token > 0 and handle.is_valid() and client.address == f"127.0.0.1:{spare.port}"
         await handle.release()
     assert time.monotonic() - started < 5.0  # at once, not after the RetryInfo's rounds
+
+
+@pytest.mark.parametrize("drain", ["-1", "nan", "soon", "4000"])
+def test_serve_when_drain_seconds_is_out_of_range(drain: str) -> None:
+    """`fencepost serve` refuses a negative, NaN, non-numeric or huge --drain-seconds with exit 2, naming the flag."""
+    from .child_processes import child_env
+
+    result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", "--drain-seconds", drain],
+                            capture_output=True, text=True, timeout=30, env=child_env())
+    assert result.returncode == 2 and "--drain-seconds" in result.stderr, result.stderr
+
+
+def test_drain_when_started_refuses_newcomers_and_names_the_time_left() -> None:
+    """Drain.admit returns before start() and raises UNAVAILABLE / DRAINING (RetryInfo 1 s) after it, saying
+    how long the drain has left (injected clock)."""
+    from fencepost.client.errors import Unavailable
+    from fencepost.coordinator.admission.drain import Drain
+
+    clock = [100.0]
+    drain = Drain(clock=lambda: clock[0])
+    drain.admit("Acquire")
+    drain.start(10)
+    clock[0] = 104.0
+    with pytest.raises(Unavailable) as refused:
+        drain.admit("Acquire")
+    assert (refused.value.reason, refused.value.retry_delay) == ("DRAINING", 1.0)
+    assert "Acquire refused" in refused.value.message and "6.0 s" in refused.value.message
+    drain.start(60)  # a second start keeps the first end
+    clock[0] = 200.0
+    with pytest.raises(Unavailable, match="0.0 s"):
+        drain.admit("LeaseGrant")
 
 
 # ---------------------------------------------------------------- the application and its sidecar, SIGTERM at once
