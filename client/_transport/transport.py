@@ -41,7 +41,8 @@ broken under it) is sent again, with the same request id, within the
 caller's time: the coordinator answers the retry from its record of the
 first attempt. When no attempt is answered before the call's time runs
 out, the call raises :class:`~fencepost.client.errors.OutcomeUnknown`
-(it may have been applied), not a timeout of something else.
+(it may have been applied), not a timeout of something else; or, when a
+coordinator answered an attempt with ETCD_UNAVAILABLE, that answer.
 
 TLS: an address that failed its handshake is not waited for again in a
 call, and once every address has, the call raises
@@ -106,7 +107,7 @@ GO_ELSEWHERE = frozenset({OVERLOADED, DRAINING})
 #: of the first attempt (see "Retries" in proto/fencepost/v1/lock.proto): a lost answer is asked for again.
 SETTLED_BY_REQUEST_ID = frozenset({"Release", "ReleasePermit", "Resign", "Withdraw", "AdminRevoke"})
 #: The shortest time an attempt of such a call gets, in seconds.
-MIN_ATTEMPT_SECONDS = 1.0
+MIN_ATTEMPT_SECONDS = 2.0
 
 #: The W3C trace context header, sent in a stream call's ``traceparent`` field.
 TRACEPARENT = "traceparent"
@@ -255,7 +256,8 @@ class Transport(Connection):
                                                                         grpc.StatusCode.UNAVAILABLE):
                     unsettled = err  # sent, and its answer lost: ask again with the same request id
                     if budget() <= 0:
-                        raise unknown() from err
+                        # A coordinator's own account (ETCD_UNAVAILABLE) of an earlier attempt says more.
+                        raise (answered if answered is not None else unknown()) from err
                     if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                         self.rotate(channel)
                         await asyncio.sleep(min(next(delays), max(0.0, budget())))
