@@ -209,12 +209,15 @@ class CoordinatorProcess:
     later ``start()`` after ``terminate()`` reuses the same port.
     """
 
-    def __init__(self, etcd_endpoint: str, prefix: str, log_dir: Path, *, grace_seconds: float = 1.0) -> None:
-        """Describe the coordinator; nothing starts until ``start()``."""
+    def __init__(self, etcd_endpoint: str, prefix: str, log_dir: Path, *, grace_seconds: float = 1.0,
+                 drain_seconds: float | None = None) -> None:
+        """Describe the coordinator; nothing starts until ``start()``. ``drain_seconds`` None: the
+        environment's ``FENCEPOST_DRAIN_SECONDS`` (tests/conftest.py makes it 0: stop at SIGTERM)."""
         self.etcd_endpoint = etcd_endpoint
         self.prefix = prefix
         self.log_dir = log_dir
         self.grace_seconds = grace_seconds
+        self.drain_seconds = drain_seconds
         self.port = 0
         self.child: ChildProcess | None = None
         self.starts = 0
@@ -233,6 +236,7 @@ class CoordinatorProcess:
             "--etcd-endpoints", self.etcd_endpoint,
             "--prefix", self.prefix,
             "--grace-seconds", str(self.grace_seconds),
+            *(("--drain-seconds", str(self.drain_seconds)) if self.drain_seconds is not None else ()),
         ]
         self.child = ChildProcess(argv, log_path=self.log_dir / f"coordinator-{self.starts}.log")
         match = self.child.wait_line(LISTENING, timeout)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 import uuid
@@ -38,6 +39,10 @@ from . import provision
 from .child_processes import (CLIENT_ENV, LISTENING, REPO, ChildProcess, CliResult,  # noqa: F401
                               CoordinatorProcess, child_env, cli_env)
 from .owned_stub import OwnedStub
+
+# `fencepost serve` children stop at their first SIGTERM (no drain) unless a test asks for a drain
+# (--drain-seconds, CoordinatorProcess(drain_seconds=...)): tests restart coordinators under their clients.
+os.environ.setdefault("FENCEPOST_DRAIN_SECONDS", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -16,7 +16,7 @@ from etcd3aio import Etcd3Client
 from fencepost.client import AsyncLockClient, FencepostError, LockClient
 from fencepost.client.v1 import lock_pb2_grpc
 
-from .conftest import count_keys, describe_waiters_is, wait_for
+from .conftest import CoordinatorProcess, count_keys, describe_waiters_is, wait_for
 
 
 async def test_sync_acquire_when_client_closed_from_another_thread(
@@ -122,3 +122,51 @@ async def test_async_calls_when_close_races_their_start(address: str, steps: int
             assert type(result) is FencepostError, (name, repr(result))
             assert result.message == "client is closed" and result.name == name, (name, str(result))
         await held.release()
+
+
+async def _live_leases_under(etcd_client: Etcd3Client, prefix: str) -> set[int]:
+    """The leases in etcd's own lease list with a key under ``prefix`` (their ownership record, their lock
+    keys): the leases this test's coordinator granted that are still alive."""
+    assert etcd_client.lease is not None
+    listed = await etcd_client.lease.leases(timeout=5)
+    alive = set()
+    for lease in listed.leases:
+        ttl = await etcd_client.lease.time_to_live(lease.ID, keys=True, timeout=5)
+        if ttl.TTL > 0 and any(bytes(key).startswith(prefix.encode()) for key in ttl.keys):
+            alive.add(int(lease.ID))
+    return alive
+
+
+@pytest.mark.parametrize("moment", ["granting", "granted", "queued"])
+async def test_close_during_a_blocked_acquire_leaves_no_lease(
+    coordinator_process: CoordinatorProcess, prefix: str, etcd_client: Etcd3Client, moment: str
+) -> None:
+    """close() during a blocked acquire revokes every lease the client owns, including one granted while it
+    closes (the acquire, its lease revoked, asks for a new one): 10 closes at each of three moments of the
+    acquire (its LeaseGrant in flight, its lease granted, its wait queued), and etcd's lease list holds none
+    of their leases right after each close (TTL 5 s: before, 3 of 30 were left until their TTL)."""
+    address = await asyncio.to_thread(coordinator_process.start)  # its own process: the timing of production
+    async with AsyncLockClient(address) as holder:
+        held = await holder.acquire("blocked", ttl=10.0, timeout=5.0)
+        before = await _live_leases_under(etcd_client, prefix)
+        assert before == {held.lease_id}
+        for _ in range(10):
+            client = AsyncLockClient(address)
+            await client.connect()
+            acquiring = asyncio.ensure_future(client.acquire("blocked", ttl=5.0, timeout=30.0))
+            if moment == "granting":
+                await asyncio.sleep(0)  # the acquire has sent its LeaseGrant
+            elif moment == "granted":
+                await wait_for(lambda c=client: c.lease_count == 1, 10, 0.001, what="the lease granted")
+            else:
+                await wait_for(lambda: describe_waiters_is(holder_stub(holder), "blocked", 1), 10,
+                               what="the waiter queued")
+            await client.close()
+            with pytest.raises(FencepostError):
+                await asyncio.wait_for(acquiring, 10)
+            assert await _live_leases_under(etcd_client, prefix) == before
+        await held.release()
+
+
+def holder_stub(client: AsyncLockClient) -> lock_pb2_grpc.LockServiceStub:
+    return lock_pb2_grpc.LockServiceStub(client._transport.channel)

@@ -41,6 +41,7 @@ CLASS_BY_REASON: dict[int, type[fc.FencepostError]] = {
     ErrorReason.PERMITS_MISMATCH: fc.PermitsMismatch,
     ErrorReason.REQUEST_ID_REUSED: fc.InvalidArgument,
     ErrorReason.OVERLOADED: fc.ResourceExhausted,
+    ErrorReason.DRAINING: fc.Unavailable,
 }
 
 

@@ -56,13 +56,17 @@ class LoseAnswers(grpc.aio.ServerInterceptor):
 
     def __init__(self) -> None:
         self._lose: collections.Counter[str] = collections.Counter()
+        self._silently: set[str] = set()  # methods whose lost answers never come (the caller's deadline ends them)
         #: method -> [(request, response, lost)] of each call whose handler returned, in order.
         self.calls: dict[str, list[tuple[Any, Any, bool]]] = collections.defaultdict(list)
         self._changed = asyncio.Event()
 
-    def lose(self, method: str, n: int = 1) -> None:
-        """Lose the answers of the next ``n`` calls of ``method`` (``"Release"``, ...) that succeed."""
+    def lose(self, method: str, n: int = 1, *, silently: bool = False) -> None:
+        """Lose the answers of the next ``n`` calls of ``method`` (``"Release"``, ...) that succeed: with
+        UNAVAILABLE, or ``silently`` (no answer at all: the caller's deadline ends the call)."""
         self._lose[method] += n
+        if silently:
+            self._silently.add(method)
 
     async def answered(self, method: str, n: int, timeout: float = 10.0) -> None:
         """Wait until ``n`` calls of ``method`` had their answer delivered (not lost)."""
@@ -86,6 +90,8 @@ class LoseAnswers(grpc.aio.ServerInterceptor):
                 self._lose[method] -= 1
             self.calls[method].append((request, response, lost))
             self._changed.set()
+            if lost and method in self._silently:
+                await asyncio.Event().wait()  # never answered: cancelled at the caller's deadline
             if lost:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "the answer was lost (test)")
             return response
@@ -307,3 +313,68 @@ async def test_cli_release_and_admin_revoke_whose_answers_are_lost(lossy: LossyS
         holder = await asyncio.wait_for(third, 10)
         assert (await second_client.describe("cli-retries")).holder_token == holder.token  # not revoked
         await holder.release()
+
+
+# ---------------------------------------------------------------- answers that never come (issue 25, item 10)
+
+
+async def test_release_whose_answer_never_comes_is_asked_again_and_answers_ok(
+        lossy: LossyServer, prefix: str, etcd_client: Etcd3Client) -> None:
+    """A Release applied by the coordinator whose answer never comes is sent again with the same request id
+    once its attempt's time (a third of connect_timeout) passed, and answers OK from the first attempt's record:
+    well within the call's time (before: LockTimeout("Deadline Exceeded") after the whole timeout)."""
+    async with _client(lossy) as client:
+        handle = await client.acquire("silent-release", ttl=10.0, timeout=5.0)
+        lossy.lossy.lose("Release", silently=True)
+        started = asyncio.get_running_loop().time()
+        await handle.release()
+        assert handle.released
+        assert asyncio.get_running_loop().time() - started < 5.0  # connect_timeout: the call's own time
+        calls = lossy.lossy.calls["Release"]
+        assert [lost for *_, lost in calls] == [True, False]
+        assert calls[0][0].request_id and calls[1][0].request_id == calls[0][0].request_id
+        assert calls[1][1].revision == calls[0][1].revision  # answered from the first attempt's record
+    assert await list_keys(etcd_client, prefix) == []
+
+
+async def test_admin_revoke_and_release_whose_answers_never_come_raise_outcome_unknown(
+        lossy: LossyServer) -> None:
+    """An AdminRevoke and a Release applied by the coordinator whose answers never come, to any attempt, raise
+    OutcomeUnknown (an Unavailable naming the method and the request id every attempt carried), not
+    LockTimeout; the revoke did happen (the holder lost its lease), and so did the release."""
+    from fencepost.client import LockTimeout, OutcomeUnknown
+
+    async with _client(lossy) as holder_client, _client(lossy) as admin:
+        held = await holder_client.acquire("silent-revoke", ttl=10.0, timeout=5.0)
+        lossy.lossy.lose("AdminRevoke", 10, silently=True)
+        with pytest.raises(OutcomeUnknown) as unknown:
+            await admin.admin_revoke("silent-revoke")
+        assert not isinstance(unknown.value, LockTimeout)
+        calls = lossy.lossy.calls["AdminRevoke"]
+        assert len(calls) >= 2 and {c[0].request_id for c in calls} == {unknown.value.request_id}
+        assert unknown.value.method == "AdminRevoke" and unknown.value.reason == "OUTCOME_UNKNOWN"
+        assert calls[0][1].revoked and calls[0][1].lease_id == held.lease_id
+        await asyncio.wait_for(held.lost.wait(), 15)  # it was applied
+
+        again = await holder_client.acquire("silent-release", ttl=10.0, timeout=5.0)
+        lossy.lossy.lose("Release", 10, silently=True)
+        with pytest.raises(OutcomeUnknown) as released:
+            await again.release()
+        assert released.value.method == "Release" and released.value.name == "silent-release"
+        assert (await admin.describe("silent-release")).holder_token == 0  # applied: the lock is free
+
+
+async def test_cli_release_whose_answers_never_come_exits_7(lossy: LossyServer) -> None:
+    """``fencepost release`` whose every answer is lost exits 7 (outcome unknown), naming the request id."""
+    from fencepost.client.cli.common import EXIT_OUTCOME_UNKNOWN
+
+    from .cli_helpers import run_cli
+
+    async with _client(lossy) as client:
+        held = await client.acquire("cli-silent", ttl=10.0, timeout=5.0)
+        lossy.lossy.lose("Release", 100, silently=True)
+        released = await run_cli("release", "cli-silent", "--lease-id", str(held.lease_id), "--token",
+                                 str(held.token), "--lease-secret", held.lease_secret, "--address", lossy.address)
+        assert released.rc == EXIT_OUTCOME_UNKNOWN == 7, released
+        request_id = lossy.lossy.calls["Release"][0][0].request_id
+        assert "outcome unknown" in released.err and request_id in released.err, released

@@ -150,7 +150,8 @@ class ClientCore:
         """Release every held lock, revoke the leases, stop the stream, close the channel.
 
         Spends at most about 5 seconds on the server (errors are ignored:
-        leases that could not be revoked expire by their TTL). Handles still
+        leases that could not be revoked expire by their TTL), revoking also
+        a lease granted while it closes (to an acquire that was blocked). Handles still
         held become released (``on_lost`` callbacks are not called).
         Idempotent.
 
@@ -172,7 +173,11 @@ class ClientCore:
         self._stream.begin_close()
         try:
             if was_open:
-                await self._release_and_revoke_all()
+                until = asyncio.get_running_loop().time() + min(self._connect_timeout, _CLOSE_BUDGET_SECONDS)
+                await self._release_and_revoke_all(until)
+                # Leases granted meanwhile (an acquire that was blocked), and their revocations: before the
+                # tasks are cancelled, so that no lease outlives the client.
+                await self._holds.finish(until)
         finally:
             self._leases.close()
             tasks = list(self._tasks)
@@ -213,9 +218,8 @@ class ClientCore:
         """The error of a call that close() ended (its channel closed under it), None while open."""
         return FencepostError("client is closed", name=name) if self._state != "open" else None
 
-    async def _release_and_revoke_all(self) -> None:
+    async def _release_and_revoke_all(self, until: float) -> None:
         loop = asyncio.get_running_loop()
-        until = loop.time() + min(self._connect_timeout, _CLOSE_BUDGET_SECONDS)
 
         async def quietly(aw: Awaitable[Any]) -> None:
             try:
@@ -243,7 +247,7 @@ class ClientCore:
 
     def _revoke_retired(self, lease: Lease) -> None:
         if self._state == "open":
-            self._spawn(self._holds.revoke_quietly(lease.lease_id, lease.secret), "fencepost-revoke-idle-lease")
+            self._holds.revoke_in_background(lease.lease_id, lease.secret, "fencepost-revoke-idle-lease")
 
     @property
     def lease_count(self) -> int:

@@ -45,7 +45,11 @@ class DeadlineWatcher:
             if idle_delay is not None:
                 delay = idle_delay if delay is None else min(delay, idle_delay)
             self._wakeup.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that comes as the
+            # event is set (close() cancels this task as a failing acquire wakes it): the loop would then
+            # never end, and close() would wait for it for ever.
             try:
-                await asyncio.wait_for(self._wakeup.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._wakeup.wait()
             except TimeoutError:
                 pass

@@ -69,6 +69,7 @@ log = logging.getLogger("fencepost.client")
 LEASE_EXPIRED = reason_name(ErrorReason.LEASE_EXPIRED)
 NOT_HOLDER = reason_name(ErrorReason.NOT_HOLDER)
 SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
+DRAINING = reason_name(ErrorReason.DRAINING)
 
 #: (lease id, lock name, fencing token) of one hold.
 HoldKey = tuple[int, str, int]
@@ -355,13 +356,13 @@ class KeepAliveStream:
                 log.debug("fencepost: keepalive stream to %s ended", self.transport.address)
             except grpc.aio.AioRpcError as err:
                 mapped = from_rpc_error(err, address=address)
-                force = mapped.reason == SHUTTING_DOWN
+                force = mapped.reason in (SHUTTING_DOWN, DRAINING)  # stopping: the next address (draining: refused)
                 if err.code() == grpc.StatusCode.UNAVAILABLE and not answered:
                     unreachable = err.details() or ""
                 # Log the first failure of a working stream, not every retry; a coordinator's limit
-                # (too many streams of this caller; past its capacity) always: its leases get no keepalives
+                # (too many streams of this caller; past its capacity; draining) always: its leases get no keepalives
                 # meanwhile. With several addresses, the next attempt goes to the next one.
-                log.log(logging.WARNING if isinstance(mapped, ResourceExhausted) else
+                log.log(logging.WARNING if isinstance(mapped, ResourceExhausted) or mapped.reason == DRAINING else
                         logging.INFO if answered else logging.DEBUG,
                         "fencepost: keepalive stream to %s broke: %s", self.transport.address, mapped)
             except grpc.aio.UsageError:

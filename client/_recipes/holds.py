@@ -21,6 +21,9 @@ No state outlives the call that made it unless the caller holds it:
 
 - a LeaseGrant whose caller is cancelled goes on, and the lease it grants is
   revoked (nobody would know of it, yet its keys would live for its TTL);
+  so is a lease granted once the client began to close, and no LeaseGrant
+  is sent then: ``close()`` waits (:meth:`Holds.finish`) for the grants in
+  flight and these revocations, so that no lease outlives the client;
 - an acquire call that ends without a definite answer (cancelled, the client's
   own deadline, the transport failed) is withdrawn (the recipe's
   withdrawal deletes the key it may have left, a queued wait or a grant
@@ -111,6 +114,8 @@ class Holds:
         self._on_new_lease = on_new_lease
         self._state = state
         self._on_idle = on_idle
+        # LeaseGrants in flight and revocations of leases nobody keeps: close() lets them finish.
+        self._finishing: set[asyncio.Future[Any]] = set()
 
     @property
     def call_timeout(self) -> float:
@@ -144,28 +149,56 @@ class Holds:
             lease = self.pool.live(ttl)
             if lease is not None:
                 return lease
+            if not self.is_open:  # closing: a new lease would only have to be revoked
+                raise FencepostError("client is closed")
             sent = self.pool.clock()
             # The call is not cancelled with its caller: a lease granted for a
             # caller that gave up must be revoked, so its id must arrive.
-            grant = asyncio.ensure_future(self.transport.call(
-                "LeaseGrant",
-                lambda left: (pb.LeaseGrantRequest(ttl_seconds=ttl), bounded(self.call_timeout, left)),
-                until=until,
-                idempotent=False,
-            ))
+            grant = self._finishes(asyncio.ensure_future(self._grant(ttl, until)))
             try:
                 resp = await asyncio.shield(grant)
             except asyncio.CancelledError:
-                await self._clean_up(self._revoke_granted(grant), "fencepost-revoke-cancelled-grant")
+                await self._clean_up(self._revoke_granted(grant), "fencepost-revoke-cancelled-grant", finishes=True)
                 raise
             lease = Lease(resp.lease_id, max(int(resp.ttl_seconds), ttl), sent, clock=self.pool.clock,
                           secret=resp.lease_secret)
             if not self.is_open:
-                self.spawn(self.revoke_quietly(lease.lease_id, lease.secret), "fencepost-revoke-after-close")
+                self.revoke_in_background(lease.lease_id, lease.secret, "fencepost-revoke-after-close")
                 raise FencepostError("client is closed", lease_id=lease.lease_id)
             self.pool.add(ttl, lease)
             self._on_new_lease(lease)
             return lease
+
+    async def _grant(self, ttl: int, until: float | None) -> Any:
+        """LeaseGrant; a lease granted once the client began to close is revoked here, before this returns.
+
+        Raises:
+            FencepostError: the call failed, or the client closed meanwhile (the lease is revoked).
+        """
+        resp = await self.transport.call(
+            "LeaseGrant", lambda left: (pb.LeaseGrantRequest(ttl_seconds=ttl), bounded(self.call_timeout, left)),
+            until=until, idempotent=False)
+        if not self.is_open:
+            await self.revoke_quietly(int(resp.lease_id), resp.lease_secret)
+            raise FencepostError("client is closed", lease_id=int(resp.lease_id))
+        return resp
+
+    def _finishes(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """Make :meth:`finish` wait for ``future``."""
+        self._finishing.add(future)
+        future.add_done_callback(self._finishing.discard)
+        return future
+
+    def revoke_in_background(self, lease_id: int, secret: str, name: str) -> None:
+        """Revoke a lease nobody keeps in a task of the client's that :meth:`finish` waits for."""
+        self._finishes(self.spawn(self.revoke_quietly(lease_id, secret), name))
+
+    async def finish(self, until: float) -> None:
+        """Wait (up to loop time ``until``) for the LeaseGrants in flight and the revocations of leases nobody
+        keeps: ``close()`` calls it before it cancels the client's tasks, so that no lease outlives the client."""
+        loop = asyncio.get_running_loop()
+        while self._finishing and (left := until - loop.time()) > 0:
+            await asyncio.wait(set(self._finishing), timeout=left)
 
     async def _revoke_granted(self, grant: asyncio.Future[Any]) -> None:
         """Revoke the lease of a LeaseGrant whose caller was cancelled, once its id is known."""
@@ -182,13 +215,15 @@ class Holds:
         except FencepostError as err:
             log.debug("fencepost: revoke of unused lease %d failed (it expires by its TTL): %r", lease_id, err)
 
-    async def _clean_up(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    async def _clean_up(self, coro: Coroutine[Any, Any, None], name: str, *, finishes: bool = False) -> None:
         """Run a clean-up in the background; a cancelled caller waits for it up to :data:`CLEANUP_WAIT_SECONDS`.
 
         A caller that failed otherwise (a timeout, Unavailable) does not wait:
-        its deadline is kept.
+        its deadline is kept. ``finishes``: ``close()`` waits for it too (:meth:`finish`).
         """
         task = self.spawn(coro, name)
+        if finishes:
+            self._finishes(task)
         if not current_task_cancelling():
             return
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):

@@ -25,9 +25,24 @@ refused by a coordinator past its capacity (RESOURCE_EXHAUSTED /
 OVERLOADED: a new lease or a wait; the call did nothing) goes at once to
 the next address, each once, and once every address refused it, waits the
 RetryInfo's delay (times 1 to 1.5) and goes round again; the rotation moves
-the client's KeepAlive stream too, off the overloaded coordinator. Either
+the client's KeepAlive stream too, off the overloaded coordinator. A call
+refused by a coordinator that drains before it stops (UNAVAILABLE /
+DRAINING: a new lease or stream, an acquire; the call did nothing) is
+treated the same way, idempotent or not. Either
 way a call stops trying ``connect_timeout`` seconds after its first
 failure, or at its own deadline.
+
+Unknown outcomes: a call that changes state and carries a request id the
+coordinator records (:data:`SETTLED_BY_REQUEST_ID`: Release,
+ReleasePermit, Resign, Withdraw, AdminRevoke) gets at most a third of
+``connect_timeout`` (at least :data:`MIN_ATTEMPT_SECONDS`) per attempt, so
+that an attempt whose answer is lost (no answer in time, the connection
+broken under it) is sent again, with the same request id, within the
+caller's time: the coordinator answers the retry from its record of the
+first attempt. When no attempt is answered before the call's time runs
+out, the call raises :class:`~fencepost.client.errors.OutcomeUnknown`
+(it may have been applied), not a timeout of something else; or, when a
+coordinator answered an attempt with ETCD_UNAVAILABLE, that answer.
 
 TLS: an address that failed its handshake is not waited for again in a
 call, and once every address has, the call raises
@@ -72,17 +87,27 @@ from ..tracing import (
     rpc_attributes,
     set_rpc_status,
 )
-from ..errors import LOCK_SERVICE, FencepostError, LimitExceeded, TlsError, Unavailable, from_rpc_error
+from ..errors import LOCK_SERVICE, FencepostError, LimitExceeded, OutcomeUnknown, TlsError, Unavailable, \
+    from_rpc_error
 from ..v1 import details
 from ..v1 import lock_pb2_grpc as pb_grpc
 from ..v1.details import ErrorReason, reason_name
 from ..v1.keys import LEASE_SECRET_METADATA
 from ..v1.retry import CLIENT_BACKOFF
 
-__all__ = ["MakeRequest", "Transport", "current_task_cancelling"]
+__all__ = ["MIN_ATTEMPT_SECONDS", "SETTLED_BY_REQUEST_ID", "MakeRequest", "Transport", "current_task_cancelling"]
 
 SHUTTING_DOWN = reason_name(ErrorReason.SHUTTING_DOWN)
 OVERLOADED = reason_name(ErrorReason.OVERLOADED)
+DRAINING = reason_name(ErrorReason.DRAINING)
+#: The refusals of a coordinator that did nothing and asks for another one: past its capacity, or draining.
+GO_ELSEWHERE = frozenset({OVERLOADED, DRAINING})
+
+#: The calls that change state whose retry with the same request id the coordinator answers from its record
+#: of the first attempt (see "Retries" in proto/fencepost/v1/lock.proto): a lost answer is asked for again.
+SETTLED_BY_REQUEST_ID = frozenset({"Release", "ReleasePermit", "Resign", "Withdraw", "AdminRevoke"})
+#: The shortest time an attempt of such a call gets, in seconds.
+MIN_ATTEMPT_SECONDS = 2.0
 
 #: The W3C trace context header, sent in a stream call's ``traceparent`` field.
 TRACEPARENT = "traceparent"
@@ -163,6 +188,16 @@ class Transport(Connection):
                     give_up_at = min(give_up_at, until)
             return give_up_at - now
 
+        settles = idempotent and method in SETTLED_BY_REQUEST_ID
+        # The last attempt of such a call that was sent and got no answer (it may have been applied).
+        unsettled: BaseException | None = None
+
+        def unknown() -> OutcomeUnknown:
+            request_id = getattr(request, "request_id", "") or None
+            return OutcomeUnknown(f"{method} was sent but no answer said whether it was applied (retried with "
+                                  f"request id {request_id} until the call's time ran out)", method=method,
+                                  request_id=request_id, name=name, lease_id=lease_id)
+
         unreachable = 0  # addresses that could not be connected to (fail_fast)
         overloaded = 0  # refusals of coordinators past their capacity
         tls_failed: dict[str, TlsError] = {}  # address -> its failed handshake
@@ -178,6 +213,8 @@ class Transport(Connection):
             if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
                 left = budget()
                 if left <= 0:
+                    if unsettled is not None:
+                        raise unknown() from unsettled
                     raise Unavailable(and_tls("no coordinator reachable", tls_failed), name=name, lease_id=lease_id)
                 try:
                     wait = left if self.fail_fast else min(left, self.per_try)
@@ -208,15 +245,28 @@ class Transport(Connection):
                                           name=name, lease_id=lease_id)
                     continue
             request, timeout = make(None if until is None else until - loop.time())
+            if settles and getattr(request, "request_id", ""):
+                attempt = max(MIN_ATTEMPT_SECONDS, self.connect_timeout / 3)
+                timeout = attempt if timeout is None else min(timeout, attempt)
             try:
                 return await self._send(stub, method, request, timeout, name, lease_id, token, secret, stream)
             except grpc.aio.AioRpcError as err:
                 mapped = from_rpc_error(err, name=name, lease_id=lease_id, token=token, address=address)
+                if settles and mapped.reason is None and err.code() in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                                        grpc.StatusCode.UNAVAILABLE):
+                    unsettled = err  # sent, and its answer lost: ask again with the same request id
+                    if budget() <= 0:
+                        # A coordinator's own account (ETCD_UNAVAILABLE) of an earlier attempt says more.
+                        raise (answered if answered is not None else unknown()) from err
+                    if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        self.rotate(channel)
+                        await asyncio.sleep(min(next(delays), max(0.0, budget())))
+                        continue
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answered is not None:
                     raise answered from err
-                if mapped.reason == OVERLOADED:
-                    # Past its capacity, the coordinator did nothing: the next address at once (each once a
-                    # round), then wait as asked, within the call's time.
+                if mapped.reason in GO_ELSEWHERE:
+                    # Past its capacity, or draining before it stops, the coordinator did nothing: the next
+                    # address at once (each once a round), then wait as asked, within the call's time.
                     overloaded += 1
                     self.rotate(channel)
                     if overloaded % len(self.addresses):
@@ -250,12 +300,18 @@ class Transport(Connection):
                 self.rotate(channel, force=mapped.reason == SHUTTING_DOWN)
             except grpc.aio.UsageError as err:  # the channel was closed by a rotation
                 if budget() <= 0:
+                    if unsettled is not None:
+                        raise unknown() from unsettled
                     raise Unavailable("channel closed", name=name, lease_id=lease_id) from err
             except asyncio.CancelledError:
                 if current_task_cancelling():
                     raise
                 # The call (not this task) was cancelled: its channel was closed.
+                if settles and not self.closed:
+                    unsettled = Unavailable("connection closed during the call", name=name, lease_id=lease_id)
                 if not idempotent or budget() <= 0:
+                    if unsettled is not None:
+                        raise unknown() from unsettled
                     raise Unavailable("connection closed during the call", name=name, lease_id=lease_id) from None
             await asyncio.sleep(min(next(delays), max(0.0, budget())))
 

@@ -28,6 +28,7 @@ from fencepost.client.errors import (
     LockHeld,
     LockTimeout,
     NotHolder,
+    OutcomeUnknown,
     StaleTokenError,
     Unavailable,
     from_rpc_error,
@@ -36,7 +37,7 @@ from fencepost.client.errors import (
 __all__ = [
     "ADDRESS_ENV", "CA_ENV", "CERT_ENV", "KEY_ENV", "TLS_ENV", "TLS_FLAGS", "TLS_SERVER_NAME_ENV", "FLAG_OF_FIELD",
     "DEFAULT_ADDRESS", "ETCD_UNAVAILABLE", "EXIT_CODES", "EXIT_HELD", "EXIT_INTERRUPTED", "EXIT_LOST", "EXIT_OK",
-    "EXIT_PRECONDITION", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "EXIT_USAGE", "MIN_CONNECT_SECONDS",
+    "EXIT_OUTCOME_UNKNOWN", "EXIT_PRECONDITION", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "EXIT_USAGE", "MIN_CONNECT_SECONDS",
     "RPC_TIMEOUT_SECONDS", "CallFailed", "CliError", "ConnectInterrupted", "Formatter", "Parser", "acquire_error",
     "call", "call_error", "connect_within", "epilog", "err_text", "lease_hex", "tls_words",
 ]
@@ -120,6 +121,7 @@ EXIT_LOST = 3
 EXIT_TIMEOUT = 4
 EXIT_HELD = 5
 EXIT_PRECONDITION = 6
+EXIT_OUTCOME_UNKNOWN = 7
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
@@ -131,6 +133,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_HELD: "acquire --try, run --try, elect --try: the lock is held by someone else (the election has a leader)",
     EXIT_PRECONDITION: "release: not released (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED or NOT_LEASE_OWNER); "
                        "leader: the election has no leader",
+    EXIT_OUTCOME_UNKNOWN: "release, admin revoke: sent, but no answer said whether it was applied "
+                          "(OUTCOME_UNKNOWN; retried with its request id until the timeout): check with status",
     EXIT_INTERRUPTED: "acquire, run, elect: interrupted before the lock was granted",
 }
 """Exit codes of the client commands (``status``, ``acquire``, ``release``; ``run`` and ``demo`` have their own)."""
@@ -235,8 +239,12 @@ def call_error(err: FencepostError, addresses: Sequence[str], address: str, what
         what: The RPC (``"Describe"``, ``"Release"``).
 
     Returns:
-        The CliError to raise: exit 2 for INVALID_ARGUMENT, else exit 1.
+        The CliError to raise: exit 2 for INVALID_ARGUMENT, 7 for an unknown outcome, else exit 1.
     """
+    if isinstance(err, OutcomeUnknown):
+        return CliError(f"{what}: outcome unknown: the call reached the coordinator at {address} or may have, "
+                        f"but no answer said whether it was applied (retried with request id {err.request_id}); "
+                        f"check with `fencepost status`", EXIT_OUTCOME_UNKNOWN)
     if err.code == grpc.StatusCode.DEADLINE_EXCEEDED and err.reason is None:
         return CliError(f"{what}: no answer from the coordinator at {address} within {RPC_TIMEOUT_SECONDS:g} s "
                         f"(connected, or still connecting: it or its etcd may be overloaded)", EXIT_UNAVAILABLE)

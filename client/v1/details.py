@@ -3,7 +3,7 @@
 Every failed call carries a ``google.rpc.Status`` (trailing metadata key
 ``grpc-status-details-bin``) with one ``google.rpc.ErrorInfo`` (domain
 :data:`DOMAIN`, reason = an :data:`ErrorReason` name, metadata keys below)
-and, for UNAVAILABLE and OVERLOADED, a ``google.rpc.RetryInfo``. ``proto/fencepost/v1/lock.proto``
+and, for UNAVAILABLE, OVERLOADED and DRAINING, a ``google.rpc.RetryInfo``. ``proto/fencepost/v1/lock.proto``
 documents the same keys. This module is the one place that knows that
 encoding: :func:`status_for` builds it and :func:`parse` reads it back.
 """
@@ -74,6 +74,7 @@ CODE_BY_REASON: Mapping[int, grpc.StatusCode] = {
     ErrorReason.PERMITS_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorReason.REQUEST_ID_REUSED: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorReason.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.DRAINING: grpc.StatusCode.UNAVAILABLE,
 }
 
 #: Seconds a caller should wait before retrying, sent as RetryInfo.
@@ -84,6 +85,8 @@ RETRY_DELAY_BY_REASON: Mapping[int, float] = {
     ErrorReason.DATA_LOSS: 5.0,
     # Past capacity lasts seconds: long enough for the load to drain, short enough to be back soon.
     ErrorReason.OVERLOADED: 1.0,
+    # A drain lasts seconds (``--drain-seconds``): another replica at once, or here again after it.
+    ErrorReason.DRAINING: 1.0,
 }
 
 

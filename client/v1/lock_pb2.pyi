@@ -27,6 +27,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PERMITS_MISMATCH: _ClassVar[ErrorReason]
     REQUEST_ID_REUSED: _ClassVar[ErrorReason]
     OVERLOADED: _ClassVar[ErrorReason]
+    DRAINING: _ClassVar[ErrorReason]
 
 class HoldKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,7 @@ NOT_LEASE_OWNER: ErrorReason
 PERMITS_MISMATCH: ErrorReason
 REQUEST_ID_REUSED: ErrorReason
 OVERLOADED: ErrorReason
+DRAINING: ErrorReason
 HOLD_KIND_LOCK: HoldKind
 HOLD_KIND_ELECTION: HoldKind
 HOLD_KIND_SEMAPHORE: HoldKind

@@ -1,2 +1,2 @@
-"""Who may call and how much: the caller's identity, the access policy, lease ownership, limits and
-overload (the event loop's lag)."""
+"""Who may call and how much: the caller's identity, the access policy, lease ownership, limits,
+overload (the event loop's lag), capacity and the drain before a stop."""

@@ -17,7 +17,10 @@ through, always in this order:
    a call that would wait) is refused while the coordinator is past its
    capacity, a lease also at the lease ceiling
    (:meth:`~..admission.capacity.Capacity.admit`, RESOURCE_EXHAUSTED /
-   OVERLOADED): a cheap check, before anything reads etcd;
+   OVERLOADED): a cheap check, before anything reads etcd; and a newcomer
+   (``drained``: a new lease or stream, an Acquire, AcquirePermit or
+   Campaign) is refused while the coordinator drains before it stops
+   (:mod:`..admission.drain`, UNAVAILABLE / DRAINING);
 4. **token floor**: ``READY`` waits until the floor is known and refuses
    while tokens would go back (:meth:`~..recipes.tokens.TokenFloor.ready`);
    ``SERVING`` refuses only once tokens are known unsafe (LeaseGrant: a
@@ -48,6 +51,7 @@ from fencepost.client.errors import FencepostError, InvalidArgument
 from ..admission.access import ACQUIRE, ADMIN, DESCRIBE, RELEASE, Access
 from ..admission.capacity import Capacity
 from ..admission.lock_delay_limit import LockDelayLimit
+from ..admission.drain import Drain
 from ..admission.ownership import Ownership
 from ..etcd import bounded
 from ..recipes.election import validate_election, validate_value
@@ -120,6 +124,7 @@ class Rpc:
         capacity: :data:`NEW`, :data:`LEASE` (refused at the lease ceiling too), :data:`WAIT` (the request's
             ``wait_ms`` > 0 or ``wait_forever``) or None.
         owner: whether the caller must own ``request.lease_id``.
+        drained: whether the call is refused while the coordinator drains (a newcomer: it starts something).
     """
 
     fields: tuple[str, ...] = ()
@@ -130,15 +135,16 @@ class Rpc:
     floor: str | None = None
     owner: bool = False
     capacity: str | None = None
+    drained: bool = False
 
 
 #: Every RPC of LockService, by method name.
 RPCS: dict[str, Rpc] = {
-    "LeaseGrant": Rpc(action=ACQUIRE, floor=SERVING, capacity=LEASE),  # a lease is only good for acquiring
+    "LeaseGrant": Rpc(action=ACQUIRE, floor=SERVING, capacity=LEASE, drained=True),  # a lease is only good for acquiring
     "LeaseRevoke": Rpc(action=ACQUIRE, owner=True),
-    "KeepAlive": Rpc(action=ACQUIRE, capacity=NEW),
+    "KeepAlive": Rpc(action=ACQUIRE, capacity=NEW, drained=True),
     "Acquire": Rpc(("name", "lease_id", "request_id", "wait", "lock_delay"), ACQUIRE, "name", floor=READY, owner=True,
-                   capacity=WAIT),
+                   capacity=WAIT, drained=True),
     "Release": Rpc(("name", "lease_id", "token", "request_id"), RELEASE, "name", floor=READY, owner=True),
     "Withdraw": Rpc(("name", "lease_id", "request_id"), ACQUIRE, "name", owner=True),
     # A caller's lock name: never an election's or a semaphore's internal one.
@@ -151,12 +157,12 @@ RPCS: dict[str, Rpc] = {
     # AdminEndLockDelay checks its name after its admission, so that its refusal is audited.
     "AdminEndLockDelay": Rpc((), ADMIN, "name", audited="end_lock_delay", floor=READY),
     "AcquirePermit": Rpc(("name", "lease_id", "permits", "request_id", "wait"), ACQUIRE, "name", floor=READY,
-                         owner=True, capacity=WAIT),
+                         owner=True, capacity=WAIT, drained=True),
     "ReleasePermit": Rpc(("name", "lease_id", "slot", "token?", "request_id"), RELEASE, "name", floor=READY,
                          owner=True),
     "DescribeSemaphore": Rpc(("name",), DESCRIBE, "name", floor=READY),
     "Campaign": Rpc(("election", "lease_id", "value", "request_id", "wait"), ACQUIRE, "election", floor=READY,
-                    owner=True, capacity=WAIT),
+                    owner=True, capacity=WAIT, drained=True),
     "Proclaim": Rpc(("election", "lease_id", "token", "value"), ACQUIRE, "election", floor=READY, owner=True),
     "Resign": Rpc(("election", "lease_id", "token?", "request_id"), RELEASE, "election", floor=READY, owner=True),
     "Leader": Rpc(("election",), DESCRIBE, "election", floor=READY),
@@ -175,15 +181,17 @@ class Admission:
         capacity: whether the coordinator is past its capacity; None: never.
         delay_limit: the longest lock-delay a caller may ask for (checked after the policy, for the rows
             with the field ``lock_delay``); None: the default ``--max-lock-delay``.
+        drain: whether the coordinator drains before it stops; None: a new one, not draining.
     """
 
     def __init__(self, access: Access, owners: Ownership, tokens: TokenFloor, capacity: Capacity | None = None,
-                 delay_limit: LockDelayLimit | None = None) -> None:
+                 delay_limit: LockDelayLimit | None = None, drain: Drain | None = None) -> None:
         self.access = access
         self.owners = owners
         self.tokens = tokens
         self.capacity = capacity
         self.delay_limit = delay_limit if delay_limit is not None else LockDelayLimit(access)
+        self.drain = drain if drain is not None else Drain()
 
     async def admit(self, rpc: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Run the steps of ``rpc``'s row on ``request``; return when the call may run.
@@ -197,6 +205,7 @@ class Admission:
             InvalidArgument: a field of ``fields`` (``lock_delay_seconds`` also above the caller's bound).
             AccessDenied: the policy does not allow the call (for an admin call: or there is no policy).
             ResourceExhausted: OVERLOADED, a newcomer while past capacity.
+            Unavailable: DRAINING, a newcomer while the coordinator drains.
             DataLoss, Unavailable: the token floor refuses (tokens would go back, or etcd is unreachable).
             PermissionDenied: NOT_LEASE_OWNER.
         """
@@ -215,6 +224,8 @@ class Admission:
         if row.capacity is not None and self.capacity is not None and (
                 row.capacity in (NEW, LEASE) or request.wait_forever or request.wait_ms > 0):
             self.capacity.admit(rpc, lease=row.capacity == LEASE)
+        if row.drained:
+            self.drain.admit(rpc)
         if row.floor == READY:
             await self.tokens.ready()
         elif row.floor == SERVING:

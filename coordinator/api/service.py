@@ -170,6 +170,11 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                 **self._watcher.sizes, **self._holds.sizes,
                 **{f"limits_{k}": v for k, v in self._limits.tracked.items()}}
 
+    def enter_drain(self, seconds: float) -> None:
+        """Refuse newcomers (new leases and streams, acquires) with UNAVAILABLE / DRAINING from now on, for
+        about ``seconds``; serve the rest (see :mod:`..admission.drain`)."""
+        self.admission.drain.start(seconds)
+
     def enter_graceful_shutdown(self) -> None:
         """Refuse new KeepAlive streams and end the open ones with UNAVAILABLE / SHUTTING_DOWN."""
         self.closing.set()

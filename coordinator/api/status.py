@@ -19,7 +19,8 @@ ResourceExhausted            TOO_MANY_WAITERS / TOO_MANY_STREAMS (RESOURCE_EXHAU
 LimitExceeded                LIMIT_EXCEEDED (RESOURCE_EXHAUSTED), ``limit`` and ``value``
                              set, RetryInfo for a rate limit (:mod:`..admission.limits`)
 NotLeaseOwner                NOT_LEASE_OWNER (PERMISSION_DENIED), ``lease_id`` set
-Unavailable                  ETCD_UNAVAILABLE / SHUTTING_DOWN (UNAVAILABLE + RetryInfo)
+Unavailable                  ETCD_UNAVAILABLE / SHUTTING_DOWN / DRAINING (UNAVAILABLE + RetryInfo,
+                             DRAINING: :mod:`..admission.drain`)
 AccessDenied                 ACCESS_DENIED (PERMISSION_DENIED), ``action`` set
 PermitsMismatch              PERMITS_MISMATCH (FAILED_PRECONDITION), ``permits`` set
 InvalidArgument(reason=...)  REQUEST_ID_REUSED (INVALID_ARGUMENT), ``field`` = "request_id"
@@ -62,6 +63,7 @@ __all__ = ["Refusals", "reason_of", "shutting_down", "to_status"]
 _log = logging.getLogger(__name__)
 
 _OVERLOADED = reason_name(ErrorReason.OVERLOADED)
+_DRAINING = reason_name(ErrorReason.DRAINING)
 
 
 def reason_of(exc: FencepostError) -> int:
@@ -155,13 +157,13 @@ class Refusals:
         reason = reason_name(reason_of(exc))
         self._metrics.refused(reason)
         level, limited = logging.INFO, {}
-        if log and (isinstance(exc, LimitExceeded) or reason == _OVERLOADED) and self._limits is not None:
+        if log and (isinstance(exc, LimitExceeded) or reason in (_OVERLOADED, _DRAINING)) and self._limits is not None:
             who = caller_of(context)  # one line per caller and limit per 10 s: a loop must not flood
             if isinstance(exc, LimitExceeded):
                 suppressed = self._limits.log_refusal(who.key, exc.limit)
                 level, limited = logging.WARNING, {"limit": exc.limit, "value": exc.value, "identity": who.identity,
                                                    "suppressed": suppressed}
-            else:  # past capacity: the ``overloaded`` event said so once, at WARNING
+            else:  # past capacity or draining: the ``overloaded`` or ``drain`` event said so once
                 suppressed = self._limits.log_refusal(who.key, reason)
                 limited = {"suppressed": suppressed}
             log = suppressed is not None

@@ -10,7 +10,13 @@ established streams (:mod:`.tls`). A second, plaintext listener may serve
 only ``grpc.health.v1`` (``health_listen``), for probes that cannot present
 a client certificate, such as the kubelet's gRPC probe.
 
-Shutdown (SIGTERM/SIGINT, or ``stop()``): health turns NOT_SERVING, KeepAlive
+Drain (``drain()``; ``fencepost serve`` drains ``--drain-seconds`` after the
+first SIGTERM/SIGINT, :mod:`..admission.drain`): readiness turns NOT_SERVING,
+newcomers (new leases and streams, acquires) are refused with UNAVAILABLE /
+DRAINING, and releases, resigns, revokes and keepalives are still served,
+until the drain period passes, no stream is left, or it is interrupted.
+
+Shutdown (after the drain, or ``stop()``): health turns NOT_SERVING, KeepAlive
 streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
 calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
 restarted coordinator (or sidecar) must not drop its clients' locks.
@@ -78,6 +84,10 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+#: How often a drain checks whether a stream is left, in seconds.
+DRAIN_POLL_SECONDS = 0.1
 
 
 __all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "Coordinator", "check_listen"]
@@ -365,6 +375,53 @@ class Coordinator:
             why = bind_problem(listen) if path is None else None
             raise RuntimeError(f"cannot listen on {listen}{': ' + why if why else ''}")
         return 0 if path is not None else port
+
+    async def drain(self, seconds: float, *, interrupted: asyncio.Event | None = None) -> str:
+        """Drain before :meth:`stop`: refuse newcomers, keep serving what ends or keeps state (see the module).
+
+        Readiness turns NOT_SERVING (liveness stays SERVING); LeaseGrant, new
+        KeepAlive streams, Acquire, AcquirePermit and Campaign are refused
+        with UNAVAILABLE / DRAINING; Release, ReleasePermit, Resign, Withdraw,
+        LeaseRevoke, the open streams' keepalives and the waits already queued
+        are served. Returns when ``seconds`` passed, when no KeepAlive or
+        Observe stream is left (no client keeps anything alive here), or when
+        ``interrupted`` is set; the caller then calls :meth:`stop`.
+
+        Args:
+            seconds: the longest drain, in seconds (>= 0).
+            interrupted: set to end the drain at once (a second SIGTERM).
+
+        Returns:
+            Why it ended: ``"elapsed"``, ``"no_streams"`` or ``"interrupted"``.
+        """
+        loop = asyncio.get_running_loop()
+        ends_at = loop.time() + seconds
+        streams = self.open_streams
+        log_event(_log, logging.INFO, "drain", f"draining for at most {seconds:g} s: new leases, streams and "
+                  f"acquires refused (DRAINING), releases, revokes and keepalives served; {streams} streams open",
+                  drain_s=seconds, streams=streams)
+        await self._health.enter_drain()
+        if self._service is not None:
+            self._service.enter_drain(seconds)
+        interrupted = interrupted if interrupted is not None else asyncio.Event()
+        ended = "elapsed"
+        while loop.time() < ends_at:
+            if interrupted.is_set():
+                ended = "interrupted"
+                break
+            if self.open_streams == 0:
+                ended = "no_streams"
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(interrupted.wait(), min(DRAIN_POLL_SECONDS, max(0.0, ends_at - loop.time())))
+        log_event(_log, logging.INFO, "drain_end", f"drain ended ({ended}); {self.open_streams} streams open",
+                  ended=ended, streams=self.open_streams)
+        return ended
+
+    @property
+    def open_streams(self) -> int:
+        """The KeepAlive and Observe streams being served (0 before ``start()``)."""
+        return self._service.open_streams if self._service is not None else 0
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop serving: health NOT_SERVING (on the health listener too), end streams, let calls finish.

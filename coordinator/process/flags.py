@@ -27,7 +27,7 @@ from .listen import same_address
 from .tls import ServerTls, TlsFileError, check_pem_files
 from .workers import add_process_arguments
 
-__all__ = ["PASSWORD_ENV", "BadFlag", "Settings", "add_etcd_arguments", "build_parser", "check_metrics_listen",
+__all__ = ["DEFAULT_DRAIN_SECONDS", "PASSWORD_ENV", "BadFlag", "Settings", "add_etcd_arguments", "build_parser", "check_metrics_listen",
            "default_data_dir", "etcd_settings", "metrics_name_prefixes", "settings"]
 
 
@@ -45,6 +45,9 @@ def default_data_dir() -> Path:
 #: The environment variable that carries the etcd password (never a flag, never logged), unless
 #: --etcd-password-file names a file holding it.
 PASSWORD_ENV = "FENCEPOST_ETCD_PASSWORD"
+
+#: ``--drain-seconds`` by default: long enough for an application stopped at the same time to release.
+DEFAULT_DRAIN_SECONDS = 10.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"etcd key prefix of all locks (env FENCEPOST_PREFIX; default {DEFAULT_PREFIX})")
     parser.add_argument("--grace-seconds", default=_env("grace-seconds", "5"),
                         help="seconds in-flight calls may take at shutdown (env FENCEPOST_GRACE_SECONDS; default 5)")
+    parser.add_argument("--drain-seconds", default=_env("drain-seconds", str(DEFAULT_DRAIN_SECONDS)),
+                        help="seconds the coordinator drains after SIGTERM before it stops: readiness NOT_SERVING, "
+                             "new leases, streams and acquires refused (DRAINING), releases, revokes and "
+                             "keepalives still served; it ends early once no stream is left, and at a second "
+                             "SIGTERM; 0: stop at once (env FENCEPOST_DRAIN_SECONDS; default "
+                             f"{DEFAULT_DRAIN_SECONDS:g})")
     parser.add_argument("--etcd-batch-max", default=_env("etcd-batch-max", "64"), type=_batch_max, metavar="N",
                         help="most lock Txns (Acquire, Release, Withdraw) of different locks sent to etcd as one "
                              "Txn when they arrive while one is in flight; 0 sends each alone (env "
@@ -176,6 +185,7 @@ class Settings:
     trace_lock_names: bool
     policy: Policy | None = None
     limits: Limits = Limits()
+    drain: float = DEFAULT_DRAIN_SECONDS
 
 
 def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
@@ -343,6 +353,12 @@ def settings(args: argparse.Namespace) -> Settings:
     if not 0 <= grace <= 3600 or math.isnan(grace):
         raise BadFlag(f"--grace-seconds is {args.grace_seconds}; must be 0 to 3600 seconds")
     try:
+        drain = float(args.drain_seconds)
+    except ValueError:
+        raise BadFlag(f"--drain-seconds is {args.drain_seconds!r}; must be a number of seconds") from None
+    if not 0 <= drain <= 3600 or math.isnan(drain):
+        raise BadFlag(f"--drain-seconds is {args.drain_seconds}; must be 0 to 3600 seconds")
+    try:
         check_listen(args.listen)
     except ValueError as exc:
         raise BadFlag(f"--listen: {exc}") from None
@@ -368,7 +384,7 @@ def settings(args: argparse.Namespace) -> Settings:
     except ValueError as exc:
         raise BadFlag(str(exc)) from None
     return Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen,
-                     trace_lock_names, policy, limits)
+                     trace_lock_names, policy, limits, drain)
 
 
 def etcd_settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None]:

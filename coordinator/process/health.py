@@ -52,6 +52,7 @@ class Health:
 
     def __init__(self, about: About) -> None:
         self._about = about
+        self._draining = False
         #: The ``grpc.health.v1`` servicer, to add to the servers.
         self.servicer = health.aio.HealthServicer()
 
@@ -61,11 +62,18 @@ class Health:
         await self.servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
     async def set_serving(self, serving: bool) -> None:
-        """Set readiness (``""`` and :data:`SERVICE_NAME`) and ``about.serving``."""
+        """Set readiness (``""`` and :data:`SERVICE_NAME`) and ``about.serving``; never SERVING once draining."""
+        serving = serving and not self._draining
         self._about.serving = serving
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         await self.servicer.set("", status)
         await self.servicer.set(SERVICE_NAME, status)
+
+    async def enter_drain(self) -> None:
+        """Answer NOT_SERVING for readiness from now on (the coordinator drains before it stops); liveness stays
+        SERVING until :meth:`enter_graceful_shutdown`."""
+        self._draining = True
+        await self.set_serving(False)
 
     async def enter_graceful_shutdown(self) -> None:
         """Answer NOT_SERVING to every service name from now on."""

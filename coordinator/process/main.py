@@ -25,6 +25,13 @@ the spans still queued are sent at shutdown. Set without the ``tracing``
 extra installed, it exits 2. ``--no-trace-lock-names`` keeps lock names out
 of the spans.
 
+The first SIGTERM (or SIGINT) drains for ``--drain-seconds`` (default 10 s)
+before the shutdown (:meth:`~.coordinator.Coordinator.drain`): readiness
+NOT_SERVING, new leases, streams and acquires refused with DRAINING, while
+releases, resigns, revokes and keepalives are served, so that an
+application stopped at the same time releases through it; the drain ends
+early once no stream is left, and at once on a second signal.
+
 ``--workers N`` serves with N coordinator processes on one port (:mod:`.workers`); ``--loop`` picks
 uvloop or the standard asyncio loop (:mod:`.eventloop`).
 """
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if processes.workers > 1:
             return run_workers(argv if argv is not None else sys.argv[1:], args, processes,
-                               health_listen=settings.health_listen, grace_seconds=settings.grace)
+                               health_listen=settings.health_listen, grace_seconds=settings.grace + settings.drain)
         return _run(args, settings, traces, name_prefixes, processes)
     finally:
         if traces is not None:
@@ -188,10 +195,10 @@ async def serve(endpoints: list[str], args: argparse.Namespace, settings: Settin
         await coordinator.stop(0)
         return 1
     # Before the "listening" line: a supervisor may signal as soon as it reads it.
-    stop = asyncio.Event()
+    stop, again = asyncio.Event(), asyncio.Event()  # the first SIGTERM/SIGINT drains, the second stops at once
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda: again.set() if stop.is_set() else stop.set())
     loop.add_signal_handler(signal.SIGHUP, _reload, coordinator)
     how = []
     if tls is not None:
@@ -222,8 +229,12 @@ async def serve(endpoints: list[str], args: argparse.Namespace, settings: Settin
         print(f"fencepost: traces to {traces.endpoint} (OTLP {traces.protocol})"
               f"{'' if settings.trace_lock_names else ', without lock names'}", flush=True)
     await stop.wait()
+    if settings.drain > 0:
+        print(f"fencepost: draining for at most {settings.drain:g} s (releases and keepalives served, new "
+              f"leases and acquires refused; SIGTERM again to stop at once)", flush=True)
+        await coordinator.drain(settings.drain, interrupted=again)
     print("fencepost: shutting down (leases are kept)", flush=True)
-    await coordinator.stop()
+    await coordinator.stop(0 if again.is_set() else None)
     return 0
 
 

@@ -21,10 +21,11 @@ The parent:
 - prints ``fencepost: listening on HOST:PORT`` once, after every worker
   listens; each worker's other stdout lines are relayed as
   ``fencepost: worker K: ...`` (their stderr log lines go straight through);
-- forwards SIGTERM and SIGINT (as SIGTERM) to every worker and exits after
-  them: 0 when every worker shut down cleanly, 1 otherwise; a worker still
-  running ``--grace-seconds`` + :data:`STOP_SLACK_SECONDS` after the signal
-  is killed. SIGHUP (reload TLS files and policy) goes to every worker;
+- forwards SIGTERM and SIGINT (as SIGTERM) to every worker (each drains,
+  then stops; a second signal is forwarded too: the drain ends) and exits
+  after them: 0 when every worker shut down cleanly, 1 otherwise; a worker
+  still running ``--drain-seconds`` + ``--grace-seconds`` +
+  :data:`STOP_SLACK_SECONDS` after the signal is killed. SIGHUP (reload TLS files and policy) goes to every worker;
 - restarts a worker that dies on its own (a crash, SIGKILL, the OOM killer)
   after a backoff (:data:`RESTART_FIRST_SECONDS`, doubling up to
   :data:`RESTART_MAX_SECONDS`; back to the first after a worker that served
@@ -211,7 +212,7 @@ def run_workers(argv: Sequence[str], args: argparse.Namespace, processes: Proces
         args: the same, parsed and checked.
         processes: from :func:`check_processes`, with ``workers`` above 1.
         health_listen: the checked ``--health-listen``, or None.
-        grace_seconds: the checked ``--grace-seconds``.
+        grace_seconds: the checked ``--grace-seconds`` plus ``--drain-seconds`` (a worker drains, then stops).
 
     Returns:
         The exit status: 0 when every worker shut down cleanly; 1 when an
@@ -273,6 +274,8 @@ class _Supervisor:
                  for worker in self._workers]
         await self._stop.wait()
         self._stopping = True
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal ends the workers' drain at once
+            loop.add_signal_handler(sig, self._forward, signal.SIGTERM)
         if self._failure is None:
             print(f"fencepost: shutting down {len(self._workers)} workers (leases are kept)", flush=True)
         self._forward(signal.SIGTERM)

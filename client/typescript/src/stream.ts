@@ -211,7 +211,8 @@ export class KeepAliveStream {
         force = true; // the server ended the stream: try another one
       } catch (err) {
         if (this.closing) break;
-        force = fromConnectError(err).reason === "SHUTTING_DOWN";
+        const reason = fromConnectError(err).reason;
+        force = reason === "SHUTTING_DOWN" || reason === "DRAINING"; // stopping: the next address
       } finally {
         if (this.outbox === outbox) this.outbox = undefined;
         outbox.close();

@@ -8,6 +8,9 @@
  * - LeaseGrant and Release are retried only while no connection could be
  *   made (the request cannot have reached a server); once sent, an
  *   UNAVAILABLE answer is thrown;
+ * - a call refused by a coordinator that drains before it stops (UNAVAILABLE /
+ *   DRAINING: a new lease or stream, an acquire; nothing was done) goes to the
+ *   next address, idempotent or not;
  * - a call stops trying `connectTimeout` seconds after its first failure
  *   (or at its own deadline), with jittered backoff between attempts;
  * - once every address has failed its TLS handshake, {@link TlsError} is
@@ -237,6 +240,15 @@ export class Transport {
         const code = err instanceof ConnectError ? err.code : undefined;
         if (code === Code.DeadlineExceeded && mapped.reason === undefined && method !== "Acquire") {
           throw new Unavailable(`${method}: no answer from ${address} in time`, { ...context, cause: err });
+        }
+        if (mapped.reason === "DRAINING") {
+          // A coordinator draining before it stops did nothing: the next address, idempotent or not.
+          lastProblem = `${address}: ${mapped.message}`;
+          this.rotate(position);
+          const remaining = budget();
+          if (remaining <= 0) throw mapped;
+          await sleep(Math.min(backoff.next().value, remaining), opts.signal);
+          continue;
         }
         if (!(mapped instanceof Unavailable) || !opts.idempotent) throw mapped;
         lastProblem = `${address}: ${mapped.message}`;
