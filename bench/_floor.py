@@ -64,8 +64,9 @@ async def renewals_against_floor(out: dict[str, Any], batch: int, streams: int =
 
     Two stream echoes at the run's load: the clients' leg (``streams``
     streams, the run's keepalive messages a second, of its message size) and
-    etcd's leg (one stream, as the coordinator keeps one to etcd, one message
-    per renewal, written ``batch`` at a time as the coordinator forwards a batch).
+    etcd's leg (one stream: the coordinator forwards to etcd on a few shared
+    streams, one message per renewal, written ``batch`` at a time as the
+    coordinator forwards a batch).
 
     Args:
         out: the run's figures (``cores``, ``renewals_per_second``) from ``_leases.leases_kept``.
@@ -91,3 +92,25 @@ async def renewals_against_floor(out: dict[str, Any], batch: int, streams: int =
     return {"coordinator_us_per_renewal": round(used, 1), "floor_us_per_renewal": round(floor, 1),
             "ratio_to_floor": round(used / floor, 3), "ratio_to_server_floor": round(used / servers, 3),
             "echo": {"clients": clients, "etcd": etcd}}
+
+
+async def renewal_against_floor(out: dict[str, Any], batch: int, row: dict[str, Any]) -> str:
+    """Add to a P4 run through the coordinator (``out``) its CPU per renewal against the echo floor, and against
+    the one-lease cost of the same row (``row``: the runs of that lease count); the line to print."""
+    try:
+        out.update(await renewals_against_floor(out, batch))
+    except Exception as exc:  # noqa: BLE001 - the run's own figures stand without it
+        out["floor_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return f"[P4] echo floor FAILED: {out['floor_error']}"
+    if "coordinator_us_per_renewal" not in out:
+        return "[P4] echo floor: the run renewed nothing"
+    single = next((e.get("coordinator_us_per_renewal") for e in row.values() if e.get("batch") == 1
+                   and e.get("mode") == "fencepost" and e is not out), None)
+    if batch > 1 and single:
+        out["ratio_to_single"] = round(out["coordinator_us_per_renewal"] / single, 3)
+    return (f"[P4] batch {batch}: coordinator CPU {out['coordinator_us_per_renewal']:.0f} us per renewal, floor "
+            f"{out['floor_us_per_renewal']:.0f} us (echo: server {out['echo']['clients']['server_us']:.0f} us per "
+            f"client message, client {out['echo']['etcd']['client_us']:.0f} us per etcd keepalive): "
+            f"{out['ratio_to_floor']:.2f}x the echo floor ({out['ratio_to_server_floor']:.2f}x counting both legs at "
+            f"the echo server's cost)"
+            + (f"; {out['ratio_to_single']:.2f}x the one-lease cost" if "ratio_to_single" in out else ""))

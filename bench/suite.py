@@ -55,7 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import _procs  # noqa: E402
-from _floor import cycles_against_floor, renewals_against_floor  # noqa: E402
+from _floor import cycles_against_floor, renewal_against_floor  # noqa: E402
 from _leases import leases_kept  # noqa: E402
 from _measure import cycle_loops, handoffs, percentile  # noqa: E402
 from _peers import (  # noqa: E402
@@ -332,7 +332,7 @@ class Suite:
                     servers = out["cores"]["coordinator"] + out["cores"]["etcd"]
                     out["ratio_server_cores"] = _ratio(servers, base["cores"]["etcd"])
             if mode != "etcd-direct":
-                await self.renewal_floor(out, batch, row)
+                say(await renewal_against_floor(out, batch, row))
             cores = out["cores"]
             say(f"[P4] {mode:<16} N={n:<6} coordinator {cores.get('coordinator', float('nan')):.3f} cores, "
                 f"etcd {cores.get('etcd', float('nan')):.3f}, generator {cores['generator']:.3f}; "
@@ -343,27 +343,6 @@ class Suite:
                 f"RTT p50 {out['rtt_ms']['p50']} ms; "
                 f"coordinator warnings {out.get('coordinator_warnings', '-')}  ({time.monotonic() - started:.0f} s)")
         self.results["P4"][str(n)] = row
-
-    async def renewal_floor(self, out: dict[str, Any], batch: int, row: dict[str, Any]) -> None:
-        """Add to a P4 run through the coordinator its CPU per renewal against the echo floor (and batch 1's cost)."""
-        try:
-            out.update(await renewals_against_floor(out, batch))
-        except Exception as exc:
-            out["floor_error"] = _error(exc)
-            say(f"[P4] echo floor FAILED: {_error(exc)}")
-            return
-        if "coordinator_us_per_renewal" not in out:
-            return
-        single = next((e.get("coordinator_us_per_renewal") for e in row.values() if e.get("batch") == 1
-                       and e.get("mode") == "fencepost" and e is not out), None)
-        if batch > 1 and single:
-            out["ratio_to_single"] = _ratio(out["coordinator_us_per_renewal"], single)
-        say(f"[P4] batch {batch}: coordinator CPU {out['coordinator_us_per_renewal']:.0f} us per renewal, floor "
-            f"{out['floor_us_per_renewal']:.0f} us (echo: server {out['echo']['clients']['server_us']:.0f} us per "
-            f"client message, client {out['echo']['etcd']['client_us']:.0f} us per etcd keepalive): "
-            f"{_x(out['ratio_to_floor'])} the echo floor ({_x(out['ratio_to_server_floor'])} counting both legs at "
-            f"the echo server's cost)"
-            + (f"; {_x(out['ratio_to_single'])} the one-lease cost" if "ratio_to_single" in out else ""))
 
     # ------------------------------------------------------------------------------------------ P5
 

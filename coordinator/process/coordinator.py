@@ -10,11 +10,9 @@ established streams (:mod:`.tls`). A second, plaintext listener may serve
 only ``grpc.health.v1`` (``health_listen``), for probes that cannot present
 a client certificate, such as the kubelet's gRPC probe.
 
-Drain (``drain()``; ``fencepost serve`` drains ``--drain-seconds`` after the
-first SIGTERM/SIGINT, :mod:`..admission.drain`): readiness turns NOT_SERVING,
-newcomers (new leases and streams, acquires) are refused with UNAVAILABLE /
-DRAINING, and releases, resigns, revokes and keepalives are still served,
-until the drain period passes, no stream is left, or it is interrupted.
+Drain (``drain()``, after ``fencepost serve``'s first SIGTERM/SIGINT; see
+:mod:`..admission.drain`): readiness NOT_SERVING, newcomers refused (DRAINING),
+the rest served until the period passes, no stream is left, or a 2nd signal.
 
 Shutdown (after the drain, or ``stop()``): health turns NOT_SERVING, KeepAlive
 streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
@@ -85,10 +83,8 @@ SERVER_OPTIONS = [
     ("grpc.http2.max_ping_strikes", 0),
 ]
 
-
 #: How often a drain checks whether a stream is left, in seconds.
 DRAIN_POLL_SECONDS = 0.1
-
 
 __all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "Coordinator", "check_listen"]
 
@@ -489,8 +485,7 @@ class Coordinator:
         return self._watcher
 
     def state_sizes(self) -> dict[str, int]:
-        """The entries of each per-stream, per-lease and per-name table in memory (:meth:`..api.service.LockService.state_sizes`);
-        empty before ``start()``."""
+        """The entries of each in-memory table (:meth:`..api.service.LockService.state_sizes`); {} before start()."""
         return self._service.state_sizes() if self._service is not None else {}
 
     @property
