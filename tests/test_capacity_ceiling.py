@@ -166,21 +166,27 @@ def test_the_lease_ceiling_rises_after_a_calm_spell_with_demand() -> None:
     assert capacity.overloaded and capacity.ceiling == int(BACKOFF * (int(496 * RAISE) + 1))
 
 
-@pytest.mark.parametrize("behind", ["loop", "etcd"])
+@pytest.mark.parametrize("behind", ["loop", "etcd", "etcd-busy"])
 def test_a_lag_that_is_etcds_refuses_newcomers_but_sets_no_ceiling(behind: str) -> None:
     """Past --max-lag because the event loop runs late: the ceiling is learned. Because the oldest keepalive
-    forwarded to etcd waits (a stalled disk or member): newcomers are refused all the same, the ceiling is not
-    lowered (the leases carried did not cause it)."""
+    forwarded to etcd waits (a stalled disk or member) while the process had CPU to spare: newcomers are refused
+    all the same, the ceiling is not lowered (the leases carried did not cause it). The same wait while the
+    process used SPARE_BUSY or more of each second (its keepalives queue here to go to etcd): the ceiling."""
     clocks = Clocks()
-    etcd_wait = 0.8 if behind == "etcd" else 0.0
+    process = {"cpu": 0.0}
+    etcd_wait = 0.0 if behind == "loop" else 0.8
     lag = LoopLag(ticks=1, waiting=lambda: etcd_wait)
-    capacity = Capacity(Limits(), clock=lambda: clocks.wall, cpu_clock=lambda: 0.0, window=1.0)
+    capacity = Capacity(Limits(), clock=lambda: clocks.wall, cpu_clock=lambda: 0.0, window=1.0,
+                        process_clock=lambda: process["cpu"])
     capacity.follow(lag, kept=lambda: 1000)
+    clocks.wall += 1.0
+    process["cpu"] += 0.95 if behind == "etcd-busy" else 0.3
+    capacity.tick()  # one window: the process's CPU in it
     lag.tick(0.8 if behind == "loop" else 0.0)
     assert capacity.overloaded
     with pytest.raises(fc.ResourceExhausted, match="0.800 s behind, --max-lag 0.5"):
         capacity.admit("LeaseGrant", lease=True)
-    assert capacity.ceiling == (900 if behind == "loop" else None)
+    assert capacity.ceiling == (None if behind == "etcd" else 900)
 
 
 def test_the_wait_and_the_ceiling_are_metrics() -> None:

@@ -7,14 +7,15 @@ are answered later and later until clients declare their holds lost: the
 load then degrades everyone instead of being refused at the door.
 :class:`Capacity` tells that condition from four signals:
 
-- **loop busy**: the CPU time of the coordinator's process per wall second
-  (``time.process_time``, read at each of :class:`.overload.LoopLag`'s
-  measurements): its event loop thread and gRPC's threads, which take the
-  same GIL to run their Python callbacks (the loop thread alone was found at
-  0.6 to 0.7 while the process used 0.96 of a core and could do no more).
-  A saturated process is its capacity, whatever the backlog's shape, and
-  seen before the backlog grows. A pause (SIGSTOP, a stalled machine) or
-  other processes taking the CPU make it smaller, never larger.
+- **loop busy**: the CPU time of the event loop thread per wall second
+  (``time.thread_time``, read in that thread at each of
+  :class:`.overload.LoopLag`'s measurements). A saturated loop is the
+  capacity of the process, whatever the backlog's shape, and seen before the
+  backlog grows. A pause (SIGSTOP, a stalled machine) or other processes
+  taking the CPU make it smaller, never larger. (The process's CPU time,
+  gRPC's threads included, is no signal: a coordinator serving lock cycles
+  as fast as its clients ask reads 0.9 and more while every call is answered
+  in time; it only tells whether the process had CPU to spare, below.)
 - **client round trip**: the round trip each client measured for its
   previous acknowledged keepalive on its stream (``KeepAliveRequest.last_rtt_ms``,
   0 or absent: unknown): what clients experience, including the time their
@@ -89,7 +90,7 @@ from .limits import FLAGS, Limits
 from .overload import LoopLag
 
 __all__ = ["BACKOFF", "CALM_WINDOWS", "LOW_MARK", "MAX_CALM_SECONDS", "MIN_CEILING", "RAISE", "RAISE_SECONDS",
-           "RETRY_SECONDS", "SAMPLES", "TIPPED_SECONDS", "WINDOW", "WINDOWS", "Capacity"]
+           "RETRY_SECONDS", "SAMPLES", "SPARE_BUSY", "TIPPED_SECONDS", "WINDOW", "WINDOWS", "Capacity"]
 
 _log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ RAISE = 1.1
 RAISE_SECONDS = 5.0
 #: For this many seconds after tipping over, the ceiling rises to at most BACKOFF of the leases carried then.
 TIPPED_SECONDS = 60.0
+#: Below this many CPU seconds per second (the whole process's), the coordinator had CPU to spare.
+SPARE_BUSY = 0.7
 #: The lowest lease ceiling.
 MIN_CEILING = 100
 #: The RetryInfo of a refusal, in seconds.
@@ -130,15 +133,18 @@ class Capacity:
         limits: the high marks: ``max_loop_busy`` (ratio), ``max_client_rtt``
             and ``max_lag`` (seconds); 0 turns a signal off.
         clock: the wall clock, seconds (monotonic).
-        cpu_clock: the CPU seconds of the process (``time.process_time``). A test makes the loop look saturated
+        cpu_clock: the CPU seconds of the calling thread (``time.thread_time``;
+            read in the loop thread). A test makes the loop look saturated
             with a clock that runs as fast as ``clock``.
+        process_clock: the CPU seconds of the whole process (``time.process_time``): whether it had CPU to spare.
         window: seconds per window.
         windows: windows per figure.
         calm: windows every signal must stay below its low mark to leave the condition.
     """
 
     def __init__(self, limits: Limits | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 cpu_clock: Callable[[], float] = time.process_time, window: float = WINDOW,
+                 cpu_clock: Callable[[], float] = time.thread_time, window: float = WINDOW,
+                 process_clock: Callable[[], float] = time.process_time,
                  windows: int = WINDOWS, calm: int = CALM_WINDOWS) -> None:
         limits = limits if limits is not None else Limits()
         self._busy_high = limits.max_loop_busy
@@ -165,6 +171,9 @@ class Capacity:
         self._tipped, self._tipped_at = 0, -math.inf  # the leases carried when it last tipped over, and when
         self._started = clock()
         self._cpu_started = cpu_clock()
+        self._process_clock = process_clock
+        self._process_started = process_clock()
+        self._process_busy = 0.0  # the process's CPU seconds per second in the last window
         self._lag: Callable[[], float] = lambda: 0.0
         self._lag_parts: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0)
         self._metrics = NO_METRICS
@@ -244,8 +253,9 @@ class Capacity:
         now = self._clock()
         elapsed = now - self._started
         if elapsed >= self._window:
-            cpu = self._cpu_clock()
+            cpu, process = self._cpu_clock(), self._process_clock()
             self._busy.append(min(1.0, max(0.0, (cpu - self._cpu_started) / elapsed)))
+            self._process_busy, self._process_started = (process - self._process_started) / elapsed, process
             self._rtt.append(_median(self._samples, self._reports) / 1000.0)
             self._wait.append(_median(self._waits, self._waited) / 1000.0)
             self._started, self._cpu_started, self._reports, self._waited = now, cpu, 0, 0
@@ -284,7 +294,7 @@ class Capacity:
                 self._calm_seconds = (min(MAX_CALM_SECONDS, 2 * self._calm_seconds) if soon else self._base_calm)
                 self._metrics.overloaded(True)
                 loop_late, etcd_wait, send_wait = self._lag_parts()
-                spare = not self._busy or self._busy[-1] < LOW_MARK * (self._busy_high or 1.0)
+                spare = self._process_busy < SPARE_BUSY
                 if why == self._lag_why(lag) and etcd_wait > max(loop_late, send_wait) and spare:
                     pass  # etcd is behind while this process has CPU to spare: the leases carried did not do it
                 else:
@@ -306,7 +316,7 @@ class Capacity:
     def _past(self, lag: float) -> str:
         """Why the figures say past capacity ("" when they do not)."""
         if self._busy_high and self.busy >= self._busy_high:
-            return f"busy {self.busy:.2f} CPU seconds of each second, --{FLAGS['max_loop_busy']} {self._busy_high:g}"
+            return f"event loop busy {self.busy:.2f} of each second, --{FLAGS['max_loop_busy']} {self._busy_high:g}"
         if self._rtt_high and self.client_rtt >= self._rtt_high:
             return (f"clients' keepalive round trip {self.client_rtt:.3f} s, --{FLAGS['max_client_rtt']} "
                     f"{self._rtt_high:g}")

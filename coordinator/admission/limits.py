@@ -66,9 +66,8 @@ class Limits:
         max_lag: past capacity while this coordinator is this far behind, in
             seconds (``--max-lag``; see :mod:`.overload`: its event loop runs
             late, or a keepalive waits that long for etcd).
-        max_loop_busy: past capacity while its process stays this busy (its
-            event loop and gRPC's threads, which share the GIL), in CPU seconds
-            per wall second, 0 to 1 (``--max-loop-busy``).
+        max_loop_busy: past capacity while its event loop thread stays this
+            busy, in CPU seconds per wall second, 0 to 1 (``--max-loop-busy``).
         max_client_rtt: past capacity while its clients' keepalive round
             trips stay this long, in seconds (``--max-client-rtt``; the median
             of what they report).
@@ -170,7 +169,7 @@ _HELP: dict[str, str] = {
     "max_lag": "seconds: past capacity while this coordinator stays this far behind (its event loop running "
                "late, or keepalives or answers queued that long); past capacity, new leases, KeepAlive streams "
                "and waits are refused (OVERLOADED, RetryInfo 1 s), so that the leases it keeps are renewed in time",
-    "max_loop_busy": "ratio 0 to 1: past capacity while the coordinator process stays this busy (CPU seconds per "
+    "max_loop_busy": "ratio 0 to 1: past capacity while the event loop thread stays this busy (CPU seconds per "
                      "second, the smallest of the last 1.5 s)",
     "max_client_rtt": "seconds: past capacity while the median keepalive round trip its clients report stays "
                       "this long (the smallest of the last 1.5 s)",

@@ -42,7 +42,7 @@ fencepost_watch_restarts_total      counter                        restarts of t
 fencepost_lag_seconds               gauge                          how far behind: the event loop's lateness or
                                                                    the oldest keepalive's wait for etcd, the
                                                                    smallest of the last 0.25 s (overload.py)
-fencepost_loop_busy_ratio           gauge                          the process's CPU s per s (capacity.py)
+fencepost_loop_busy_ratio           gauge                          event loop thread CPU s per s (capacity.py)
 fencepost_keepalive_client_rtt_...  gauge                          median keepalive round trip clients report
 fencepost_keepalive_wait_seconds    gauge                          median wait of keepalives before read
 fencepost_lease_ceiling             gauge                          leases carried before grants are refused
@@ -226,7 +226,7 @@ class LockMetrics:
                                "wait of the oldest keepalive forwarded to etcd, the smallest of the last 0.25 s; "
                                "above --max-lag, past capacity.", registry=registry)
         self._busy = Gauge("fencepost_loop_busy_ratio",
-                           "CPU seconds of the coordinator process per wall second, the smallest of the last 1.5 s; "
+                           "CPU seconds of the event loop thread per wall second, the smallest of the last 1.5 s; "
                            "at --max-loop-busy, past capacity.", registry=registry)
         self._client_rtt = Gauge("fencepost_keepalive_client_rtt_seconds",
                                  "The keepalive round trip clients report (median of each 0.5 s), the smallest of "
