@@ -195,7 +195,7 @@ async def test_delay_survives_a_coordinator_restart(
     coordinator_process: CoordinatorProcess, prefix: str, etcd_client: Etcd3Client
 ) -> None:
     """A coordinator killed and started again while the delay runs still holds the grant back until it ends."""
-    delay = 3
+    delay = 6  # longer than a coordinator restart takes on a loaded 2-core machine (3 s was not, twice)
     address = coordinator_process.start()
     channel = grpc.aio.insecure_channel(address)
     try:
