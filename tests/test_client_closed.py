@@ -155,7 +155,7 @@ async def test_close_during_a_blocked_acquire_leaves_no_lease(
             await client.connect()
             acquiring = asyncio.ensure_future(client.acquire("blocked", ttl=5.0, timeout=30.0))
             if moment == "granting":
-                await asyncio.sleep(0)  # the acquire has sent its LeaseGrant
+                await asyncio.sleep(0)  # one turn of the loop: the acquire has started (its LeaseGrant not yet answered)
             elif moment == "granted":
                 await wait_for(lambda c=client: c.lease_count == 1, 10, 0.001, what="the lease granted")
             else:

@@ -54,7 +54,8 @@ def interrupt_main() -> Iterator[threading.Event]:
         stop.set()
         go.set()
         thread.join(5)
-        time.sleep(0.05)  # a signal sent just now is handled before the old handler is back
+        # A SIGINT the sender sent before it saw ``stop`` was delivered to this thread by pthread_kill before
+        # join() returned; Python runs its handler at the next bytecode, before the old handler is back.
         signal.signal(signal.SIGINT, before)
 
 
