@@ -20,6 +20,9 @@ fencepost_client_keepalive_rtt_seconds   histogram               from sending a 
                                                                  acknowledgement
 fencepost_guard_writes_total             counter    storage      writes a guard's statement accepted
 fencepost_guard_stale_rejections_total   counter    storage      writes a guard refused (StaleTokenError)
+fencepost_guard_token_ahead_total        counter    storage      of those, refused although the writer still
+                                                                 held its lock: the stored token was ahead of
+                                                                 the lock service (StoredTokenAheadError)
 =======================================  =========  ===========  ================================================
 
 ``storage``: ``sqlite``, ``postgresql``, ``mysql``, ``redis``, ``etcd``,
@@ -189,9 +192,10 @@ class GuardMetrics:
     Made by :func:`guard_metrics`.
     """
 
-    def __init__(self, writes: Any, stale: Any) -> None:
+    def __init__(self, writes: Any, stale: Any, ahead: Any) -> None:
         self._writes = writes
         self._stale = stale
+        self._ahead = ahead
 
     def accepted(self) -> None:
         """The guard's statement accepted a write."""
@@ -200,6 +204,10 @@ class GuardMetrics:
     def rejected(self) -> None:
         """The guard refused a write with a stale fencing token."""
         self._stale.inc()
+
+    def ahead(self) -> None:
+        """The guard refused a write whose writer still held its lock (the stored token was ahead)."""
+        self._ahead.inc()
 
 
 class _NoGuardMetrics(GuardMetrics):
@@ -212,6 +220,9 @@ class _NoGuardMetrics(GuardMetrics):
         pass
 
     def rejected(self) -> None:
+        pass
+
+    def ahead(self) -> None:
         pass
 
 
@@ -243,8 +254,12 @@ def guard_metrics(registry: Any | None, storage: str) -> GuardMetrics:
                             ["storage"], registry=registry),
                     Counter("fencepost_guard_stale_rejections_total",
                             "Writes a Fencepost fencing guard refused for a stale fencing token.",
+                            ["storage"], registry=registry),
+                    Counter("fencepost_guard_token_ahead_total",
+                            "Writes a Fencepost fencing guard refused although the writer still held its lock: "
+                            "the stored token was ahead of the lock service.",
                             ["storage"], registry=registry))
             except ValueError as exc:
                 raise InvalidArgument(f"metrics: {exc}", field="metrics") from exc
-        writes, stale = families
-        return GuardMetrics(writes.labels(storage), stale.labels(storage))
+        writes, stale, ahead = families
+        return GuardMetrics(writes.labels(storage), stale.labels(storage), ahead.labels(storage))

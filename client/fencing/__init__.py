@@ -32,6 +32,14 @@ The contract, the same for every adapter:
 - A rejection raises :class:`fencepost.client.StaleTokenError` with
   ``.record`` (the record's key), ``.token`` (offered) and
   ``.current_token`` (stored), and leaves the record unchanged.
+- Every write method takes a lock handle in place of the token too (any
+  :class:`TokenHold`: ``.token`` and ``.is_valid()``). A refusal over a higher
+  stored token while that hold is still live (the etcd guard: while its Txn
+  sees the writer's lock key) raises :class:`StoredTokenAheadError` (a
+  StaleTokenError): the stored token is ahead of the lock service, most
+  likely because etcd was restored from an older snapshot without ``fencepost
+  admin recover-tokens``; counted in ``guard.ahead`` and
+  ``fencepost_guard_token_ahead_total`` besides ``rejected`` (see :mod:`._ahead`).
 - Every other error a guard raises is a :class:`fencepost.client.FencepostError`
   too: :class:`~fencepost.client.InvalidArgument` for a bad argument (a
   token, identifier, key, hold or value; values naming the guard's own key
@@ -91,6 +99,7 @@ from ._dynamodb import DynamoDBGuard, condition_kwargs
 from ._etcd import EtcdGuard, HoldLike
 from ._mysql import MySqlGuard, mysql_update_statement, mysql_upsert_statement
 from ..v1.keys import Hold
+from ._ahead import StoredTokenAheadError, TokenHold
 from ._guard import FencingGuard, MalformedTokenError, RejectHook, check_identifier, check_token
 from ._redis import SCRIPT as REDIS_SCRIPT
 from ._redis import RedisGuard
@@ -115,6 +124,8 @@ __all__ = [
     "S3Guard",
     "S3_TOKEN_METADATA",
     "SqlGuard",
+    "StoredTokenAheadError",
+    "TokenHold",
     "add_token_column",
     "check_identifier",
     "check_token",

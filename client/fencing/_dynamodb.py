@@ -40,7 +40,8 @@ from decimal import Decimal
 from typing import Any
 
 from ..errors import InvalidArgument, ResourceExhausted
-from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token
+from ._ahead import TokenHold
+from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token, writer_token
 
 #: The condition of :func:`condition_kwargs`: no token yet, or a number from 0 to the writer's token.
 CONDITION = "attribute_not_exists(#ft) OR #ft BETWEEN :ft0 AND :ft"
@@ -112,16 +113,18 @@ class DynamoDBGuard(FencingGuard):
         self.table = table
         self.token_attribute = check_identifier(token_attribute, "token_attribute")
 
-    def put_item(self, key: Mapping[str, Any], token: int, attributes: Mapping[str, Any]) -> None:
+    def put_item(self, key: Mapping[str, Any], token: int | TokenHold, attributes: Mapping[str, Any]) -> None:
         """Replace the whole item if ``token`` is not lower than its token.
 
         Args:
             key: The item's key in low-level form, e.g. ``{"id": {"S": "inv:42"}}``.
-            token: The writer's fencing token.
+            token: The writer's fencing token, or its lock handle (then a
+                refusal while the hold is live is a StoredTokenAheadError).
             attributes: The other attributes, low-level form (``{"status": {"S": "paid"}}``).
 
         Raises:
-            StaleTokenError: the item holds a higher token; nothing was written.
+            StaleTokenError: the item holds a higher token; nothing was written
+                (StoredTokenAheadError while the hold given as ``token`` is live).
             MalformedTokenError: the item's token attribute is not an ``N``
                 holding an integer >= 0 (``{"S": "7"}``, ``{"N": "7.5"}``);
                 nothing was written.
@@ -132,22 +135,25 @@ class DynamoDBGuard(FencingGuard):
                 valid UTF-8; nothing was sent.
             botocore.exceptions.ClientError: any other failure.
         """
+        token, hold = writer_token(token)
         kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
         self._check(key, attributes, "attributes")
         item = {**attributes, **key, self.token_attribute: {"N": str(token)}}
-        self._write(key, token, self.client.put_item, TableName=self.table, Item=item, **kwargs)
+        self._write(key, token, hold, self.client.put_item, TableName=self.table, Item=item, **kwargs)
 
-    def update_item(self, key: Mapping[str, Any], token: int, values: Mapping[str, Any]) -> None:
+    def update_item(self, key: Mapping[str, Any], token: int | TokenHold, values: Mapping[str, Any]) -> None:
         """Set some attributes (creating the item if needed) if ``token`` is not lower than its token.
 
         Args:
             key: The item's key in low-level form.
-            token: The writer's fencing token.
+            token: The writer's fencing token, or its lock handle (then a
+                refusal while the hold is live is a StoredTokenAheadError).
             values: Attribute name -> low-level value to SET (``{}`` writes
                 the token alone).
 
         Raises:
-            StaleTokenError: the item holds a higher token; nothing was written.
+            StaleTokenError: the item holds a higher token; nothing was written
+                (StoredTokenAheadError while the hold given as ``token`` is live).
             MalformedTokenError: the item's token attribute is not an ``N``
                 holding an integer >= 0 (``{"S": "7"}``, ``{"N": "7.5"}``);
                 nothing was written.
@@ -158,6 +164,7 @@ class DynamoDBGuard(FencingGuard):
                 valid UTF-8; nothing was sent.
             botocore.exceptions.ClientError: any other failure.
         """
+        token, hold = writer_token(token)
         kwargs = condition_kwargs(token, token_attribute=self.token_attribute)
         self._check(key, values, "values")
         sets = ["#ft = :ft"]
@@ -165,7 +172,7 @@ class DynamoDBGuard(FencingGuard):
             kwargs["ExpressionAttributeNames"][f"#a{i}"] = name
             kwargs["ExpressionAttributeValues"][f":a{i}"] = value
             sets.append(f"#a{i} = :a{i}")
-        self._write(key, token, self.client.update_item, TableName=self.table, Key=dict(key),
+        self._write(key, token, hold, self.client.update_item, TableName=self.table, Key=dict(key),
                     UpdateExpression="SET " + ", ".join(sets), **kwargs)
 
     def get_item(self, key: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -206,7 +213,7 @@ class DynamoDBGuard(FencingGuard):
                                       f"item; write the item under its new key instead", field=argument)
         check_text(values, argument)
 
-    def _write(self, key: Mapping[str, Any], token: int, call: Any, **kwargs: Any) -> None:
+    def _write(self, key: Mapping[str, Any], token: int, hold: TokenHold | None, call: Any, **kwargs: Any) -> None:
         """Write in conditional rounds: no token or this token; else exactly the integer token seen, if <= ``token``."""
         values = kwargs["ExpressionAttributeValues"]
         del values[":ft0"]
@@ -227,7 +234,7 @@ class DynamoDBGuard(FencingGuard):
                 if current is None:
                     raise self._malformed(dict(key), token, stored, what=f"{self.token_attribute} attribute") from exc
                 if current > token:
-                    raise self._reject(dict(key), token, current) from exc
+                    raise self._reject(dict(key), token, current, hold=hold) from exc
                 kwargs["ConditionExpression"] = NEXT_ROUND
                 values[":seen"] = stored
             else:

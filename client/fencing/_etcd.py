@@ -34,9 +34,12 @@ write came in between, up to :data:`MAX_ATTEMPTS` rounds
 ASCII digits raises :class:`~fencepost.client.fencing.MalformedTokenError`
 (counted), nothing written.
 A refusal raises :class:`~fencepost.client.StaleTokenError`: reason
-``STALE_TOKEN`` when the record holds a higher token, ``NOT_HOLDER`` when the
-writer no longer holds the lock (released, lease expired, key deleted); both
-are counted by the hook. The value keys carry no lease: they outlive the lock.
+``NOT_HOLDER`` when the writer no longer holds the lock (released, lease
+expired, key deleted); when the record holds a higher token although the same
+Txn saw the writer's key, a
+:class:`~fencepost.client.fencing.StoredTokenAheadError` (reason
+``TOKEN_AHEAD``: the stored token is ahead of the lock service, see
+:mod:`._ahead`; also counted in ``ahead``); both are counted by the hook. The value keys carry no lease: they outlive the lock.
 Record keys live outside the lock prefix: a key inside it (where the
 coordinator's lock keys are) is refused with
 :class:`~fencepost.client.InvalidArgument` before any call, as are an empty
@@ -194,9 +197,11 @@ class EtcdGuard(FencingGuard):
             The etcd revision of the write.
 
         Raises:
-            StaleTokenError: refused, nothing written; reason ``STALE_TOKEN``
-                (the record holds a higher token) or ``NOT_HOLDER`` (the
-                lock is no longer held under this token).
+            StaleTokenError: refused, nothing written; reason ``NOT_HOLDER``
+                (the lock is no longer held under this token).
+            StoredTokenAheadError: (a StaleTokenError) refused, nothing
+                written: the record holds a higher token although the Txn saw
+                the writer still holding the lock (reason ``TOKEN_AHEAD``).
             InvalidArgument: a bad key (field ``key``), hold (``hold``),
                 token (``token``) or value (``value``); nothing was sent.
             Unavailable: the etcd call failed (after a timeout or a broken
@@ -242,7 +247,7 @@ class EtcdGuard(FencingGuard):
             if stored is not None and current is None:
                 raise self._malformed(record, token, stored, what="token key value", name=name, lease_id=lease_id)
             if current is not None and current > token:
-                raise self._reject(record, token, current, name=name, lease_id=lease_id)
+                raise self._reject(record, token, current, name=name, lease_id=lease_id, held=True)
             # No token now, or a lower one: write over exactly that one (its mod revision) next round.
             seen = int(token_kvs[0].mod_revision) if token_kvs else 0
         raise ResourceExhausted(f"etcd: {MAX_ATTEMPTS} fenced writes with fencing token {token} to {record!r} each "

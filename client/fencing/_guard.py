@@ -12,6 +12,7 @@ from .._metrics import guard_metrics
 from ..errors import InvalidArgument, StaleTokenError
 from ..v1.details import ErrorReason, reason_name
 from ..v1.keys import MAX_TOKEN
+from ._ahead import StoredTokenAheadError, TokenHold, ahead_message, is_live
 
 _log = logging.getLogger("fencepost.client.fencing")
 
@@ -101,6 +102,29 @@ def check_token(token: int) -> int:
     return token
 
 
+def writer_token(token: int | TokenHold) -> tuple[int, TokenHold | None]:
+    """The token a write carries, and the hold it came with (see :mod:`._ahead`).
+
+    Args:
+        token: The writer's fencing token, or its lock handle (an object with
+            ``.token`` and ``.is_valid()``, a :class:`TokenHold`).
+
+    Returns:
+        (the token, checked; the hold, or None for a bare token).
+
+    Raises:
+        InvalidArgument: neither a token nor a hold, or the token is not 1 to
+            2**63-1 (field ``token``).
+    """
+    if isinstance(token, int):
+        return check_token(token), None
+    inner = getattr(token, "token", None)
+    if inner is None or not callable(getattr(token, "is_valid", None)):
+        raise InvalidArgument(f"token must be an int fencing token or a lock handle (.token and .is_valid()), "
+                              f"not {type(token).__name__}", field="token")
+    return check_token(inner), token
+
+
 def _texts(value: Any) -> Iterator[str]:
     """Every str in ``value``: itself, or nested in mappings (keys and values), lists, tuples and sets."""
     if isinstance(value, str):
@@ -163,13 +187,17 @@ class FencingGuard:
             raises is logged and does not change the outcome.
         metrics: A ``prometheus_client.CollectorRegistry`` to count the
             guard's writes in (``fencepost_guard_writes_total`` and
-            ``fencepost_guard_stale_rejections_total``, labelled
+            ``fencepost_guard_stale_rejections_total`` and
+            ``fencepost_guard_token_ahead_total``, labelled
             ``storage``; guards given the same registry share them); None
             (the default) records nothing and imports nothing.
         storage: The ``storage`` label; the class's :attr:`storage` by default.
 
     Attributes:
         rejected: How many writes this guard has refused (thread-safe count).
+        ahead: How many of those refusals came with a live hold: the stored
+            token was ahead of the lock service (:class:`StoredTokenAheadError`;
+            also ``fencepost_guard_token_ahead_total``).
         storage: The kind of storage, the ``storage`` label of its metrics.
 
     Raises:
@@ -181,6 +209,7 @@ class FencingGuard:
     def __init__(self, *, on_reject: RejectHook | None = None, metrics: Any = None, storage: str | None = None) -> None:
         self.on_reject = on_reject
         self._rejected = 0
+        self._ahead = 0
         self._count_lock = threading.Lock()
         if storage is not None:
             self.storage = storage
@@ -195,6 +224,11 @@ class FencingGuard:
         """How many writes this guard has refused since it was made."""
         return self._rejected
 
+    @property
+    def ahead(self) -> int:
+        """How many refused writes came with a live hold (:class:`StoredTokenAheadError`) since it was made."""
+        return self._ahead
+
     def _reject(
         self,
         record: object,
@@ -205,8 +239,14 @@ class FencingGuard:
         reason: int = ErrorReason.STALE_TOKEN,
         name: str | None = None,
         lease_id: int | None = None,
+        hold: TokenHold | None = None,
+        held: bool = False,
     ) -> StaleTokenError:
         """Count a refused write, call the hook, and return the error to raise.
+
+        A refusal over a higher stored token whose writer still holds its lock
+        (``held``, or ``hold.is_valid()`` asked now, after the refusal) is a
+        :class:`StoredTokenAheadError`, counted in :attr:`ahead` too.
 
         Args:
             record: The record's key.
@@ -216,7 +256,16 @@ class FencingGuard:
             reason: An ErrorReason: STALE_TOKEN, or NOT_HOLDER (etcd guard).
             name: The lock name, when known.
             lease_id: The writer's lease id, when known.
+            hold: The writer's hold, when it gave one in place of the token.
+            held: The guard itself saw that the writer holds the lock (etcd).
         """
+        if (reason == ErrorReason.STALE_TOKEN and current_token is not None and current_token > token
+                and (held or is_live(hold))):
+            with self._count_lock:
+                self._ahead += 1
+            self._metrics.ahead()
+            return self._count(StoredTokenAheadError(ahead_message(token, current_token), record=record, token=token,
+                                                     current_token=current_token, name=name, lease_id=lease_id))
         if message is None:
             message = (f"write with fencing token {token} refused: the record has accepted "
                        f"fencing token {current_token}")

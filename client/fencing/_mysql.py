@@ -75,7 +75,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import MissingRecordError, StaleTokenError
-from ._guard import TOKEN_FIELD, RejectHook
+from ._ahead import TokenHold
+from ._guard import TOKEN_FIELD, RejectHook, writer_token
 from ._sql import SqlGuard, allows, check_columns, quoted, update_statement
 
 #: pymysql.constants.CLIENT.FOUND_ROWS: affected rows = matched rows (not changed rows).
@@ -148,23 +149,26 @@ class MySqlGuard(SqlGuard):
         # Unknown driver: assume counts may be matched rows (the stricter reading).
         self.found_rows = bool(getattr(conn, "client_flag", CLIENT_FOUND_ROWS) & CLIENT_FOUND_ROWS)
 
-    def update(self, key: Any, token: int, values: Mapping[str, Any]) -> None:
+    def update(self, key: Any, token: int | TokenHold, values: Mapping[str, Any]) -> None:
         """Update an existing row if ``token`` is not lower than the row's token.
 
         Args:
             key: The row's key (bound as a parameter; not None).
-            token: The writer's fencing token.
+            token: The writer's fencing token, or its lock handle (then a
+                refusal while the hold is live is a StoredTokenAheadError).
             values: Column name -> new value (names must be identifiers, and
                 neither the key column nor the token column; ``{}`` writes
                 the token alone).
 
         Raises:
-            StaleTokenError: the row holds a higher token; nothing was written.
+            StaleTokenError: the row holds a higher token; nothing was written
+                (StoredTokenAheadError while the hold given as ``token`` is live).
             MissingRecordError: no row has that key; nothing was written.
             InvalidArgument: a bad key, token, values mapping or column name;
                 nothing was sent.
             pymysql.err.Error: the driver's own errors (a lost connection, a deadlock).
         """
+        token, hold = writer_token(token)
         columns = self._check(key, token, values)
         sql = mysql_update_statement(self.table, self.key_column, columns, token_column=self.token_column)
         params = [values[c] for c in columns] + [token, key, token]
@@ -176,26 +180,28 @@ class MySqlGuard(SqlGuard):
                     raise MissingRecordError(f"no row of {self.table!r} has {self.key_column} = {key!r}",
                                              record=key)
                 if current is not None and current > token:
-                    raise self._reject(key, token, current)
+                    raise self._reject(key, token, current, hold=hold)
                 # The row is ours under FOR UPDATE and its token allows the write: it matches now.
                 self._run(sql, params)
         self._accepted()
 
-    def upsert(self, key: Any, token: int, values: Mapping[str, Any]) -> None:
+    def upsert(self, key: Any, token: int | TokenHold, values: Mapping[str, Any]) -> None:
         """Insert the row, or update it if ``token`` is not lower than its token.
 
         Args:
             key: The row's key (bound as a parameter; not None).
-            token: The writer's fencing token.
+            token: The writer's fencing token, or its lock handle (as :meth:`update`).
             values: Column name -> value (names must be identifiers, and
                 neither the key column nor the token column).
 
         Raises:
-            StaleTokenError: the row holds a higher token; nothing was written.
+            StaleTokenError: the row holds a higher token; nothing was written
+                (StoredTokenAheadError while the hold given as ``token`` is live).
             InvalidArgument: a bad key, token, values mapping or column name;
                 nothing was sent.
             pymysql.err.Error: the driver's own errors (a lost connection, a deadlock).
         """
+        token, hold = writer_token(token)
         columns = self._check(key, token, values)
         sql = mysql_upsert_statement(self.table, self.key_column, columns, token_column=self.token_column)
         params = [key, *(values[c] for c in columns), token]
@@ -209,7 +215,7 @@ class MySqlGuard(SqlGuard):
                 # (accepted: inserted, or the same values) or a higher one (refused).
                 current = self._token_of(key, token, self._locked_token(key)[0])
                 if current is not None and current > token:
-                    raise self._reject(key, token, current)
+                    raise self._reject(key, token, current, hold=hold)
         self._accepted()
 
     @contextmanager

@@ -30,7 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidArgument
-from ._guard import FencingGuard, MalformedTokenError, RejectHook, check_text, check_token, stored_token
+from ._ahead import TokenHold
+from ._guard import FencingGuard, MalformedTokenError, RejectHook, check_text, stored_token, writer_token
 
 SCRIPT = """\
 local stored = redis.call('HGET', KEYS[1], 'fencing_token')
@@ -76,16 +77,18 @@ class RedisGuard(FencingGuard):
         self.client = client
         self._script = client.register_script(SCRIPT)
 
-    def put(self, key: str | bytes, token: int, value: str | bytes | int | float) -> None:
+    def put(self, key: str | bytes, token: int | TokenHold, value: str | bytes | int | float) -> None:
         """Set the record's value if ``token`` is not lower than its token.
 
         Args:
             key: The Redis key of the record (a hash).
-            token: The writer's fencing token.
+            token: The writer's fencing token, or its lock handle (then a
+                refusal while the hold is live is a StoredTokenAheadError).
             value: The new value (stored in the hash field ``value``).
 
         Raises:
-            StaleTokenError: the record holds a higher token; nothing was written.
+            StaleTokenError: the record holds a higher token; nothing was written
+                (StoredTokenAheadError while the hold given as ``token`` is live).
             MalformedTokenError: the record's ``fencing_token`` field is not a
                 canonical non-negative integer; nothing was written.
             InvalidArgument: a bad token, or a key or value that is not
@@ -93,7 +96,7 @@ class RedisGuard(FencingGuard):
                 valid UTF-8; nothing was sent.
             redis.exceptions.RedisError: the server failed (e.g. WRONGTYPE).
         """
-        check_token(token)
+        token, hold = writer_token(token)
         _check_data(key, "key")
         _check_data(value, "value")
         outcome, stored = self._script(keys=[key], args=[str(token), value])
@@ -103,7 +106,7 @@ class RedisGuard(FencingGuard):
         current = stored_token(stored, text=True)
         if int(outcome) == 2 or current is None:
             raise self._malformed(key, token, stored, what="fencing_token field")
-        raise self._reject(key, token, current)
+        raise self._reject(key, token, current, hold=hold)
 
     def get(self, key: str | bytes) -> tuple[bytes | None, int | None]:
         """Read a record: (value, token), each None when absent (one HMGET).

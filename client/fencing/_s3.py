@@ -49,7 +49,8 @@ from typing import Any
 
 from ..errors import InvalidArgument, ResourceExhausted
 from ..v1.retry import Backoff
-from ._guard import FencingGuard, MalformedTokenError, RejectHook, check_token, stored_token
+from ._ahead import TokenHold
+from ._guard import FencingGuard, MalformedTokenError, RejectHook, stored_token, writer_token
 
 #: The user metadata name (x-amz-meta-...) that stores the token.
 TOKEN_METADATA = "fencing-token"
@@ -119,13 +120,14 @@ class S3Guard(FencingGuard):
         self.token_metadata = token_metadata
         self.max_attempts = max_attempts
 
-    def put(self, key: str, token: int, body: bytes | str, *,
+    def put(self, key: str, token: int | TokenHold, body: bytes | str, *,
             metadata: Mapping[str, str] | None = None, content_type: str | None = None) -> str:
         """Write the object if ``token`` is not lower than its token: HEAD, then a conditional PUT.
 
         Args:
             key: The object key (a non-empty str).
-            token: The writer's fencing token.
+            token: The writer's fencing token, or its lock handle (then a
+                refusal while the hold is live is a StoredTokenAheadError).
             body: The object's new content (bytes; a str is sent as UTF-8).
             metadata: Other user metadata (str -> str), stored with the token.
             content_type: The object's Content-Type (S3's default when None).
@@ -134,7 +136,8 @@ class S3Guard(FencingGuard):
             The ETag of the written object.
 
         Raises:
-            StaleTokenError: the object holds a higher token; nothing was written.
+            StaleTokenError: the object holds a higher token; nothing was written
+                (StoredTokenAheadError while the hold given as ``token`` is live).
             ResourceExhausted: ``max_attempts`` conditional PUTs each lost to
                 another write while the stored token stayed <= ``token``;
                 nothing was written by this call.
@@ -144,7 +147,7 @@ class S3Guard(FencingGuard):
                 non-negative integer (written outside the guard); nothing was written.
             botocore.exceptions.ClientError: any other failure (no such bucket).
         """
-        check_token(token)
+        token, hold = writer_token(token)
         self._check_key(key)
         data = _body(body)
         extra = self._check_metadata(metadata)
@@ -161,7 +164,7 @@ class S3Guard(FencingGuard):
             if stored is not None and current is None:
                 raise self._malformed(key, token, stored, what=f"{self.token_metadata} metadata")
             if current is not None and current > token:
-                raise self._reject(key, token, current)
+                raise self._reject(key, token, current, hold=hold)
             condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
             try:
                 written = str(self.client.put_object(**kwargs, **condition)["ETag"])

@@ -58,7 +58,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidArgument, MissingRecordError
-from ._guard import TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token, stored_token
+from ._ahead import TokenHold
+from ._guard import (TOKEN_FIELD, FencingGuard, RejectHook, check_identifier, check_text, check_token, stored_token,
+                     writer_token)
 
 _PLACEHOLDERS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
@@ -263,23 +265,27 @@ class SqlGuard(FencingGuard):
         self.conn = conn
         self.commit = commit
 
-    def update(self, key: Any, token: int, values: Mapping[str, Any]) -> None:
+    def update(self, key: Any, token: int | TokenHold, values: Mapping[str, Any]) -> None:
         """Update an existing row if ``token`` is not lower than the row's token.
 
         Args:
             key: The row's key (bound as a parameter; not None).
-            token: The writer's fencing token.
+            token: The writer's fencing token, or its lock handle (then a
+                refusal while the hold is live is a StoredTokenAheadError).
             values: Column name -> new value (names must be identifiers, and
                 neither the key column nor the token column; ``{}`` writes
                 the token alone).
 
         Raises:
             StaleTokenError: the row holds a higher token; nothing was written.
+            StoredTokenAheadError: (a StaleTokenError) the same, while the
+                hold given as ``token`` is live.
             MissingRecordError: no row has that key; nothing was written.
             InvalidArgument: a bad key, token, values mapping or column name,
                 or a str key or value that is not valid UTF-8;
                 nothing was sent.
         """
+        token, hold = writer_token(token)
         columns = self._check(key, token, values)
         sql = update_statement(self.table, self.key_column, columns, token_column=self.token_column,
                                placeholder=self.placeholder, dialect=self.dialect)
@@ -291,23 +297,26 @@ class SqlGuard(FencingGuard):
         current = self._token_of(key, token, stored)
         if not found or current is None or current <= token:
             raise MissingRecordError(f"no row of {self.table!r} has {self.key_column} = {key!r}", record=key)
-        raise self._reject(key, token, current)
+        raise self._reject(key, token, current, hold=hold)
 
-    def upsert(self, key: Any, token: int, values: Mapping[str, Any]) -> None:
+    def upsert(self, key: Any, token: int | TokenHold, values: Mapping[str, Any]) -> None:
         """Insert the row, or update it if ``token`` is not lower than its token.
 
         Args:
             key: The row's key (bound as a parameter; not None).
-            token: The writer's fencing token.
+            token: The writer's fencing token, or its lock handle (as :meth:`update`).
             values: Column name -> value (names must be identifiers, and
                 neither the key column nor the token column).
 
         Raises:
             StaleTokenError: the row holds a higher token; nothing was written.
+            StoredTokenAheadError: (a StaleTokenError) the same, while the
+                hold given as ``token`` is live.
             InvalidArgument: a bad key, token, values mapping or column name,
                 or a str key or value that is not valid UTF-8;
                 nothing was sent.
         """
+        token, hold = writer_token(token)
         columns = self._check(key, token, values)
         sql = upsert_statement(self.table, self.key_column, columns, token_column=self.token_column,
                                placeholder=self.placeholder, dialect=self.dialect)
@@ -316,7 +325,7 @@ class SqlGuard(FencingGuard):
             return
         stored, _ = self._current(key)
         self._end_refused()
-        raise self._reject(key, token, self._token_of(key, token, stored))
+        raise self._reject(key, token, self._token_of(key, token, stored), hold=hold)
 
     def _check(self, key: Any, token: int, values: Mapping[str, Any]) -> list[str]:
         """Check a write's arguments before any statement; returns the column names."""

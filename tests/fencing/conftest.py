@@ -30,7 +30,8 @@ ADAPTERS = ["sqlite", "postgres", "redis", "etcd", "dynamodb", "mariadb", "s3"]
 #: Conformance tokens run from 1 to MAX_TOKEN (the etcd driver maps each to a real revision).
 MAX_TOKEN = 100
 
-Write = Callable[[str, str, int], Awaitable[None]]
+#: ``write(key, value, token)``: the token is an int, or a hold (``.token``, ``.is_valid()``) in its place.
+Write = Callable[[str, str, Any], Awaitable[None]]
 Hook = Callable[[StaleTokenError], None]
 
 #: Figures of the concurrency runs, printed in the terminal summary.
@@ -401,8 +402,10 @@ class EtcdDriver(Driver):
         guard = EtcdGuard(self.channel, prefix=self.prefix, on_reject=on_reject)
         self.guard = guard
 
-        async def write(key: str, value: str, token: int) -> None:
-            # A token that is not a conformance token (the bad-token test) goes to the guard as it is.
+        async def write(key: str, value: str, token: Any) -> None:
+            # A token that is not a conformance token (the bad-token test) goes to the guard as it is;
+            # a hold (the token-ahead test) gives its token (the etcd guard checks the lock key itself).
+            token = getattr(token, "token", token)
             ok = isinstance(token, int) and not isinstance(token, bool)
             revision = self.revisions.get(token, token) if ok else token
             await guard.put(records_prefix(self.prefix) + key, Hold(self.lock, token, revision), value)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from fencepost.client import InvalidArgument, StaleTokenError
+from fencepost.client.fencing import StoredTokenAheadError
 
 from .conftest import FIGURES, MAX_TOKEN, Driver
 
@@ -51,7 +52,9 @@ async def test_lower_token_rejected_and_record_untouched(driver: Driver) -> None
     assert driver.conformance_token(err.token) == 7
     assert driver.conformance_token(err.current_token) == 9
     assert err.record == driver.record("r")
-    assert err.reason == "STALE_TOKEN"
+    # The etcd driver's contender keys all exist at once: its guard sees writer 7 holding the lock, so
+    # the higher stored token is ahead of the lock service (tests/fencing/test_token_ahead.py).
+    assert err.reason == ("TOKEN_AHEAD" if driver.name == "etcd" else "STALE_TOKEN")
     assert await driver.read("r") == ("new", 9)
     assert rejected == [err]
 
@@ -87,6 +90,42 @@ async def test_rejections_counted_through_hook(driver: Driver) -> None:
             pass
     assert [driver.conformance_token(e.token) for e in seen] == [2, 9, 1]
     assert {driver.conformance_token(e.current_token) for e in seen} == {10}
+
+
+@dataclass(frozen=True)
+class Held:
+    """A hold as a guard sees one in place of the token: a lock handle's ``token`` and ``is_valid()``."""
+
+    token: int
+    live: bool
+
+    def is_valid(self) -> bool:
+        return self.live
+
+
+async def test_lower_token_of_a_live_hold_is_reported_ahead(driver: Driver) -> None:
+    """A refusal while the writer's hold is live raises StoredTokenAheadError (counted in ahead and rejected);
+    once the hold is no longer live, the same refusal is a plain StaleTokenError (the etcd guard checks the
+    lock key itself, and its contenders all hold: ahead both times)."""
+    seen: list[StaleTokenError] = []
+    write = await driver.writer(on_reject=seen.append)
+    await write("r", "new", Held(9, True))  # a hold's token is written as a token
+    with pytest.raises(StoredTokenAheadError) as info:
+        await write("r", "old", Held(7, True))
+    err = info.value
+    assert isinstance(err, StaleTokenError) and err.reason == "TOKEN_AHEAD"
+    assert driver.conformance_token(err.token) == 7 and driver.conformance_token(err.current_token) == 9
+    assert err.record == driver.record("r")
+    assert "ahead of the lock service" in str(err) and "recover-tokens" in str(err)
+    with pytest.raises(StaleTokenError) as late:
+        await write("r", "old", Held(7, False))
+    assert isinstance(late.value, StoredTokenAheadError) == (driver.name == "etcd")
+    with pytest.raises(StaleTokenError) as bare:
+        await write("r", "old", 7)
+    assert isinstance(bare.value, StoredTokenAheadError) == (driver.name == "etcd")
+    assert await driver.read("r") == ("new", 9)
+    assert seen == [err, late.value, bare.value]
+    assert driver.guard.rejected == 3 and driver.guard.ahead == (3 if driver.name == "etcd" else 1)
 
 
 @dataclass

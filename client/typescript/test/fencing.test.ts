@@ -1,9 +1,9 @@
-// PgGuard against a real PostgreSQL: the contract of the Python SqlGuard.
+// PgGuard against a real PostgreSQL (and a real coordinator for the handles): the contract of the Python SqlGuard.
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { InvalidArgument, MissingRecordError, StaleTokenError } from "../src/index.js";
-import { MalformedTokenError, PgGuard, updateStatement, updateWithFencing } from "../src/fencing/index.js";
-import { freshTable, pool, row } from "./helpers.js";
+import { InvalidArgument, LockClient, MissingRecordError, StaleTokenError } from "../src/index.js";
+import { MalformedTokenError, PgGuard, StoredTokenAheadError, updateStatement, updateWithFencing } from "../src/fencing/index.js";
+import { ADDRESS, freshTable, lockName, pool, row } from "./helpers.js";
 
 const db = pool();
 after(() => db.end());
@@ -83,4 +83,36 @@ test("a stored token that is not a token (negative; a NUMERIC or DOUBLE column's
     assert.equal(seen.length, 2);
     assert.deepEqual((await db.query(`SELECT val, fencing_token::text AS t FROM "${table}"`)).rows, before);
   }
+});
+
+test("a refusal while the writer's handle is live is StoredTokenAheadError (counted in ahead); released, or a bare token: a plain StaleTokenError", async () => {
+  await using client = new LockClient(ADDRESS);
+  const table = await freshTable(db);
+  const rejected: StaleTokenError[] = [];
+  const guard = new PgGuard(db, table, "id", { onReject: (err) => rejected.push(err) });
+  const handle = await client.acquire(lockName("ahead"), { ttl: 10, timeout: 5 });
+  await guard.updateWithFencing(1, { val: "mine" }, handle); // a handle's token is written as a token
+  assert.deepEqual(await row(db, table), { val: "mine", token: handle.token });
+  // A token the lock service has not reached yet, as a record written before etcd was restored holds one.
+  const ahead = handle.token + 100n;
+  await db.query(`UPDATE "${table}" SET fencing_token = $1 WHERE id = 1`, [ahead.toString()]);
+  for (const write of [guard.updateWithFencing.bind(guard), guard.upsertWithFencing.bind(guard)]) {
+    const err = await write(1, { val: "x" }, handle).then(() => assert.fail("accepted"), (e: unknown) => e);
+    assert.ok(err instanceof StoredTokenAheadError, String(err));
+    assert.ok(err instanceof StaleTokenError);
+    assert.equal(err.reason, "TOKEN_AHEAD");
+    assert.equal(err.token, handle.token);
+    assert.equal(err.currentToken, ahead);
+    assert.match(err.message, /ahead of the lock service.*recover-tokens/);
+  }
+  const bare = await guard.updateWithFencing(1, { val: "x" }, handle.token).then(() => assert.fail("accepted"), (e: unknown) => e);
+  assert.ok(bare instanceof StaleTokenError && !(bare instanceof StoredTokenAheadError), String(bare));
+  await handle.release();
+  const late = await guard.updateWithFencing(1, { val: "x" }, handle).then(() => assert.fail("accepted"), (e: unknown) => e);
+  assert.ok(late instanceof StaleTokenError && !(late instanceof StoredTokenAheadError), String(late));
+  assert.equal(guard.rejected, 4);
+  assert.equal(guard.ahead, 2);
+  assert.equal(rejected.length, 4);
+  assert.deepEqual(await row(db, table), { val: "mine", token: ahead });
+  await assert.rejects(guard.updateWithFencing(1, { val: "x" }, { token: 5n } as never), (e) => e instanceof InvalidArgument && e.field === "token");
 });

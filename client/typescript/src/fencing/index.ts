@@ -8,3 +8,4 @@
 
 export { MalformedTokenError, PgGuard, TOKEN_COLUMN, updateStatement, updateWithFencing, upsertStatement, type PgGuardOptions, type Queryable } from "./pg.js";
 export { MissingRecordError, StaleTokenError } from "../errors.js";
+export { REASON_TOKEN_AHEAD, StoredTokenAheadError, type TokenHold } from "./ahead.js";

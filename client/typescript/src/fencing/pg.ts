@@ -27,7 +27,9 @@
  * {@link MalformedTokenError}, counted. The statement's row count decides; only
  * after a refusal is the row's token read, to fill the error and tell
  * "stale" from "missing" ({@link MissingRecordError}); that read decides
- * nothing. Table and column names are validated identifiers (double-quoted:
+ * nothing. Given the lock handle in place of the token, a refusal while the hold is still live throws
+ * {@link StoredTokenAheadError} (the stored token is ahead of the lock service: see `./ahead.ts`), counted in
+ * `ahead` too. Table and column names are validated identifiers (double-quoted:
  * case-sensitive); every value is a bound parameter. The statement runs on
  * the caller's client or pool, in the caller's transaction if any.
  *
@@ -35,7 +37,8 @@
  */
 
 import { InvalidArgument, MissingRecordError, StaleTokenError } from "../errors.js";
-import { checkIdentifier, checkToken } from "../validate.js";
+import { checkIdentifier } from "../validate.js";
+import { StoredTokenAheadError, aheadMessage, isLive, writerToken, type TokenHold } from "./ahead.js";
 
 /** The default token column. */
 export const TOKEN_COLUMN = "fencing_token";
@@ -161,6 +164,8 @@ export class PgGuard {
   readonly tokenColumn: string;
   /** How many writes this guard refused. */
   rejected = 0;
+  /** How many of those came with a live hold: {@link StoredTokenAheadError}. */
+  ahead = 0;
   private readonly db: Queryable;
   private readonly onReject: ((err: StaleTokenError) => void) | undefined;
 
@@ -189,15 +194,18 @@ export class PgGuard {
    *
    * @param key - The row's key (bound as a parameter; not null or undefined).
    * @param values - Column name -> new value; neither the key nor the token column. `{}` writes the token alone.
-   * @param token - The writer's fencing token (`handle.token`).
+   * @param token - The writer's fencing token (`handle.token`), or the handle itself (then a refusal while it is
+   *   live is a {@link StoredTokenAheadError}).
    * @throws {@link StaleTokenError} the row holds a higher token; nothing was written.
+   * @throws {@link StoredTokenAheadError} the same while the hold given as `token` is live.
    * @throws {@link MalformedTokenError} the row's token is not a token (a non-integer column's value, a negative); nothing was written.
    * @throws {@link MissingRecordError} no row has that key; nothing was written.
    * @throws {@link InvalidArgument} a bad key, token, values object or column name; nothing was sent.
    * @throws the driver's own errors, unchanged.
    */
-  async updateWithFencing(key: unknown, values: Record<string, unknown>, token: bigint): Promise<void> {
-    const columns = this.check(key, values, token);
+  async updateWithFencing(key: unknown, values: Record<string, unknown>, holdOrToken: bigint | TokenHold): Promise<void> {
+    const { token, hold } = writerToken(holdOrToken);
+    const columns = this.check(key, values);
     const sql = updateStatement(this.table, this.keyColumn, columns, this.tokenColumn);
     const params = [...columns.map((c) => values[c]), token.toString(), key, token.toString()];
     const result = await this.db.query(sql, params);
@@ -209,28 +217,30 @@ export class PgGuard {
         { record: key },
       );
     }
-    throw this.reject(key, token, current);
+    throw this.reject(key, token, current, hold);
   }
 
   /**
-   * Insert the row, or update it if `token` is not lower than its token.
+   * Insert the row, or update it if `token` (a token, or the handle: as {@link updateWithFencing}) is not lower
+   * than its token.
    *
    * @throws {@link StaleTokenError} the row holds a higher token; nothing was written.
+   * @throws {@link StoredTokenAheadError} the same while the hold given as `token` is live.
    * @throws {@link MalformedTokenError} the row's token is not a token; nothing was written.
    * @throws {@link InvalidArgument} a bad key, token, values object or column name; nothing was sent.
    */
-  async upsertWithFencing(key: unknown, values: Record<string, unknown>, token: bigint): Promise<void> {
-    const columns = this.check(key, values, token);
+  async upsertWithFencing(key: unknown, values: Record<string, unknown>, holdOrToken: bigint | TokenHold): Promise<void> {
+    const { token, hold } = writerToken(holdOrToken);
+    const columns = this.check(key, values);
     const sql = upsertStatement(this.table, this.keyColumn, columns, this.tokenColumn);
     const params = [key, ...columns.map((c) => values[c]), token.toString()];
     const result = await this.db.query(sql, params);
     if (result.rowCount === 1) return;
     const { current } = await this.current(key, token);
-    throw this.reject(key, token, current);
+    throw this.reject(key, token, current, hold);
   }
 
-  private check(key: unknown, values: Record<string, unknown>, token: bigint): string[] {
-    checkToken(token);
+  private check(key: unknown, values: Record<string, unknown>): string[] {
     if (key === null || key === undefined) {
       throw new InvalidArgument(`key must not be ${key}: it picks the row of ${JSON.stringify(this.table)}`, {
         field: "key",
@@ -268,7 +278,12 @@ export class PgGuard {
     return { current: BigInt(text), found: true };
   }
 
-  private reject(key: unknown, token: bigint, current: bigint | undefined): StaleTokenError {
+  private reject(key: unknown, token: bigint, current: bigint | undefined, hold: TokenHold | undefined): StaleTokenError {
+    if (current !== undefined && current > token && isLive(hold)) {
+      this.ahead++;
+      const what = `write to ${this.table} ${JSON.stringify(String(key))}`;
+      return this.count(new StoredTokenAheadError(aheadMessage(what, token, current), { record: key, token, currentToken: current }));
+    }
     return this.count(
       new StaleTokenError(
         `write to ${this.table} ${JSON.stringify(String(key))} refused: token ${token} < stored ${current ?? "?"}`,
@@ -299,7 +314,7 @@ export function updateWithFencing(
   keyColumn: string,
   key: unknown,
   values: Record<string, unknown>,
-  token: bigint,
+  token: bigint | TokenHold,
 ): Promise<void> {
   return new PgGuard(db, table, keyColumn).updateWithFencing(key, values, token);
 }
