@@ -33,6 +33,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -53,6 +54,7 @@ from ..api.service import LockService
 from ..etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
 from ..recipes.lease import Leases
 from ..recipes.lock import LockManager
+from ..recipes.high_water import FILE_NAME, HighWaterFile
 from ..recipes.tokens import TokenFloor
 from ..recipes.watch import DeleteWatcher
 from ..telemetry.certificates import CertificateExpiry
@@ -61,7 +63,7 @@ from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS
 from ..telemetry.tracing import GrpcServerTracing
 from .health import Health
-from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, unix_socket_path
+from .listen import UnixSocketClaim, bind, check_listen, same_address, unix_socket_path
 from .tls import ServerCertificates, ServerTls
 
 _log = logging.getLogger("fencepost.coordinator")
@@ -145,6 +147,10 @@ class Coordinator:
         capacity: tells when the coordinator is past its capacity and refuses
             newcomers (:mod:`..admission.capacity`), measured at each of
             ``loop_lag``'s measurements; None for one with ``limits``' marks.
+        data_dir: an existing directory where the coordinator keeps, across
+            restarts, the highest token it may have handed out (``tokens.json``,
+            :mod:`..recipes.high_water`): after a restart it refuses to grant
+            while etcd is below it. None keeps it in memory only.
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
@@ -163,7 +169,8 @@ class Coordinator:
                  metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
                  tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
                  policy: Policy | None = None, limits: Limits | None = None, etcd_batch_max: int = 64,
-                 loop_lag: LoopLag | None = None, capacity: Capacity | None = None) -> None:
+                 loop_lag: LoopLag | None = None, capacity: Capacity | None = None,
+                 data_dir: Path | None = None) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
@@ -208,6 +215,8 @@ class Coordinator:
         self._watcher: DeleteWatcher | None = None
         self._locks: LockManager | None = None
         self._tokens: TokenFloor | None = None
+        #: The high-water mark kept in ``data_dir`` (None without one); read at ``start()``.
+        self.high_water = HighWaterFile(data_dir / FILE_NAME, self._keys.prefix.decode()) if data_dir else None
         self._loop_lag = loop_lag
         self._capacity = capacity
         self._claims: list[UnixSocketClaim] = []
@@ -294,8 +303,14 @@ class Coordinator:
             RuntimeError: the address (or the metrics address, bound first)
                 could not be bound (for a Unix socket: its directory is missing,
                 another coordinator or process serves on it, or the path is not
-                a socket), or etcd refused the coordinator's credentials.
+                a socket), etcd refused the coordinator's credentials, or the
+                high-water file in ``data_dir`` cannot be read.
         """
+        try:
+            if self.high_water is not None:
+                self.high_water.load()
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from exc
         if self._metrics is not None:
             self._metrics.start()
         counted = self._metrics.locks if self._metrics is not None else NO_METRICS
@@ -314,7 +329,7 @@ class Coordinator:
         self._watcher = DeleteWatcher(self._etcd, self._keys, metrics=counted)
         leases = Leases(self._etcd)
         # Every Range and Txn answer's header goes past the token floor: it refuses if etcd's revisions go back.
-        self._tokens = self._etcd.headers = TokenFloor(self._etcd, self._keys)
+        self._tokens = self._etcd.headers = TokenFloor(self._etcd, self._keys, self.high_water)
         locks = self._locks = LockManager(self._etcd, self._keys, self._watcher, metrics=counted,
                                           tokens=self._tokens, max_waiters=self.limits.max_waiters or 2**63)
         self._service = LockService(leases, locks, self._watcher, self._keys, metrics=counted, about=self.about,
@@ -329,12 +344,12 @@ class Coordinator:
             self._metrics.grpc.initialize([lock_pb2.DESCRIPTOR.services_by_name["LockService"],
                                            health_pb2.DESCRIPTOR.services_by_name["Health"]])
         credentials = self._certificates.credentials() if self._certificates is not None else None
-        self.port = self._bind(server, self._listen, credentials)
+        self.port = bind(server, self._listen, self._claims, credentials)
         health_server = None
         if self._health_listen is not None:
             health_server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
             health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, health_server)
-            self.health_port = self._bind(health_server, self._health_listen)
+            self.health_port = bind(health_server, self._health_listen, self._claims)
         await self._health.start()
         if health_server is not None:
             await health_server.start()
@@ -346,31 +361,12 @@ class Coordinator:
         self.about.metrics_address = self.metrics_address or ""
         self.about.started = time.monotonic()
         self._watcher.start()
+        if self.high_water is not None:
+            self.high_water.start()
         self._tasks.append(asyncio.create_task(self._health.monitor(self._etcd, self._tokens), name="fencepost-health"))
         if self.certificate_expiry.files:
             self._tasks.append(asyncio.create_task(self.certificate_expiry.run(), name="fencepost-certificate-expiry"))
         return self.port
-
-    def _bind(self, server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
-        """Add ``listen`` to ``server``, with TLS if ``credentials``: its TCP port, or 0 for a Unix socket.
-
-        A Unix socket's path is claimed first (see :class:`~.listen.UnixSocketClaim`).
-        """
-        path = unix_socket_path(listen)
-        if path is not None:
-            claim = UnixSocketClaim(path)
-            claim.claim()
-            self._claims.append(claim)
-        try:
-            port = (server.add_secure_port(listen, credentials) if credentials is not None
-                    else server.add_insecure_port(listen))
-        except RuntimeError as exc:
-            why = bind_problem(listen) if path is None else None
-            raise RuntimeError(f"cannot listen on {listen}: {why or exc}") from exc
-        if port == 0:
-            why = bind_problem(listen) if path is None else None
-            raise RuntimeError(f"cannot listen on {listen}{': ' + why if why else ''}")
-        return 0 if path is not None else port
 
     async def drain(self, seconds: float, *, interrupted: asyncio.Event | None = None) -> str:
         """Drain before :meth:`stop`: refuse newcomers, keep serving what ends or keeps state (see the module).
@@ -453,6 +449,8 @@ class Coordinator:
             await self._watcher.close()
         if self._etcd is not None:
             await self._etcd.close()
+        if self.high_water is not None:  # the last rise, after every etcd answer
+            await self.high_water.close()
         for claim in self._claims:  # after the server stopped: gRPC has removed the socket files
             claim.release()
         self._claims.clear()

@@ -96,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "FENCEPOST_POLICY; default: none, every caller may do everything)")
     add_etcd_arguments(parser)
     parser.add_argument("--data-dir", default=_env("data-dir", None),
-                        help="embedded etcd data directory (env FENCEPOST_DATA_DIR; default: a per-user data directory)")
+                        help="the coordinator's own directory: it keeps there (tokens.json) the highest fencing "
+                             "token it may have handed out, and after a restart refuses to grant while etcd is "
+                             "below it (an etcd restored from an older snapshot); without --etcd-endpoints also the "
+                             "embedded etcd's data. Give a persistent directory (env FENCEPOST_DATA_DIR; default: "
+                             "with --etcd-endpoints none, the mark is kept in memory only; else a per-user data "
+                             "directory)")
     parser.add_argument("--prefix", default=_env("prefix", DEFAULT_PREFIX),
                         help=f"etcd key prefix of all locks (env FENCEPOST_PREFIX; default {DEFAULT_PREFIX})")
     parser.add_argument("--grace-seconds", default=_env("grace-seconds", "5"),

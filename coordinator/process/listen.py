@@ -26,7 +26,9 @@ import stat
 from pathlib import Path
 from typing import IO
 
-__all__ = ["UnixSocketClaim", "bind_problem", "check_listen", "is_local", "same_address", "unix_socket_path"]
+import grpc
+
+__all__ = ["UnixSocketClaim", "bind", "bind_problem", "check_listen", "is_local", "same_address", "unix_socket_path"]
 
 _log = logging.getLogger("fencepost.coordinator")
 
@@ -278,3 +280,30 @@ def bind_problem(listen: str) -> str | None:
     # gRPC serves a host name on every address it resolves to that it can bind (localhost:
     # 127.0.0.1 and ::1, the latter absent in some containers): it fails only if none binds.
     return problems[0] if problems and len(problems) == len(infos) else None
+
+
+def bind(server: grpc.aio.Server, listen: str, claims: list[UnixSocketClaim],
+         credentials: grpc.ServerCredentials | None = None) -> int:
+    """Add ``listen`` to ``server``, with TLS if ``credentials``: its TCP port, or 0 for a Unix socket.
+
+    A Unix socket's path is claimed first (:class:`UnixSocketClaim`, appended to
+    ``claims``: release them after the server stopped).
+
+    Raises:
+        RuntimeError: the address cannot be bound; the message says why (:func:`bind_problem`).
+    """
+    path = unix_socket_path(listen)
+    if path is not None:
+        claim = UnixSocketClaim(path)
+        claim.claim()
+        claims.append(claim)
+    try:
+        port = (server.add_secure_port(listen, credentials) if credentials is not None
+                else server.add_insecure_port(listen))
+    except RuntimeError as exc:
+        why = bind_problem(listen) if path is None else None
+        raise RuntimeError(f"cannot listen on {listen}: {why or exc}") from exc
+    if port == 0:
+        why = bind_problem(listen) if path is None else None
+        raise RuntimeError(f"cannot listen on {listen}{': ' + why if why else ''}")
+    return 0 if path is not None else port

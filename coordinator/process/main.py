@@ -108,6 +108,7 @@ def _run(args: argparse.Namespace, settings: Settings, traces: TraceExport | Non
     endpoints = settings.endpoints
     configure_logging(settings.level, settings.log_format, sys.stderr)
     embedded = None
+    data_dir: Path | None = None
     if endpoints is None:
         from .embedded import EmbeddedEtcd
 
@@ -134,12 +135,41 @@ def _run(args: argparse.Namespace, settings: Settings, traces: TraceExport | Non
             print(f"fencepost: cannot start the embedded etcd: {exc}", file=sys.stderr)
             return 1
         endpoints = [embedded.endpoint]
+    else:
+        try:
+            data_dir = own_data_dir(args.data_dir)
+        except BadFlag as exc:
+            print(f"fencepost serve: error: {exc}", file=sys.stderr)
+            return 2
     print(f"fencepost: event loop {describe_loop(processes.loop)}", flush=True)
     try:
-        return run_loop(serve(endpoints, args, settings, traces, name_prefixes), processes.loop)
+        return run_loop(serve(endpoints, args, settings, traces, name_prefixes, data_dir=data_dir), processes.loop)
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def own_data_dir(flag: str | None) -> Path | None:
+    """With ``--etcd-endpoints``: the ``--data-dir`` where the coordinator keeps its highest token, made if missing.
+
+    Not locked: several coordinators (``--workers``) may share it (:mod:`..recipes.high_water`).
+
+    Returns:
+        The directory; None when ``--data-dir`` was not given.
+
+    Raises:
+        BadFlag: it is not a directory, or cannot be made.
+    """
+    if not flag:
+        return None
+    data_dir = Path(flag)
+    try:
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise BadFlag(f"--data-dir {data_dir} is not a directory") from None
+    except OSError as exc:
+        raise BadFlag(f"--data-dir {data_dir} cannot be made: {exc.strerror}") from None
+    return data_dir
 
 
 def lock_data_dir(data_dir: Path) -> IO[str] | None:
@@ -173,7 +203,7 @@ def lock_data_dir(data_dir: Path) -> IO[str] | None:
 
 async def serve(endpoints: list[str], args: argparse.Namespace, settings: Settings,
                  traces: TraceExport | None, name_prefixes: tuple[str, ...] = (),
-                 server_options: Sequence[tuple[str, int]] = ()) -> int:
+                 server_options: Sequence[tuple[str, int]] = (), *, data_dir: Path | None = None) -> int:
     tls, auth = settings.etcd_tls, settings.auth
     try:
         coordinator = Coordinator(endpoints, listen=args.listen, prefix=args.prefix, grace_seconds=settings.grace,
@@ -184,7 +214,7 @@ async def serve(endpoints: list[str], args: argparse.Namespace, settings: Settin
                                   tracer_provider=traces.provider if traces is not None else None,
                                   trace_lock_names=settings.trace_lock_names, policy=settings.policy,
                                   limits=settings.limits, server_options=server_options,
-                                  etcd_batch_max=args.etcd_batch_max)
+                                  etcd_batch_max=args.etcd_batch_max, data_dir=data_dir)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -219,6 +249,9 @@ async def serve(endpoints: list[str], args: argparse.Namespace, settings: Settin
                   f"serving in plaintext on {args.listen}, which other hosts can reach: any of them may take, "
                   f"release and list every lock; give --tls-cert, --tls-key and --client-ca (and --policy), or "
                   f"listen on a loopback address or a Unix socket", listen=args.listen)
+    if coordinator.high_water is not None:
+        kept = coordinator.high_water
+        print(f"fencepost: highest token kept in {kept.path} (recorded: {kept.recorded or 'none'})", flush=True)
     if coordinator.health_address is not None:
         print(f"fencepost: health (grpc.health.v1 only, plaintext) on {coordinator.health_address}", flush=True)
     # The last word of this line is the address (tests and bench/cycles.py read it).

@@ -395,6 +395,7 @@ def worker_main(argv: list[str]) -> int:
         name_prefixes = flags.metrics_name_prefixes(args)
         loop = pick_loop(args.loop)
         traces = export_from_environment(os.environ)
+        data_dir = main.own_data_dir(args.data_dir)  # shared by the workers: its file is merged under a lock
     except (flags.BadFlag, LoopUnavailable, TracingUnavailable) as exc:  # a file changed since the parent checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -404,7 +405,7 @@ def worker_main(argv: list[str]) -> int:
         from .eventloop import run
 
         return run(main.serve(settings.endpoints, args, settings, traces, name_prefixes,
-                                server_options=REUSEPORT_OPTIONS), loop)
+                              server_options=REUSEPORT_OPTIONS, data_dir=data_dir), loop)
     finally:
         if traces is not None:
             traces.shutdown()

@@ -31,8 +31,10 @@ coordinator watches for it and refuses rather than hand out a smaller token:
 etcd restored with the same cluster token keeps its cluster id (it is a hash
 of the member names, peer URLs and token): a restore that no running
 coordinator witnessed, and that no coordinator recorded, cannot be seen from
-etcd alone. Hence the procedure in docs/deploy.md runs :func:`recover` after
-every restore.
+etcd alone. A coordinator with a data directory remembers across restarts:
+its high-water mark starts from the one it kept there
+(:class:`~.high_water.HighWaterFile`), so its first check refuses. Without
+one, the procedure in docs/deploy.md runs :func:`recover` after every restore.
 
 While refusing, :meth:`TokenFloor.token` and :meth:`TokenFloor.ready` raise
 :class:`~fencepost.client.errors.DataLoss` (UNAVAILABLE / DATA_LOSS), the
@@ -60,6 +62,7 @@ from fencepost.client.v1.keys import MAX_TOKEN, TOKEN_RECORD_SUFFIX, Keys, token
 
 from ..etcd import NOT_APPLIED, EtcdClient, Op, TxnPlan, etcd_unavailable
 from ..telemetry.events import log_event
+from .high_water import HighWaterFile
 
 __all__ = ["RECORD_SUFFIX", "Recovery", "TokenFloor", "TokenRecord", "record_key", "recover"]
 
@@ -127,14 +130,19 @@ class TokenFloor:
         etcd: The etcd layer; None for a floor of 0 with no record and no
             checks (tests that drive the lock module alone).
         keys: The key layout (the record lives under its prefix).
+        kept: Where the high-water mark is kept across restarts, already
+            loaded: the mark starts from it and every rise is noted there;
+            None keeps it in memory only.
     """
 
-    def __init__(self, etcd: EtcdClient | None, keys: Keys) -> None:
+    def __init__(self, etcd: EtcdClient | None, keys: Keys, kept: HighWaterFile | None = None) -> None:
         self._etcd = etcd
         self.key = record_key(keys)
         #: The token floor F in use.
         self.floor = 0
-        self._high = 0  # highest revision + floor seen: a bound on every token granted here
+        self._kept = kept
+        # The highest revision + floor seen (or kept from before a restart): a bound on every token granted here.
+        self._high = kept.recorded if kept is not None else 0
         self._record: TokenRecord | None = None
         self._checked = etcd is None
         self._problem: str | None = None  # why tokens would go back; None while serving
@@ -217,11 +225,11 @@ class TokenFloor:
         level = int(header.revision) + self.floor
         if level < mark:
             self._went_back(f"etcd answered at revision {int(header.revision)} (tokens up to {level} with "
-                            f"floor {self.floor}) after this coordinator had seen tokens up to {mark}")
+                            f"floor {self.floor}) after {self._who(mark)} had seen tokens up to {mark}")
         elif self._record is not None and int(header.cluster_id) != self._record.cluster_id:
             self._went_back(self._moved(int(header.cluster_id)))
         if level > self._high:
-            self._high = level
+            self._raise(level)
 
     async def check(self, op: Op = Op.HEALTH, *, first: bool = False) -> None:
         """Read the token record (creating it at the first start) and decide whether tokens are safe.
@@ -265,13 +273,14 @@ class TokenFloor:
                 return
         self._record = record
         self.floor = record.floor
-        self._high = max(self._high, record.high)
+        if record.high > self._high:
+            self._raise(record.high)
         level = revision + record.floor
         problem = None
         if int(header.cluster_id) != record.cluster_id:
             problem = self._moved(int(header.cluster_id))
         elif level < max(mark, record.high):
-            who = "this coordinator" if mark >= record.high else "a coordinator (the token record's 'high')"
+            who = self._who(mark) if mark >= record.high else "a coordinator (the token record's 'high')"
             problem = (f"etcd is at revision {revision} (tokens up to {level} with floor "
                        f"{record.floor}) but {who} saw tokens up to {max(mark, record.high)}")
         self._checked = True
@@ -285,6 +294,18 @@ class TokenFloor:
             self._problem = None
 
     # ------------------------------------------------------------ internals
+
+    def _raise(self, level: int) -> None:
+        """Raise the high-water mark to ``level`` (noted in the kept file, written within its interval)."""
+        self._high = level
+        if self._kept is not None:
+            self._kept.advance(level)
+
+    def _who(self, mark: int) -> str:
+        """Who saw tokens up to ``mark``: this coordinator, before its restart when the mark is the kept one."""
+        if self._kept is not None and 0 < mark <= self._kept.recorded:
+            return f"this coordinator, before its restart (its data directory's {self._kept.path})"
+        return "this coordinator"
 
     def _refusal(self) -> Unavailable:
         if self._problem is None:
