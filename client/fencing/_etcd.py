@@ -39,7 +39,8 @@ expired, key deleted); when the record holds a higher token although the same
 Txn saw the writer's key, a
 :class:`~fencepost.client.fencing.StoredTokenAheadError` (reason
 ``TOKEN_AHEAD``: the stored token is ahead of the lock service, see
-:mod:`._ahead`; also counted in ``ahead``); both are counted by the hook. The value keys carry no lease: they outlive the lock.
+:mod:`._ahead`; also counted in ``ahead``); both are counted by the hook.
+The value keys carry no lease: they outlive the lock.
 Record keys live outside the lock prefix: a key inside it (where the
 coordinator's lock keys are) is refused with
 :class:`~fencepost.client.InvalidArgument` before any call, as are an empty
