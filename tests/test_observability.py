@@ -27,9 +27,9 @@ ALERTS = OBSERVABILITY / "alerts.yaml"
 
 #: Series named in the expressions that the coordinator does not register:
 #: ``up`` is made by Prometheus for each scrape target, and the guards'
-#: counter is registered by the client library's fencing guards (an app's
-#: registry), not by the coordinator.
-NOT_FROM_COORDINATOR = {"up", "fencepost_guard_stale_rejections_total"}
+#: counters are registered by the client library's fencing guards (an app's
+#: registry), not by the coordinator (checked against a guard's registry below).
+NOT_FROM_COORDINATOR = {"up", "fencepost_guard_stale_rejections_total", "fencepost_guard_token_ahead_total"}
 
 #: Grafana's variables, replaced by values of the same kind before parsing.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$job": ".*"}
@@ -168,6 +168,20 @@ def test_registered_series_include_the_coordinator_metrics() -> None:
     assert "fencepost_guard_stale_rejections_total" not in names  # from the guards; allowed by name only
 
 
+def test_the_guard_series_allowed_by_name_are_the_ones_a_guard_registers() -> None:
+    """The guards' counters named in the rules are what a guard given a registry exports."""
+    import sqlite3
+
+    from prometheus_client import CollectorRegistry
+
+    from fencepost.client.fencing import SqlGuard
+
+    registry = CollectorRegistry()
+    SqlGuard(sqlite3.connect(":memory:"), "t", "id", metrics=registry).conn.close()
+    exported = {sample.name for family in registry.collect() for sample in family.samples}
+    assert NOT_FROM_COORDINATOR - {"up"} <= exported, exported
+
+
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
@@ -199,6 +213,7 @@ def test_alert_rules_cover_the_issue() -> None:
     assert "fencepost_etcd_errors_total" in used["FencepostEtcdErrors"]
     assert used["FencepostLeaseLossesRising"] == {"fencepost_losses_total"}
     assert used["FencepostStaleWriteRejected"] == {"fencepost_guard_stale_rejections_total"}
+    assert used["FencepostStoredTokenAhead"] == {"fencepost_guard_token_ahead_total"}
     assert "fencepost_acquire_wait_seconds_bucket" in used["FencepostAcquireWaitHigh"]
 
 

@@ -248,7 +248,9 @@ def panels(scrapes: list[Scrape], window: float) -> list[tuple[str, str, dict[st
             "holds watched by streams": _series(scrapes, "fencepost_watched_holds")[()]}),
         ("Refusals by reason", "per second", refusals),
         ("Lost holds by reason", "per second", lost),
-        ("Stale writes refused by guards", "count", increase("fencepost_guard_stale_rejections_total", ("storage",))),
+        ("Stale writes refused by guards", "count", {
+            **increase("fencepost_guard_stale_rejections_total", ("storage",)),
+            **{f"{k} ahead": v for k, v in increase("fencepost_guard_token_ahead_total", ("storage",)).items()}}),
         ("Hold and hand-off times", "seconds", times),
         ("Grants by name prefix", "per second", {(k or '""'): v for k, v in rate("fencepost_grants_total",
                                                                                    ("prefix",)).items()}),
