@@ -80,6 +80,7 @@ async def test_unattended_restore_when_the_coordinator_kept_its_mark_then_it_ref
     try:
         rewound = await cycles(forgetful.address, "inv:1", 1)
         assert rewound[0] <= top, (rewound, top)  # the issue: no coordinator can tell from etcd alone
+        print(f"unattended restore: without a data directory token {rewound[0]} after {top} was handed out")
 
         keeper = await started(own_etcd, prefix, data_dir)
         try:
@@ -104,6 +105,7 @@ async def test_unattended_restore_when_the_coordinator_kept_its_mark_then_it_ref
             await wait_for(lambda: health_is(forgetful.address, SERVING), 10, 0.05, "the other one SERVING")
             granted = await cycles(keeper.address, "inv:1", 2) + await cycles(forgetful.address, "inv:1", 2)
             assert min(granted) > top and granted == sorted(set(granted)), (granted, top)
+            print(f"with its data directory: refused until recover-tokens --above {top}, then tokens {granted}")
         finally:
             await asyncio.wait_for(keeper.stop(0), 20)
     finally:
@@ -175,3 +177,32 @@ async def test_coordinator_start_when_its_mark_file_is_garbled_then_runtime_erro
         await coordinator.start()
     await coordinator.stop(0)
     assert str(tmp_path / FILE_NAME) in str(info.value)
+
+
+# ---------------------------------------------------------------- the documented procedure
+
+#: The first etcd 3.5 release whose etcdutl restores with --bump-revision and --mark-compacted (etcd
+#: CHANGELOG-3.5.md, v3.5.10: "Add optional --bump-revision and --mark-compacted flag to etcdutl snapshot
+#: restore operation", etcd-io/etcd#16165); 3.6.0 has them from etcd-io/etcd#16029.
+BUMP_REVISION_SINCE = (3, 5, 10)
+
+
+def test_the_restore_procedure_bumps_revisions_where_the_etcd_release_has_it() -> None:
+    """docs/deploy.md restores with etcd's own revision bump; every etcd the deployments allow has it, the
+    bundled 3.5.1 has not (so the tests here restore without it and rely on the token floor)."""
+    import subprocess
+
+    from .deploy_files import MIN_ETCD
+    from .etcd_restore import BIN
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "deploy.md").read_text()
+    section = docs[docs.index("## Restoring etcd from a snapshot"):docs.index("## Production checklist")]
+    restore_command = section[section.index("etcdutl snapshot restore FILE"):]
+    restore_command = restore_command[:restore_command.index("```")]
+    assert "--bump-revision 1000000000 --mark-compacted" in restore_command, restore_command
+    assert "fencepost admin recover-tokens" in section and "--data-dir" in section
+    assert MIN_ETCD >= BUMP_REVISION_SINCE, MIN_ETCD
+    bundled = subprocess.run([str(BIN / "etcdutl"), "snapshot", "restore", "--help"], capture_output=True, text=True,
+                             timeout=30)
+    assert "--initial-cluster-token" in bundled.stdout + bundled.stderr
+    assert "--bump-revision" not in bundled.stdout + bundled.stderr
