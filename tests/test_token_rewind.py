@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.recipes.high_water import FILE_NAME, HighWaterFile
 
+from .child_processes import LISTENING, ChildProcess, child_env
 from .conftest import wait_for
 from .etcd_restore import (NOT_SERVING, SERVING, assert_data_loss, cycles, health_is, own_etcd, recover_cli,
                            refused, restore, snapshot_save)
@@ -118,6 +121,49 @@ async def test_unattended_restore_when_the_coordinator_kept_its_mark_then_it_ref
         await asyncio.wait_for(last.stop(0), 20)
 
 
+async def test_serve_when_workers_share_a_data_dir_then_the_mark_survives_a_kill(etcd: EmbeddedEtcd, prefix: str,
+                                                                                  tmp_path: Path) -> None:
+    """`fencepost serve --etcd-endpoints ... --data-dir D --workers 2`: the workers share D/tokens.json, which
+    holds the granted tokens' mark before any shutdown (a SIGKILL loses nothing older than an interval); the
+    serve started again after the kill serves at once, above it."""
+    data_dir = tmp_path / "coordinator"
+    argv = [sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0", "--etcd-endpoints",
+            etcd.endpoint, "--prefix", prefix, "--data-dir", str(data_dir), "--workers", "2", "--drain-seconds", "0"]
+    first = ChildProcess(argv, log_path=tmp_path / "serve-1.log")
+    second: ChildProcess | None = None
+    try:
+        match = await first.await_line(LISTENING, 60)
+        assert any(f"highest token kept in {data_dir / FILE_NAME}" in line for line in first.output), first.output
+        tokens = await cycles(f"127.0.0.1:{match.group(2)}", "kept", 6)
+
+        def kept() -> int:
+            try:
+                return int(json.loads((data_dir / FILE_NAME).read_text())["high"].get(prefix, 0))
+            except FileNotFoundError:
+                return 0
+        await wait_for(lambda: kept() >= max(tokens), 10, 0.05, "the workers' mark in tokens.json")
+        first.kill()  # SIGKILL, no shutdown
+        second = ChildProcess(argv, log_path=tmp_path / "serve-2.log")
+        match = await second.await_line(LISTENING, 60)
+        assert min(await cycles(f"127.0.0.1:{match.group(2)}", "kept", 2)) > max(tokens)
+        assert second.terminate(30) == 0
+        assert kept() > max(tokens)
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+
+
+def test_serve_when_data_dir_with_etcd_endpoints_is_a_file(tmp_path: Path) -> None:
+    """With --etcd-endpoints, a --data-dir that is a file exits 2 with one line naming it, before anything starts."""
+    (tmp_path / "a-file").write_text("not a directory")
+    result = subprocess.run([sys.executable, "-m", "fencepost.client.cli", "serve", "--listen", "127.0.0.1:0",
+                             "--etcd-endpoints", "127.0.0.1:1", "--data-dir", str(tmp_path / "a-file")],
+                            capture_output=True, text=True, timeout=30, env=child_env())
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert f"--data-dir {tmp_path / 'a-file'} is not a directory" in result.stderr, result.stderr
+
+
 # ---------------------------------------------------------------- unit: the file
 
 
@@ -190,8 +236,6 @@ BUMP_REVISION_SINCE = (3, 5, 10)
 def test_the_restore_procedure_bumps_revisions_where_the_etcd_release_has_it() -> None:
     """docs/deploy.md restores with etcd's own revision bump; every etcd the deployments allow has it, the
     bundled 3.5.1 has not (so the tests here restore without it and rely on the token floor)."""
-    import subprocess
-
     from .deploy_files import MIN_ETCD
     from .etcd_restore import BIN
 
