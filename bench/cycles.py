@@ -25,6 +25,10 @@ Runs in one process against one etcd (embedded, or --etcd-endpoints):
   started with ``--metrics-listen`` (the gRPC metrics interceptor and the
   ``fencepost_*`` metrics on): the cost of metrics is its ratio to
   ``coordinator-stub``. Only run when asked for with ``--kind``.
+- ``coordinator-stub-data-dir``: ``coordinator-stub`` on a coordinator started
+  with ``--data-dir`` (a temporary directory): the cost of keeping the highest
+  token in ``tokens.json`` is its ratio to ``coordinator-stub``. Only run
+  when asked for with ``--kind``.
 
 Each of N concurrent clients loops on its own lock name for --seconds. The
 figure of merit is the ratio to ``etcd-direct`` measured in the same run. For
@@ -35,6 +39,7 @@ machine is saturated.
 Usage:
     python bench/cycles.py --clients 1 --clients 64 --seconds 5
     python bench/cycles.py --kind coordinator-stub --kind coordinator-stub-metrics
+    python bench/cycles.py --kind coordinator-stub --kind coordinator-stub-data-dir
     python bench/cycles.py --kind coordinator-client --kind coordinator-client-unary
 """
 
@@ -117,7 +122,7 @@ def cpu_seconds(pid: int) -> float:
 #: The kinds run when ``--kind`` is not given.
 DEFAULT_KINDS = ["etcd-direct", "etcd3aio-direct", "etcd3aio-lock", "coordinator-stub", "coordinator-client"]
 #: The kinds run only when asked for with ``--kind``.
-ON_REQUEST_KINDS = ["coordinator-client-unary", "coordinator-stub-metrics"]
+ON_REQUEST_KINDS = ["coordinator-client-unary", "coordinator-stub-metrics", "coordinator-stub-data-dir"]
 
 
 async def bench(endpoint: str, clients: list[int], seconds: float, only: list[str] | None = None,
@@ -134,6 +139,9 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
     metered, metered_address = None, ""
     if only and "coordinator-stub-metrics" in only:
         metered, metered_address = start_coordinator(endpoint, prefix, "--metrics-listen", "127.0.0.1:0")
+    kept, kept_address, kept_dir = None, "", tempfile.TemporaryDirectory(prefix="fencepost-bench-")
+    if only and "coordinator-stub-data-dir" in only:
+        kept, kept_address = start_coordinator(endpoint, prefix, "--data-dir", kept_dir.name)
     etcd = Etcd3Client([endpoint])
     await etcd.connect()
     channel = grpc.aio.insecure_channel(f"dns:///{endpoint}")
@@ -232,14 +240,17 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
     async def stub_metrics(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
         return await stub(i, metered_address, "stub-metrics")
 
+    async def stub_data_dir(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        return await stub(i, kept_address, "stub-data-dir")
+
     kinds = {"etcd-direct": direct, "etcd3aio-direct": direct_etcd3aio, "etcd3aio-lock": recipe,
              "coordinator-stub": stub, "coordinator-client": client, "coordinator-client-unary": client_unary,
-             "coordinator-stub-metrics": stub_metrics}
+             "coordinator-stub-metrics": stub_metrics, "coordinator-stub-data-dir": stub_data_dir}
     # etcd-direct first: the baseline of every ratio.
     chosen = ["etcd-direct", *(k for k in (only or DEFAULT_KINDS) if k != "etcd-direct")]
     serving = {"coordinator-stub": coordinator, "coordinator-client": coordinator,
                "coordinator-client-unary": coordinator,
-               "coordinator-stub-metrics": metered}
+               "coordinator-stub-metrics": metered, "coordinator-stub-data-dir": kept}
     cpu: dict[str, dict[str, float]] = {}
     for n in clients:
         row: dict[str, float] = {}
@@ -255,10 +266,11 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
         results[str(n)] = row
     await etcd.close()
     await channel.close()
-    for process in (coordinator, metered):
+    for process in (coordinator, metered, kept):
         if process is not None:
             process.terminate()
             process.wait(timeout=30)
+    kept_dir.cleanup()
     return results, cpu
 
 
