@@ -121,6 +121,7 @@ async def test_unattended_restore_when_the_new_holder_writes_then_its_guards_say
     async with fc.AsyncLockClient(second.address) as client:
         rewound = await client.acquire(NAME, ttl=10.0, timeout=5.0)
         assert rewound.token < top, (rewound.token, top)  # the issue: tokens went back
+        print(f"rewound holder: token {rewound.token}, records at {top}")
         with pytest.raises(StoredTokenAheadError) as sql:
             await asyncio.to_thread(rec.sql.upsert, "inv:42", rewound, {"v": "after"})
         with pytest.raises(StoredTokenAheadError) as kv:
