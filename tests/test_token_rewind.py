@@ -114,9 +114,17 @@ async def test_unattended_restore_when_the_coordinator_kept_its_mark_then_it_ref
     finally:
         await asyncio.wait_for(forgetful.stop(0), 20)
 
-    last = await started(own_etcd, prefix, data_dir)  # restarted after the recovery: serves at once
+    # Restarted after the recovery, with a mark that includes the new floor: it serves at once, and no answer
+    # read before its first look at the token record (its floor still 0) is taken for a rewind.
+    errors_before = sum(r.levelno == logging.ERROR for r in caplog.records)
+    last = await started(own_etcd, prefix, data_dir)
     try:
+        assert last.tokens is not None and last.tokens.floor == 0 and last.high_water is not None
+        assert last.high_water.recorded > top  # its own grants after the recovery (the other one granted more)
         assert min(await cycles(last.address, "inv:1", 2)) > max(granted)
+        assert last.tokens.refusing is None and last.tokens.floor > 0
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][errors_before:]
+        assert errors == [], errors
     finally:
         await asyncio.wait_for(last.stop(0), 20)
 

@@ -32,9 +32,10 @@ etcd restored with the same cluster token keeps its cluster id (it is a hash
 of the member names, peer URLs and token): a restore that no running
 coordinator witnessed, and that no coordinator recorded, cannot be seen from
 etcd alone. A coordinator with a data directory remembers across restarts:
-its high-water mark starts from the one it kept there
-(:class:`~.high_water.HighWaterFile`), so its first check refuses. Without
-one, the procedure in docs/deploy.md runs :func:`recover` after every restore.
+at its first check of the record (before its first token, once it knows the
+floor) its high-water mark rises to the one it kept there
+(:class:`~.high_water.HighWaterFile`), so that check refuses. Without one,
+the procedure in docs/deploy.md runs :func:`recover` after every restore.
 
 While refusing, :meth:`TokenFloor.token` and :meth:`TokenFloor.ready` raise
 :class:`~fencepost.client.errors.DataLoss` (UNAVAILABLE / DATA_LOSS), the
@@ -131,8 +132,8 @@ class TokenFloor:
             checks (tests that drive the lock module alone).
         keys: The key layout (the record lives under its prefix).
         kept: Where the high-water mark is kept across restarts, already
-            loaded: the mark starts from it and every rise is noted there;
-            None keeps it in memory only.
+            loaded: the first record check raises the mark to it, and every
+            rise is noted there; None keeps it in memory only.
     """
 
     def __init__(self, etcd: EtcdClient | None, keys: Keys, kept: HighWaterFile | None = None) -> None:
@@ -140,9 +141,10 @@ class TokenFloor:
         self.key = record_key(keys)
         #: The token floor F in use.
         self.floor = 0
+        # The mark kept from before a restart: a token level (revision + the floor then), so it is compared
+        # with etcd at the first record check, once the floor is known, never with an answer read before.
         self._kept = kept
-        # The highest revision + floor seen (or kept from before a restart): a bound on every token granted here.
-        self._high = kept.recorded if kept is not None else 0
+        self._high = 0  # highest revision + floor seen: a bound on every token granted here
         self._record: TokenRecord | None = None
         self._checked = etcd is None
         self._problem: str | None = None  # why tokens would go back; None while serving
@@ -273,6 +275,9 @@ class TokenFloor:
                 return
         self._record = record
         self.floor = record.floor
+        if not self._checked and self._kept is not None and self._kept.recorded > mark:
+            mark = self._kept.recorded  # before the first token: the mark this coordinator kept across its restart
+            self._raise(mark)
         if record.high > self._high:
             self._raise(record.high)
         level = revision + record.floor
