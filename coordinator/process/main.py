@@ -4,7 +4,10 @@ Every flag also reads ``FENCEPOST_<FLAG>``; the etcd password comes only from
 ``FENCEPOST_ETCD_PASSWORD`` or from the file ``--etcd-password-file`` names.
 Bad input exits 2 with one line, before anything starts; without
 ``--etcd-endpoints`` an embedded etcd runs in ``--data-dir`` (one
-``fencepost serve`` per data directory, held by a file lock).
+``fencepost serve`` per data directory, held by a file lock). The data
+directory (with ``--etcd-endpoints``: when given, not locked, shared by
+``--workers``) also keeps the highest token handed out, ``tokens.json``
+(:mod:`..recipes.high_water`): after a restart, no grant while etcd is below it.
 
 With ``--tls-cert``/``--tls-key`` (and ``--client-ca`` for mTLS) the port
 serves TLS; SIGHUP re-reads those files (changed files are also taken up at
