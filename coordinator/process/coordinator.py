@@ -6,9 +6,12 @@ of its own: several replicas can serve the same etcd cluster and prefix.
 
 It listens on ``HOST:PORT`` or a Unix socket (:mod:`.listen`), in plaintext
 or with TLS or mTLS whose certificate is reloaded without dropping
-established streams (:mod:`.tls`). A second, plaintext listener may serve
-only ``grpc.health.v1`` (``health_listen``), for probes that cannot present
-a client certificate, such as the kubelet's gRPC probe.
+established streams (:mod:`.tls`), and serves gRPC server reflection there
+(grpcurl and grpcui need no proto file). A second, plaintext listener may
+serve only ``grpc.health.v1`` (``health_listen``), for probes that cannot
+present a client certificate, such as the kubelet's gRPC probe; a third,
+``http_listen``, the HTTP/JSON API (:mod:`..http`) with the same TLS files,
+answered by the same servicer on the same event loop (:mod:`.servers`).
 
 Drain (``drain()``, after ``fencepost serve``'s first SIGTERM/SIGINT; see
 :mod:`..admission.drain`): readiness NOT_SERVING, newcomers refused (DRAINING),
@@ -35,19 +38,16 @@ import time
 from collections.abc import Sequence
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.trace import TracerProvider
 
 from fencepost.client.tracing import Tracing
 from fencepost.client.errors import FencepostError
-from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 
 from ..admission.access import Access, Policy
 from ..admission.limits import Limits
 from ..admission.capacity import Capacity
 from ..admission.overload import LoopLag
-from ..api.decode import add_lock_service
 from ..api.server_info import About
 from ..api.service import LockService
 from ..etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
@@ -60,8 +60,10 @@ from ..telemetry.endpoint import MetricsEndpoint
 from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS
 from ..telemetry.tracing import GrpcServerTracing
+from ..http import HttpServer, RouteModule
 from .health import Health
-from .listen import UnixSocketClaim, bind_problem, check_listen, same_address, unix_socket_path
+from .listen import UnixSocketClaim, check_listen, same_address, unix_socket_path
+from .servers import bind, health_server, http_server, lock_server
 from .tls import ServerCertificates, ServerTls
 
 _log = logging.getLogger("fencepost.coordinator")
@@ -145,12 +147,16 @@ class Coordinator:
         capacity: tells when the coordinator is past its capacity and refuses
             newcomers (:mod:`..admission.capacity`), measured at each of
             ``loop_lag``'s measurements; None for one with ``limits``' marks.
+        http_listen: ``HOST:PORT`` or ``unix:/ABSOLUTE/PATH`` to serve the HTTP/JSON API on
+            (:mod:`..http`, docs/http.md), with ``tls`` as on ``listen``; None for none.
+        http_routes: more route modules on the HTTP app (after the API's ``/v1`` routes).
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
             ``etcd_tls``; ``listen`` or ``health_listen`` not one of the forms
             above, or both the same; ``metrics_listen`` not ``HOST:PORT``; a
-            bad metrics name prefix, or prefixes without ``metrics_listen``.
+            bad metrics name prefix, or prefixes without ``metrics_listen``;
+            ``http_listen`` not one of the forms of ``listen``, or another listener's address.
         TlsFileError: (a ValueError) a file of ``tls`` cannot be used; the
             message names it.
     """
@@ -163,14 +169,21 @@ class Coordinator:
                  metrics_name_prefixes: Sequence[str] = (), etcd_embedded: bool = False,
                  tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
                  policy: Policy | None = None, limits: Limits | None = None, etcd_batch_max: int = 64,
-                 loop_lag: LoopLag | None = None, capacity: Capacity | None = None) -> None:
+                 loop_lag: LoopLag | None = None, capacity: Capacity | None = None, http_listen: str | None = None,
+                 http_routes: Sequence[RouteModule] = ()) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
             check_listen(health_listen)
             if same_address(listen, health_listen):
                 raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
+        if http_listen is not None:
+            check_listen(http_listen)
+            if any(same_address(http_listen, other) for other in (listen, health_listen) if other is not None):
+                raise ValueError(f"the HTTP listener {http_listen!r} must differ from the other listen addresses")
         self._health_listen = health_listen
+        self._http_listen, self._http_routes = http_listen, tuple(http_routes)
+        self._http: HttpServer | None = None
         # Metrics (--metrics-listen), off by default: see ..telemetry.endpoint.
         if metrics_name_prefixes and metrics_listen is None:
             raise ValueError("metrics name prefixes need metrics_listen")
@@ -232,6 +245,11 @@ class Coordinator:
         if path is not None:
             return f"unix:{path}"
         return f"{self._health_listen.rsplit(':', 1)[0]}:{self.health_port}"
+
+    @property
+    def http_address(self) -> str | None:
+        """The HTTP/JSON API's address, as :attr:`address` (after ``start()``); None without ``http_listen``."""
+        return self._http.address if self._http is not None else None
 
     @property
     def tls(self) -> ServerTls | None:
@@ -322,25 +340,24 @@ class Coordinator:
                                     capacity=self._capacity)
         self._service.intercepted_by(interceptors)
         self._service.loop_lag.start()
-        server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
-        add_lock_service(self._service, server)  # the generated registration, checking UTF-8
-        health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, server)
-        if self._metrics is not None:
-            self._metrics.grpc.initialize([lock_pb2.DESCRIPTOR.services_by_name["LockService"],
-                                           health_pb2.DESCRIPTOR.services_by_name["Health"]])
+        server = lock_server(self._service, self._health.servicer, self._server_options, interceptors, self._metrics)
         credentials = self._certificates.credentials() if self._certificates is not None else None
-        self.port = self._bind(server, self._listen, credentials)
-        health_server = None
+        self.port = bind(server, self._listen, self._claims, credentials)
+        health = None
         if self._health_listen is not None:
-            health_server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
-            health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, health_server)
-            self.health_port = self._bind(health_server, self._health_listen)
+            health = health_server(self._health.servicer, self._server_options, interceptors)
+            self.health_port = bind(health, self._health_listen, self._claims)
         await self._health.start()
-        if health_server is not None:
-            await health_server.start()
-            self._health_server = health_server
+        if health is not None:
+            await health.start()
+            self._health_server = health
         await server.start()
         self._server = server
+        if self._http_listen is not None:
+            self._http = http_server(self._service, interceptors, self._http_listen, certificates=self._certificates,
+                                     max_body_bytes=self.limits.max_message_bytes, grace_seconds=self._grace,
+                                     claims=self._claims, modules=self._http_routes)
+            await self._http.start()
         self.about.listen_address = self.address
         self.about.health_address = self.health_address or ""
         self.about.metrics_address = self.metrics_address or ""
@@ -350,27 +367,6 @@ class Coordinator:
         if self.certificate_expiry.files:
             self._tasks.append(asyncio.create_task(self.certificate_expiry.run(), name="fencepost-certificate-expiry"))
         return self.port
-
-    def _bind(self, server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
-        """Add ``listen`` to ``server``, with TLS if ``credentials``: its TCP port, or 0 for a Unix socket.
-
-        A Unix socket's path is claimed first (see :class:`~.listen.UnixSocketClaim`).
-        """
-        path = unix_socket_path(listen)
-        if path is not None:
-            claim = UnixSocketClaim(path)
-            claim.claim()
-            self._claims.append(claim)
-        try:
-            port = (server.add_secure_port(listen, credentials) if credentials is not None
-                    else server.add_insecure_port(listen))
-        except RuntimeError as exc:
-            why = bind_problem(listen) if path is None else None
-            raise RuntimeError(f"cannot listen on {listen}: {why or exc}") from exc
-        if port == 0:
-            why = bind_problem(listen) if path is None else None
-            raise RuntimeError(f"cannot listen on {listen}{': ' + why if why else ''}")
-        return 0 if path is not None else port
 
     async def drain(self, seconds: float, *, interrupted: asyncio.Event | None = None) -> str:
         """Drain before :meth:`stop`: refuse newcomers, keep serving what ends or keeps state (see the module).
@@ -435,7 +431,10 @@ class Coordinator:
         await self._health.enter_graceful_shutdown()
         if self._service is not None:
             self._service.enter_graceful_shutdown()
-        if self._server is not None:
+        if self._http is not None:  # beside the gRPC server's grace: an HTTP call's withdrawal runs meanwhile
+            await asyncio.gather(self._server.stop(grace) if self._server is not None else asyncio.sleep(0),
+                                 self._http.stop())
+        elif self._server is not None:
             await self._server.stop(grace)
         if self._health_server is not None:  # NOT_SERVING there too until the main server has stopped
             await self._health_server.stop(0)
