@@ -188,9 +188,9 @@ class Settings:
     health_listen: str | None
     trace_lock_names: bool
     policy: Policy | None = None
-    http_listen: str | None = None
     limits: Limits = Limits()
     drain: float = DEFAULT_DRAIN_SECONDS
+    http_listen: str | None = None
 
 
 def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
