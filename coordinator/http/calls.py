@@ -101,9 +101,9 @@ class Api:
         self._withdrawals: set[asyncio.Task[None]] = set()
 
     def __call__(self, app: web.Application) -> None:
-        """Add the routes to ``app`` (and, at its shutdown, wait for the withdrawals still running)."""
+        """Add the routes to ``app`` (and, at its cleanup, wait for the withdrawals still running)."""
         app.router.add_route("*", "/v1/{tail:.*}", self.dispatch)
-        app.on_shutdown.append(self._finish)
+        app.on_cleanup.append(self._finish)
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         """Serve one request under ``/v1``."""

@@ -13,7 +13,7 @@ coordinator's own certificate and client CA: :mod:`..process.tls`). Its
 handlers are cancelled when their client disconnects (aiohttp's
 ``handler_cancellation``), as gRPC cancels a call whose client went away;
 no access log (each call logs its own events). ``stop()`` lets running
-requests end within ``grace_seconds``.
+requests end within its grace, then cancels them.
 
 Why aiohttp: it is asyncio-native, so its handlers run on the loop that
 serves gRPC and call the servicer directly (no thread, no second loop), and
@@ -22,9 +22,11 @@ it is one dependency with its own server (no separate ASGI server).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -45,9 +47,17 @@ _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
           405: grpc.StatusCode.UNIMPLEMENTED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
+#: The app's requests being served (their handler tasks): :meth:`HttpServer.stop` ends them within its grace.
+RUNNING = web.AppKey("fencepost_running", set)
+
+
 @web.middleware
 async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Answer aiohttp's own refusals and any failure of a handler with a ``google.rpc.Status`` body."""
+    running: set[asyncio.Task[Any]] = request.app[RUNNING]
+    task = asyncio.current_task()
+    if task is not None:
+        running.add(task)
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -58,6 +68,8 @@ async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse
     except Exception:
         _log.exception("%s %s failed", request.method, request.path)
         return response(plain_status(grpc.StatusCode.UNKNOWN, "the request failed in the coordinator"))
+    finally:
+        running.discard(task)  # type: ignore[arg-type]
 
 
 def make_app(modules: Sequence[RouteModule], *, max_body_bytes: int = 4 * 1024 * 1024) -> web.Application:
@@ -68,6 +80,7 @@ def make_app(modules: Sequence[RouteModule], *, max_body_bytes: int = 4 * 1024 *
         max_body_bytes: the largest request body taken (the gRPC port's ``--max-message-bytes``).
     """
     app = web.Application(client_max_size=max_body_bytes, middlewares=[statuses])
+    app[RUNNING] = set()
     for module in modules:
         module(app)
     return app
@@ -91,6 +104,7 @@ class HttpServer:
         self._ssl = ssl_context
         self._grace = grace_seconds
         self._runner: web.AppRunner | None = None
+        self._site: web.BaseSite | None = None
         #: The bound TCP port after ``start()``; 0 for a Unix socket.
         self.port = 0
 
@@ -115,7 +129,8 @@ class HttpServer:
         Raises:
             RuntimeError: the address cannot be bound (the message says why).
         """
-        runner = web.AppRunner(self._app, handler_cancellation=True, access_log=None, shutdown_timeout=self._grace)
+        # Requests still running at stop() were ended by it: the runner's own wait has nothing left to wait for.
+        runner = web.AppRunner(self._app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site: web.BaseSite
         if self._listen.startswith("unix:"):
@@ -130,13 +145,25 @@ class HttpServer:
         except OSError as exc:
             await runner.cleanup()
             raise RuntimeError(f"cannot listen on {self._listen} (--http-listen): {exc.strerror or exc}") from exc
-        self._runner = runner
+        self._runner, self._site = runner, site
         if not self._listen.startswith("unix:"):
             self.port = int(runner.addresses[0][1])
         return self.port
 
-    async def stop(self) -> None:
-        """Stop accepting, let running requests end within the grace, then close every connection."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    async def stop(self, grace_seconds: float | None = None) -> None:
+        """Stop accepting, let running requests end within the grace (then cancel them), close every connection.
+
+        Args:
+            grace_seconds: how long running requests may take; default the server's ``grace_seconds``.
+        """
+        if self._runner is None:
+            return
+        if self._site is not None:
+            await self._site.stop()
+        running: set[asyncio.Task[Any]] = self._app[RUNNING]
+        if running:
+            await asyncio.wait(set(running), timeout=self._grace if grace_seconds is None else grace_seconds)
+        for task in list(running):
+            task.cancel()
+        await self._runner.cleanup()
+        self._runner = self._site = None

@@ -36,6 +36,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 from opentelemetry.trace import TracerProvider
@@ -60,11 +61,13 @@ from ..telemetry.endpoint import MetricsEndpoint
 from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS
 from ..telemetry.tracing import GrpcServerTracing
-from ..http import HttpServer, RouteModule
 from .health import Health
 from .listen import UnixSocketClaim, check_listen, same_address, unix_socket_path
 from .servers import bind, health_server, http_server, lock_server
 from .tls import ServerCertificates, ServerTls
+
+if TYPE_CHECKING:
+    from ..http import HttpServer, RouteModule
 
 _log = logging.getLogger("fencepost.coordinator")
 
@@ -431,11 +434,9 @@ class Coordinator:
         await self._health.enter_graceful_shutdown()
         if self._service is not None:
             self._service.enter_graceful_shutdown()
-        if self._http is not None:  # beside the gRPC server's grace: an HTTP call's withdrawal runs meanwhile
-            await asyncio.gather(self._server.stop(grace) if self._server is not None else asyncio.sleep(0),
-                                 self._http.stop())
-        elif self._server is not None:
-            await self._server.stop(grace)
+        # Both ports within the one grace: calls in flight end on each.
+        await asyncio.gather(*(server.stop(grace) for server in (self._server,) if server is not None),
+                             *(http.stop(grace) for http in (self._http,) if http is not None))
         if self._health_server is not None:  # NOT_SERVING there too until the main server has stopped
             await self._health_server.stop(0)
         for task in self._tasks:

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,10 +25,12 @@ from grpc_reflection.v1alpha import reflection
 from fencepost.client.v1 import lock_pb2
 
 from ..api.decode import add_lock_service
-from ..http import Api, HttpServer, RouteModule, make_app
 from ..telemetry.endpoint import MetricsEndpoint
 from .listen import UnixSocketClaim, bind_problem, unix_socket_path
 from .tls import ServerCertificates
+
+if TYPE_CHECKING:  # aiohttp is imported only by a coordinator that serves HTTP
+    from ..http import HttpServer, RouteModule
 
 __all__ = ["SERVED_NAMES", "bind", "health_server", "http_server", "lock_server"]
 
@@ -106,6 +108,8 @@ def http_server(service: Any, interceptors: Sequence[Any], listen: str, *, certi
         claims: where a Unix socket's claim is appended.
         modules: more route modules on the same app.
     """
+    from ..http import Api, HttpServer, make_app
+
     path = unix_socket_path(listen)
     if path is not None:
         claim = UnixSocketClaim(path)
