@@ -207,3 +207,41 @@ async def test_unix_socket_listener_serves_the_api(etcd: EmbeddedEtcd, prefix: s
                 assert answer.status == 200 and (await answer.json())["held"] is False
     finally:
         await coordinator.stop(0)
+
+
+async def test_http_calls_are_counted_traced_and_logged_as_their_rpcs(etcd: EmbeddedEtcd, prefix: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """An HTTP Acquire and a refused Release are counted in grpc_server_handled_total under their RPCs (OK,
+    FailedPrecondition), each is a SERVER span whose parent is the request's traceparent, and the refusal is one
+    ``refusal`` log event and one fencepost_refusals_total, as over gRPC."""
+    import logging
+
+    from .metrics_scrape import scrape
+    from .trace_spans import LOCKS, PARENT_ID, TRACE_ID, TRACEPARENT, Spans, parent_of, trace_id
+
+    caplog.set_level(logging.INFO, "fencepost.coordinator.api")
+    spans = Spans()
+    coordinator = await start(etcd, prefix, metrics_listen="127.0.0.1:0", tracer_provider=spans.provider)
+    try:
+        async with aiohttp.ClientSession(headers={"traceparent": TRACEPARENT}) as session:
+            http = Http(session, f"http://{coordinator.http_address}")
+            lease = await http.ok("POST", "/v1/leases", {"ttlSeconds": 30})
+            await http.ok("POST", "/v1/locks/counted:acquire", {"leaseId": lease["leaseId"]}, lease["leaseSecret"])
+            status, _, _ = await http.call("POST", "/v1/locks/counted:release", {
+                "leaseId": lease["leaseId"], "token": "1"}, lease["leaseSecret"])
+            assert status == 400
+            await http.ok("DELETE", f"/v1/leases/{lease['leaseId']}", None, lease["leaseSecret"])
+        metrics = await scrape(coordinator.metrics_address)
+        assert metrics.handled("Acquire") == {"OK": 1.0}
+        assert metrics.handled("Release") == {"FailedPrecondition": 1.0}
+        assert metrics.value("fencepost_refusals_total", reason="STALE_TOKEN") == 1.0
+        acquire = await spans.one(f"{LOCKS}/Acquire")
+        assert format(trace_id(acquire), "032x") == TRACE_ID
+        assert format(parent_of(acquire) or 0, "016x") == PARENT_ID
+        assert acquire.attributes is not None and acquire.attributes["fencepost.lock.name"] == "counted"
+        refusals = [r for r in caplog.records if getattr(r, "event", None) == "refusal"]
+        assert [r.event_fields["call"] for r in refusals] == ["Release"]  # type: ignore[attr-defined]
+        assert refusals[0].event_fields["trace_id"] == TRACE_ID  # type: ignore[attr-defined]
+    finally:
+        await coordinator.stop(0)
+        spans.shutdown()
