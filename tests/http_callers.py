@@ -88,7 +88,8 @@ class GrpcCaller:
                        ) -> Message | Failure:
         metadata = ((LEASE_SECRET_METADATA, secret),) if secret else ()
         try:
-            return await getattr(self.stub, rpc)(request, metadata=metadata, timeout=timeout)  # type: ignore[no-any-return]
+            answer: Message = await getattr(self.stub, rpc)(request, metadata=metadata, timeout=timeout)
+            return answer
         except grpc.aio.AioRpcError as err:
             for key, value in err.trailing_metadata() or ():
                 if key == "grpc-status-details-bin":

@@ -37,7 +37,8 @@ def client_ssl(ca: trustme.CA, identity: Identity | None) -> ssl.SSLContext:
 
 
 @pytest.fixture
-async def policed(etcd: EmbeddedEtcd, prefix: str, pki: Pki, tmp_path: Path) -> AsyncIterator[Coordinator]:  # noqa: F811
+async def policed(etcd: EmbeddedEtcd, prefix: str, pki: Pki,  # noqa: F811
+                  tmp_path: Path) -> AsyncIterator[Coordinator]:
     """A coordinator with mTLS, the policy of tests/test_policy_enforced.py and the HTTP API."""
     (tmp_path / "policy.toml").write_text(POLICY)
     coordinator = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, http_listen="127.0.0.1:0",
@@ -88,7 +89,8 @@ async def test_policy_over_https_is_the_grpc_ports(policed: Coordinator, pki: Pk
             await revoke(worker, w_lease)
 
 
-async def test_a_lease_granted_over_grpc_is_its_identitys_over_https(policed: Coordinator, pki: Pki) -> None:  # noqa: F811
+async def test_a_lease_granted_over_grpc_is_its_identitys_over_https(policed: Coordinator,
+                                                                     pki: Pki) -> None:  # noqa: F811
     """The worker's lease, granted over gRPC, is held, watched and released over HTTPS by the same identity
     without its secret; a caller without a client certificate cannot even connect."""
     address = f"https://{policed.http_address}"

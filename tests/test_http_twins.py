@@ -56,6 +56,21 @@ async def twins(coordinator: Coordinator, scenario: Scenario) -> tuple[Failure, 
     return over_grpc, over_http
 
 
+#: The HTTP status of each gRPC code, as google/rpc/code.proto gives it (written out here, not read from the code).
+GOOGLE_HTTP = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.FAILED_PRECONDITION: 400,
+               grpc.StatusCode.OUT_OF_RANGE: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
+               grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.ABORTED: 409,
+               grpc.StatusCode.ALREADY_EXISTS: 409, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+               grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.UNKNOWN: 500, grpc.StatusCode.INTERNAL: 500,
+               grpc.StatusCode.DATA_LOSS: 500, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.UNAVAILABLE: 503,
+               grpc.StatusCode.DEADLINE_EXCEEDED: 504, grpc.StatusCode.OK: 200}
+
+
+def test_http_status_of_every_code_is_googles() -> None:
+    """HTTP_STATUS maps every gRPC code as google/rpc/code.proto (and grpc-gateway) do."""
+    assert HTTP_STATUS == GOOGLE_HTTP
+
+
 def assert_twins(over_grpc: Failure, over_http: Failure, code: grpc.StatusCode, reason: str) -> None:
     """Both failed with ``code`` / ``reason``, alike; the HTTP answer's status and Retry-After follow them."""
     assert isinstance(over_grpc, Failure) and isinstance(over_http, Failure), (over_grpc, over_http)
@@ -65,7 +80,7 @@ def assert_twins(over_grpc: Failure, over_http: Failure, code: grpc.StatusCode, 
     assert (over_grpc.retry_delay is None) == (over_http.retry_delay is None)
     if over_grpc.retry_delay is not None and over_http.retry_delay is not None:  # a rate's delay runs down meanwhile
         assert over_grpc.retry_delay == pytest.approx(over_http.retry_delay, abs=1.0)
-    assert over_http.http_status == HTTP_STATUS[code]
+    assert over_http.http_status == GOOGLE_HTTP[code]
     expected = None if over_http.retry_delay is None else str(max(1, math.ceil(over_http.retry_delay)))
     assert over_http.retry_after == expected
 
@@ -209,8 +224,8 @@ async def second_lease(call: Caller, name: str) -> Failure:
     return failure  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("limits", [Limits(max_leases_per_caller=1), Limits(lease_grant_rate=0.01, lease_grant_burst=1)],
-                         ids=["count", "rate"])
+@pytest.mark.parametrize("limits", [Limits(max_leases_per_caller=1),
+                                    Limits(lease_grant_rate=0.01, lease_grant_burst=1)], ids=["count", "rate"])
 async def test_limit_exceeded_over_http_is_its_grpc_twin(etcd: EmbeddedEtcd, prefix: str, limits: Limits) -> None:
     """A second lease past a caller's limit: LIMIT_EXCEEDED (429) on both; a rate's refusal has Retry-After."""
     coordinator = await start(etcd, prefix, limits=limits)
