@@ -8,7 +8,7 @@ status is the code's (``HTTP_STATUS``: 400, 403, 429, 503, 504, ...) and it
 carries ``Retry-After`` exactly when a RetryInfo applies. Reasons covered here:
 INVALID_FIELD, NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED, ACQUIRE_TIMEOUT,
 NOT_LEASE_OWNER, PERMITS_MISMATCH, REQUEST_ID_REUSED, LIMIT_EXCEEDED (a count
-and a rate), TOO_MANY_WAITERS, DRAINING, OVERLOADED, ETCD_UNAVAILABLE;
+and a rate), TOO_MANY_WAITERS, DRAINING, OVERLOADED, ETCD_UNAVAILABLE, DATA_LOSS;
 TOO_MANY_STREAMS and SHUTTING_DOWN (streams) are in tests/test_http_events.py,
 ACCESS_DENIED in tests/test_http_tls.py.
 """
@@ -319,3 +319,35 @@ async def test_etcd_unavailable_over_http_is_its_grpc_twin(prefix: str) -> None:
     finally:
         await coordinator.stop(0)
     assert_twins(over_grpc, over_http, grpc.StatusCode.UNAVAILABLE, "ETCD_UNAVAILABLE")
+
+
+async def test_data_loss_over_http_is_its_grpc_twin(etcd: EmbeddedEtcd, prefix: str) -> None:
+    """Once the coordinator sees etcd's revisions go back, a new lease is refused UNAVAILABLE / DATA_LOSS (503,
+    Retry-After) on both; a held lease's keepalive and revoke are still served."""
+    from fencepost.client.v1.etcd import rpc_pb2
+
+    coordinator = await start(etcd, prefix)
+    leases: dict[str, lock_pb2.LeaseGrantResponse] = {}
+
+    async def held(call: Caller, name: str) -> Any:
+        leases[name] = await grant(call)
+        return leases[name]
+
+    async def data_loss(call: Caller, name: str) -> Failure:
+        failure = await call("LeaseGrant", lock_pb2.LeaseGrantRequest(ttl_seconds=30))
+        lease = leases[name]
+        renewed = await call("LeaseKeepAlive", lock_pb2.LeaseKeepAliveRequest(lease_id=lease.lease_id),
+                             lease.lease_secret)
+        assert isinstance(renewed, lock_pb2.LeaseKeepAliveResponse), renewed
+        await revoke(call, lease)
+        return failure  # type: ignore[no-any-return]
+
+    try:
+        await twins(coordinator, held)
+        tokens = coordinator.tokens
+        assert tokens is not None
+        tokens.seen(tokens.mark() + 1000, rpc_pb2.ResponseHeader(revision=1))  # an answer from before the past
+        over_grpc, over_http = await twins(coordinator, data_loss)
+    finally:
+        await coordinator.stop(0)
+    assert_twins(over_grpc, over_http, grpc.StatusCode.UNAVAILABLE, "DATA_LOSS")
