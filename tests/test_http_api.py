@@ -90,8 +90,8 @@ class Http:
         self.base = base
 
     async def call(self, method: str, path: str, body: Any = None, secret: str | None = None,
-                   **options: Any) -> tuple[int, Any, Any]:
-        headers = {"Fencepost-Lease-Secret": secret} if secret else {}
+                   headers: dict[str, str] | None = None, **options: Any) -> tuple[int, Any, Any]:
+        headers = {**({"Fencepost-Lease-Secret": secret} if secret else {}), **(headers or {})}
         async with self.session.request(method, self.base + path, json=body, headers=headers, **options) as answer:
             return answer.status, await answer.json(content_type=None), answer.headers
 
@@ -112,8 +112,8 @@ async def served(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[tuple[Coordin
 
 
 async def test_refusals_of_the_request_itself_are_status_bodies(served: tuple[Coordinator, Http]) -> None:
-    """404 (no route), 405 with Allow, 415 (not JSON), 400 (a body that is not an object, an unknown field),
-    413 (past --max-message-bytes): each a google.rpc.Status body."""
+    """404 (no route), 405 with Allow, 415 (not JSON), 400 (a body that is not an object, an unknown field, a bad
+    Fencepost-Timeout-Ms), 413 (past --max-message-bytes): each a google.rpc.Status body."""
     coordinator, http = served
     status, body, _ = await http.call("GET", "/v1/nowhere")
     assert (status, body["code"]) == (404, 5)
@@ -127,6 +127,8 @@ async def test_refusals_of_the_request_itself_are_status_bodies(served: tuple[Co
     assert status == 400 and body["details"][0]["metadata"]["field"] == "ttl"
     status, body, _ = await http.call("POST", "/v1/leases", {"pad": "x" * coordinator.limits.max_message_bytes})
     assert status == 413 and body["code"] == 8
+    status, body, _ = await http.call("GET", "/v1/locks/x", headers={"Fencepost-Timeout-Ms": "soon"})
+    assert status == 400 and body["details"][0]["metadata"]["field"] == "Fencepost-Timeout-Ms"
 
 
 async def test_every_kind_of_route_is_answered(served: tuple[Coordinator, Http]) -> None:
