@@ -23,7 +23,8 @@ call is; for Acquire, AcquirePermit and Campaign the row's ``withdraw``
 call is then run at once for the same lease and name (Withdraw; ReleasePermit
 and Resign with token 0): what the call left, a place in the queue or a
 grant that could not be answered, is removed, since an HTTP caller cannot
-come back to that call. Those withdrawals are awaited before the server stops.
+come back to that call; so is a grant whose connection closed while it was
+made. Those withdrawals are awaited before the server stops.
 """
 
 from __future__ import annotations
@@ -125,10 +126,11 @@ class Api:
             return response(refused.answer, status=refused.http_status)
         if route.stream is not None:
             return await self._events.serve(request, route, message, context)
-        return await self._call(route, message, context)
+        return await self._call(request, route, message, context)
 
-    async def _call(self, route: Route, message: Message, context: HttpCallContext) -> web.Response:
-        """Run a unary call; on the caller's departure, its row's withdrawal."""
+    async def _call(self, request: web.Request, route: Route, message: Message, context: HttpCallContext
+                    ) -> web.Response:
+        """Run a unary call; on the caller's departure (before or as it ends), its row's withdrawal."""
         try:
             result = await self._handlers[route.rpc](message, context)
         except CallAborted as aborted:
@@ -137,6 +139,8 @@ class Api:
             if route.withdraw is not None:
                 self._withdraw_later(route, message, context)
             raise
+        if route.withdraw is not None and (request.transport is None or request.transport.is_closing()):
+            self._withdraw_later(route, message, context)  # gone as it was answered: the grant cannot reach it
         return response(result)
 
     def _withdraw_later(self, route: Route, message: Message, context: HttpCallContext) -> None:
