@@ -53,6 +53,7 @@ class Carried:
 
 def monitor(clocks: Clocks, carried: Carried | None = None, metrics: LockMetrics | None = None,
             **limits: float) -> Capacity:
+    limits.setdefault("max_process_busy", 0)  # tests/test_capacity_process.py has the process's own
     capacity = Capacity(Limits(**limits), clock=lambda: clocks.wall, cpu_clock=lambda: 0.0, window=1.0)
     lag = LoopLag(ticks=1)
     kept = carried if carried is not None else Carried()

@@ -65,11 +65,34 @@ calm in which a grant was refused at the ceiling, it rises by
 :data:`RAISE`, but for :data:`TIPPED_SECONDS` after tipping over never
 above :data:`BACKOFF` of what it carried then (the leases admitted stay:
 each rise to the level that tipped it over, and the fall after it, would
-leave it carrying a little more than before, a ratchet into overload). No ceiling until the condition first starts.
+leave it carrying a little more than before, a ratchet into overload).
 
-Metrics: ``fencepost_loop_busy_ratio``, ``fencepost_keepalive_client_rtt_seconds``,
-``fencepost_keepalive_wait_seconds`` (the figures), ``fencepost_lease_ceiling``
-(0: none) and ``fencepost_overloaded`` (0 or 1); refusals are counted in
+The condition is seen late for leases: their renewals start a third of a
+TTL after their grants, so a rush of grants is admitted before the loop
+shows its cost. The **process busy** figure (``--max-process-busy``: the
+CPU seconds of the whole process, gRPC's threads included, per wall second,
+the smallest of the last windows) is seen first: it counts the reading of
+messages in gRPC's threads, which the loop's own figure does not. While it
+is at its mark, the ceiling is set to (or lowered to) :data:`BACKOFF` times
+the leases carried (never below :data:`MIN_PROCESS_CEILING`), as on
+entering the condition, and rises only while the process is below
+:data:`LOW_MARK` of it, in proportion to the room left (the busy a lease
+adds is about constant: a process at a third of the low mark may triple
+its leases), at most :data:`MAX_RAISE` times at once. It refuses only
+LeaseGrant, never streams or waits: a coordinator serving lock cycles as
+fast as they come reads 0.9 and more while every call is answered in time,
+and its callers' waits must go on being served. No ceiling until one of the
+two first happens. Before and beside it, a **grant ramp** (TCP's slow start
+in spirit, RFC 5681) bounds how fast leases are taken on: the leases
+granted in the last :data:`RAISE_SECONDS` (whose renewals may not show
+yet) stay below :attr:`Capacity.ramp`, what the room left under the low
+mark allows (at least :data:`MIN_RAMP`; the busiest of the last windows), so that a rush of grants cannot
+take on much more than the process has room for before the figures show
+it.
+
+Metrics: ``fencepost_loop_busy_ratio``, ``fencepost_process_busy_ratio``,
+``fencepost_keepalive_client_rtt_seconds``, ``fencepost_keepalive_wait_seconds`` (the figures),
+``fencepost_lease_ceiling`` (0: none) and ``fencepost_overloaded`` (0 or 1); refusals are counted in
 ``fencepost_refusals_total{reason="OVERLOADED"}``.
 """
 
@@ -89,8 +112,9 @@ from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .limits import FLAGS, Limits
 from .overload import LoopLag
 
-__all__ = ["BACKOFF", "CALM_WINDOWS", "LOW_MARK", "MAX_CALM_SECONDS", "MIN_CEILING", "RAISE", "RAISE_SECONDS",
-           "RETRY_SECONDS", "SAMPLES", "SPARE_BUSY", "TIPPED_SECONDS", "WINDOW", "WINDOWS", "Capacity"]
+__all__ = ["BACKOFF", "CALM_WINDOWS", "LOW_MARK", "MAX_CALM_SECONDS", "MAX_RAISE", "MIN_CEILING",
+           "MIN_PROCESS_CEILING", "MIN_RAMP", "RAISE", "RAISE_SECONDS", "RETRY_SECONDS", "SAMPLES", "SPARE_BUSY",
+           "TIPPED_SECONDS", "WINDOW", "WINDOWS", "Capacity"]
 
 _log = logging.getLogger(__name__)
 
@@ -112,6 +136,13 @@ BACKOFF = 0.9
 RAISE = 1.1
 #: ... of this many seconds (more than a third of the usual TTL: the new leases' renewals have started).
 RAISE_SECONDS = 5.0
+#: ... at most this much at once, while the process is far below --max-process-busy (in proportion).
+MAX_RAISE = 2.0
+#: The lowest ceiling the process busy sets: fewer leases than this do not saturate a coordinator (something
+#: else does, lock cycles for example, and refusing leases would not relieve it).
+MIN_PROCESS_CEILING = 1000
+#: Leases that may always be granted in RAISE_SECONDS, whatever the ramp (200 a second).
+MIN_RAMP = 1000
 #: For this many seconds after tipping over, the ceiling rises to at most BACKOFF of the leases carried then.
 TIPPED_SECONDS = 60.0
 #: Below this many CPU seconds per second (the whole process's), the coordinator had CPU to spare.
@@ -150,6 +181,7 @@ class Capacity:
         self._busy_high = limits.max_loop_busy
         self._rtt_high = limits.max_client_rtt
         self._wait_high = limits.max_keepalive_wait
+        self._process_high = limits.max_process_busy
         self._lag_high = limits.max_lag
         self._clock = clock
         self._cpu_clock = cpu_clock
@@ -174,6 +206,7 @@ class Capacity:
         self._process_clock = process_clock
         self._process_started = process_clock()
         self._process_busy = 0.0  # the process's CPU seconds per second in the last window
+        self._process: deque[float] = deque(maxlen=windows)
         self._lag: Callable[[], float] = lambda: 0.0
         self._lag_parts: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0)
         self._metrics = NO_METRICS
@@ -230,6 +263,16 @@ class Capacity:
         return self._kept() + len(self._grants)
 
     @property
+    def ramp(self) -> float:
+        """The leases that may be granted in :data:`RAISE_SECONDS` (inf with ``--max-process-busy`` 0): at least
+        :data:`MIN_RAMP`, else as many more than the leases kept as would bring the process busy (its last window)
+        to :data:`LOW_MARK` of its mark (its busiest of the last windows), at least :data:`RAISE` - 1 of them."""
+        if not self._process_high:
+            return math.inf
+        room = LOW_MARK * self._process_high / max(self._busiest(), 0.01) - 1
+        return max(MIN_RAMP, self._kept() * max(RAISE - 1, room))
+
+    @property
     def keepalive_wait(self) -> float:
         """The keepalive wait figure, in seconds: the smallest median of the last windows (0.0 until there are as
         many as it needs)."""
@@ -240,6 +283,12 @@ class Capacity:
         """The loop busy figure: the smallest CPU seconds per wall second of the last windows (0.0 until there
         are as many as it needs)."""
         return _smallest(self._busy)
+
+    @property
+    def process_busy(self) -> float:
+        """The process busy figure: the smallest CPU seconds of the whole process per wall second of the last
+        windows (0.0 until there are as many as it needs)."""
+        return _smallest(self._process)
 
     @property
     def client_rtt(self) -> float:
@@ -256,27 +305,46 @@ class Capacity:
             cpu, process = self._cpu_clock(), self._process_clock()
             self._busy.append(min(1.0, max(0.0, (cpu - self._cpu_started) / elapsed)))
             self._process_busy, self._process_started = (process - self._process_started) / elapsed, process
+            self._process.append(self._process_busy)
             self._rtt.append(_median(self._samples, self._reports) / 1000.0)
             self._wait.append(_median(self._waits, self._waited) / 1000.0)
             self._started, self._cpu_started, self._reports, self._waited = now, cpu, 0, 0
             self.windows += 1
-            self._metrics.capacity(self.busy, self.client_rtt, self.keepalive_wait, self.ceiling or 0)
+            self._metrics.capacity(self.busy, self.client_rtt, self.keepalive_wait, self.ceiling or 0,
+                                   self.process_busy)
         while self._grants and self._grants[0] < now - RAISE_SECONDS:
             self._grants.popleft()
         self._update()
-        if (self.ceiling is not None and self._pressed and not self.overloaded
-                and now - max(self._raised_at, self._ended_at) >= RAISE_SECONDS):
+        if self._process_high and self.process_busy >= self._process_high:
+            lowered = max(MIN_PROCESS_CEILING, int(BACKOFF * self.carried))
+            if self.ceiling is None or lowered < self.ceiling:
+                self._set_ceiling(lowered, now, f"the process busy {self.process_busy:.2f} of each second, "
+                                                f"--{FLAGS['max_process_busy']} {self._process_high:g}")
+        elif (self.ceiling is not None and self._pressed and not self.overloaded
+                and now - max(self._raised_at, self._ended_at) >= RAISE_SECONDS
+                and (not self._process_high or self._busiest() < LOW_MARK * self._process_high)):
             # Never back up to where it last tipped over, for a while: leases admitted stay, so each rise
             # up to there and the fall after it would leave a few more than the coordinator serves.
-            raised = int(self.ceiling * RAISE) + 1
+            raised = int(self.ceiling * self._raise_factor()) + 1
             if now - self._tipped_at < TIPPED_SECONDS:
                 raised = min(raised, int(BACKOFF * self._tipped))
             if raised > self.ceiling:
                 self._set_ceiling(raised, now, "raised after a calm spell")
 
+    def _raise_factor(self) -> float:
+        """How much the ceiling rises: :data:`RAISE`, or more while the process is far below its mark (the load
+        taken on grows with the leases: up to the low mark, at most doubled)."""
+        if not self._process_high:
+            return RAISE
+        return min(MAX_RAISE, max(RAISE, LOW_MARK * self._process_high / max(self._busiest(), 0.01)))
+
+    def _busiest(self) -> float:
+        """The process's busiest window of the last ones (to take on more: on the safe side)."""
+        return max(self._process, default=self._process_busy)
+
     def _set_ceiling(self, ceiling: int, now: float, why: str) -> None:
         self.ceiling, self._raised_at, self._pressed = ceiling, now, False
-        self._metrics.capacity(self.busy, self.client_rtt, self.keepalive_wait, ceiling)
+        self._metrics.capacity(self.busy, self.client_rtt, self.keepalive_wait, ceiling, self.process_busy)
         log_event(_log, logging.INFO, "lease_ceiling", f"lease ceiling {ceiling} ({why}): LeaseGrant is refused while "
                   f"this coordinator carries that many leases", ceiling=ceiling, carried=self.carried)
 
@@ -355,6 +423,9 @@ class Capacity:
         elif lease and self.ceiling is not None and self.carried >= self.ceiling:
             self._pressed = True
             why = f"at its lease ceiling ({self.ceiling} leases, learned when it was last past its capacity)"
+        elif lease and len(self._grants) >= self.ramp:
+            why = (f"granting leases faster than their renewals show their cost ({len(self._grants)} in the last "
+                   f"{RAISE_SECONDS:g} s)")
         else:
             return
         raise ResourceExhausted(

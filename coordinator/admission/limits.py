@@ -77,6 +77,10 @@ class Limits:
             Past capacity (:mod:`.capacity`), new leases, KeepAlive streams and
             waits are refused (RESOURCE_EXHAUSTED / OVERLOADED, RetryInfo 1 s):
             the keepalives of the live leases come first.
+        max_process_busy: the lease ceiling is set (LeaseGrant refused at
+            it, nothing else) while the whole process, gRPC's threads included,
+            stays this busy, in CPU seconds per wall second
+            (``--max-process-busy``; see :mod:`.capacity`).
         max_message_bytes: the largest request message the coordinator reads,
             in bytes, 1024 to 2**31 - 1 (``--max-message-bytes``); gRPC refuses a larger one with
             RESOURCE_EXHAUSTED before it reaches the service. The largest
@@ -103,6 +107,7 @@ class Limits:
     max_loop_busy: float = 0.9
     max_client_rtt: float = 0.5
     max_keepalive_wait: float = 0.05
+    max_process_busy: float = 0.9
     max_message_bytes: int = 64 * 1024
     max_lock_delay: int = 60
 
@@ -146,6 +151,7 @@ FLAGS: dict[str, str] = {
     "max_loop_busy": "max-loop-busy",
     "max_client_rtt": "max-client-rtt",
     "max_keepalive_wait": "max-keepalive-wait",
+    "max_process_busy": "max-process-busy",
     "max_message_bytes": "max-message-bytes",
     "max_lock_delay": "max-lock-delay",
 }
@@ -176,6 +182,9 @@ _HELP: dict[str, str] = {
     "max_keepalive_wait": "seconds: past capacity while keepalive messages wait this long before the coordinator "
                           "reads them (the median, from the send time clients put in them; the smallest of the last "
                           "1.5 s)",
+    "max_process_busy": "CPU seconds per second: while the whole process stays this busy, a lease ceiling is set "
+                        "at 0.9 of the leases it carries and LeaseGrant refused at it (OVERLOADED); streams and "
+                        "waits are not refused for it",
     "max_message_bytes": "largest request message read, in bytes (gRPC refuses a larger one with "
                          "RESOURCE_EXHAUSTED); 1024 or more",
     "max_lock_delay": "seconds: the longest lock-delay an Acquire may ask for (longer: INVALID_ARGUMENT "
@@ -184,7 +193,8 @@ _HELP: dict[str, str] = {
 
 
 #: The metavar of the flags that are not counts.
-_METAVARS = {"max_lock_delay": "S", "max_lag": "S", "max_client_rtt": "S", "max_keepalive_wait": "S", "max_loop_busy": "R"}
+_METAVARS = {"max_lock_delay": "S", "max_lag": "S", "max_client_rtt": "S", "max_keepalive_wait": "S",
+             "max_loop_busy": "R", "max_process_busy": "R"}
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser, env: Callable[[str, str | None], str | None]) -> None:

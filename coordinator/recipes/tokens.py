@@ -250,9 +250,12 @@ class TokenFloor:
         mark, detections = self._high, self._detections
         resp = await self._etcd.range(etcdops.get(self.key).request_range, op=op)
         header = resp.header
+        revision = int(header.revision)
         stored = resp.kvs[0] if resp.kvs else None
         if stored is None:
-            record, mod_revision = await self._create(int(header.cluster_id))
+            # The record written holds this coordinator's mark when the create was sent, which other calls may
+            # have raised since the Range: the create's own revision is the level to compare it with.
+            record, mod_revision, revision = await self._create(int(header.cluster_id))
         else:
             try:
                 record, mod_revision = TokenRecord.decode(bytes(stored.value)), int(stored.mod_revision)
@@ -263,13 +266,13 @@ class TokenFloor:
         self._record = record
         self.floor = record.floor
         self._high = max(self._high, record.high)
-        level = int(header.revision) + record.floor
+        level = revision + record.floor
         problem = None
         if int(header.cluster_id) != record.cluster_id:
             problem = self._moved(int(header.cluster_id))
         elif level < max(mark, record.high):
             who = "this coordinator" if mark >= record.high else "a coordinator (the token record's 'high')"
-            problem = (f"etcd is at revision {int(header.revision)} (tokens up to {level} with floor "
+            problem = (f"etcd is at revision {revision} (tokens up to {level} with floor "
                        f"{record.floor}) but {who} saw tokens up to {max(mark, record.high)}")
         self._checked = True
         if problem is not None:
@@ -305,22 +308,23 @@ class TokenFloor:
                       f"out (at least {self._high}, the highest this coordinator may have handed out); see "
                       f"{PROCEDURE}", high=self._high, floor=self.floor)
 
-    async def _create(self, cluster_id: int) -> tuple[TokenRecord, int]:
-        """Write the record at the first start (create-only); the record and its mod revision."""
+    async def _create(self, cluster_id: int) -> tuple[TokenRecord, int, int]:
+        """Write the record at the first start (create-only): the record, its mod revision, and the revision etcd
+        answered at (at least every ``high`` the record can hold: each was seen before its create was sent)."""
         assert self._etcd is not None
         mine = TokenRecord(cluster_id, 0, self._high)
 
-        def stored(resp: Any) -> tuple[TokenRecord, int]:
+        def stored(resp: Any) -> tuple[TokenRecord, int, int]:
             kvs = resp.responses[0].response_range.kvs
             if not kvs:
                 return NOT_APPLIED  # type: ignore[no-any-return]
-            return TokenRecord.decode(bytes(kvs[0].value)), int(kvs[0].mod_revision)
+            return TokenRecord.decode(bytes(kvs[0].value)), int(kvs[0].mod_revision), int(resp.header.revision)
 
-        def decide(resp: Any) -> tuple[TokenRecord, int]:
+        def decide(resp: Any) -> tuple[TokenRecord, int, int]:
             if resp.succeeded:
                 _log.info("token record %s created (etcd cluster id %x, token floor 0)",
                           self.key.decode(errors="replace"), cluster_id)
-                return mine, int(resp.header.revision)
+                return mine, int(resp.header.revision), int(resp.header.revision)
             return stored(resp)  # another coordinator created it first
 
         read = [etcdops.get(self.key)]

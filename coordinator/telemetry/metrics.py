@@ -228,6 +228,10 @@ class LockMetrics:
         self._busy = Gauge("fencepost_loop_busy_ratio",
                            "CPU seconds of the event loop thread per wall second, the smallest of the last 1.5 s; "
                            "at --max-loop-busy, past capacity.", registry=registry)
+        self._process_busy = Gauge("fencepost_process_busy_ratio",
+                                   "CPU seconds of the whole process (gRPC's threads too) per wall second, the "
+                                   "smallest of the last 1.5 s; at --max-process-busy, a lease ceiling.",
+                                   registry=registry)
         self._client_rtt = Gauge("fencepost_keepalive_client_rtt_seconds",
                                  "The keepalive round trip clients report (median of each 0.5 s), the smallest of "
                                  "the last 1.5 s; at --max-client-rtt, past capacity.", registry=registry)
@@ -336,10 +340,12 @@ class LockMetrics:
         """The coordinator is now ``seconds`` behind (see :mod:`..admission.overload`)."""
         self._loop_lag.set(seconds)
 
-    def capacity(self, busy: float, client_rtt: float, keepalive_wait: float = 0.0, ceiling: int = 0) -> None:
-        """The capacity figures (see :mod:`..admission.capacity`): loop ``busy`` (CPU s per s), ``client_rtt`` and
-        ``keepalive_wait`` (s), the lease ``ceiling`` (0: none)."""
+    def capacity(self, busy: float, client_rtt: float, keepalive_wait: float = 0.0, ceiling: int = 0,
+                 process_busy: float = 0.0) -> None:
+        """The capacity figures (see :mod:`..admission.capacity`): loop ``busy`` and ``process_busy`` (CPU s per
+        s), ``client_rtt`` and ``keepalive_wait`` (s), the lease ``ceiling`` (0: none)."""
         self._busy.set(busy)
+        self._process_busy.set(process_busy)
         self._client_rtt.set(client_rtt)
         self._keepalive_wait.set(keepalive_wait)
         self._lease_ceiling.set(ceiling)
@@ -403,7 +409,8 @@ class _NoMetrics(LockMetrics):
     def loop_lag(self, seconds: float) -> None:
         pass
 
-    def capacity(self, busy: float, client_rtt: float, keepalive_wait: float = 0.0, ceiling: int = 0) -> None:
+    def capacity(self, busy: float, client_rtt: float, keepalive_wait: float = 0.0, ceiling: int = 0,
+                 process_busy: float = 0.0) -> None:
         pass
 
     def overloaded(self, past: bool) -> None:
