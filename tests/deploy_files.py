@@ -36,6 +36,8 @@ MIN_KUBERNETES = (1, 29)
 MIN_ETCD = (3, 5, 13)
 COORDINATOR_PORT = 7420
 HEALTH_PORT = 7421
+#: The HTTP/JSON API's port (docs/http.md).
+HTTP_PORT = 7423
 
 
 def tool_path(name: str) -> str:

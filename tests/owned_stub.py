@@ -5,7 +5,7 @@ must carry its secret (LeaseGrantResponse.lease_secret): the metadata entry
 ``fencepost-lease-secret`` on unary calls, KeepAliveRequest.lease_secret on
 the stream. :class:`OwnedStub` wraps the generated stub and does it: it keeps
 the secret of each lease it (or any other OwnedStub of this process) granted,
-and adds it to Acquire, Release, Withdraw, LeaseRevoke and to keepalives and
+and adds it to Acquire, Release, Withdraw, LeaseRevoke, LeaseKeepAlive and to keepalives and
 watches. Everything else is the generated stub's. A test that plays another
 caller uses the plain ``lock_pb2_grpc.LockServiceStub``.
 """
@@ -106,6 +106,10 @@ class OwnedStub:
     def LeaseRevoke(self, request: lock_pb2.LeaseRevokeRequest, *, metadata: Any = None,  # noqa: N802
                     **kwargs: Any) -> Any:
         return self._stub.LeaseRevoke(request, metadata=secret_metadata(request.lease_id, metadata), **kwargs)
+
+    def LeaseKeepAlive(self, request: lock_pb2.LeaseKeepAliveRequest, *, metadata: Any = None,  # noqa: N802
+                       **kwargs: Any) -> Any:
+        return self._stub.LeaseKeepAlive(request, metadata=secret_metadata(request.lease_id, metadata), **kwargs)
 
     def Acquire(self, request: lock_pb2.AcquireRequest, *, metadata: Any = None, **kwargs: Any) -> Any:  # noqa: N802
         return self._stub.Acquire(request, metadata=secret_metadata(request.lease_id, metadata), **kwargs)

@@ -35,6 +35,7 @@ from .deploy_files import (
     DEPLOY,
     DOCKERFILE,
     HEALTH_PORT,
+    HTTP_PORT,
     assert_tool_passes,
     compose_file,
     dockerfile_stages,
@@ -170,7 +171,8 @@ def test_compose_files_pass_the_compose_spec(tmp_path: Path) -> None:
 
 
 def test_compose_runs_a_healthy_etcd_cluster_and_two_coordinators() -> None:
-    """3 etcd members in one static cluster, 2 coordinators from deploy/Dockerfile, all with healthchecks."""
+    """3 etcd members in one static cluster, 2 coordinators from deploy/Dockerfile (gRPC and HTTP), all with
+    healthchecks."""
     services = compose_file()["services"]
     etcds = sorted(n for n in services if n.startswith("etcd-"))
     assert etcds == ["etcd-1", "etcd-2", "etcd-3"]
@@ -188,6 +190,7 @@ def test_compose_runs_a_healthy_etcd_cluster_and_two_coordinators() -> None:
                                                                      / "deploy" / "Dockerfile").is_file()
         assert svc["healthcheck"]["test"] == ["CMD", "fencepost", "status", "--address", f"127.0.0.1:{HEALTH_PORT}"]
         assert svc["environment"]["FENCEPOST_ETCD_ENDPOINTS"] == ",".join(f"{n}:2379" for n in etcds)
+        assert svc["environment"]["FENCEPOST_HTTP_LISTEN"] == f"0.0.0.0:{HTTP_PORT}"
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
     for name, svc in services.items():
         if name != "example-worker":

@@ -14,6 +14,7 @@ from .deploy_files import (
     BASES,
     COORDINATOR_PORT,
     HEALTH_PORT,
+    HTTP_PORT,
     KUBE,
     MIN_ETCD,
     OVERLAYS,
@@ -66,7 +67,8 @@ def test_overlays_render_what_they_promise() -> None:
 
 
 def test_sidecar_is_a_native_sidecar_on_localhost() -> None:
-    """The coordinator is an init container with restartPolicy Always, on 127.0.0.1, with its own etcd user."""
+    """The coordinator is an init container with restartPolicy Always, on 127.0.0.1 (gRPC and HTTP), with its own
+    etcd user."""
     (spec,) = [s for where, s in pod_specs() if where == "sidecar/Deployment/billing"]
     (sidecar,) = [c for c in spec["initContainers"] if is_fencepost(c["image"])]
     assert sidecar.get("restartPolicy") == "Always"
@@ -74,6 +76,7 @@ def test_sidecar_is_a_native_sidecar_on_localhost() -> None:
     env = container_env(sidecar)
     assert env["FENCEPOST_LISTEN"] == f"127.0.0.1:{COORDINATOR_PORT}"
     assert env["FENCEPOST_HEALTH_LISTEN"] == f"0.0.0.0:{HEALTH_PORT}"
+    assert env["FENCEPOST_HTTP_LISTEN"] == f"127.0.0.1:{HTTP_PORT}"  # the HTTP/JSON API, inside the pod only
     assert env["FENCEPOST_ETCD_USER"] and env["FENCEPOST_PREFIX"] != "/fencepost/locks/"
     mounts = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
     secret_dir = str(Path(env["FENCEPOST_ETCD_PASSWORD_FILE"]).parent)

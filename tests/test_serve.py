@@ -40,7 +40,7 @@ async def test_start_when_port_is_taken_by_another_coordinator(etcd: EmbeddedEtc
         await first.stop(0)
 
 
-@pytest.mark.parametrize("flag", ["--listen", "--health-listen", "--metrics-listen"])
+@pytest.mark.parametrize("flag", ["--listen", "--health-listen", "--metrics-listen", "--http-listen"])
 def test_serve_when_an_address_is_in_use(flag: str, tmp_path: Path) -> None:
     """A taken port: exit 1 at once, one line naming the flag, the address and why; no embedded etcd started."""
     with socket.socket() as taken:

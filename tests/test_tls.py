@@ -258,12 +258,16 @@ def _bad_files(files: Path, ca2: trustme.CA) -> None:
     (["--health-listen", "localhost"], {}, "--health-listen: "),
     (["--listen", "127.0.0.1:7499"], {"FENCEPOST_HEALTH_LISTEN": "127.0.0.1:7499"}, "the --listen address"),
     (["--listen", "unix:/tmp/fp.sock", "--health-listen", "unix:///tmp/fp.sock"], {}, "the --listen address"),
+    (["--http-listen", "localhost"], {}, "--http-listen: "),
+    (["--listen", "127.0.0.1:7499", "--http-listen", "127.0.0.1:7499"], {}, "the address of another listener"),
+    (["--health-listen", "127.0.0.1:7498"], {"FENCEPOST_HTTP_LISTEN": "127.0.0.1:7498"},
+     "the address of another listener"),
 ])
 def test_serve_when_a_tls_or_health_flag_is_bad(argv: list[str], env: dict[str, str], says: str, files: Path,
                                                ca2: trustme.CA, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """Server TLS flags or files that cannot work, a bad --health-listen: one line naming the flag, exit 2,
-    nothing started."""
+    """Server TLS flags or files that cannot work, a bad --health-listen or --http-listen: one line naming the flag,
+    exit 2, nothing started."""
     from fencepost.coordinator.process.main import main
 
     _bad_files(files, ca2)

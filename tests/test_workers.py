@@ -186,10 +186,11 @@ def test_workers_when_the_etcd_is_embedded(tmp_path: Path) -> None:
     (["--workers", "2", "--listen", "unix:/tmp/fencepost-workers.sock"], "is a Unix socket"),
     (["--workers", "2", "--health-listen", "unix:/tmp/fencepost-health.sock"], "--health-listen"),
     (["--workers", "2", "--metrics-listen", "127.0.0.1:0"], "cannot serve --metrics-listen"),
+    (["--workers", "2", "--http-listen", "127.0.0.1:0"], "cannot serve --http-listen"),
     (["--loop", "trio"], "--loop is 'trio'; must be auto, asyncio or uvloop"),
 ])
 def test_workers_when_flags_conflict(argv: list[str], says: str) -> None:
-    """Bad counts, a Unix socket, metrics with several workers, an unknown loop: exit 2 naming the flag."""
+    """Bad counts, a Unix socket, metrics or HTTP with several workers, an unknown loop: exit 2 naming the flag."""
     line = _refused(["--etcd-endpoints", "127.0.0.1:1", *argv])
     assert says in line, line
 

@@ -84,6 +84,20 @@ class LeaseRevokeResponse(_message.Message):
     found: bool
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
+class LeaseKeepAliveRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    def __init__(self, lease_id: _Optional[int] = ...) -> None: ...
+
+class LeaseKeepAliveResponse(_message.Message):
+    __slots__ = ("lease_id", "ttl_seconds")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    ttl_seconds: int
+    def __init__(self, lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+
 class AcquireRequest(_message.Message):
     __slots__ = ("name", "lease_id", "wait_ms", "wait_forever", "lock_delay_seconds", "request_id")
     NAME_FIELD_NUMBER: _ClassVar[int]

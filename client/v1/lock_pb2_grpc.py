@@ -47,6 +47,11 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.LeaseRevokeRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.LeaseRevokeResponse.FromString,
                 _registered_method=True)
+        self.LeaseKeepAlive = channel.unary_unary(
+                '/fencepost.v1.LockService/LeaseKeepAlive',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.LeaseKeepAliveRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.LeaseKeepAliveResponse.FromString,
+                _registered_method=True)
         self.Acquire = channel.unary_unary(
                 '/fencepost.v1.LockService/Acquire',
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.AcquireRequest.SerializeToString,
@@ -167,6 +172,24 @@ class LockServiceServicer:
         HoldEnded event). Idempotent: revoking an unknown or expired lease
         succeeds with found = false. Errors: INVALID_ARGUMENT (lease_id),
         PERMISSION_DENIED/NOT_LEASE_OWNER (a live lease of another owner),
+        UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaseKeepAlive(self, request, context):
+        """LeaseKeepAlive renews lease `lease_id` once, as one keepalive on a
+        KeepAlive stream does: the coordinator forwards it to etcd and answers
+        with the TTL etcd reset the lease to. It is for callers without a
+        stream (the HTTP API, scripts, grpcurl): call it about every TTL/3, and
+        stop trusting the lease's holds when no call has succeeded for a TTL;
+        the coordinator never renews a lease on its own. Idempotent. Served
+        like a keepalive on an open stream: also while the coordinator is past
+        its capacity or drains. A lease that is gone (expired or revoked) fails
+        with LEASE_EXPIRED: every hold under it is lost.
+        Errors: INVALID_ARGUMENT (lease_id), FAILED_PRECONDITION/LEASE_EXPIRED,
+        PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
         UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -569,6 +592,11 @@ def add_LockServiceServicer_to_server(servicer, server):
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.LeaseRevokeRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.LeaseRevokeResponse.SerializeToString,
             ),
+            'LeaseKeepAlive': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaseKeepAlive,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.LeaseKeepAliveRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.LeaseKeepAliveResponse.SerializeToString,
+            ),
             'Acquire': grpc.unary_unary_rpc_method_handler(
                     servicer.Acquire,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.AcquireRequest.FromString,
@@ -716,6 +744,33 @@ class LockService:
             '/fencepost.v1.LockService/LeaseRevoke',
             fencepost_dot_v1_dot_lock__pb2.LeaseRevokeRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.LeaseRevokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaseKeepAlive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/LeaseKeepAlive',
+            fencepost_dot_v1_dot_lock__pb2.LeaseKeepAliveRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.LeaseKeepAliveResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,12 +76,12 @@ Ownership: a lease belongs to the caller that granted it. With mutual TLS
 the owner is the identity of the caller's client certificate (its SPIFFE
 ID, else first URI SAN, else first DNS SAN, else subject CN); in every
 case LeaseGrant also returns a lease_secret. A call naming a lease
-(LeaseRevoke, Acquire, Release, Withdraw, and keepalives and watches on
-the KeepAlive stream) is served only for its owner: a caller with the
-same certificate identity, or one that presents the lease's secret (as
-the gRPC metadata entry "fencepost-lease-secret" on unary calls, in
-KeepAliveRequest.lease_secret on the stream). Anyone else gets
-PERMISSION_DENIED / NOT_LEASE_OWNER (metadata lease_id) and nothing
+(LeaseRevoke, LeaseKeepAlive, Acquire, Release, Withdraw, and keepalives
+and watches on the KeepAlive stream) is served only for its owner: a
+caller with the same certificate identity, or one that presents the
+lease's secret (as the gRPC metadata entry "fencepost-lease-secret" on
+unary calls, in KeepAliveRequest.lease_secret on the stream). Anyone else
+gets PERMISSION_DENIED / NOT_LEASE_OWNER (metadata lease_id) and nothing
 changes. A lease that is gone is reported as before (LEASE_EXPIRED,
 NOT_HOLDER, found = false), whoever asks. Describe and ListLocks show
 holders' lease ids and tokens, which are not credentials.
@@ -138,6 +138,20 @@ class LockServiceStub:
     HoldEnded event). Idempotent: revoking an unknown or expired lease
     succeeds with found = false. Errors: INVALID_ARGUMENT (lease_id),
     PERMISSION_DENIED/NOT_LEASE_OWNER (a live lease of another owner),
+    UNAVAILABLE.
+    """
+    LeaseKeepAlive: _grpc.UnaryUnaryMultiCallable[_lock_pb2.LeaseKeepAliveRequest, _lock_pb2.LeaseKeepAliveResponse]
+    """LeaseKeepAlive renews lease `lease_id` once, as one keepalive on a
+    KeepAlive stream does: the coordinator forwards it to etcd and answers
+    with the TTL etcd reset the lease to. It is for callers without a
+    stream (the HTTP API, scripts, grpcurl): call it about every TTL/3, and
+    stop trusting the lease's holds when no call has succeeded for a TTL;
+    the coordinator never renews a lease on its own. Idempotent. Served
+    like a keepalive on an open stream: also while the coordinator is past
+    its capacity or drains. A lease that is gone (expired or revoked) fails
+    with LEASE_EXPIRED: every hold under it is lost.
+    Errors: INVALID_ARGUMENT (lease_id), FAILED_PRECONDITION/LEASE_EXPIRED,
+    PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
     UNAVAILABLE.
     """
     Acquire: _grpc.UnaryUnaryMultiCallable[_lock_pb2.AcquireRequest, _lock_pb2.AcquireResponse]
@@ -478,6 +492,20 @@ class LockServiceAsyncStub(LockServiceStub):
     HoldEnded event). Idempotent: revoking an unknown or expired lease
     succeeds with found = false. Errors: INVALID_ARGUMENT (lease_id),
     PERMISSION_DENIED/NOT_LEASE_OWNER (a live lease of another owner),
+    UNAVAILABLE.
+    """
+    LeaseKeepAlive: _aio.UnaryUnaryMultiCallable[_lock_pb2.LeaseKeepAliveRequest, _lock_pb2.LeaseKeepAliveResponse]  # type: ignore[assignment]
+    """LeaseKeepAlive renews lease `lease_id` once, as one keepalive on a
+    KeepAlive stream does: the coordinator forwards it to etcd and answers
+    with the TTL etcd reset the lease to. It is for callers without a
+    stream (the HTTP API, scripts, grpcurl): call it about every TTL/3, and
+    stop trusting the lease's holds when no call has succeeded for a TTL;
+    the coordinator never renews a lease on its own. Idempotent. Served
+    like a keepalive on an open stream: also while the coordinator is past
+    its capacity or drains. A lease that is gone (expired or revoked) fails
+    with LEASE_EXPIRED: every hold under it is lost.
+    Errors: INVALID_ARGUMENT (lease_id), FAILED_PRECONDITION/LEASE_EXPIRED,
+    PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
     UNAVAILABLE.
     """
     Acquire: _aio.UnaryUnaryMultiCallable[_lock_pb2.AcquireRequest, _lock_pb2.AcquireResponse]  # type: ignore[assignment]
@@ -827,6 +855,26 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         HoldEnded event). Idempotent: revoking an unknown or expired lease
         succeeds with found = false. Errors: INVALID_ARGUMENT (lease_id),
         PERMISSION_DENIED/NOT_LEASE_OWNER (a live lease of another owner),
+        UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def LeaseKeepAlive(
+        self,
+        request: _lock_pb2.LeaseKeepAliveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.LeaseKeepAliveResponse, _abc.Awaitable[_lock_pb2.LeaseKeepAliveResponse]]:
+        """LeaseKeepAlive renews lease `lease_id` once, as one keepalive on a
+        KeepAlive stream does: the coordinator forwards it to etcd and answers
+        with the TTL etcd reset the lease to. It is for callers without a
+        stream (the HTTP API, scripts, grpcurl): call it about every TTL/3, and
+        stop trusting the lease's holds when no call has succeeded for a TTL;
+        the coordinator never renews a lease on its own. Idempotent. Served
+        like a keepalive on an open stream: also while the coordinator is past
+        its capacity or drains. A lease that is gone (expired or revoked) fails
+        with LEASE_EXPIRED: every hold under it is lost.
+        Errors: INVALID_ARGUMENT (lease_id), FAILED_PRECONDITION/LEASE_EXPIRED,
+        PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
         UNAVAILABLE.
         """
 

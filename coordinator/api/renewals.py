@@ -14,6 +14,10 @@ once (``lease_expired``, INFO) and its watched holds ended. Per message: one
 task, the keepalive counters (``fencepost_keepalives_total`` per lease,
 ``fencepost_keepalive_batch_size`` per message), and at most one log line
 when etcd does not answer.
+
+:func:`renew_once` serves the unary LeaseKeepAlive call the same way, for
+one lease without a stream: forwarded, counted, the limits hook told, and a
+lease that is gone refused as LEASE_EXPIRED.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+from fencepost.client.errors import LeaseLost, Unavailable
 from fencepost.client.v1 import lock_pb2
 
 from ..admission.ownership import Ownership
@@ -30,7 +35,7 @@ from ..telemetry.events import log_event
 from ..telemetry.metrics import LockMetrics
 from .outbox import StreamOutbox
 
-__all__ = ["StreamRenewals"]
+__all__ = ["StreamRenewals", "renew_once"]
 
 _log = logging.getLogger(__name__)
 
@@ -136,3 +141,37 @@ class StreamRenewals:
         for lease_id in self._kept_here:
             self._kept.remove(lease_id)
         self._kept_here.clear()
+
+
+async def renew_once(leases: Leases, lease_id: int, *, metrics: LockMetrics, on_keepalive: Callable[[int, int], None],
+                     owners: Ownership, log_fields: dict[str, str | None]) -> int:
+    """One keepalive of ``lease_id`` outside a stream (LeaseKeepAlive): forwarded to etcd, counted, answered.
+
+    Args:
+        leases: forwards the keepalive to etcd.
+        lease_id: the lease (its owner was checked).
+        metrics: counts the keepalive (a message of one lease).
+        on_keepalive: told (lease id, TTL etcd answered, <= 0 when gone).
+        owners: told of a lease found gone.
+        log_fields: the call's log fields (``peer``, ``trace_id``).
+
+    Returns:
+        The TTL etcd reset the lease to, in seconds (> 0).
+
+    Raises:
+        LeaseLost: LEASE_EXPIRED: etcd says the lease is gone (logged ``lease_expired``).
+        Unavailable: etcd did not answer.
+    """
+    metrics.keepalives(1)
+    ttls: list[int] = []
+    _, error = await leases.keepalives((lease_id,), lambda _, ttl: ttls.append(ttl))
+    if not ttls:
+        raise error if error is not None else Unavailable(f"etcd did not answer the keepalive of lease {lease_id:#x}",
+                                                          lease_id=lease_id)
+    on_keepalive(lease_id, ttls[0])
+    if ttls[0] > 0:
+        return ttls[0]
+    owners.ended(lease_id)
+    log_event(_log, logging.INFO, "lease_expired", f"lease {lease_id:#x} expired or was revoked (a keepalive found "
+              f"it gone)", lease_id=lease_id, **log_fields)
+    raise LeaseLost(f"lease {lease_id:#x} has expired or was revoked", lease_id=lease_id)

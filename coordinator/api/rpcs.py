@@ -142,6 +142,8 @@ class Rpc:
 RPCS: dict[str, Rpc] = {
     "LeaseGrant": Rpc(action=ACQUIRE, floor=SERVING, capacity=LEASE, drained=True),  # a lease is only good for acquiring
     "LeaseRevoke": Rpc(action=ACQUIRE, owner=True),
+    # One keepalive (the HTTP API's, a script's): served as one on a stream is, past capacity and draining too.
+    "LeaseKeepAlive": Rpc(("lease_id",), ACQUIRE, owner=True),
     "KeepAlive": Rpc(action=ACQUIRE, capacity=NEW, drained=True),
     "Acquire": Rpc(("name", "lease_id", "request_id", "wait", "lock_delay"), ACQUIRE, "name", floor=READY, owner=True,
                    capacity=WAIT, drained=True),

@@ -63,6 +63,7 @@ from .election_calls import ElectionCalls
 from .grants import Grants
 from .keepalive import KeepAlives
 from .releases import Releases
+from .renewals import renew_once
 from .rpcs import Admission, served
 from .semaphore_calls import SemaphoreCalls
 from .server_info import ETCD_SECONDS, About, read_etcd, server_info
@@ -208,6 +209,14 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                   f"lease {request.lease_id:#x} {'revoked' if found else 'was already gone'}",
                   lease_id=request.lease_id, found=found, **caller(context))
         return lock_pb2.LeaseRevokeResponse(found=found)
+
+    @served
+    async def LeaseKeepAlive(self, request: lock_pb2.LeaseKeepAliveRequest, context: grpc.aio.ServicerContext
+                             ) -> lock_pb2.LeaseKeepAliveResponse:
+        ttl = await renew_once(self._leases, request.lease_id, metrics=self._metrics,
+                               on_keepalive=self._limits.kept_alive, owners=self.admission.owners,
+                               log_fields=caller(context))
+        return lock_pb2.LeaseKeepAliveResponse(lease_id=request.lease_id, ttl_seconds=ttl)
 
     @served
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext

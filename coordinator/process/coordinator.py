@@ -6,9 +6,12 @@ of its own: several replicas can serve the same etcd cluster and prefix.
 
 It listens on ``HOST:PORT`` or a Unix socket (:mod:`.listen`), in plaintext
 or with TLS or mTLS whose certificate is reloaded without dropping
-established streams (:mod:`.tls`). A second, plaintext listener may serve
-only ``grpc.health.v1`` (``health_listen``), for probes that cannot present
-a client certificate, such as the kubelet's gRPC probe.
+established streams (:mod:`.tls`), and serves gRPC server reflection there
+(grpcurl and grpcui need no proto file). A second, plaintext listener may
+serve only ``grpc.health.v1`` (``health_listen``), for probes that cannot
+present a client certificate, such as the kubelet's gRPC probe; a third,
+``http_listen``, the HTTP/JSON API (:mod:`..http`) with the same TLS files,
+answered by the same servicer on the same event loop (:mod:`.servers`).
 
 Drain (``drain()``, after ``fencepost serve``'s first SIGTERM/SIGINT; see
 :mod:`..admission.drain`): readiness NOT_SERVING, newcomers refused (DRAINING),
@@ -34,21 +37,19 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.trace import TracerProvider
 
 from fencepost.client.tracing import Tracing
 from fencepost.client.errors import FencepostError
-from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 
 from ..admission.access import Access, Policy
 from ..admission.limits import Limits
 from ..admission.capacity import Capacity
 from ..admission.overload import LoopLag
-from ..api.decode import add_lock_service
 from ..api.server_info import About
 from ..api.service import LockService
 from ..etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
@@ -64,7 +65,12 @@ from ..telemetry.metrics import NO_METRICS
 from ..telemetry.tracing import GrpcServerTracing
 from .health import Health
 from .listen import UnixSocketClaim, bind, check_listen, same_address, unix_socket_path
+from .parts import CoordinatorParts
+from .servers import health_server, http_server, lock_server
 from .tls import ServerCertificates, ServerTls
+
+if TYPE_CHECKING:
+    from ..http import HttpServer, RouteModule
 
 _log = logging.getLogger("fencepost.coordinator")
 
@@ -91,7 +97,7 @@ DRAIN_POLL_SECONDS = 0.1
 __all__ = ["DEFAULT_LISTEN", "DEFAULT_PREFIX", "SERVER_OPTIONS", "Coordinator", "check_listen"]
 
 
-class Coordinator:
+class Coordinator(CoordinatorParts):
     """A Fencepost coordinator serving LockService on one address.
 
     Args:
@@ -151,12 +157,16 @@ class Coordinator:
             restarts, the highest token it may have handed out (``tokens.json``,
             :mod:`..recipes.high_water`): after a restart it refuses to grant
             while etcd is below it. None keeps it in memory only.
+        http_listen: ``HOST:PORT`` or ``unix:/ABSOLUTE/PATH`` to serve the HTTP/JSON API on
+            (:mod:`..http`, docs/http.md), with ``tls`` as on ``listen``; None for none.
+        http_routes: more route modules on the HTTP app (after the API's ``/v1`` routes).
 
     Raises:
         ValueError: no endpoint, a malformed one, or ``http://`` endpoints with
             ``etcd_tls``; ``listen`` or ``health_listen`` not one of the forms
             above, or both the same; ``metrics_listen`` not ``HOST:PORT``; a
-            bad metrics name prefix, or prefixes without ``metrics_listen``.
+            bad metrics name prefix, or prefixes without ``metrics_listen``;
+            ``http_listen`` not one of the forms of ``listen``, or another listener's address.
         TlsFileError: (a ValueError) a file of ``tls`` cannot be used; the
             message names it.
     """
@@ -170,14 +180,21 @@ class Coordinator:
                  tracer_provider: TracerProvider | None = None, trace_lock_names: bool = True,
                  policy: Policy | None = None, limits: Limits | None = None, etcd_batch_max: int = 64,
                  loop_lag: LoopLag | None = None, capacity: Capacity | None = None,
-                 data_dir: Path | None = None) -> None:
+                 data_dir: Path | None = None, http_listen: str | None = None,
+                 http_routes: Sequence[RouteModule] = ()) -> None:
         check_endpoints(etcd_endpoints, etcd_tls)
         check_listen(listen)
         if health_listen is not None:
             check_listen(health_listen)
             if same_address(listen, health_listen):
                 raise ValueError(f"the health listener {health_listen!r} must differ from the listen address")
+        if http_listen is not None:
+            check_listen(http_listen)
+            if any(same_address(http_listen, other) for other in (listen, health_listen) if other is not None):
+                raise ValueError(f"the HTTP listener {http_listen!r} must differ from the other listen addresses")
         self._health_listen = health_listen
+        self._http_listen, self._http_routes = http_listen, tuple(http_routes)
+        self._http: HttpServer | None = None
         # Metrics (--metrics-listen), off by default: see ..telemetry.endpoint.
         if metrics_name_prefixes and metrics_listen is None:
             raise ValueError("metrics name prefixes need metrics_listen")
@@ -241,6 +258,11 @@ class Coordinator:
         if path is not None:
             return f"unix:{path}"
         return f"{self._health_listen.rsplit(':', 1)[0]}:{self.health_port}"
+
+    @property
+    def http_address(self) -> str | None:
+        """The HTTP/JSON API's address, as :attr:`address` (after ``start()``); None without ``http_listen``."""
+        return self._http.address if self._http is not None else None
 
     @property
     def tls(self) -> ServerTls | None:
@@ -337,25 +359,24 @@ class Coordinator:
                                     capacity=self._capacity)
         self._service.intercepted_by(interceptors)
         self._service.loop_lag.start()
-        server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
-        add_lock_service(self._service, server)  # the generated registration, checking UTF-8
-        health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, server)
-        if self._metrics is not None:
-            self._metrics.grpc.initialize([lock_pb2.DESCRIPTOR.services_by_name["LockService"],
-                                           health_pb2.DESCRIPTOR.services_by_name["Health"]])
+        server = lock_server(self._service, self._health.servicer, self._server_options, interceptors, self._metrics)
         credentials = self._certificates.credentials() if self._certificates is not None else None
         self.port = bind(server, self._listen, self._claims, credentials)
-        health_server = None
+        health = None
         if self._health_listen is not None:
-            health_server = grpc.aio.server(options=self._server_options, interceptors=interceptors or None)
-            health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, health_server)
-            self.health_port = bind(health_server, self._health_listen, self._claims)
+            health = health_server(self._health.servicer, self._server_options, interceptors)
+            self.health_port = bind(health, self._health_listen, self._claims)
         await self._health.start()
-        if health_server is not None:
-            await health_server.start()
-            self._health_server = health_server
+        if health is not None:
+            await health.start()
+            self._health_server = health
         await server.start()
         self._server = server
+        if self._http_listen is not None:
+            self._http = http_server(self._service, interceptors, self._http_listen, certificates=self._certificates,
+                                     max_body_bytes=self.limits.max_message_bytes, grace_seconds=self._grace,
+                                     claims=self._claims, modules=self._http_routes)
+            await self._http.start()
         self.about.listen_address = self.address
         self.about.health_address = self.health_address or ""
         self.about.metrics_address = self.metrics_address or ""
@@ -431,8 +452,9 @@ class Coordinator:
         await self._health.enter_graceful_shutdown()
         if self._service is not None:
             self._service.enter_graceful_shutdown()
-        if self._server is not None:
-            await self._server.stop(grace)
+        # Both ports within the one grace: calls in flight end on each.
+        await asyncio.gather(*(server.stop(grace) for server in (self._server,) if server is not None),
+                             *(http.stop(grace) for http in (self._http,) if http is not None))
         if self._health_server is not None:  # NOT_SERVING there too until the main server has stopped
             await self._health_server.stop(0)
         for task in self._tasks:
@@ -461,37 +483,3 @@ class Coordinator:
         """Wait until the server has stopped."""
         if self._server is not None:
             await self._server.wait_for_termination()
-
-    @property
-    def tokens(self) -> TokenFloor | None:
-        """The token floor (after ``start()``): why tokens would go back (``refusing``), the floor in use."""
-        return self._tokens
-
-    @property
-    def keys(self) -> Keys:
-        """The key layout of this coordinator's prefix."""
-        return self._keys
-
-    @property
-    def locks(self) -> LockManager | None:
-        """The lock algorithm (after ``start()``), on this coordinator's etcd layer, watcher and token floor."""
-        return self._locks
-
-    @property
-    def watcher(self) -> DeleteWatcher | None:
-        """The shared deletion watcher of the lock keys (after ``start()``)."""
-        return self._watcher
-
-    def state_sizes(self) -> dict[str, int]:
-        """The entries of each in-memory table (:meth:`..api.service.LockService.state_sizes`); {} before start()."""
-        return self._service.state_sizes() if self._service is not None else {}
-
-    @property
-    def loop_lag(self) -> LoopLag | None:
-        """The overload monitor (after ``start()``): how far behind this coordinator is."""
-        return self._service.loop_lag if self._service is not None else self._loop_lag
-
-    @property
-    def capacity(self) -> Capacity | None:
-        """Whether this coordinator is past its capacity (after ``start()``; see :mod:`..admission.capacity`)."""
-        return self._service.capacity if self._service is not None else self._capacity

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also serve grpc.health.v1, and nothing else, in plaintext on HOST:PORT (or "
                              "unix:/ABSOLUTE/PATH): for probes without a client certificate, such as the kubelet's "
                              "gRPC probe (env FENCEPOST_HEALTH_LISTEN; default: none)")
+    parser.add_argument("--http-listen", default=_env("http-listen", None), metavar="HOST:PORT",
+                        help="also serve the HTTP/JSON API on HOST:PORT (or unix:/ABSOLUTE/PATH): every call as "
+                             "JSON over HTTP (curl), with the TLS, client certificates and policy of --listen "
+                             "(docs/http.md) (env FENCEPOST_HTTP_LISTEN; default: none)")
     parser.add_argument("--policy", default=_env("policy", None), metavar="FILE",
                         help="access policy, a .toml, .yaml or .yml file: which client-certificate identities "
                              "(SPIFFE ID, else URI SAN, else DNS SAN, else subject CN) may acquire, release, "
@@ -191,6 +195,7 @@ class Settings:
     policy: Policy | None = None
     limits: Limits = Limits()
     drain: float = DEFAULT_DRAIN_SECONDS
+    http_listen: str | None = None
 
 
 def _pem_files(flags: dict[str, str], cert: str | None = None, key: str | None = None,
@@ -375,6 +380,14 @@ def settings(args: argparse.Namespace) -> Settings:
             raise BadFlag(f"--health-listen: {exc}") from None
         if same_address(args.listen, health_listen):
             raise BadFlag(f"--health-listen is {health_listen!r}, the --listen address; give another address")
+    http_listen = args.http_listen or None
+    if http_listen is not None:
+        try:
+            check_listen(http_listen)
+        except ValueError as exc:
+            raise BadFlag(f"--http-listen: {exc}") from None
+        if any(same_address(http_listen, other) for other in (args.listen, health_listen) if other is not None):
+            raise BadFlag(f"--http-listen is {http_listen!r}, the address of another listener; give another address")
     level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(level), int):
         raise BadFlag(f"--log-level is {args.log_level!r}; must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
@@ -389,7 +402,7 @@ def settings(args: argparse.Namespace) -> Settings:
     except ValueError as exc:
         raise BadFlag(str(exc)) from None
     return Settings(endpoints, tls, auth, grace, level, args.log_format, server_tls, health_listen,
-                     trace_lock_names, policy, limits, drain)
+                     trace_lock_names, policy, limits, drain, http_listen)
 
 
 def etcd_settings(args: argparse.Namespace) -> tuple[list[str] | None, EtcdTls | None, EtcdAuth | None]:

@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace, settings: Settings, traces: TraceExport | Non
     """Start the embedded etcd if needed, then serve until SIGTERM or SIGINT (see :func:`main`)."""
     # The addresses before anything starts (the embedded etcd takes seconds, and would be started for nothing).
     for flag, address in (("--listen", args.listen), ("--health-listen", settings.health_listen),
-                          ("--metrics-listen", args.metrics_listen)):
+                          ("--metrics-listen", args.metrics_listen), ("--http-listen", settings.http_listen)):
         problem = bind_problem(address) if address is not None else None
         if problem is not None:
             print(f"fencepost serve: cannot listen on {address} ({flag}): {problem}", file=sys.stderr)
@@ -217,7 +217,8 @@ async def serve(endpoints: list[str], args: argparse.Namespace, settings: Settin
                                   tracer_provider=traces.provider if traces is not None else None,
                                   trace_lock_names=settings.trace_lock_names, policy=settings.policy,
                                   limits=settings.limits, server_options=server_options,
-                                  etcd_batch_max=args.etcd_batch_max, data_dir=data_dir)
+                                  etcd_batch_max=args.etcd_batch_max, data_dir=data_dir,
+                                  http_listen=settings.http_listen)
     except ValueError as exc:  # a TLS file changed since it was checked
         print(f"fencepost serve: error: {exc}", file=sys.stderr)
         return 2
@@ -247,11 +248,13 @@ async def serve(endpoints: list[str], args: argparse.Namespace, settings: Settin
     if settings.policy is not None:
         print(f"fencepost: access policy {settings.policy.source} ({settings.policy.summary}); "
               f"SIGHUP re-reads it", flush=True)
-    if settings.tls is None and not is_local(args.listen):
-        log_event(logging.getLogger("fencepost.coordinator"), logging.WARNING, "plaintext_listen",
-                  f"serving in plaintext on {args.listen}, which other hosts can reach: any of them may take, "
-                  f"release and list every lock; give --tls-cert, --tls-key and --client-ca (and --policy), or "
-                  f"listen on a loopback address or a Unix socket", listen=args.listen)
+    for flag, address in (("--listen", args.listen), ("--http-listen", settings.http_listen)):
+        if settings.tls is None and address is not None and not is_local(address):
+            log_event(logging.getLogger("fencepost.coordinator"), logging.WARNING, "plaintext_listen",
+                      f"serving in plaintext on {address}{'' if flag == '--listen' else f' ({flag})'}, which other "
+                      f"hosts can reach: any of them may take, release and list every lock; give --tls-cert, "
+                      f"--tls-key and --client-ca (and --policy), or listen on a loopback address or a Unix socket",
+                      listen=address)
     if coordinator.high_water is not None:
         kept = coordinator.high_water
         print(f"fencepost: highest token kept in {kept.path} (recorded: {kept.recorded or 'none'})", flush=True)
@@ -259,6 +262,11 @@ async def serve(endpoints: list[str], args: argparse.Namespace, settings: Settin
         print(f"fencepost: health (grpc.health.v1 only, plaintext) on {coordinator.health_address}", flush=True)
     # The last word of this line is the address (tests and bench/cycles.py read it).
     print(f"fencepost: listening on {coordinator.address}", flush=True)
+    if coordinator.http_address is not None:
+        scheme = "https" if settings.tls is not None else "http"
+        address = coordinator.http_address
+        print(f"fencepost: HTTP API on {address if address.startswith('unix:') else f'{scheme}://{address}'}",
+              flush=True)
     if coordinator.metrics_address is not None:
         print(f"fencepost: metrics on http://{coordinator.metrics_address}/metrics", flush=True)
     if traces is not None:

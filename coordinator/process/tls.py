@@ -10,6 +10,14 @@ symlink swap counts), or after :meth:`ServerCertificates.reload` (SIGHUP).
 Established connections, and the KeepAlive streams on them, keep the
 certificate they were made with; only new handshakes use the new one.
 
+The HTTP/JSON API's port (``--http-listen``) serves the same files through
+:meth:`ServerCertificates.ssl_context`: Python's ``ssl``, whose handshake
+hook (``sni_callback``, which OpenSSL calls at every ClientHello, with or
+without SNI) checks the files the same way and hands the handshake the
+context of their current contents. With a client CA the client must present
+a certificate that chains to it (``CERT_REQUIRED``); ``--client-auth
+optional`` asks for none there either.
+
 A reload that fails (a half-written file, a key that is not the
 certificate's, an unreadable file) keeps the certificate in use and logs a
 warning naming the file, once per change of the files; it never stops the
@@ -215,6 +223,7 @@ class ServerCertificates:
         self._initial = self._configuration(tls.check())
         self._seen = stamps
         self._pending: grpc.ServerCertificateConfiguration | None = None
+        self._ssl: ssl.SSLContext | None = None  # the HTTP port's current context, once it is asked for
 
     def _stamps(self) -> list[_Stamp]:
         return [_stamp(path) for path in self.tls.files()]
@@ -228,6 +237,41 @@ class ServerCertificates:
         return grpc.dynamic_ssl_server_credentials(
             self._initial, self._fetch,
             require_client_authentication=self.tls.client_auth == "require")
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A server ``ssl.SSLContext`` of the same files (the HTTP port), taking up changed files at each handshake.
+
+        Raises:
+            TlsFileError: a file cannot be used now.
+        """
+        with self._lock:
+            base = self._ssl = self._ssl_of(self.tls.check())
+
+        def hello(connection: ssl.SSLObject, _server_name: str | None, context: ssl.SSLContext) -> None:
+            try:
+                with self._lock:
+                    stamps = self._stamps()
+                    if stamps != self._seen:
+                        self._pending = self._load(stamps) or self._pending  # gRPC's next handshake takes it too
+                    current = self._ssl
+            except Exception:  # never fail a handshake here: keep the certificate in use
+                _log.exception("TLS files not reloaded, the certificate in use stays")
+                return
+            if current is not None and current is not context:
+                connection.context = current
+
+        base.sni_callback = hello
+        return base
+
+    def _ssl_of(self, data: dict[str, bytes]) -> ssl.SSLContext:
+        """A server context of the files just checked (``data``: their contents by role)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.tls.cert, self.tls.key)
+        if self.tls.client_auth == "require":
+            context.load_verify_locations(cadata=data["ca"].decode("latin-1"))
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
 
     def reload(self) -> bool:
         """Re-read the files now (SIGHUP), whether or not they look changed.
@@ -247,8 +291,11 @@ class ServerCertificates:
         """Load the files whose stamps are ``stamps``; None (and a warning) if they cannot be used."""
         self._seen = stamps  # a bad version is reported once; the next change is tried again
         try:
-            config = self._configuration(self.tls.check())
-        except TlsFileError as exc:
+            data = self.tls.check()
+            config = self._configuration(data)
+            if self._ssl is not None:
+                self._ssl = self._ssl_of(data)
+        except (TlsFileError, ssl.SSLError, OSError) as exc:
             _log.warning("TLS files not reloaded, the certificate in use stays: %s", exc)
             return None
         _log.info("TLS files reloaded: certificate %s, key %s%s", self.tls.cert, self.tls.key,

@@ -40,7 +40,8 @@ The parent:
 Not with ``--workers`` above 1: a Unix socket listen address (a socket path
 cannot be shared), ``--metrics-listen`` (each worker counts its own metrics
 and no one port would serve them all; run one process per worker to scrape
-them), the embedded etcd. Linux only (``SO_REUSEPORT`` spreading connections).
+them), ``--http-listen`` (not shared between workers yet), the embedded
+etcd. Linux only (``SO_REUSEPORT`` spreading connections).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def check_processes(args: argparse.Namespace, *, embedded: bool, health_listen: 
     Raises:
         ProcessesRefused: a count that is not 1 to :data:`MAX_WORKERS`; ``--loop``
             not one of auto, asyncio, uvloop, or uvloop not installed; more than
-            one worker with the embedded etcd, a Unix socket, or ``--metrics-listen``;
+            one worker with the embedded etcd, a Unix socket, ``--metrics-listen`` or ``--http-listen``;
             more than one worker off Linux.
     """
     try:
@@ -152,6 +153,9 @@ def check_processes(args: argparse.Namespace, *, embedded: bool, health_listen: 
             if address is not None and unix_socket_path(address) is not None:
                 raise ProcessesRefused(f"--workers {workers}: {flag} {address} is a Unix socket, which one process "
                                        f"alone can serve; give HOST:PORT, or run one worker")
+        if args.http_listen:
+            raise ProcessesRefused(f"--workers {workers} cannot serve --http-listen yet: one HTTP port is served by "
+                                   f"one process; run --workers 1 for the HTTP/JSON API")
         if args.metrics_listen is not None:
             raise ProcessesRefused(f"--workers {workers} cannot serve --metrics-listen: each worker counts its own "
                                    f"metrics and one port cannot serve them all; run --workers 1 (one process per "

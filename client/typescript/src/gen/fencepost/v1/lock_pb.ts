@@ -72,12 +72,12 @@
 // the owner is the identity of the caller's client certificate (its SPIFFE
 // ID, else first URI SAN, else first DNS SAN, else subject CN); in every
 // case LeaseGrant also returns a lease_secret. A call naming a lease
-// (LeaseRevoke, Acquire, Release, Withdraw, and keepalives and watches on
-// the KeepAlive stream) is served only for its owner: a caller with the
-// same certificate identity, or one that presents the lease's secret (as
-// the gRPC metadata entry "fencepost-lease-secret" on unary calls, in
-// KeepAliveRequest.lease_secret on the stream). Anyone else gets
-// PERMISSION_DENIED / NOT_LEASE_OWNER (metadata lease_id) and nothing
+// (LeaseRevoke, LeaseKeepAlive, Acquire, Release, Withdraw, and keepalives
+// and watches on the KeepAlive stream) is served only for its owner: a
+// caller with the same certificate identity, or one that presents the
+// lease's secret (as the gRPC metadata entry "fencepost-lease-secret" on
+// unary calls, in KeepAliveRequest.lease_secret on the stream). Anyone else
+// gets PERMISSION_DENIED / NOT_LEASE_OWNER (metadata lease_id) and nothing
 // changes. A lease that is gone is reported as before (LEASE_EXPIRED,
 // NOT_HOLDER, found = false), whoever asks. Describe and ListLocks show
 // holders' lease ids and tokens, which are not credentials.
@@ -94,7 +94,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgihwEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkiWAoPQWNxdWlyZVJlc3BvbnNlEhAKCGFjcXVpcmVkGAEgASgIEg0KBXRva2VuGAIgASgDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXIiUwoOUmVsZWFzZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxISCgpyZXF1ZXN0X2lkGAQgASgJIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJFCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxISCgpyZXF1ZXN0X2lkGAMgASgJIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMilQQKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIvCgdhY3F1aXJlGAUgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgGIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAcgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgIIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASMwoKa2VlcGFsaXZlcxgMIAEoCzIdLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZXNIABIUCgxsZWFzZV9zZWNyZXQYBCABKAkSEgoKcmVxdWVzdF9pZBgJIAEoBBISCgp0aW1lb3V0X21zGAogASgDEhMKC3RyYWNlcGFyZW50GAsgASgJEhMKC2xhc3RfcnR0X21zGA0gASgNEg8KB3NlbnRfbXMYDiABKARCCQoHcmVxdWVzdCIgCgpDYW5jZWxDYWxsEhIKCnJlcXVlc3RfaWQYASABKAQiTAoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBIUCgxsZWFzZV9zZWNyZXQYAyABKAkiQwoPTGVhc2VLZWVwQWxpdmVzEjAKCmtlZXBhbGl2ZXMYASADKAsyHC5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmUibgoJV2F0Y2hIb2xkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSJAoEa2luZBgEIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAUgASgFIpcDChFLZWVwQWxpdmVSZXNwb25zZRI0CglrZWVwYWxpdmUYASABKAsyHy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVBY2tIABItCgpob2xkX2VuZGVkGAIgASgLMhcuZmVuY2Vwb3N0LnYxLkhvbGRFbmRlZEgAEjEKCGFjcXVpcmVkGAMgASgLMh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZUgAEjEKCHJlbGVhc2VkGAQgASgLMh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZUgAEjMKCXdpdGhkcmF3bhgFIAEoCzIeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlSAASKgoGZmFpbGVkGAYgASgLMhguZmVuY2Vwb3N0LnYxLkNhbGxGYWlsZWRIABI2CgprZWVwYWxpdmVzGAggASgLMiAuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrc0gAEhIKCnJlcXVlc3RfaWQYByABKARCCgoIcmVzcG9uc2UiOwoKQ2FsbEZhaWxlZBIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGc3RhdHVzGAMgASgMIk4KEUxlYXNlS2VlcEFsaXZlQWNrEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQSEwoLdHRsX3NlY29uZHMYAyABKAMiQwoSTGVhc2VLZWVwQWxpdmVBY2tzEi0KBGFja3MYASADKAsyHy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVBY2sinwEKCUhvbGRFbmRlZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEikKBnJlYXNvbhgFIAEoDjIZLmZlbmNlcG9zdC52MS5FcnJvclJlYXNvbhIkCgRraW5kGAYgASgOMhYuZmVuY2Vwb3N0LnYxLkhvbGRLaW5kEgwKBHNsb3QYByABKAVKBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkihgIKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMSHwoXbG9ja19kZWxheV9yZW1haW5pbmdfbXMYCCABKAMSGgoSbG9ja19kZWxheV9zZWNvbmRzGAkgASgDIkkKEExpc3RMb2Nrc1JlcXVlc3QSDgoGcHJlZml4GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIp4BCghMb2NrSW5mbxIMCgRuYW1lGAEgASgJEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDGhlbGRfc2Vjb25kcxgFIAEoARIUCgx3YWl0ZXJfY291bnQYBiABKAMiZQoRTGlzdExvY2tzUmVzcG9uc2USJQoFbG9ja3MYASADKAsyFi5mZW5jZXBvc3QudjEuTG9ja0luZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIhMKEVNlcnZlckluZm9SZXF1ZXN0IvABCghFdGNkSW5mbxIRCgllbmRwb2ludHMYASADKAkSEAoIZW1iZWRkZWQYAiABKAgSEQoJYXZhaWxhYmxlGAMgASgIEg0KBWVycm9yGAQgASgJEhYKDnNlcnZlcl92ZXJzaW9uGAUgASgJEhIKCmNsdXN0ZXJfaWQYBiABKAQSEQoJbWVtYmVyX2lkGAcgASgEEhAKCHJldmlzaW9uGAggASgDEhEKCXJhZnRfdGVybRgJIAEoBBIOCgZsZWFkZXIYCiABKAQSEgoKcmFmdF9pbmRleBgLIAEoBBIVCg1kYl9zaXplX2J5dGVzGAwgASgDIokDChJTZXJ2ZXJJbmZvUmVzcG9uc2USDwoHdmVyc2lvbhgBIAEoCRITCgtpbnN0YW5jZV9pZBgCIAEoCRIWCg51cHRpbWVfc2Vjb25kcxgDIAEoARIWCg5saXN0ZW5fYWRkcmVzcxgEIAEoCRIWCg5oZWFsdGhfYWRkcmVzcxgFIAEoCRIXCg9tZXRyaWNzX2FkZHJlc3MYBiABKAkSEgoKa2V5X3ByZWZpeBgHIAEoCRIPCgdzZXJ2aW5nGAggASgIEiQKBGV0Y2QYCSABKAsyFi5mZW5jZXBvc3QudjEuRXRjZEluZm8SGQoRa2VlcGFsaXZlX3N0cmVhbXMYCiABKAMSGAoQa2VlcGFsaXZlX2xlYXNlcxgLIAEoAxIVCg13YXRjaGVkX2hvbGRzGAwgASgDEhgKEHdhaXRpbmdfYWNxdWlyZXMYDSABKAMSFgoOY29udGVuZGVyX2tleXMYDiABKAMSEgoKaGVsZF9sb2NrcxgPIAEoAxIPCgd3YWl0ZXJzGBAgASgDImoKEkFkbWluUmV2b2tlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAIgASgJEgwKBG5hbWUYASABKAkSJAoEa2luZBgDIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAQgASgFIkcKE0FkbWluUmV2b2tlUmVzcG9uc2USDwoHcmV2b2tlZBgBIAEoCBIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyI8ChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIokBCgtTZXNzaW9uSW5mbxIQCghsZWFzZV9pZBgBIAEoAxIWCg5vd25lcl9pZGVudGl0eRgCIAEoCRITCgt0dGxfc2Vjb25kcxgDIAEoAxIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYBCABKAMSDQoFaG9sZHMYBSADKAkSDQoFd2FpdHMYBiADKAkibgoUTGlzdFNlc3Npb25zUmVzcG9uc2USKwoIc2Vzc2lvbnMYASADKAsyGS5mZW5jZXBvc3QudjEuU2Vzc2lvbkluZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIjwKCkxlYWRlckluZm8SEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMSDQoFdmFsdWUYAyABKAwifwoPQ2FtcGFpZ25SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXZhbHVlGAMgASgMEg8KB3dhaXRfbXMYBCABKAMSFAoMd2FpdF9mb3JldmVyGAUgASgIEhIKCnJlcXVlc3RfaWQYBiABKAkiXAoQQ2FtcGFpZ25SZXNwb25zZRIPCgdlbGVjdGVkGAEgASgIEg0KBXRva2VuGAIgASgDEigKBmxlYWRlchgDIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvIlMKD1Byb2NsYWltUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxINCgV2YWx1ZRgEIAEoDCIkChBQcm9jbGFpbVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIlYKDVJlc2lnblJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSEgoKcmVxdWVzdF9pZBgEIAEoCSIxCg5SZXNpZ25SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIhCg1MZWFkZXJSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJIkwKDkxlYWRlclJlc3BvbnNlEigKBmxlYWRlchgBIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvEhAKCHJldmlzaW9uGAIgASgDIjoKDk9ic2VydmVSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhYKDmFmdGVyX3JldmlzaW9uGAIgASgDImAKD09ic2VydmVSZXNwb25zZRIoCgZsZWFkZXIYASABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbxIQCghyZXZpc2lvbhgCIAEoAxIRCgljb21wYWN0ZWQYAyABKAgiPQoMUGVybWl0SG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEgwKBHNsb3QYAiABKAUSDQoFdG9rZW4YAyABKAMiggEKFEFjcXVpcmVQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHcGVybWl0cxgDIAEoBRIPCgd3YWl0X21zGAQgASgDEhQKDHdhaXRfZm9yZXZlchgFIAEoCBISCgpyZXF1ZXN0X2lkGAYgASgJInMKFUFjcXVpcmVQZXJtaXRSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBIMCgRzbG90GAIgASgFEg0KBXRva2VuGAMgASgDEisKB2hvbGRlcnMYBCADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyImcKFFJlbGVhc2VQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDAoEc2xvdBgDIAEoBRINCgV0b2tlbhgEIAEoAxISCgpyZXF1ZXN0X2lkGAUgASgJIjgKFVJlbGVhc2VQZXJtaXRSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIoChhEZXNjcmliZVNlbWFwaG9yZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSKBAQoZRGVzY3JpYmVTZW1hcGhvcmVSZXNwb25zZRIPCgdwZXJtaXRzGAEgASgFEisKB2hvbGRlcnMYAiADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyEhQKDHdhaXRlcl9jb3VudBgDIAEoAxIQCghyZXZpc2lvbhgEIAEoAyIoChhBZG1pbkVuZExvY2tEZWxheVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJLChlBZG1pbkVuZExvY2tEZWxheVJlc3BvbnNlEg0KBWVuZGVkGAEgASgIEh8KF2xvY2tfZGVsYXlfcmVtYWluaW5nX21zGAIgASgDKvICCgtFcnJvclJlYXNvbhIcChhFUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIRCg1JTlZBTElEX0ZJRUxEEAESDgoKTk9UX0hPTERFUhACEg8KC1NUQUxFX1RPS0VOEAMSEQoNTEVBU0VfRVhQSVJFRBAEEhMKD0FDUVVJUkVfVElNRU9VVBAFEhQKEEVUQ0RfVU5BVkFJTEFCTEUQBhIUChBUT09fTUFOWV9XQUlURVJTEAcSEQoNU0hVVFRJTkdfRE9XThAIEhQKEFRPT19NQU5ZX1NUUkVBTVMQCRINCglEQVRBX0xPU1MQChIRCg1BQ0NFU1NfREVOSUVEEAsSEgoOTElNSVRfRVhDRUVERUQQDBITCg9OT1RfTEVBU0VfT1dORVIQDRIUChBQRVJNSVRTX01JU01BVENIEA4SFQoRUkVRVUVTVF9JRF9SRVVTRUQQDxIOCgpPVkVSTE9BREVEEBASDAoIRFJBSU5JTkcQESpPCghIb2xkS2luZBISCg5IT0xEX0tJTkRfTE9DSxAAEhYKEkhPTERfS0lORF9FTEVDVElPThABEhcKE0hPTERfS0lORF9TRU1BUEhPUkUQAjLeDAoLTG9ja1NlcnZpY2USTwoKTGVhc2VHcmFudBIfLmZlbmNlcG9zdC52MS5MZWFzZUdyYW50UmVxdWVzdBogLmZlbmNlcG9zdC52MS5MZWFzZUdyYW50UmVzcG9uc2USUgoLTGVhc2VSZXZva2USIC5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXF1ZXN0GiEuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVzcG9uc2USRgoHQWNxdWlyZRIcLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVxdWVzdBodLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2USRgoHUmVsZWFzZRIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdBodLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2USSQoIV2l0aGRyYXcSHS5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVzcG9uc2USUAoJS2VlcEFsaXZlEh4uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlcXVlc3QaHy5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVzcG9uc2UoATABEkkKCERlc2NyaWJlEh0uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlc3BvbnNlEkwKCUxpc3RMb2NrcxIeLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1Jlc3BvbnNlEk8KClNlcnZlckluZm8SHy5mZW5jZXBvc3QudjEuU2VydmVySW5mb1JlcXVlc3QaIC5mZW5jZXBvc3QudjEuU2VydmVySW5mb1Jlc3BvbnNlElIKC0FkbWluUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkFkbWluUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlc3BvbnNlElUKDExpc3RTZXNzaW9ucxIhLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GiIuZmVuY2Vwb3N0LnYxLkxpc3RTZXNzaW9uc1Jlc3BvbnNlEkkKCENhbXBhaWduEh0uZmVuY2Vwb3N0LnYxLkNhbXBhaWduUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5DYW1wYWlnblJlc3BvbnNlEkkKCFByb2NsYWltEh0uZmVuY2Vwb3N0LnYxLlByb2NsYWltUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5Qcm9jbGFpbVJlc3BvbnNlEkMKBlJlc2lnbhIbLmZlbmNlcG9zdC52MS5SZXNpZ25SZXF1ZXN0GhwuZmVuY2Vwb3N0LnYxLlJlc2lnblJlc3BvbnNlEkMKBkxlYWRlchIbLmZlbmNlcG9zdC52MS5MZWFkZXJSZXF1ZXN0GhwuZmVuY2Vwb3N0LnYxLkxlYWRlclJlc3BvbnNlEkgKB09ic2VydmUSHC5mZW5jZXBvc3QudjEuT2JzZXJ2ZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuT2JzZXJ2ZVJlc3BvbnNlMAESWAoNQWNxdWlyZVBlcm1pdBIiLmZlbmNlcG9zdC52MS5BY3F1aXJlUGVybWl0UmVxdWVzdBojLmZlbmNlcG9zdC52MS5BY3F1aXJlUGVybWl0UmVzcG9uc2USWAoNUmVsZWFzZVBlcm1pdBIiLmZlbmNlcG9zdC52MS5SZWxlYXNlUGVybWl0UmVxdWVzdBojLmZlbmNlcG9zdC52MS5SZWxlYXNlUGVybWl0UmVzcG9uc2USZAoRRGVzY3JpYmVTZW1hcGhvcmUSJi5mZW5jZXBvc3QudjEuRGVzY3JpYmVTZW1hcGhvcmVSZXF1ZXN0GicuZmVuY2Vwb3N0LnYxLkRlc2NyaWJlU2VtYXBob3JlUmVzcG9uc2USZAoRQWRtaW5FbmRMb2NrRGVsYXkSJi5mZW5jZXBvc3QudjEuQWRtaW5FbmRMb2NrRGVsYXlSZXF1ZXN0GicuZmVuY2Vwb3N0LnYxLkFkbWluRW5kTG9ja0RlbGF5UmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiKQoVTGVhc2VLZWVwQWxpdmVSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIj8KFkxlYXNlS2VlcEFsaXZlUmVzcG9uc2USEAoIbGVhc2VfaWQYASABKAMSEwoLdHRsX3NlY29uZHMYAiABKAMihwEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkiWAoPQWNxdWlyZVJlc3BvbnNlEhAKCGFjcXVpcmVkGAEgASgIEg0KBXRva2VuGAIgASgDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXIiUwoOUmVsZWFzZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxISCgpyZXF1ZXN0X2lkGAQgASgJIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJFCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxISCgpyZXF1ZXN0X2lkGAMgASgJIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMilQQKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIvCgdhY3F1aXJlGAUgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgGIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAcgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgIIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASMwoKa2VlcGFsaXZlcxgMIAEoCzIdLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZXNIABIUCgxsZWFzZV9zZWNyZXQYBCABKAkSEgoKcmVxdWVzdF9pZBgJIAEoBBISCgp0aW1lb3V0X21zGAogASgDEhMKC3RyYWNlcGFyZW50GAsgASgJEhMKC2xhc3RfcnR0X21zGA0gASgNEg8KB3NlbnRfbXMYDiABKARCCQoHcmVxdWVzdCIgCgpDYW5jZWxDYWxsEhIKCnJlcXVlc3RfaWQYASABKAQiTAoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBIUCgxsZWFzZV9zZWNyZXQYAyABKAkiQwoPTGVhc2VLZWVwQWxpdmVzEjAKCmtlZXBhbGl2ZXMYASADKAsyHC5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmUibgoJV2F0Y2hIb2xkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSJAoEa2luZBgEIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAUgASgFIpcDChFLZWVwQWxpdmVSZXNwb25zZRI0CglrZWVwYWxpdmUYASABKAsyHy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVBY2tIABItCgpob2xkX2VuZGVkGAIgASgLMhcuZmVuY2Vwb3N0LnYxLkhvbGRFbmRlZEgAEjEKCGFjcXVpcmVkGAMgASgLMh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZUgAEjEKCHJlbGVhc2VkGAQgASgLMh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZUgAEjMKCXdpdGhkcmF3bhgFIAEoCzIeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlSAASKgoGZmFpbGVkGAYgASgLMhguZmVuY2Vwb3N0LnYxLkNhbGxGYWlsZWRIABI2CgprZWVwYWxpdmVzGAggASgLMiAuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrc0gAEhIKCnJlcXVlc3RfaWQYByABKARCCgoIcmVzcG9uc2UiOwoKQ2FsbEZhaWxlZBIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGc3RhdHVzGAMgASgMIk4KEUxlYXNlS2VlcEFsaXZlQWNrEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQSEwoLdHRsX3NlY29uZHMYAyABKAMiQwoSTGVhc2VLZWVwQWxpdmVBY2tzEi0KBGFja3MYASADKAsyHy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVBY2sinwEKCUhvbGRFbmRlZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEikKBnJlYXNvbhgFIAEoDjIZLmZlbmNlcG9zdC52MS5FcnJvclJlYXNvbhIkCgRraW5kGAYgASgOMhYuZmVuY2Vwb3N0LnYxLkhvbGRLaW5kEgwKBHNsb3QYByABKAVKBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkihgIKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMSHwoXbG9ja19kZWxheV9yZW1haW5pbmdfbXMYCCABKAMSGgoSbG9ja19kZWxheV9zZWNvbmRzGAkgASgDIkkKEExpc3RMb2Nrc1JlcXVlc3QSDgoGcHJlZml4GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIp4BCghMb2NrSW5mbxIMCgRuYW1lGAEgASgJEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDGhlbGRfc2Vjb25kcxgFIAEoARIUCgx3YWl0ZXJfY291bnQYBiABKAMiZQoRTGlzdExvY2tzUmVzcG9uc2USJQoFbG9ja3MYASADKAsyFi5mZW5jZXBvc3QudjEuTG9ja0luZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIhMKEVNlcnZlckluZm9SZXF1ZXN0IvABCghFdGNkSW5mbxIRCgllbmRwb2ludHMYASADKAkSEAoIZW1iZWRkZWQYAiABKAgSEQoJYXZhaWxhYmxlGAMgASgIEg0KBWVycm9yGAQgASgJEhYKDnNlcnZlcl92ZXJzaW9uGAUgASgJEhIKCmNsdXN0ZXJfaWQYBiABKAQSEQoJbWVtYmVyX2lkGAcgASgEEhAKCHJldmlzaW9uGAggASgDEhEKCXJhZnRfdGVybRgJIAEoBBIOCgZsZWFkZXIYCiABKAQSEgoKcmFmdF9pbmRleBgLIAEoBBIVCg1kYl9zaXplX2J5dGVzGAwgASgDIokDChJTZXJ2ZXJJbmZvUmVzcG9uc2USDwoHdmVyc2lvbhgBIAEoCRITCgtpbnN0YW5jZV9pZBgCIAEoCRIWCg51cHRpbWVfc2Vjb25kcxgDIAEoARIWCg5saXN0ZW5fYWRkcmVzcxgEIAEoCRIWCg5oZWFsdGhfYWRkcmVzcxgFIAEoCRIXCg9tZXRyaWNzX2FkZHJlc3MYBiABKAkSEgoKa2V5X3ByZWZpeBgHIAEoCRIPCgdzZXJ2aW5nGAggASgIEiQKBGV0Y2QYCSABKAsyFi5mZW5jZXBvc3QudjEuRXRjZEluZm8SGQoRa2VlcGFsaXZlX3N0cmVhbXMYCiABKAMSGAoQa2VlcGFsaXZlX2xlYXNlcxgLIAEoAxIVCg13YXRjaGVkX2hvbGRzGAwgASgDEhgKEHdhaXRpbmdfYWNxdWlyZXMYDSABKAMSFgoOY29udGVuZGVyX2tleXMYDiABKAMSEgoKaGVsZF9sb2NrcxgPIAEoAxIPCgd3YWl0ZXJzGBAgASgDImoKEkFkbWluUmV2b2tlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAIgASgJEgwKBG5hbWUYASABKAkSJAoEa2luZBgDIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAQgASgFIkcKE0FkbWluUmV2b2tlUmVzcG9uc2USDwoHcmV2b2tlZBgBIAEoCBIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyI8ChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIokBCgtTZXNzaW9uSW5mbxIQCghsZWFzZV9pZBgBIAEoAxIWCg5vd25lcl9pZGVudGl0eRgCIAEoCRITCgt0dGxfc2Vjb25kcxgDIAEoAxIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYBCABKAMSDQoFaG9sZHMYBSADKAkSDQoFd2FpdHMYBiADKAkibgoUTGlzdFNlc3Npb25zUmVzcG9uc2USKwoIc2Vzc2lvbnMYASADKAsyGS5mZW5jZXBvc3QudjEuU2Vzc2lvbkluZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIjwKCkxlYWRlckluZm8SEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMSDQoFdmFsdWUYAyABKAwifwoPQ2FtcGFpZ25SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXZhbHVlGAMgASgMEg8KB3dhaXRfbXMYBCABKAMSFAoMd2FpdF9mb3JldmVyGAUgASgIEhIKCnJlcXVlc3RfaWQYBiABKAkiXAoQQ2FtcGFpZ25SZXNwb25zZRIPCgdlbGVjdGVkGAEgASgIEg0KBXRva2VuGAIgASgDEigKBmxlYWRlchgDIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvIlMKD1Byb2NsYWltUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxINCgV2YWx1ZRgEIAEoDCIkChBQcm9jbGFpbVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIlYKDVJlc2lnblJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSEgoKcmVxdWVzdF9pZBgEIAEoCSIxCg5SZXNpZ25SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIhCg1MZWFkZXJSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJIkwKDkxlYWRlclJlc3BvbnNlEigKBmxlYWRlchgBIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvEhAKCHJldmlzaW9uGAIgASgDIjoKDk9ic2VydmVSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhYKDmFmdGVyX3JldmlzaW9uGAIgASgDImAKD09ic2VydmVSZXNwb25zZRIoCgZsZWFkZXIYASABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbxIQCghyZXZpc2lvbhgCIAEoAxIRCgljb21wYWN0ZWQYAyABKAgiPQoMUGVybWl0SG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEgwKBHNsb3QYAiABKAUSDQoFdG9rZW4YAyABKAMiggEKFEFjcXVpcmVQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHcGVybWl0cxgDIAEoBRIPCgd3YWl0X21zGAQgASgDEhQKDHdhaXRfZm9yZXZlchgFIAEoCBISCgpyZXF1ZXN0X2lkGAYgASgJInMKFUFjcXVpcmVQZXJtaXRSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBIMCgRzbG90GAIgASgFEg0KBXRva2VuGAMgASgDEisKB2hvbGRlcnMYBCADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyImcKFFJlbGVhc2VQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDAoEc2xvdBgDIAEoBRINCgV0b2tlbhgEIAEoAxISCgpyZXF1ZXN0X2lkGAUgASgJIjgKFVJlbGVhc2VQZXJtaXRSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIoChhEZXNjcmliZVNlbWFwaG9yZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSKBAQoZRGVzY3JpYmVTZW1hcGhvcmVSZXNwb25zZRIPCgdwZXJtaXRzGAEgASgFEisKB2hvbGRlcnMYAiADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyEhQKDHdhaXRlcl9jb3VudBgDIAEoAxIQCghyZXZpc2lvbhgEIAEoAyIoChhBZG1pbkVuZExvY2tEZWxheVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJLChlBZG1pbkVuZExvY2tEZWxheVJlc3BvbnNlEg0KBWVuZGVkGAEgASgIEh8KF2xvY2tfZGVsYXlfcmVtYWluaW5nX21zGAIgASgDKvICCgtFcnJvclJlYXNvbhIcChhFUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIRCg1JTlZBTElEX0ZJRUxEEAESDgoKTk9UX0hPTERFUhACEg8KC1NUQUxFX1RPS0VOEAMSEQoNTEVBU0VfRVhQSVJFRBAEEhMKD0FDUVVJUkVfVElNRU9VVBAFEhQKEEVUQ0RfVU5BVkFJTEFCTEUQBhIUChBUT09fTUFOWV9XQUlURVJTEAcSEQoNU0hVVFRJTkdfRE9XThAIEhQKEFRPT19NQU5ZX1NUUkVBTVMQCRINCglEQVRBX0xPU1MQChIRCg1BQ0NFU1NfREVOSUVEEAsSEgoOTElNSVRfRVhDRUVERUQQDBITCg9OT1RfTEVBU0VfT1dORVIQDRIUChBQRVJNSVRTX01JU01BVENIEA4SFQoRUkVRVUVTVF9JRF9SRVVTRUQQDxIOCgpPVkVSTE9BREVEEBASDAoIRFJBSU5JTkcQESpPCghIb2xkS2luZBISCg5IT0xEX0tJTkRfTE9DSxAAEhYKEkhPTERfS0lORF9FTEVDVElPThABEhcKE0hPTERfS0lORF9TRU1BUEhPUkUQAjK7DQoLTG9ja1NlcnZpY2USTwoKTGVhc2VHcmFudBIfLmZlbmNlcG9zdC52MS5MZWFzZUdyYW50UmVxdWVzdBogLmZlbmNlcG9zdC52MS5MZWFzZUdyYW50UmVzcG9uc2USUgoLTGVhc2VSZXZva2USIC5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXF1ZXN0GiEuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVzcG9uc2USWwoOTGVhc2VLZWVwQWxpdmUSIy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVSZXF1ZXN0GiQuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlUmVzcG9uc2USRgoHQWNxdWlyZRIcLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVxdWVzdBodLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2USRgoHUmVsZWFzZRIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdBodLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2USSQoIV2l0aGRyYXcSHS5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVzcG9uc2USUAoJS2VlcEFsaXZlEh4uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlcXVlc3QaHy5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVzcG9uc2UoATABEkkKCERlc2NyaWJlEh0uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlc3BvbnNlEkwKCUxpc3RMb2NrcxIeLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1Jlc3BvbnNlEk8KClNlcnZlckluZm8SHy5mZW5jZXBvc3QudjEuU2VydmVySW5mb1JlcXVlc3QaIC5mZW5jZXBvc3QudjEuU2VydmVySW5mb1Jlc3BvbnNlElIKC0FkbWluUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkFkbWluUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlc3BvbnNlElUKDExpc3RTZXNzaW9ucxIhLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GiIuZmVuY2Vwb3N0LnYxLkxpc3RTZXNzaW9uc1Jlc3BvbnNlEkkKCENhbXBhaWduEh0uZmVuY2Vwb3N0LnYxLkNhbXBhaWduUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5DYW1wYWlnblJlc3BvbnNlEkkKCFByb2NsYWltEh0uZmVuY2Vwb3N0LnYxLlByb2NsYWltUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5Qcm9jbGFpbVJlc3BvbnNlEkMKBlJlc2lnbhIbLmZlbmNlcG9zdC52MS5SZXNpZ25SZXF1ZXN0GhwuZmVuY2Vwb3N0LnYxLlJlc2lnblJlc3BvbnNlEkMKBkxlYWRlchIbLmZlbmNlcG9zdC52MS5MZWFkZXJSZXF1ZXN0GhwuZmVuY2Vwb3N0LnYxLkxlYWRlclJlc3BvbnNlEkgKB09ic2VydmUSHC5mZW5jZXBvc3QudjEuT2JzZXJ2ZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuT2JzZXJ2ZVJlc3BvbnNlMAESWAoNQWNxdWlyZVBlcm1pdBIiLmZlbmNlcG9zdC52MS5BY3F1aXJlUGVybWl0UmVxdWVzdBojLmZlbmNlcG9zdC52MS5BY3F1aXJlUGVybWl0UmVzcG9uc2USWAoNUmVsZWFzZVBlcm1pdBIiLmZlbmNlcG9zdC52MS5SZWxlYXNlUGVybWl0UmVxdWVzdBojLmZlbmNlcG9zdC52MS5SZWxlYXNlUGVybWl0UmVzcG9uc2USZAoRRGVzY3JpYmVTZW1hcGhvcmUSJi5mZW5jZXBvc3QudjEuRGVzY3JpYmVTZW1hcGhvcmVSZXF1ZXN0GicuZmVuY2Vwb3N0LnYxLkRlc2NyaWJlU2VtYXBob3JlUmVzcG9uc2USZAoRQWRtaW5FbmRMb2NrRGVsYXkSJi5mZW5jZXBvc3QudjEuQWRtaW5FbmRMb2NrRGVsYXlSZXF1ZXN0GicuZmVuY2Vwb3N0LnYxLkFkbWluRW5kTG9ja0RlbGF5UmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -194,6 +194,51 @@ export const LeaseRevokeResponseSchema: GenMessage<LeaseRevokeResponse> = /*@__P
   messageDesc(file_fencepost_v1_lock, 3);
 
 /**
+ * @generated from message fencepost.v1.LeaseKeepAliveRequest
+ */
+export type LeaseKeepAliveRequest = Message<"fencepost.v1.LeaseKeepAliveRequest"> & {
+  /**
+   * lease_id: the lease to renew (> 0).
+   *
+   * @generated from field: int64 lease_id = 1;
+   */
+  leaseId: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.LeaseKeepAliveRequest.
+ * Use `create(LeaseKeepAliveRequestSchema)` to create a new message.
+ */
+export const LeaseKeepAliveRequestSchema: GenMessage<LeaseKeepAliveRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 4);
+
+/**
+ * @generated from message fencepost.v1.LeaseKeepAliveResponse
+ */
+export type LeaseKeepAliveResponse = Message<"fencepost.v1.LeaseKeepAliveResponse"> & {
+  /**
+   * lease_id: the lease renewed.
+   *
+   * @generated from field: int64 lease_id = 1;
+   */
+  leaseId: bigint;
+
+  /**
+   * ttl_seconds: the TTL etcd reset the lease to, in seconds (> 0).
+   *
+   * @generated from field: int64 ttl_seconds = 2;
+   */
+  ttlSeconds: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.LeaseKeepAliveResponse.
+ * Use `create(LeaseKeepAliveResponseSchema)` to create a new message.
+ */
+export const LeaseKeepAliveResponseSchema: GenMessage<LeaseKeepAliveResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 5);
+
+/**
  * @generated from message fencepost.v1.AcquireRequest
  */
 export type AcquireRequest = Message<"fencepost.v1.AcquireRequest"> & {
@@ -262,7 +307,7 @@ export type AcquireRequest = Message<"fencepost.v1.AcquireRequest"> & {
  * Use `create(AcquireRequestSchema)` to create a new message.
  */
 export const AcquireRequestSchema: GenMessage<AcquireRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 4);
+  messageDesc(file_fencepost_v1_lock, 6);
 
 /**
  * @generated from message fencepost.v1.AcquireResponse
@@ -300,7 +345,7 @@ export type AcquireResponse = Message<"fencepost.v1.AcquireResponse"> & {
  * Use `create(AcquireResponseSchema)` to create a new message.
  */
 export const AcquireResponseSchema: GenMessage<AcquireResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 5);
+  messageDesc(file_fencepost_v1_lock, 7);
 
 /**
  * @generated from message fencepost.v1.ReleaseRequest
@@ -341,7 +386,7 @@ export type ReleaseRequest = Message<"fencepost.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 6);
+  messageDesc(file_fencepost_v1_lock, 8);
 
 /**
  * @generated from message fencepost.v1.ReleaseResponse
@@ -360,7 +405,7 @@ export type ReleaseResponse = Message<"fencepost.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 7);
+  messageDesc(file_fencepost_v1_lock, 9);
 
 /**
  * @generated from message fencepost.v1.WithdrawRequest
@@ -393,7 +438,7 @@ export type WithdrawRequest = Message<"fencepost.v1.WithdrawRequest"> & {
  * Use `create(WithdrawRequestSchema)` to create a new message.
  */
 export const WithdrawRequestSchema: GenMessage<WithdrawRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 8);
+  messageDesc(file_fencepost_v1_lock, 10);
 
 /**
  * @generated from message fencepost.v1.WithdrawResponse
@@ -426,7 +471,7 @@ export type WithdrawResponse = Message<"fencepost.v1.WithdrawResponse"> & {
  * Use `create(WithdrawResponseSchema)` to create a new message.
  */
 export const WithdrawResponseSchema: GenMessage<WithdrawResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 9);
+  messageDesc(file_fencepost_v1_lock, 11);
 
 /**
  * Holder describes the current holder of a lock.
@@ -454,7 +499,7 @@ export type Holder = Message<"fencepost.v1.Holder"> & {
  * Use `create(HolderSchema)` to create a new message.
  */
 export const HolderSchema: GenMessage<Holder> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 10);
+  messageDesc(file_fencepost_v1_lock, 12);
 
 /**
  * @generated from message fencepost.v1.KeepAliveRequest
@@ -613,7 +658,7 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
  * Use `create(KeepAliveRequestSchema)` to create a new message.
  */
 export const KeepAliveRequestSchema: GenMessage<KeepAliveRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 11);
+  messageDesc(file_fencepost_v1_lock, 13);
 
 /**
  * @generated from message fencepost.v1.CancelCall
@@ -632,7 +677,7 @@ export type CancelCall = Message<"fencepost.v1.CancelCall"> & {
  * Use `create(CancelCallSchema)` to create a new message.
  */
 export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 12);
+  messageDesc(file_fencepost_v1_lock, 14);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAlive
@@ -669,7 +714,7 @@ export type LeaseKeepAlive = Message<"fencepost.v1.LeaseKeepAlive"> & {
  * Use `create(LeaseKeepAliveSchema)` to create a new message.
  */
 export const LeaseKeepAliveSchema: GenMessage<LeaseKeepAlive> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 13);
+  messageDesc(file_fencepost_v1_lock, 15);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAlives
@@ -693,7 +738,7 @@ export type LeaseKeepAlives = Message<"fencepost.v1.LeaseKeepAlives"> & {
  * Use `create(LeaseKeepAlivesSchema)` to create a new message.
  */
 export const LeaseKeepAlivesSchema: GenMessage<LeaseKeepAlives> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 14);
+  messageDesc(file_fencepost_v1_lock, 16);
 
 /**
  * @generated from message fencepost.v1.WatchHold
@@ -740,7 +785,7 @@ export type WatchHold = Message<"fencepost.v1.WatchHold"> & {
  * Use `create(WatchHoldSchema)` to create a new message.
  */
 export const WatchHoldSchema: GenMessage<WatchHold> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 15);
+  messageDesc(file_fencepost_v1_lock, 17);
 
 /**
  * @generated from message fencepost.v1.KeepAliveResponse
@@ -826,7 +871,7 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
  * Use `create(KeepAliveResponseSchema)` to create a new message.
  */
 export const KeepAliveResponseSchema: GenMessage<KeepAliveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 16);
+  messageDesc(file_fencepost_v1_lock, 18);
 
 /**
  * @generated from message fencepost.v1.CallFailed
@@ -861,7 +906,7 @@ export type CallFailed = Message<"fencepost.v1.CallFailed"> & {
  * Use `create(CallFailedSchema)` to create a new message.
  */
 export const CallFailedSchema: GenMessage<CallFailed> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 17);
+  messageDesc(file_fencepost_v1_lock, 19);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAck
@@ -895,7 +940,7 @@ export type LeaseKeepAliveAck = Message<"fencepost.v1.LeaseKeepAliveAck"> & {
  * Use `create(LeaseKeepAliveAckSchema)` to create a new message.
  */
 export const LeaseKeepAliveAckSchema: GenMessage<LeaseKeepAliveAck> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 18);
+  messageDesc(file_fencepost_v1_lock, 20);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAcks
@@ -914,7 +959,7 @@ export type LeaseKeepAliveAcks = Message<"fencepost.v1.LeaseKeepAliveAcks"> & {
  * Use `create(LeaseKeepAliveAcksSchema)` to create a new message.
  */
 export const LeaseKeepAliveAcksSchema: GenMessage<LeaseKeepAliveAcks> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 19);
+  messageDesc(file_fencepost_v1_lock, 21);
 
 /**
  * @generated from message fencepost.v1.HoldEnded
@@ -967,7 +1012,7 @@ export type HoldEnded = Message<"fencepost.v1.HoldEnded"> & {
  * Use `create(HoldEndedSchema)` to create a new message.
  */
 export const HoldEndedSchema: GenMessage<HoldEnded> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 20);
+  messageDesc(file_fencepost_v1_lock, 22);
 
 /**
  * @generated from message fencepost.v1.DescribeRequest
@@ -986,7 +1031,7 @@ export type DescribeRequest = Message<"fencepost.v1.DescribeRequest"> & {
  * Use `create(DescribeRequestSchema)` to create a new message.
  */
 export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 21);
+  messageDesc(file_fencepost_v1_lock, 23);
 
 /**
  * @generated from message fencepost.v1.DescribeResponse
@@ -1068,7 +1113,7 @@ export type DescribeResponse = Message<"fencepost.v1.DescribeResponse"> & {
  * Use `create(DescribeResponseSchema)` to create a new message.
  */
 export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 22);
+  messageDesc(file_fencepost_v1_lock, 24);
 
 /**
  * @generated from message fencepost.v1.ListLocksRequest
@@ -1103,7 +1148,7 @@ export type ListLocksRequest = Message<"fencepost.v1.ListLocksRequest"> & {
  * Use `create(ListLocksRequestSchema)` to create a new message.
  */
 export const ListLocksRequestSchema: GenMessage<ListLocksRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 23);
+  messageDesc(file_fencepost_v1_lock, 25);
 
 /**
  * LockInfo is one held lock in a ListLocks page.
@@ -1165,7 +1210,7 @@ export type LockInfo = Message<"fencepost.v1.LockInfo"> & {
  * Use `create(LockInfoSchema)` to create a new message.
  */
 export const LockInfoSchema: GenMessage<LockInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 24);
+  messageDesc(file_fencepost_v1_lock, 26);
 
 /**
  * @generated from message fencepost.v1.ListLocksResponse
@@ -1199,7 +1244,7 @@ export type ListLocksResponse = Message<"fencepost.v1.ListLocksResponse"> & {
  * Use `create(ListLocksResponseSchema)` to create a new message.
  */
 export const ListLocksResponseSchema: GenMessage<ListLocksResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 25);
+  messageDesc(file_fencepost_v1_lock, 27);
 
 /**
  * @generated from message fencepost.v1.ServerInfoRequest
@@ -1212,7 +1257,7 @@ export type ServerInfoRequest = Message<"fencepost.v1.ServerInfoRequest"> & {
  * Use `create(ServerInfoRequestSchema)` to create a new message.
  */
 export const ServerInfoRequestSchema: GenMessage<ServerInfoRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 26);
+  messageDesc(file_fencepost_v1_lock, 28);
 
 /**
  * EtcdInfo is the etcd a coordinator uses, as that coordinator sees it.
@@ -1319,7 +1364,7 @@ export type EtcdInfo = Message<"fencepost.v1.EtcdInfo"> & {
  * Use `create(EtcdInfoSchema)` to create a new message.
  */
 export const EtcdInfoSchema: GenMessage<EtcdInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 27);
+  messageDesc(file_fencepost_v1_lock, 29);
 
 /**
  * @generated from message fencepost.v1.ServerInfoResponse
@@ -1464,7 +1509,7 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
  * Use `create(ServerInfoResponseSchema)` to create a new message.
  */
 export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 28);
+  messageDesc(file_fencepost_v1_lock, 30);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeRequest
@@ -1518,7 +1563,7 @@ export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
  * Use `create(AdminRevokeRequestSchema)` to create a new message.
  */
 export const AdminRevokeRequestSchema: GenMessage<AdminRevokeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 29);
+  messageDesc(file_fencepost_v1_lock, 31);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeResponse
@@ -1552,7 +1597,7 @@ export type AdminRevokeResponse = Message<"fencepost.v1.AdminRevokeResponse"> & 
  * Use `create(AdminRevokeResponseSchema)` to create a new message.
  */
 export const AdminRevokeResponseSchema: GenMessage<AdminRevokeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 30);
+  messageDesc(file_fencepost_v1_lock, 32);
 
 /**
  * @generated from message fencepost.v1.ListSessionsRequest
@@ -1579,7 +1624,7 @@ export type ListSessionsRequest = Message<"fencepost.v1.ListSessionsRequest"> & 
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 31);
+  messageDesc(file_fencepost_v1_lock, 33);
 
 /**
  * SessionInfo is one live lease in a ListSessions page.
@@ -1642,7 +1687,7 @@ export type SessionInfo = Message<"fencepost.v1.SessionInfo"> & {
  * Use `create(SessionInfoSchema)` to create a new message.
  */
 export const SessionInfoSchema: GenMessage<SessionInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 32);
+  messageDesc(file_fencepost_v1_lock, 34);
 
 /**
  * @generated from message fencepost.v1.ListSessionsResponse
@@ -1677,7 +1722,7 @@ export type ListSessionsResponse = Message<"fencepost.v1.ListSessionsResponse"> 
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 33);
+  messageDesc(file_fencepost_v1_lock, 35);
 
 /**
  * LeaderInfo is one leadership of an election.
@@ -1712,7 +1757,7 @@ export type LeaderInfo = Message<"fencepost.v1.LeaderInfo"> & {
  * Use `create(LeaderInfoSchema)` to create a new message.
  */
 export const LeaderInfoSchema: GenMessage<LeaderInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 34);
+  messageDesc(file_fencepost_v1_lock, 36);
 
 /**
  * @generated from message fencepost.v1.CampaignRequest
@@ -1765,7 +1810,7 @@ export type CampaignRequest = Message<"fencepost.v1.CampaignRequest"> & {
  * Use `create(CampaignRequestSchema)` to create a new message.
  */
 export const CampaignRequestSchema: GenMessage<CampaignRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 35);
+  messageDesc(file_fencepost_v1_lock, 37);
 
 /**
  * @generated from message fencepost.v1.CampaignResponse
@@ -1799,7 +1844,7 @@ export type CampaignResponse = Message<"fencepost.v1.CampaignResponse"> & {
  * Use `create(CampaignResponseSchema)` to create a new message.
  */
 export const CampaignResponseSchema: GenMessage<CampaignResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 36);
+  messageDesc(file_fencepost_v1_lock, 38);
 
 /**
  * @generated from message fencepost.v1.ProclaimRequest
@@ -1835,7 +1880,7 @@ export type ProclaimRequest = Message<"fencepost.v1.ProclaimRequest"> & {
  * Use `create(ProclaimRequestSchema)` to create a new message.
  */
 export const ProclaimRequestSchema: GenMessage<ProclaimRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 37);
+  messageDesc(file_fencepost_v1_lock, 39);
 
 /**
  * @generated from message fencepost.v1.ProclaimResponse
@@ -1854,7 +1899,7 @@ export type ProclaimResponse = Message<"fencepost.v1.ProclaimResponse"> & {
  * Use `create(ProclaimResponseSchema)` to create a new message.
  */
 export const ProclaimResponseSchema: GenMessage<ProclaimResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 38);
+  messageDesc(file_fencepost_v1_lock, 40);
 
 /**
  * @generated from message fencepost.v1.ResignRequest
@@ -1890,7 +1935,7 @@ export type ResignRequest = Message<"fencepost.v1.ResignRequest"> & {
  * Use `create(ResignRequestSchema)` to create a new message.
  */
 export const ResignRequestSchema: GenMessage<ResignRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 39);
+  messageDesc(file_fencepost_v1_lock, 41);
 
 /**
  * @generated from message fencepost.v1.ResignResponse
@@ -1916,7 +1961,7 @@ export type ResignResponse = Message<"fencepost.v1.ResignResponse"> & {
  * Use `create(ResignResponseSchema)` to create a new message.
  */
 export const ResignResponseSchema: GenMessage<ResignResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 40);
+  messageDesc(file_fencepost_v1_lock, 42);
 
 /**
  * @generated from message fencepost.v1.LeaderRequest
@@ -1933,7 +1978,7 @@ export type LeaderRequest = Message<"fencepost.v1.LeaderRequest"> & {
  * Use `create(LeaderRequestSchema)` to create a new message.
  */
 export const LeaderRequestSchema: GenMessage<LeaderRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 41);
+  messageDesc(file_fencepost_v1_lock, 43);
 
 /**
  * @generated from message fencepost.v1.LeaderResponse
@@ -1959,7 +2004,7 @@ export type LeaderResponse = Message<"fencepost.v1.LeaderResponse"> & {
  * Use `create(LeaderResponseSchema)` to create a new message.
  */
 export const LeaderResponseSchema: GenMessage<LeaderResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 42);
+  messageDesc(file_fencepost_v1_lock, 44);
 
 /**
  * @generated from message fencepost.v1.ObserveRequest
@@ -1984,7 +2029,7 @@ export type ObserveRequest = Message<"fencepost.v1.ObserveRequest"> & {
  * Use `create(ObserveRequestSchema)` to create a new message.
  */
 export const ObserveRequestSchema: GenMessage<ObserveRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 43);
+  messageDesc(file_fencepost_v1_lock, 45);
 
 /**
  * @generated from message fencepost.v1.ObserveResponse
@@ -2019,7 +2064,7 @@ export type ObserveResponse = Message<"fencepost.v1.ObserveResponse"> & {
  * Use `create(ObserveResponseSchema)` to create a new message.
  */
 export const ObserveResponseSchema: GenMessage<ObserveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 44);
+  messageDesc(file_fencepost_v1_lock, 46);
 
 /**
  * PermitHolder is one granted permit of a semaphore.
@@ -2052,7 +2097,7 @@ export type PermitHolder = Message<"fencepost.v1.PermitHolder"> & {
  * Use `create(PermitHolderSchema)` to create a new message.
  */
 export const PermitHolderSchema: GenMessage<PermitHolder> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 45);
+  messageDesc(file_fencepost_v1_lock, 47);
 
 /**
  * @generated from message fencepost.v1.AcquirePermitRequest
@@ -2102,7 +2147,7 @@ export type AcquirePermitRequest = Message<"fencepost.v1.AcquirePermitRequest"> 
  * Use `create(AcquirePermitRequestSchema)` to create a new message.
  */
 export const AcquirePermitRequestSchema: GenMessage<AcquirePermitRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 46);
+  messageDesc(file_fencepost_v1_lock, 48);
 
 /**
  * @generated from message fencepost.v1.AcquirePermitResponse
@@ -2140,7 +2185,7 @@ export type AcquirePermitResponse = Message<"fencepost.v1.AcquirePermitResponse"
  * Use `create(AcquirePermitResponseSchema)` to create a new message.
  */
 export const AcquirePermitResponseSchema: GenMessage<AcquirePermitResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 47);
+  messageDesc(file_fencepost_v1_lock, 49);
 
 /**
  * @generated from message fencepost.v1.ReleasePermitRequest
@@ -2181,7 +2226,7 @@ export type ReleasePermitRequest = Message<"fencepost.v1.ReleasePermitRequest"> 
  * Use `create(ReleasePermitRequestSchema)` to create a new message.
  */
 export const ReleasePermitRequestSchema: GenMessage<ReleasePermitRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 48);
+  messageDesc(file_fencepost_v1_lock, 50);
 
 /**
  * @generated from message fencepost.v1.ReleasePermitResponse
@@ -2207,7 +2252,7 @@ export type ReleasePermitResponse = Message<"fencepost.v1.ReleasePermitResponse"
  * Use `create(ReleasePermitResponseSchema)` to create a new message.
  */
 export const ReleasePermitResponseSchema: GenMessage<ReleasePermitResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 49);
+  messageDesc(file_fencepost_v1_lock, 51);
 
 /**
  * @generated from message fencepost.v1.DescribeSemaphoreRequest
@@ -2224,7 +2269,7 @@ export type DescribeSemaphoreRequest = Message<"fencepost.v1.DescribeSemaphoreRe
  * Use `create(DescribeSemaphoreRequestSchema)` to create a new message.
  */
 export const DescribeSemaphoreRequestSchema: GenMessage<DescribeSemaphoreRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 50);
+  messageDesc(file_fencepost_v1_lock, 52);
 
 /**
  * @generated from message fencepost.v1.DescribeSemaphoreResponse
@@ -2264,7 +2309,7 @@ export type DescribeSemaphoreResponse = Message<"fencepost.v1.DescribeSemaphoreR
  * Use `create(DescribeSemaphoreResponseSchema)` to create a new message.
  */
 export const DescribeSemaphoreResponseSchema: GenMessage<DescribeSemaphoreResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 51);
+  messageDesc(file_fencepost_v1_lock, 53);
 
 /**
  * @generated from message fencepost.v1.AdminEndLockDelayRequest
@@ -2283,7 +2328,7 @@ export type AdminEndLockDelayRequest = Message<"fencepost.v1.AdminEndLockDelayRe
  * Use `create(AdminEndLockDelayRequestSchema)` to create a new message.
  */
 export const AdminEndLockDelayRequestSchema: GenMessage<AdminEndLockDelayRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 52);
+  messageDesc(file_fencepost_v1_lock, 54);
 
 /**
  * @generated from message fencepost.v1.AdminEndLockDelayResponse
@@ -2311,7 +2356,7 @@ export type AdminEndLockDelayResponse = Message<"fencepost.v1.AdminEndLockDelayR
  * Use `create(AdminEndLockDelayResponseSchema)` to create a new message.
  */
 export const AdminEndLockDelayResponseSchema: GenMessage<AdminEndLockDelayResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 53);
+  messageDesc(file_fencepost_v1_lock, 55);
 
 /**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
@@ -2420,8 +2465,8 @@ export enum ErrorReason {
    * SPIFFE ID, URI SAN, DNS SAN or subject CN) take this action on this
    * lock name; metadata["action"] and metadata["name"] say which (name is
    * absent for a call that names no lock: LeaseGrant, LeaseRevoke,
-   * KeepAlive, ServerInfo). Retrying does not help until the policy
-   * changes. Status PERMISSION_DENIED.
+   * LeaseKeepAlive, KeepAlive, ServerInfo). Retrying does not help until
+   * the policy changes. Status PERMISSION_DENIED.
    *
    * @generated from enum value: ACCESS_DENIED = 11;
    */
@@ -2585,6 +2630,27 @@ export const LockService: GenService<{
     methodKind: "unary";
     input: typeof LeaseRevokeRequestSchema;
     output: typeof LeaseRevokeResponseSchema;
+  },
+  /**
+   * LeaseKeepAlive renews lease `lease_id` once, as one keepalive on a
+   * KeepAlive stream does: the coordinator forwards it to etcd and answers
+   * with the TTL etcd reset the lease to. It is for callers without a
+   * stream (the HTTP API, scripts, grpcurl): call it about every TTL/3, and
+   * stop trusting the lease's holds when no call has succeeded for a TTL;
+   * the coordinator never renews a lease on its own. Idempotent. Served
+   * like a keepalive on an open stream: also while the coordinator is past
+   * its capacity or drains. A lease that is gone (expired or revoked) fails
+   * with LEASE_EXPIRED: every hold under it is lost.
+   * Errors: INVALID_ARGUMENT (lease_id), FAILED_PRECONDITION/LEASE_EXPIRED,
+   * PERMISSION_DENIED/NOT_LEASE_OWNER (the lease is another caller's),
+   * UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.LeaseKeepAlive
+   */
+  leaseKeepAlive: {
+    methodKind: "unary";
+    input: typeof LeaseKeepAliveRequestSchema;
+    output: typeof LeaseKeepAliveResponseSchema;
   },
   /**
    * Acquire asks for the lock `name` on behalf of lease `lease_id`.
