@@ -92,6 +92,45 @@ async def test_stream_flood_when_past_max_streams_refuses_typed_and_frees_state(
     await wait_for(lambda: _flood_sizes(small) == before, 60, what="per-stream state back to its size before")
 
 
+async def test_stream_flood_when_opened_at_once_every_refusal_is_typed(small: Coordinator) -> None:
+    """4,000 streams opened at once from one process against --max-streams 1,000: each is acked or refused
+    RESOURCE_EXHAUSTED / TOO_MANY_STREAMS; gRPC's core cancels none before the coordinator takes it (its
+    default sheds calls the event loop has not taken yet past 1,000, at random, with no status)."""
+    channels = [grpc.aio.insecure_channel(small.address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(20)]
+    calls: list[Any] = []
+    try:
+        lease = await OwnedStub(channels[0]).LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=120), timeout=30)
+        keepalive = lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease.lease_id),
+                                              lease_secret=lease.lease_secret)
+        stubs = [lock_pb2_grpc.LockServiceStub(c) for c in channels]
+        outcomes = await asyncio.gather(*(_stream_outcome(stubs[i % len(stubs)], keepalive, calls)
+                                          for i in range(4000)))
+        counted = {what: outcomes.count(what) for what in set(outcomes)}
+        assert counted == {"acked": 1000, "RESOURCE_EXHAUSTED/TOO_MANY_STREAMS": 3000}, counted
+    finally:
+        for call in calls:
+            call.cancel()
+        for c in channels:
+            await c.close()
+
+
+async def _stream_outcome(stub: Any, keepalive: Any, calls: list[Any]) -> str:
+    """Open a KeepAlive stream, send ``keepalive``: "acked", or how the stream ended (``CODE[/REASON]``)."""
+    call = stub.KeepAlive()
+    calls.append(call)
+    try:
+        await call.write(keepalive)
+        if await call.read() is not grpc.aio.EOF:
+            return "acked"
+    except grpc.aio.AioRpcError:
+        pass  # a write on a call that ended: its status says how
+    code = await call.code()
+    reason = details.parse(grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
+                                                await call.details())).reason
+    return f"{code.name}/{reason}" if reason else f"{code.name} ({await call.details()})"
+
+
 async def test_name_flood_when_idle_forgets_every_name(small: Coordinator) -> None:
     """3,000 distinct names acquired and released once: once idle, no table holds an entry for them."""
     before = _flood_sizes(small)

@@ -197,7 +197,7 @@ class Coordinator:
         self.about = About(prefix=self._keys.prefix.decode(), endpoints=self._endpoints, embedded=etcd_embedded)
         self._grace = grace_seconds
         self.limits = limits if limits is not None else Limits()
-        extra = {"grpc.max_receive_message_length": self.limits.max_message_bytes, **dict(server_options)}
+        extra = {**self.limits.grpc_options(), **dict(server_options)}
         self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
         self._etcd: EtcdClient | None = None
         self._server: grpc.aio.Server | None = None
