@@ -10,6 +10,7 @@ table of :meth:`Coordinator.state_sizes` is back at its size before.
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
 from typing import Any
 
@@ -129,6 +130,36 @@ async def _stream_outcome(stub: Any, keepalive: Any, calls: list[Any]) -> str:
     reason = details.parse(grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
                                                 await call.details())).reason
     return f"{code.name}/{reason}" if reason else f"{code.name} ({await call.details()})"
+
+
+async def test_ended_streams_are_freed_without_the_cycle_collector(small: Coordinator) -> None:
+    """50 KeepAlive streams served and cancelled with the cycle collector off: once they ended, no stream object
+    is left (each was freed by its reference count: the stream and its renewals form no cycle)."""
+    from fencepost.coordinator.api.stream import KeepAliveStream
+
+    channel = grpc.aio.insecure_channel(small.address)
+    calls: list[Any] = []
+    gc.collect()
+    gc.disable()
+    try:
+        lease = await OwnedStub(channel).LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=60), timeout=30)
+        keepalive = lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease.lease_id),
+                                              lease_secret=lease.lease_secret)
+        stub = lock_pb2_grpc.LockServiceStub(channel)
+        outcomes = await asyncio.gather(*(_stream_outcome(stub, keepalive, calls) for _ in range(50)))
+        assert outcomes == ["acked"] * 50
+        assert sum(isinstance(o, KeepAliveStream) for o in gc.get_objects()) >= 50
+        for call in calls:
+            call.cancel()
+        calls.clear()
+        await wait_for(lambda: small.state_sizes()["streams"] == 0, 30, what="the streams to end")
+        await wait_for(lambda: not any(isinstance(o, KeepAliveStream) for o in gc.get_objects()), 10,
+                       what="no stream object left")
+    finally:
+        gc.enable()
+        for call in calls:
+            call.cancel()
+        await channel.close()
 
 
 async def test_name_flood_when_idle_forgets_every_name(small: Coordinator) -> None:
