@@ -19,11 +19,9 @@ streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
 calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
 restarted coordinator (or sidecar) must not drop its clients' locks.
 
-Traces (:mod:`..telemetry.tracing`): with a tracer provider (given, or the global one
-when it is not the API's default), each call is a SERVER span, child of the
-caller's W3C trace context, and each etcd request made for it a CLIENT span
-under it; independent of metrics. Without one, no interceptor is installed
-for it and nothing is traced.
+Traces (:mod:`..telemetry.tracing`): with a tracer provider (given, or the global one when it is not the API's
+default), each call is a SERVER span, child of the caller's W3C trace context, and each etcd request made for it a
+CLIENT span under it; independent of metrics. Without one, no interceptor is installed and nothing is traced.
 """
 
 from __future__ import annotations
@@ -51,6 +49,7 @@ from ..api.decode import add_lock_service
 from ..api.server_info import About
 from ..api.service import LockService
 from ..etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
+from ..recipes.delay_census import DelayCensus
 from ..recipes.lease import Leases
 from ..recipes.lock import LockManager
 from ..recipes.tokens import TokenFloor
@@ -349,6 +348,8 @@ class Coordinator:
         self._tasks.append(asyncio.create_task(self._health.monitor(self._etcd, self._tokens), name="fencepost-health"))
         if self.certificate_expiry.files:
             self._tasks.append(asyncio.create_task(self.certificate_expiry.run(), name="fencepost-certificate-expiry"))
+        if self._metrics is not None:  # fencepost_lock_delays
+            self._tasks.append(asyncio.create_task(DelayCensus(self._etcd, self._keys, counted).run(), name="census"))
         return self.port
 
     def _bind(self, server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
