@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import sys
+import time
 import uuid
 from typing import Any
 
@@ -114,6 +117,62 @@ async def test_stream_flood_when_opened_at_once_every_refusal_is_typed(small: Co
             call.cancel()
         for c in channels:
             await c.close()
+
+
+#: A client process: one lease, then (after "go" on stdin) 200 KeepAlive streams over 10 connections at once;
+#: prints each stream's outcome as test_memory_flood._stream_outcome does, as one JSON list.
+STALL_CLIENT = r"""
+import asyncio, json, sys
+import grpc
+from fencepost.client.v1 import details, lock_pb2, lock_pb2_grpc
+
+async def main(address):
+    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(10)]
+    stubs = [lock_pb2_grpc.LockServiceStub(c) for c in channels]
+    lease = await stubs[0].LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=300), timeout=30)
+    request = lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease.lease_id),
+                                        lease_secret=lease.lease_secret)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+    async def one(i):
+        call = stubs[i % 10].KeepAlive()
+        try:
+            await call.write(request)
+            if await asyncio.wait_for(call.read(), 100) is not grpc.aio.EOF:
+                return "acked"
+        except grpc.aio.AioRpcError:
+            pass
+        finally:
+            call.cancel()
+        code = await call.code()
+        return code.name + " (" + (await call.details()) + ")"
+
+    print(json.dumps(await asyncio.gather(*(one(i) for i in range(200)))), flush=True)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+async def test_stream_flood_when_the_event_loop_stalls_35_s_is_served_not_cancelled(small: Coordinator) -> None:
+    """200 streams that reach the coordinator while its event loop is stalled for 35 s (as by CPU starvation)
+    wait in gRPC's backlog and are then served: gRPC's default cancels a call left untaken 30 s, with no status."""
+    client = await asyncio.create_subprocess_exec(sys.executable, "-c", STALL_CLIENT, small.address,
+                                                  stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert client.stdin is not None and client.stdout is not None
+    try:
+        assert (await asyncio.wait_for(client.stdout.readline(), 30)).strip() == b"ready"
+        client.stdin.write(b"go\n")
+        await client.stdin.drain()
+        time.sleep(35)  # the fault: this event loop (the coordinator's) does nothing; gRPC's threads go on
+        outcomes = json.loads(await asyncio.wait_for(client.stdout.readline(), 100))
+    finally:
+        if client.returncode is None:
+            client.kill()
+        await client.wait()
+    assert outcomes == ["acked"] * 200, {what: outcomes.count(what) for what in set(outcomes)}
 
 
 async def _stream_outcome(stub: Any, keepalive: Any, calls: list[Any]) -> str:
