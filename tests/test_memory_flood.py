@@ -255,3 +255,27 @@ async def test_name_flood_when_idle_forgets_every_name(small: Coordinator) -> No
         for c in channels:
             await c.close()
     await wait_for(lambda: _flood_sizes(small) == before, 60, what="per-name state back to its size before")
+
+
+def test_release_memory_when_glibc_keeps_freed_pages_gives_them_back() -> None:
+    """100 MiB of 1 KiB blocks freed behind one block still held: glibc keeps the pages (RSS stays up) until
+    release_memory trims them."""
+    from pathlib import Path
+
+    from fencepost.coordinator.api import memory
+
+    def rss_mib() -> float:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+
+    if memory.MALLOC_TRIM is None:
+        pytest.skip("this C library has no malloc_trim")
+    blocks = [bytearray(1024) for _ in range(100_000)]
+    kept = bytearray(1024)  # above the freed ones: glibc cannot just lower the heap's top
+    grown = rss_mib()
+    del blocks
+    freed = rss_mib()
+    asyncio.run(memory.release_memory())
+    trimmed = rss_mib()
+    assert freed > grown - 20 and trimmed < freed - 50, (grown, freed, trimmed)
+    del kept

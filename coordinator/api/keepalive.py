@@ -14,16 +14,16 @@ ends (its renewals drop the stream's bound methods at close, which made a
 cycle holding the stream, its gRPC context and call state: about 39 objects
 per stream that waited for the cycle collector's oldest generation, 15 MiB
 of heap 20 s after a flood of 2,000 streams). gRPC's own method lookup
-leaves a small cycle per call (5 objects, no call state), so once
-:data:`COLLECT_AFTER` streams have ended since the last collection and none
-is open any more, one ``gc.collect()`` is run (tens of milliseconds, once
-per flood, never while a stream is served).
+leaves a small cycle per call (5 objects, no call state), and glibc keeps
+the pages freed, so once at least :data:`COLLECT_AFTER` streams have ended
+since the last time and they are four times the streams still open (a
+flood ended), :func:`.memory.release_memory` collects and trims (tens of
+milliseconds, once or twice per flood).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
@@ -35,6 +35,7 @@ from fencepost.client.v1 import lock_pb2
 
 from ..admission.identity import caller_of
 from ..telemetry.events import caller, log_event
+from .memory import release_memory
 from .rpcs import Admission
 from .slots import StreamSlots
 from .status import Refusals, shutting_down
@@ -45,7 +46,7 @@ __all__ = ["KeepAlives"]
 
 _log = logging.getLogger(__name__)
 
-#: Streams ended since the last cycle collection after which the end of the last open one collects.
+#: Fewest streams ended since the last release of memory for the next one (see the module docstring).
 COLLECT_AFTER = 1000
 
 
@@ -71,6 +72,7 @@ class KeepAlives:
         #: The streams being served.
         self.open: set[KeepAliveStream] = set()
         self._ended = 0  # streams ended since the last cycle collection
+        self._released: asyncio.Future[None] | None = None  # the last release_memory() (a reference: not lost)
 
     async def serve(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest], context: grpc.aio.ServicerContext
                     ) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
@@ -105,9 +107,9 @@ class KeepAlives:
             self._slots.close(key)
             self.open.discard(stream)
             self._ended += 1
-            if not self.open and self._ended >= COLLECT_AFTER:
+            if self._ended >= max(COLLECT_AFTER, 4 * len(self.open)):  # a flood ended
                 self._ended = 0
-                asyncio.get_running_loop().call_soon(gc.collect)  # after this stream's own frames are gone
+                self._released = asyncio.ensure_future(release_memory())  # after this stream's frames are gone
             log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
                       ended=ended, leases=stream.lease_count, holds=stream.hold_count,
                       duration_s=round(time.monotonic() - started, 3), **who)
