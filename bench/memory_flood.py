@@ -25,7 +25,8 @@ Diagnostics: ``MEMORY_FLOOD_DETAILS=1`` counts failed streams by their
 message, ``MEMORY_FLOOD_LOG=FILE`` writes the coordinator's INFO log (its
 ``stream_open`` lines count the streams that reached it),
 ``MEMORY_FLOOD_TOP=1`` prints the files holding the most traced memory after
-the idle period.
+the idle period, ``MEMORY_FLOOD_NO_TRACE=1`` runs the coordinator without
+tracemalloc (RSS alone; the heap figures are then 0).
 """
 
 from __future__ import annotations
@@ -61,13 +62,29 @@ def rss_kib() -> int:
     return 0
 
 
+def rss_parts_kib() -> dict[str, int]:
+    """This process's resident memory by mapping kind (KiB): ``heap`` (glibc's main arena, brk), ``anon``
+    (anonymous mappings: glibc's other arenas, Python's object arenas, thread stacks), ``file`` (code, data)."""
+    parts = {"heap": 0, "anon": 0, "file": 0}
+    kind = "file"
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
+            name = fields[5] if len(fields) > 5 else ""
+            kind = "heap" if name == "[heap]" else "anon" if not name or name.startswith("[") else "file"
+        elif fields and fields[0] == "Rss:":
+            parts[kind] += int(fields[1])
+    return parts
+
+
 def probe(trim: bool) -> dict[str, Any]:
     """The memory figures of this process (KiB); with ``trim``, after ``malloc_trim(0)`` (glibc)."""
     if trim:
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     current, peak = tracemalloc.get_traced_memory()
-    return {"rss_kib": rss_kib(), "traced_kib": current // 1024, "traced_peak_kib": peak // 1024}
+    return {"rss_kib": rss_kib(), "traced_kib": current // 1024, "traced_peak_kib": peak // 1024,
+            "rss_parts_kib": rss_parts_kib()}
 
 
 async def child(endpoint: str, prefix: str, max_streams: int, per_caller: int, capacity: bool) -> None:
@@ -78,7 +95,8 @@ async def child(endpoint: str, prefix: str, max_streams: int, per_caller: int, c
     if os.environ.get("MEMORY_FLOOD_LOG"):
         import logging
         logging.basicConfig(filename=os.environ["MEMORY_FLOOD_LOG"], level=logging.INFO)
-    tracemalloc.start()
+    if not os.environ.get("MEMORY_FLOOD_NO_TRACE"):  # RSS without tracemalloc's own tables and blocks
+        tracemalloc.start()
     off = {} if capacity else {"max_lag": 0, "max_loop_busy": 0, "max_client_rtt": 0, "max_keepalive_wait": 0}
     limits = Limits(max_streams=max_streams, max_streams_per_caller=per_caller, lease_grant_rate=0, acquire_rate=0,
                     **off)
@@ -126,7 +144,7 @@ class Child:
         first = self.ask("probe")
         trimmed = self.ask("trim")
         return {**first, "collected_traced_kib": trimmed["traced_kib"], "trimmed_rss_kib": trimmed["rss_kib"],
-                "sizes": self.ask("sizes")}
+                "trimmed_rss_parts_kib": trimmed["rss_parts_kib"], "sizes": self.ask("sizes")}
 
     def close(self) -> None:
         assert self.proc.stdin is not None
