@@ -17,8 +17,8 @@ of heap 20 s after a flood of 2,000 streams). gRPC's own method lookup
 leaves a small cycle per call (5 objects, no call state), and glibc keeps
 the pages freed, so once at least :data:`COLLECT_AFTER` streams have ended
 since the last time and they are four times the streams still open (a
-flood ended), :func:`.memory.release_memory` collects and trims (tens of
-milliseconds, once or twice per flood).
+flood ended), :func:`.memory.release_memory` collects and trims
+:data:`RELEASE_DELAY` later (tens of milliseconds, once per flood).
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ _log = logging.getLogger(__name__)
 
 #: Fewest streams ended since the last release of memory for the next one (see the module docstring).
 COLLECT_AFTER = 1000
+#: Seconds from a flood's end to the release of memory (a later end within them puts it off again): the
+#: clients close their connections after their streams, and gRPC frees each connection's buffers then.
+RELEASE_DELAY = 10.0
 
 
 class KeepAlives:
@@ -72,6 +75,7 @@ class KeepAlives:
         #: The streams being served.
         self.open: set[KeepAliveStream] = set()
         self._ended = 0  # streams ended since the last cycle collection
+        self._release: asyncio.TimerHandle | None = None  # the release_memory() to come
         self._released: asyncio.Future[None] | None = None  # the last release_memory() (a reference: not lost)
 
     async def serve(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest], context: grpc.aio.ServicerContext
@@ -109,7 +113,9 @@ class KeepAlives:
             self._ended += 1
             if self._ended >= max(COLLECT_AFTER, 4 * len(self.open)):  # a flood ended
                 self._ended = 0
-                self._released = asyncio.ensure_future(release_memory())  # after this stream's frames are gone
+                if self._release is not None:
+                    self._release.cancel()
+                self._release = asyncio.get_running_loop().call_later(RELEASE_DELAY, self._release_memory)
             log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
                       ended=ended, leases=stream.lease_count, holds=stream.hold_count,
                       duration_s=round(time.monotonic() - started, 3), **who)
@@ -117,6 +123,10 @@ class KeepAlives:
             await self._refusals.refuse(context, refused, "KeepAlive")
         if self._closing.is_set():
             await self._refusals.refuse(context, shutting_down(), "KeepAlive", log=False)
+
+    def _release_memory(self) -> None:
+        self._release = None
+        self._released = asyncio.ensure_future(release_memory())
 
     def counts(self) -> dict[str, int]:
         """ServerInfo's counts of the streams open: ``keepalive_streams``, ``keepalive_leases``, ``watched_holds``."""
