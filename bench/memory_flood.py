@@ -16,7 +16,8 @@ its peak, the resident memory (VmRSS), and the same after glibc's
 After each flood the coordinator is left idle for ``--idle-seconds`` (its
 per-name memory forgets after 30 s for deletions and 60 s for hand-offs)
 before the "after" probe. ``--max-streams`` and ``--max-streams-per-caller``
-are passed to the coordinator (defaults: 10,000 and 100).
+are passed to the coordinator (defaults: 10,000 and 100); its capacity
+limits (``--max-lag`` and the like) are off unless ``--capacity``.
 
     python bench/memory_flood.py --streams 10000 --connections 200 --names 14000
 
@@ -24,7 +25,8 @@ Diagnostics: ``MEMORY_FLOOD_DETAILS=1`` counts failed streams by their
 message, ``MEMORY_FLOOD_LOG=FILE`` writes the coordinator's INFO log (its
 ``stream_open`` lines count the streams that reached it),
 ``MEMORY_FLOOD_TOP=1`` prints the files holding the most traced memory after
-the idle period.
+the idle period, ``MEMORY_FLOOD_NO_TRACE=1`` runs the coordinator without
+tracemalloc (RSS alone; the heap figures are then 0).
 """
 
 from __future__ import annotations
@@ -60,16 +62,32 @@ def rss_kib() -> int:
     return 0
 
 
+def rss_parts_kib() -> dict[str, int]:
+    """This process's resident memory by mapping kind (KiB): ``heap`` (glibc's main arena, brk), ``anon``
+    (anonymous mappings: glibc's other arenas, Python's object arenas, thread stacks), ``file`` (code, data)."""
+    parts = {"heap": 0, "anon": 0, "file": 0}
+    kind = "file"
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
+            name = fields[5] if len(fields) > 5 else ""
+            kind = "heap" if name == "[heap]" else "anon" if not name or name.startswith("[") else "file"
+        elif fields and fields[0] == "Rss:":
+            parts[kind] += int(fields[1])
+    return parts
+
+
 def probe(trim: bool) -> dict[str, Any]:
     """The memory figures of this process (KiB); with ``trim``, after ``malloc_trim(0)`` (glibc)."""
     if trim:
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     current, peak = tracemalloc.get_traced_memory()
-    return {"rss_kib": rss_kib(), "traced_kib": current // 1024, "traced_peak_kib": peak // 1024}
+    return {"rss_kib": rss_kib(), "traced_kib": current // 1024, "traced_peak_kib": peak // 1024,
+            "rss_parts_kib": rss_parts_kib()}
 
 
-async def child(endpoint: str, prefix: str, max_streams: int, per_caller: int) -> None:
+async def child(endpoint: str, prefix: str, max_streams: int, per_caller: int, capacity: bool) -> None:
     """The coordinator under test: serves, and answers ``probe``/``trim``/``reset``/``sizes`` lines on stdin."""
     from fencepost.coordinator.admission.limits import Limits
     from fencepost.coordinator.process.coordinator import Coordinator
@@ -77,10 +95,11 @@ async def child(endpoint: str, prefix: str, max_streams: int, per_caller: int) -
     if os.environ.get("MEMORY_FLOOD_LOG"):
         import logging
         logging.basicConfig(filename=os.environ["MEMORY_FLOOD_LOG"], level=logging.INFO)
-    tracemalloc.start()
-    limits = Limits(max_streams=max_streams, max_streams_per_caller=per_caller,
-                    lease_grant_rate=0, acquire_rate=0, max_lag=0, max_loop_busy=0, max_client_rtt=0,
-                    max_keepalive_wait=0)
+    if not os.environ.get("MEMORY_FLOOD_NO_TRACE"):  # RSS without tracemalloc's own tables and blocks
+        tracemalloc.start()
+    off = {} if capacity else {"max_lag": 0, "max_loop_busy": 0, "max_client_rtt": 0, "max_keepalive_wait": 0}
+    limits = Limits(max_streams=max_streams, max_streams_per_caller=per_caller, lease_grant_rate=0, acquire_rate=0,
+                    **off)
     coord = Coordinator([endpoint], listen="127.0.0.1:0", prefix=prefix, limits=limits)
     await coord.start()
     print(f"listening {coord.address}", flush=True)
@@ -109,7 +128,8 @@ class Child:
         prefix = f"/bench/{uuid.uuid4().hex}/"
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--child", "--etcd-endpoints", endpoint, "--prefix", prefix,
-             "--max-streams", str(args.max_streams), "--max-streams-per-caller", str(args.max_streams_per_caller)],
+             "--max-streams", str(args.max_streams), "--max-streams-per-caller", str(args.max_streams_per_caller),
+             *(["--capacity"] if args.capacity else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.address = self.proc.stdout.readline().split()[-1]
@@ -124,7 +144,7 @@ class Child:
         first = self.ask("probe")
         trimmed = self.ask("trim")
         return {**first, "collected_traced_kib": trimmed["traced_kib"], "trimmed_rss_kib": trimmed["rss_kib"],
-                "sizes": self.ask("sizes")}
+                "trimmed_rss_parts_kib": trimmed["rss_parts_kib"], "sizes": self.ask("sizes")}
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -141,8 +161,8 @@ def outcome(err: grpc.aio.AioRpcError) -> str:
 
 
 async def leases(stubs: list[Any]) -> list[tuple[int, str]]:
-    """One lease (id, secret) per connection."""
-    answers = await asyncio.gather(*(s.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=60), timeout=60)
+    """One lease (id, secret) per connection, of a TTL longer than a flood (the names flood keeps none alive)."""
+    answers = await asyncio.gather(*(s.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=900), timeout=60)
                                      for s in stubs))
     return [(a.lease_id, a.lease_secret) for a in answers]
 
@@ -160,6 +180,7 @@ async def stream_flood(stubs: list[Any], owned: list[tuple[int, str]], n: int) -
             all_answered.set()
 
     async def one(i: int) -> None:
+        started = time.monotonic()
         lease_id, secret = owned[i % len(owned)]
         request = lock_pb2.KeepAliveRequest(keepalive=lock_pb2.LeaseKeepAlive(lease_id=lease_id),
                                             lease_secret=secret)
@@ -172,10 +193,12 @@ async def stream_flood(stubs: list[Any], owned: list[tuple[int, str]], n: int) -
             done("acked")
             await all_answered.wait()
         except grpc.aio.AioRpcError as err:
+            after = (f" after {int(time.monotonic() - started) // 10 * 10}+ s"
+                     if os.environ.get("MEMORY_FLOOD_DETAILS") else "")
             if err.code() == grpc.StatusCode.INTERNAL and os.environ.get("MEMORY_FLOOD_DETAILS"):
-                done(f"write failed; call {(await call.code()).name}/{await call.details()}"[:120])
+                done(f"write failed; call {(await call.code()).name}/{await call.details()}"[:120] + after)
             else:
-                done(outcome(err))
+                done(outcome(err) + after)
         except asyncio.TimeoutError:
             done("no answer in 120 s")
         except Exception:  # a write on a call that already ended: its status says why
@@ -197,14 +220,19 @@ async def names_flood(stubs: list[Any], owned: list[tuple[int, str]], n: int) ->
         meta = ((SECRET_METADATA, secret),)
         for i in range(c, n, len(stubs)):
             name = f"flood-{run}-{i}"
-            try:
-                got = await stubs[c].Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease_id),
-                                             metadata=meta, timeout=60)
-                await stubs[c].Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease_id, token=got.token),
-                                       metadata=meta, timeout=60)
-                outcomes["released"] += 1
-            except grpc.aio.AioRpcError as err:
-                outcomes[outcome(err)] += 1
+            for attempt in range(5):  # etcd may time out on a loaded machine: Acquire and Release are retryable
+                try:
+                    got = await stubs[c].Acquire(lock_pb2.AcquireRequest(name=name, lease_id=lease_id),
+                                                 metadata=meta, timeout=60)
+                    await stubs[c].Release(lock_pb2.ReleaseRequest(name=name, lease_id=lease_id, token=got.token),
+                                           metadata=meta, timeout=60)
+                    outcomes["released"] += 1
+                    break
+                except grpc.aio.AioRpcError as err:
+                    if err.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
+                        outcomes[outcome(err)] += 1
+                        break
+                    outcomes["retried after UNAVAILABLE"] += 1
 
     await asyncio.gather(*(worker(c) for c in range(len(stubs))))
     return dict(outcomes)
@@ -246,12 +274,15 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=65.0)
     parser.add_argument("--max-streams", type=int, default=10_000)
     parser.add_argument("--max-streams-per-caller", type=int, default=100)
+    parser.add_argument("--capacity", action="store_true",
+                        help="keep the coordinator's capacity limits (--max-lag etc.; off by default: memory alone)")
     parser.add_argument("--etcd-endpoints", default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        asyncio.run(child(args.etcd_endpoints, args.prefix, args.max_streams, args.max_streams_per_caller))
+        asyncio.run(child(args.etcd_endpoints, args.prefix, args.max_streams, args.max_streams_per_caller,
+                          args.capacity))
         return
     etcd = None
     if args.etcd_endpoints is None:

@@ -298,19 +298,22 @@ class LockInfo:
 
 @dataclasses.dataclass(frozen=True)
 class HeldLock:
-    """One held lock, as listed by :meth:`AsyncLockClient.list_locks`.
+    """One held lock, as listed by :meth:`AsyncLockClient.list_locks`, or one that a lock-delay holds back.
 
     Attributes:
         name: The lock name.
-        holder_lease_id: The holder's lease id.
-        token: The holder's fencing token.
+        holder_lease_id: The holder's lease id; 0 while a lock-delay holds the lock back.
+        token: The holder's fencing token; 0 while a lock-delay holds the lock back.
         ttl_remaining: Seconds left on the holder's lease as etcd reported it
             (a lower bound only), None when the lease ended meanwhile.
         ttl: The holder lease's granted TTL in seconds (0 when it ended).
         held_for: Seconds since the grant, None when the coordinator that
             answered did not make the grant (etcd keeps no grant times).
-        waiter_count: How many contenders are queued behind the holder.
+        waiter_count: How many contenders are queued behind the holder (all of them when held back).
         revision: The etcd revision of the listing.
+        lock_delay: The lock-delay holding the lock back, in seconds; 0 for a held lock.
+        lock_delay_remaining: Seconds left on that delay as etcd reported it; None when it starts at the next
+            acquire (its holder was lost, nobody asked since), or for a held lock.
     """
 
     name: str
@@ -321,6 +324,13 @@ class HeldLock:
     held_for: float | None
     waiter_count: int
     revision: int
+    lock_delay: int = 0
+    lock_delay_remaining: float | None = None
+
+    @property
+    def held_back(self) -> bool:
+        """Whether a lock-delay holds the lock back (no holder)."""
+        return self.lock_delay > 0
 
     @classmethod
     def from_message(cls, info: pb.LockInfo, revision: int) -> HeldLock:
@@ -334,4 +344,7 @@ class HeldLock:
             held_for=float(info.held_seconds) if info.held_seconds >= 0 else None,
             waiter_count=int(info.waiter_count),
             revision=int(revision),
+            lock_delay=int(info.lock_delay_seconds),
+            lock_delay_remaining=info.lock_delay_remaining_ms / 1000 if info.lock_delay_remaining_ms >= 0
+            and info.lock_delay_seconds else None,
         )

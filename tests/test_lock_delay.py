@@ -81,7 +81,12 @@ async def test_waiter_after_a_revoked_holder_is_granted_no_earlier_than_the_dela
         during = await stub.Describe(lock_pb2.DescribeRequest(name="revoked"), timeout=5)
         assert not during.held and not during.HasField("holder") and during.waiter_count == 1, during
         assert [w.lease_id for w in during.waiters] != [held.lease_id] and len(during.waiters) == 1
-        assert await _listed(stub) == {"revoked-z": other.lease_id}  # ListLocks agrees: "revoked" is not held
+        # ListLocks agrees: "revoked" is not held, its waiter waits, the delay runs.
+        assert await _listed(stub) == {"revoked": 0, "revoked-z": other.lease_id}
+        listed = {lock.name: lock for lock in (await stub.ListLocks(lock_pb2.ListLocksRequest(), timeout=5)).locks}
+        assert not listed["revoked"].HasField("holder") and listed["revoked"].waiter_count == 1
+        assert listed["revoked"].lock_delay_seconds == DELAY and 0 < listed["revoked"].lock_delay_remaining_ms
+        assert (listed["revoked-z"].lock_delay_seconds, listed["revoked-z"].lock_delay_remaining_ms) == (0, 0)
         granted = await asyncio.wait_for(waiter, 15)
         waited = time.monotonic() - await seen
         assert DELAY <= waited <= DELAY + SLACK, waited

@@ -1,5 +1,9 @@
 """``fencepost locks [PREFIX] [--json] [--watch]``: every held lock, as a table or JSON.
 
+A lock that a lock-delay holds back (its holder was lost) is listed too,
+with no holder (``-``) and the delay's time left (the table's
+``LOCK-DELAY`` column, shown when a listed lock has one).
+
 ListLocks calls through the client's transport (the addresses in turn), one
 per page, until the last page; every page of one listing is read at the
 first page's etcd revision. ``--watch`` lists again every ``--interval``
@@ -26,7 +30,7 @@ from .flags import address_flag, addresses_of, name_prefix, tls_flags, tls_of
 
 __all__ = ["COLUMNS", "add_parser", "execute", "listing_json", "table"]
 
-#: The table's column titles, in order.
+#: The table's column titles, in order (then ``LOCK-DELAY`` when a listed lock is held back by one).
 COLUMNS = ("NAME", "HOLDER LEASE", "TOKEN", "TTL LEFT", "HELD FOR", "WAITERS")
 #: Shortest --interval, seconds.
 MIN_INTERVAL_SECONDS = 0.1
@@ -53,11 +57,12 @@ def add_parser(sub: Any) -> None:
     """Add the ``locks`` command to the ``fencepost`` subparsers ``sub``."""
     p = sub.add_parser(
         "locks", formatter_class=Formatter, epilog=epilog(),
-        help="list the held locks: holder lease, token, TTL left, held for, waiters",
+        help="list the held locks: holder lease, token, TTL left, held for, waiters, lock-delays",
         description="Every held lock whose name starts with PREFIX (all of them without it), read at one etcd "
                     "revision: the holder's lease id, the fencing token, the seconds left on the holder's lease, "
                     "how long it has been held ('-' when another coordinator granted it) and the number of "
-                    "waiters.")
+                    "waiters; and every lock that a lock-delay holds back (its holder was lost), with the "
+                    "delay's time left.")
     address_flag(p)
     tls_flags(p)
     p.add_argument("prefix", nargs="?", default="", metavar="PREFIX", help="list only names that start with it")
@@ -88,21 +93,38 @@ async def _listing(addresses: list[str], prefix: str, page_size: int, tls: TlsCo
 
 
 def listing_json(address: str, revision: int, locks: list[Any]) -> dict[str, Any]:
-    """The JSON object of one listing (``--json``): numbers in seconds, null when unknown."""
+    """The JSON object of one listing (``--json``): numbers in seconds, null when unknown.
+
+    A lock held back by a lock-delay has a null holder and token; ``lock_delay_seconds`` and
+    ``lock_delay_remaining_ms`` are as in ``fencepost status NAME --json`` (-1: starts at the next acquire).
+    """
     return {
         "address": address,
         "revision": revision,
         "locks": [{
             "name": lock.name,
-            "holder_lease_id": lock.holder.lease_id,
-            "holder_lease_id_hex": lease_hex(lock.holder.lease_id),
-            "token": lock.holder.token,
+            "holder_lease_id": lock.holder.lease_id if lock.HasField("holder") else None,
+            "holder_lease_id_hex": lease_hex(lock.holder.lease_id) if lock.HasField("holder") else None,
+            "token": lock.holder.token if lock.HasField("holder") else None,
             "ttl_remaining_seconds": lock.ttl_remaining_seconds if lock.ttl_remaining_seconds >= 0 else None,
             "ttl_seconds": lock.ttl_seconds,
             "held_seconds": round(lock.held_seconds, 3) if lock.held_seconds >= 0 else None,
             "waiter_count": lock.waiter_count,
+            "lock_delay_seconds": lock.lock_delay_seconds,
+            "lock_delay_remaining_ms": lock.lock_delay_remaining_ms,
         } for lock in locks],
     }
+
+
+def _delay(lock: Any) -> str:
+    """The LOCK-DELAY cell of a lock held back by one ("" for a held lock)."""
+    if not lock.lock_delay_seconds:
+        return ""
+    if lock.lock_delay_remaining_ms > 0:
+        return f"{lock.lock_delay_remaining_ms / 1000:g}s left of {lock.lock_delay_seconds}s"
+    if lock.lock_delay_remaining_ms < 0:
+        return f"{lock.lock_delay_seconds}s from the next acquire"
+    return "ended"
 
 
 def _duration(seconds: float) -> str:
@@ -118,14 +140,18 @@ def _duration(seconds: float) -> str:
 
 
 def table(locks: list[Any]) -> str:
-    """The listing as an aligned text table (:data:`COLUMNS`), or a line saying none is held."""
+    """The listing as an aligned text table (:data:`COLUMNS`, then ``LOCK-DELAY`` when a lock is held back by
+    one), or a line saying none is held."""
     if not locks:
         return "no held locks"
-    rows = [COLUMNS] + [(
-        lock.name, lease_hex(lock.holder.lease_id), str(lock.holder.token),
-        f"{lock.ttl_remaining_seconds}s/{lock.ttl_seconds}s" if lock.ttl_remaining_seconds >= 0 else "ended",
-        _duration(lock.held_seconds), str(lock.waiter_count)) for lock in locks]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    delays = any(lock.lock_delay_seconds for lock in locks)
+    columns = (*COLUMNS, "LOCK-DELAY") if delays else COLUMNS
+    rows = [columns] + [(
+        lock.name, *((lease_hex(lock.holder.lease_id), str(lock.holder.token),
+                      f"{lock.ttl_remaining_seconds}s/{lock.ttl_seconds}s" if lock.ttl_remaining_seconds >= 0
+                      else "ended") if lock.HasField("holder") else ("-", "-", "-")),
+        _duration(lock.held_seconds), str(lock.waiter_count), *((_delay(lock),) if delays else ())) for lock in locks]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     right = {2, 3, 4, 5}
     return "\n".join("  ".join(cell.rjust(w) if i in right else cell.ljust(w)
                                for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
@@ -140,7 +166,9 @@ def _show(args: argparse.Namespace, addresses: list[str], tls: TlsConfig | None)
     if args.watch and sys.stdout.isatty():
         print("\033[H\033[2J", end="")  # clear the terminal, as watch(1) does
     print(table(locks))
-    print(f"{len(locks)} held, etcd revision {revision}, from {address}", flush=True)
+    back = sum(1 for lock in locks if not lock.HasField("holder"))
+    held_back = f", {back} held back by a lock-delay" if back else ""
+    print(f"{len(locks) - back} held{held_back}, etcd revision {revision}, from {address}", flush=True)
 
 
 def execute(args: argparse.Namespace) -> int:

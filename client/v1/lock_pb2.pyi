@@ -339,20 +339,24 @@ class ListLocksRequest(_message.Message):
     def __init__(self, prefix: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class LockInfo(_message.Message):
-    __slots__ = ("name", "holder", "ttl_remaining_seconds", "ttl_seconds", "held_seconds", "waiter_count")
+    __slots__ = ("name", "holder", "ttl_remaining_seconds", "ttl_seconds", "held_seconds", "waiter_count", "lock_delay_remaining_ms", "lock_delay_seconds")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     TTL_REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HELD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WAITER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LOCK_DELAY_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
+    LOCK_DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     holder: Holder
     ttl_remaining_seconds: int
     ttl_seconds: int
     held_seconds: float
     waiter_count: int
-    def __init__(self, name: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., held_seconds: _Optional[float] = ..., waiter_count: _Optional[int] = ...) -> None: ...
+    lock_delay_remaining_ms: int
+    lock_delay_seconds: int
+    def __init__(self, name: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., held_seconds: _Optional[float] = ..., waiter_count: _Optional[int] = ..., lock_delay_remaining_ms: _Optional[int] = ..., lock_delay_seconds: _Optional[int] = ...) -> None: ...
 
 class ListLocksResponse(_message.Message):
     __slots__ = ("locks", "next_page_token", "revision")

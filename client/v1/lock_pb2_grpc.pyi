@@ -283,8 +283,12 @@ class LockServiceStub:
     """ListLocks lists the held locks whose names start with `prefix`, in the
     order of their etcd keys (percent-encoded names), one page at a time:
     holder, fencing token, TTL left, how long held and waiters of each.
-    Elections and semaphores are not listed (Leader, DescribeSemaphore),
-    nor a lock whose first contender a lock-delay holds back (Describe).
+    Elections and semaphores are not listed (Leader, DescribeSemaphore).
+    A lock that a lock-delay holds back (its holder was lost) is listed too,
+    with `holder` unset and the delay's time left (lock_delay_remaining_ms):
+    among the held locks when it has contenders (all of them waiters), and
+    after every lock with contenders when it has none, so that a name a
+    delay hides never goes unseen.
     Read-only. Every page of one listing is read at the etcd revision of its
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
@@ -637,8 +641,12 @@ class LockServiceAsyncStub(LockServiceStub):
     """ListLocks lists the held locks whose names start with `prefix`, in the
     order of their etcd keys (percent-encoded names), one page at a time:
     holder, fencing token, TTL left, how long held and waiters of each.
-    Elections and semaphores are not listed (Leader, DescribeSemaphore),
-    nor a lock whose first contender a lock-delay holds back (Describe).
+    Elections and semaphores are not listed (Leader, DescribeSemaphore).
+    A lock that a lock-delay holds back (its holder was lost) is listed too,
+    with `holder` unset and the delay's time left (lock_delay_remaining_ms):
+    among the held locks when it has contenders (all of them waiters), and
+    after every lock with contenders when it has none, so that a name a
+    delay hides never goes unseen.
     Read-only. Every page of one listing is read at the etcd revision of its
     first page (carried in the page token), so the pages together are one
     snapshot; only the TTLs and held_seconds are read when each page is
@@ -1042,8 +1050,12 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListLocks lists the held locks whose names start with `prefix`, in the
         order of their etcd keys (percent-encoded names), one page at a time:
         holder, fencing token, TTL left, how long held and waiters of each.
-        Elections and semaphores are not listed (Leader, DescribeSemaphore),
-        nor a lock whose first contender a lock-delay holds back (Describe).
+        Elections and semaphores are not listed (Leader, DescribeSemaphore).
+        A lock that a lock-delay holds back (its holder was lost) is listed too,
+        with `holder` unset and the delay's time left (lock_delay_remaining_ms):
+        among the held locks when it has contenders (all of them waiters), and
+        after every lock with contenders when it has none, so that a name a
+        delay hides never goes unseen.
         Read-only. Every page of one listing is read at the etcd revision of its
         first page (carried in the page token), so the pages together are one
         snapshot; only the TTLs and held_seconds are read when each page is

@@ -25,7 +25,14 @@ from dataclasses import dataclass, fields
 
 from fencepost.client.v1.keys import MAX_LOCK_DELAY_SECONDS
 
-__all__ = ["FLAGS", "MAX_MESSAGE_BYTES", "MIN_MESSAGE_BYTES", "Limits", "add_limit_arguments", "limits_from_args"]
+__all__ = ["FLAGS", "MAX_MESSAGE_BYTES", "MIN_MESSAGE_BYTES", "MIN_PENDING_CALLS", "PENDING_SECONDS", "Limits",
+           "add_limit_arguments", "limits_from_args"]
+
+#: The fewest calls gRPC's core holds for the coordinator before its event loop takes them (see
+#: :meth:`Limits.grpc_options`).
+MIN_PENDING_CALLS = 20_000
+#: How long, in seconds, gRPC's core holds such a call before it cancels it (gRPC's default: 30).
+PENDING_SECONDS = 300
 
 #: The range of ``--max-message-bytes`` (a smaller value would refuse legitimate requests; gRPC's own ceiling).
 MIN_MESSAGE_BYTES = 1024
@@ -127,6 +134,24 @@ class Limits:
         if not MIN_MESSAGE_BYTES <= self.max_message_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"--{FLAGS['max_message_bytes']} is {self.max_message_bytes}; must be "
                              f"{MIN_MESSAGE_BYTES} to {MAX_MESSAGE_BYTES}")
+
+    def grpc_options(self) -> dict[str, int]:
+        """The gRPC server options these limits set: the message size, and the calls gRPC's core holds for the
+        coordinator before its event loop takes them (``grpc.server.max_pending_requests``, soft and hard).
+
+        gRPC's defaults shed such calls past 1,000 at random and every one past 3,000 (random early detection),
+        and every one left untaken 30 s, by cancelling them with no status the client can read (CANCELLED, or
+        INTERNAL on the client's first write): a flood of 10,000 streams from one process lost 57-62 % of them
+        so while ``--max-streams`` was far off, and, with the backlog raised, still 2-47 % after 30 s on a
+        loaded machine. Here the backlog may reach twice ``max_streams`` (at least :data:`MIN_PENDING_CALLS`),
+        soft bound equal to the hard one, for :data:`PENDING_SECONDS`: the coordinator takes each call and
+        refuses it past its own limits with a typed status (TOO_MANY_STREAMS, OVERLOADED, LIMIT_EXCEEDED). Past
+        those bounds (a loop stalled for minutes) gRPC still cancels.
+        """
+        pending = max(MIN_PENDING_CALLS, 2 * self.max_streams)
+        return {"grpc.max_receive_message_length": self.max_message_bytes,
+                "grpc.server.max_pending_requests": pending, "grpc.server.max_pending_requests_hard_limit": pending,
+                "grpc.server_max_unrequested_time_in_server": PENDING_SECONDS}
 
     @classmethod
     def unlimited(cls) -> Limits:

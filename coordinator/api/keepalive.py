@@ -9,19 +9,21 @@ one ``stream_open`` and one ``stream_close`` event (how it ended:
 ``half_closed``, ``cancelled``, ``refused``, ``shutdown``, ``error``). At
 shutdown it ends with UNAVAILABLE / SHUTTING_DOWN, unlogged as a refusal.
 
-Memory: a stream's objects form reference cycles (the stream, its renewals
-and outbox, their bound methods and tasks) that only the cycle collector
-frees, and its oldest generation runs rarely: after a flood of 2,000
-streams about 15 MiB of Python heap stayed 20 s after they all closed. So
-once :data:`COLLECT_AFTER` streams have ended since the last collection and
-none is open any more, one ``gc.collect()`` is run (tens of milliseconds,
-once per flood, never while a stream is served).
+Memory: a stream's objects are freed by their reference counts when it
+ends (its renewals drop the stream's bound methods at close, which made a
+cycle holding the stream, its gRPC context and call state: about 39 objects
+per stream that waited for the cycle collector's oldest generation, 15 MiB
+of heap 20 s after a flood of 2,000 streams). gRPC's own method lookup
+leaves a small cycle per call (5 objects, no call state), and glibc keeps
+the pages freed, so once at least :data:`COLLECT_AFTER` streams have ended
+since the last time and they are four times the streams still open (a
+flood ended), :func:`.memory.release_memory` collects and trims
+:data:`RELEASE_DELAY` later (tens of milliseconds, once per flood).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
@@ -33,6 +35,7 @@ from fencepost.client.v1 import lock_pb2
 
 from ..admission.identity import caller_of
 from ..telemetry.events import caller, log_event
+from .memory import release_memory
 from .rpcs import Admission
 from .slots import StreamSlots
 from .status import Refusals, shutting_down
@@ -43,8 +46,11 @@ __all__ = ["KeepAlives"]
 
 _log = logging.getLogger(__name__)
 
-#: Streams ended since the last cycle collection after which the end of the last open one collects.
+#: Fewest streams ended since the last release of memory for the next one (see the module docstring).
 COLLECT_AFTER = 1000
+#: Seconds from a flood's end to the release of memory (a later end within them puts it off again): the
+#: clients close their connections after their streams, and gRPC frees each connection's buffers then.
+RELEASE_DELAY = 10.0
 
 
 class KeepAlives:
@@ -69,6 +75,8 @@ class KeepAlives:
         #: The streams being served.
         self.open: set[KeepAliveStream] = set()
         self._ended = 0  # streams ended since the last cycle collection
+        self._release: asyncio.TimerHandle | None = None  # the release_memory() to come
+        self._released: asyncio.Future[None] | None = None  # the last release_memory() (a reference: not lost)
 
     async def serve(self, requests: AsyncIterable[lock_pb2.KeepAliveRequest], context: grpc.aio.ServicerContext
                     ) -> AsyncIterator[lock_pb2.KeepAliveResponse]:
@@ -103,9 +111,11 @@ class KeepAlives:
             self._slots.close(key)
             self.open.discard(stream)
             self._ended += 1
-            if not self.open and self._ended >= COLLECT_AFTER:
+            if self._ended >= max(COLLECT_AFTER, 4 * len(self.open)):  # a flood ended
                 self._ended = 0
-                asyncio.get_running_loop().call_soon(gc.collect)  # after this stream's own frames are gone
+                if self._release is not None:
+                    self._release.cancel()
+                self._release = asyncio.get_running_loop().call_later(RELEASE_DELAY, self._release_memory)
             log_event(_log, logging.INFO, "stream_close", f"KeepAlive stream of {who['peer']} ended: {ended}",
                       ended=ended, leases=stream.lease_count, holds=stream.hold_count,
                       duration_s=round(time.monotonic() - started, 3), **who)
@@ -113,6 +123,10 @@ class KeepAlives:
             await self._refusals.refuse(context, refused, "KeepAlive")
         if self._closing.is_set():
             await self._refusals.refuse(context, shutting_down(), "KeepAlive", log=False)
+
+    def _release_memory(self) -> None:
+        self._release = None
+        self._released = asyncio.ensure_future(release_memory())
 
     def counts(self) -> dict[str, int]:
         """ServerInfo's counts of the streams open: ``keepalive_streams``, ``keepalive_leases``, ``watched_holds``."""

@@ -44,6 +44,11 @@ _log = logging.getLogger(__name__)
 Check = Callable[[int, str], "asyncio.Future[bool] | None"]
 
 
+def _ended(*_args: object) -> None:
+    """The callbacks of a stream that ended: nothing is checked, forwarded or ended any more."""
+    return None
+
+
 class StreamRenewals:
     """Serves the keepalives of one stream.
 
@@ -137,10 +142,15 @@ class StreamRenewals:
         self._on_gone(lease_id)
 
     def close(self) -> None:
-        """The stream ended: the leases it kept no longer count as kept here."""
+        """The stream ended: the leases it kept no longer count as kept here; the stream's callbacks are dropped.
+
+        They are bound methods of the stream, which holds this object: without this the pair (with the
+        stream's gRPC context and call state) would wait for the cycle collector's oldest generation.
+        """
         for lease_id in self._kept_here:
             self._kept.remove(lease_id)
         self._kept_here.clear()
+        self._check = self._spawn = self._on_gone = _ended  # type: ignore[assignment]
 
 
 async def renew_once(leases: Leases, lease_id: int, *, metrics: LockMetrics, on_keepalive: Callable[[int, int], None],

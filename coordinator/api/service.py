@@ -281,7 +281,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         return lock_pb2.ListLocksResponse(
             locks=[lock_pb2.LockInfo(name=lock.name, holder=_holder(lock.holder),
                                      ttl_remaining_seconds=lock.ttl_remaining_seconds, ttl_seconds=lock.ttl_seconds,
-                                     held_seconds=lock.held_seconds, waiter_count=lock.waiter_count)
+                                     held_seconds=lock.held_seconds, waiter_count=lock.waiter_count,
+                                     lock_delay_remaining_ms=lock.lock_delay.remaining_ms,
+                                     lock_delay_seconds=lock.lock_delay.seconds)
                    for lock in page.locks if visible is None or visible(lock.name)],
             next_page_token=page.next_page_token, revision=page.revision)
 

@@ -22,11 +22,9 @@ streams end with UNAVAILABLE/SHUTTING_DOWN so clients reconnect, in-flight
 calls get ``grace_seconds`` to finish. Clients' leases are never revoked: a
 restarted coordinator (or sidecar) must not drop its clients' locks.
 
-Traces (:mod:`..telemetry.tracing`): with a tracer provider (given, or the global one
-when it is not the API's default), each call is a SERVER span, child of the
-caller's W3C trace context, and each etcd request made for it a CLIENT span
-under it; independent of metrics. Without one, no interceptor is installed
-for it and nothing is traced.
+Traces (:mod:`..telemetry.tracing`): with a tracer provider (given, or the global one when it is not the API's
+default), each call is a SERVER span, child of the caller's W3C trace context, and each etcd request made for it a
+CLIENT span under it; independent of metrics. Without one, no interceptor is installed and nothing is traced.
 """
 
 from __future__ import annotations
@@ -53,6 +51,7 @@ from ..admission.overload import LoopLag
 from ..api.server_info import About
 from ..api.service import LockService
 from ..etcd import EtcdAuth, EtcdClient, EtcdTls, check_endpoints
+from ..recipes.delay_census import DelayCensus
 from ..recipes.lease import Leases
 from ..recipes.lock import LockManager
 from ..recipes.high_water import FILE_NAME, HighWaterFile
@@ -221,7 +220,7 @@ class Coordinator(CoordinatorParts):
         self.about = About(prefix=self._keys.prefix.decode(), endpoints=self._endpoints, embedded=etcd_embedded)
         self._grace = grace_seconds
         self.limits = limits if limits is not None else Limits()
-        extra = {"grpc.max_receive_message_length": self.limits.max_message_bytes, **dict(server_options)}
+        extra = {**self.limits.grpc_options(), **dict(server_options)}
         self._server_options = [(k, v) for k, v in SERVER_OPTIONS if k not in extra] + list(extra.items())
         self._etcd: EtcdClient | None = None
         self._server: grpc.aio.Server | None = None
@@ -387,6 +386,8 @@ class Coordinator(CoordinatorParts):
         self._tasks.append(asyncio.create_task(self._health.monitor(self._etcd, self._tokens), name="fencepost-health"))
         if self.certificate_expiry.files:
             self._tasks.append(asyncio.create_task(self.certificate_expiry.run(), name="fencepost-certificate-expiry"))
+        if self._metrics is not None:  # fencepost_lock_delays
+            self._tasks.append(asyncio.create_task(DelayCensus(self._etcd, self._keys, counted).run(), name="census"))
         return self.port
 
     async def drain(self, seconds: float, *, interrupted: asyncio.Event | None = None) -> str:

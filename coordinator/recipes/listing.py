@@ -19,6 +19,15 @@ are not listed. Their keys come before every lock's (no name a caller can
 give encodes to a key below ``%02``), so a listing of every lock starts
 after them (:func:`first_lock_key`).
 
+A lock that a lock-delay holds back (:mod:`.lock_delay`: its holder was
+lost and the delay runs, or starts at the next Acquire) is listed too, with
+no holder and the delay's time left: among the held locks when it has
+contenders (all of them waiters), and, when it has none, after every lock
+with contenders, from a second key range, the lock-delay keys
+``<prefix>!delay!<encoded name>!`` of the names under the prefix (a page
+token whose start key is in that range continues there). So a name that a
+delay hides is never missing from a listing.
+
 etcd keeps no time of a grant. :class:`GrantTimes` remembers, on this
 coordinator's monotonic clock, the grants it made itself; a hold granted by
 another replica (or before a restart) is listed with ``held_seconds = -1``.
@@ -34,6 +43,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 
@@ -44,10 +54,12 @@ from fencepost.client.v1.keys import MAX_NAME_BYTES, Hold, Keys, prefix_end
 from ..etcd import EtcdClient
 from ..etcd.failures import Failure, classify
 from .lock import Holder
-from .lock_delay import delay_range, held_back_by
+from .lock_delay import (DELAY_INFIX, DelayState, delay_range, delay_seconds, delay_state, held_back_by,
+                         wait_lease)
 from .tokens import TokenFloor
 
-__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "GrantTimes", "ListedLock", "LockPage", "first_lock_key", "list_locks"]
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "GrantTimes", "ListedLock", "LockPage", "delayed_range",
+           "first_lock_key", "list_locks"]
 
 #: Locks in a page when the request's page_size is 0.
 DEFAULT_PAGE_SIZE = 100
@@ -62,23 +74,27 @@ _TOKEN_VERSION = "v1"
 
 @dataclass(frozen=True)
 class ListedLock:
-    """One held lock of a page.
+    """One lock of a page: held, or held back by a lock-delay.
 
     Attributes:
         name: the lock name.
-        holder: the holder's lease id and fencing token.
-        waiter_count: contenders queued behind the holder.
-        ttl_remaining_seconds: seconds left on the holder's lease; -1 when it ended.
-        ttl_seconds: the holder lease's granted TTL in seconds; 0 when it ended.
+        holder: the holder's lease id and fencing token; None while a lock-delay holds the lock back.
+        waiter_count: contenders queued behind the holder (every contender when held back).
+        ttl_remaining_seconds: seconds left on the holder's lease; -1 when it ended or there is no holder.
+        ttl_seconds: the holder lease's granted TTL in seconds; 0 when it ended or there is no holder.
         held_seconds: seconds since the grant on this coordinator's clock; -1 when unknown.
+        lock_delay: the lock-delay holding it back (``remaining_ms`` > 0: running, that long left;
+            :data:`~.lock_delay.PENDING`: starts at the next Acquire; 0 with ``seconds`` > 0: ended since the
+            listing's revision); none (0, 0) for a held lock.
     """
 
     name: str
-    holder: Holder
+    holder: Holder | None
     waiter_count: int
     ttl_remaining_seconds: int = -1
     ttl_seconds: int = 0
     held_seconds: float = -1.0
+    lock_delay: DelayState = DelayState(0, 0)
 
 
 @dataclass(frozen=True)
@@ -181,8 +197,9 @@ def encode_page_token(revision: int, start: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_page_token(token: str, first: bytes, end: bytes) -> tuple[int, bytes]:
-    """Check a page token against the listing's key range ``[first, end)``.
+def decode_page_token(token: str, first: bytes, end: bytes, also: tuple[bytes, bytes] | None = None
+                      ) -> tuple[int, bytes]:
+    """Check a page token against the listing's key range ``[first, end)`` (or the range ``also``, when given).
 
     Returns:
         (revision, start key).
@@ -199,14 +216,14 @@ def decode_page_token(token: str, first: bytes, end: bytes) -> tuple[int, bytes]
         raise _invalid("page_token", "is not a next_page_token of ListLocks") from exc
     if version != _TOKEN_VERSION.encode() or rev <= 0:
         raise _invalid("page_token", "is not a next_page_token of ListLocks")
-    if not first <= start < end:
+    if not first <= start < end and not (also is not None and also[0] <= start < also[1]):
         raise _invalid("page_token", "belongs to a listing with another prefix")
     return rev, start
 
 
 async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, page_token: str,
                      grants: GrantTimes, tokens: TokenFloor | None = None) -> LockPage:
-    """Read one page of the held locks whose names start with ``prefix``.
+    """Read one page of the locks whose names start with ``prefix``: held, or held back by a lock-delay.
 
     Args:
         etcd: the coordinator's etcd layer.
@@ -219,7 +236,9 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
             refuses while tokens would go back; None for a floor of 0.
 
     Returns:
-        The page, read at the listing's revision; TTLs as etcd reports them now.
+        The page, read at the listing's revision: first the locks with
+        contenders in key order, then the locks without any that a lock-delay
+        holds back; TTLs and delays' time left as etcd reports them now.
 
     Raises:
         InvalidArgument: bad prefix, page_size or page_token (also when the
@@ -230,20 +249,51 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
     limit = page_size_of(page_size)
     first = keys.name_prefix(validate_prefix(prefix))
     end = prefix_end(first)
-    revision, start = (0, first) if not page_token else decode_page_token(page_token, first, end)
-    start = max(start, first_lock_key(keys))  # not the elections' and semaphores' locks
+    idle = delayed_range(keys, prefix)
+    revision, start = (0, first) if not page_token else decode_page_token(page_token, first, end, idle)
+    page: list[tuple[str, list[tuple[int, int]], list[Any]]] = []  # (name, contenders, delay keys)
+    next_start = b""
+    try:
+        if not idle[0] <= start < idle[1]:  # the locks with contenders first
+            revision, page, next_start = await _contended(etcd, keys, max(start, first_lock_key(keys)), end,
+                                                          revision, limit)
+            start = idle[0]
+        if not next_start:
+            revision, more, next_start = await _held_back_idle(etcd, keys, start, idle[1], revision, limit - len(page))
+            page += more
+    except FencepostError as exc:
+        if isinstance(exc.__cause__, grpc.RpcError) and classify(exc.__cause__) is Failure.COMPACTED:
+            raise _invalid("page_token", f"names etcd revision {revision}, which was compacted: "
+                                         "list again from the first page") from exc
+        raise
+    to_token: Callable[[int], int] = int
+    if tokens is not None:
+        tokens.check_serving()
+        to_token = tokens.reported
+    listed = await _with_ttls(etcd, page, grants, to_token)
+    return LockPage(listed, encode_page_token(revision, next_start) if next_start else "", revision)
+
+
+def delayed_range(keys: Keys, prefix: str) -> tuple[bytes, bytes]:
+    """The key range of the lock-delay keys of every lock whose name starts with ``prefix`` (a valid prefix)."""
+    start = keys.prefix + DELAY_INFIX + keys.name_prefix(prefix)[len(keys.prefix):]
+    return start, prefix_end(start)
+
+
+async def _contended(etcd: EtcdClient, keys: Keys, start: bytes, end: bytes, revision: int, limit: int
+                     ) -> tuple[int, list[tuple[str, list[tuple[int, int]], list[Any]]], bytes]:
+    """The locks with contenders in ``[start, end)`` at ``revision`` (0: now), at most ``limit``.
+
+    Returns:
+        (the revision read at, [(name, [(create revision, lease id)], the delay keys when a lock-delay holds
+        it back, else [])], the start key of the next page or b"").
+    """
     locks: list[tuple[str, list[tuple[int, int]]]] = []  # (name, [(create revision, lease id)])
     next_start = b""
     while True:
         request = etcdops.RangeRequest(key=start, range_end=end, revision=revision, limit=RANGE_BATCH,
                                        keys_only=True)
-        try:
-            resp = await etcd.range(request)
-        except FencepostError as exc:
-            if isinstance(exc.__cause__, grpc.RpcError) and classify(exc.__cause__) is Failure.COMPACTED:
-                raise _invalid("page_token", f"names etcd revision {revision}, which was compacted: "
-                                             "list again from the first page") from exc
-            raise
+        resp = await etcd.range(request)
         revision = revision or int(resp.header.revision)
         for kv in resp.kvs:
             key = bytes(kv.key)
@@ -260,61 +310,114 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
         if next_start or not resp.more:
             break
         start = bytes(resp.kvs[-1].key) + b"\0"
-    locks = await _not_held_back(etcd, keys, locks, revision)
-    to_token: Callable[[int], int] = int
-    if tokens is not None:
-        tokens.check_serving()
-        to_token = tokens.reported
-    listed = [_listed(name, contenders, grants, to_token) for name, contenders in locks]
-    listed = await _with_ttls(etcd, listed)
-    return LockPage(listed, encode_page_token(revision, next_start) if next_start else "", revision)
+    held_back = await _held_back(etcd, keys, locks, revision)
+    return revision, [(name, contenders, held_back.get(name, [])) for name, contenders in locks], next_start
 
 
-async def _not_held_back(etcd: EtcdClient, keys: Keys, locks: list[tuple[str, list[tuple[int, int]]]],
-                         revision: int) -> list[tuple[str, list[tuple[int, int]]]]:
-    """``locks`` but those a lock-delay holds back (:mod:`.lock_delay`): nobody holds them, as Describe says.
+async def _held_back(etcd: EtcdClient, keys: Keys, locks: list[tuple[str, list[tuple[int, int]]]],
+                     revision: int) -> dict[str, list[Any]]:
+    """The delay keys of each of ``locks`` that a lock-delay holds back (:mod:`.lock_delay`): nobody holds it.
 
-    One keys-and-values Range of the page's delay keys at ``revision`` (they sort as the names do); none
-    when no lock of the page ever used a lock-delay beyond that read.
+    One keys-and-values Range of the page's delay keys at ``revision`` (they sort as the names do).
     """
     if not locks:
-        return locks
+        return {}
     # Not always in the names' order: "a/" sorts after "ab/", but "a!" before "ab!".
     ranges = [delay_range(keys, keys.lock_prefix(name)) for name, _ in locks]
     request = etcdops.RangeRequest(key=min(ranges), range_end=prefix_end(max(ranges)), revision=revision)
     resp = await etcd.range(request)
     if not resp.kvs:
-        return locks
+        return {}
     by_lock: dict[bytes, list[Any]] = {}
     for kv in resp.kvs:
         key = bytes(kv.key)
         by_lock.setdefault(key[:key.rindex(b"!") + 1], []).append(kv)
-    kept = []
+    held_back = {}
     for name, contenders in locks:
         found = by_lock.get(delay_range(keys, keys.lock_prefix(name)))
         revision_of_head, lease_id = min(contenders)
-        if found is None or not held_back_by(found, lease_id, revision_of_head):
-            kept.append((name, contenders))
-    return kept
+        if found is not None and held_back_by(found, lease_id, revision_of_head):
+            held_back[name] = found
+    return held_back
 
 
-def _listed(name: str, contenders: list[tuple[int, int]], grants: GrantTimes,
-            to_token: Callable[[int], int]) -> ListedLock:
-    revision, lease_id = min(contenders)
-    token = to_token(revision)
-    return ListedLock(name, Holder(lease_id, token), len(contenders) - 1,
-                      held_seconds=grants.held_seconds(Hold(name, lease_id, token)))
+async def _held_back_idle(etcd: EtcdClient, keys: Keys, start: bytes, end: bytes, revision: int, room: int
+                          ) -> tuple[int, list[tuple[str, list[tuple[int, int]], list[Any]]], bytes]:
+    """The locks without contenders whose delay keys in ``[start, end)`` hold them back, at most ``room``.
 
+    Their delay keys are read in key order at ``revision`` (0: now); each candidate's contender range is
+    counted at that revision (one count per lock with delay keys: a hold's own record has a contender).
 
-async def _with_ttls(etcd: EtcdClient, locks: list[ListedLock]) -> list[ListedLock]:
-    """Each lock with its holder lease's TTL left and granted TTL (one LeaseTimeToLive per lease)."""
+    Returns:
+        (the revision read at, [(name, [], delay keys)], the start key of the next page or b"").
+    """
+    found: list[tuple[str, list[tuple[int, int]], list[Any]]] = []
     gate = asyncio.Semaphore(TTL_CONCURRENCY)
-    leases = sorted({lock.holder.lease_id for lock in locks})
+
+    async def contended(name: str) -> bool:
+        async with gate:
+            request = etcdops.RangeRequest(key=keys.lock_prefix(name), range_end=prefix_end(keys.lock_prefix(name)),
+                                           revision=revision, count_only=True)
+            return int((await etcd.range(request)).count) > 0
+
+    while True:
+        resp = await etcd.range(etcdops.RangeRequest(key=start, range_end=end, revision=revision, limit=RANGE_BATCH))
+        revision = revision or int(resp.header.revision)
+        groups: dict[bytes, list[Any]] = {}
+        for kv in resp.kvs:
+            key = bytes(kv.key)
+            groups.setdefault(key[:key.rindex(b"!") + 1], []).append(kv)
+        if resp.more and len(groups) > 1:
+            groups.pop(max(groups))  # it may go on in the next batch: read it again there
+        names = {start_key: _name_of(keys, start_key) for start_key in groups}
+        candidates = [k for k, name in names.items() if name is not None]
+        busy = await asyncio.gather(*(contended(names[k]) for k in candidates))  # type: ignore[arg-type]
+        for start_key, is_contended in zip(candidates, busy, strict=True):
+            if is_contended:
+                continue  # held (its holder's own record), or listed among the locks with contenders
+            if len(found) == room:
+                return revision, found, start_key
+            found.append((names[start_key], [], groups[start_key]))  # type: ignore[arg-type]
+        if not resp.more:
+            return revision, found, b""
+        start = prefix_end(max(groups))
+
+
+def _name_of(keys: Keys, start: bytes) -> str | None:
+    """The caller's lock name whose delay range is ``start`` (``<prefix>!delay!<encoded name>!``); None for an
+    internal name's or a key no name encodes to."""
+    try:
+        name = unquote(start[len(keys.prefix) + len(DELAY_INFIX):-1].decode(), errors="strict")
+    except UnicodeDecodeError:
+        return None
+    if kinds.is_internal(name) or delay_range(keys, keys.lock_prefix(name)) != start:
+        return None
+    return name
+
+
+async def _with_ttls(etcd: EtcdClient, page: list[tuple[str, list[tuple[int, int]], list[Any]]],
+                     grants: GrantTimes, to_token: Callable[[int], int]) -> list[ListedLock]:
+    """Each lock of ``page`` with its holder lease's TTL left and granted TTL, or its lock-delay's time left
+    (one LeaseTimeToLive per lease: holders' and delays' waits)."""
+    gate = asyncio.Semaphore(TTL_CONCURRENCY)
+    leases = sorted({min(contenders)[1] if not delays else wait_lease(delays)
+                     for _, contenders, delays in page} - {0})
 
     async def ttl(lease_id: int) -> tuple[int, int]:
         async with gate:
             return await etcd.lease_ttl(lease_id)
 
     ttls = dict(zip(leases, await asyncio.gather(*(ttl(lease) for lease in leases)), strict=True))
-    return [ListedLock(lock.name, lock.holder, lock.waiter_count, *ttls[lock.holder.lease_id], lock.held_seconds)
-            for lock in locks]
+    listed = []
+    for name, contenders, delays in page:
+        if delays:
+            state = delay_state(delays, None, ttls.get(wait_lease(delays), (-1, 0))[0])
+            if not state.seconds:  # the wait ended since the listing's revision
+                state = DelayState(delay_seconds(delays), 0)
+            listed.append(ListedLock(name, None, len(contenders), lock_delay=state))
+            continue
+        revision, lease_id = min(contenders)
+        token = to_token(revision)
+        listed.append(ListedLock(name, Holder(lease_id, token), len(contenders) - 1, *ttls[lease_id],
+                                 held_seconds=grants.held_seconds(Hold(name, lease_id, token))))
+    return listed

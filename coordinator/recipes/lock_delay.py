@@ -59,14 +59,17 @@ from fencepost.client.v1.keys import MAX_LOCK_DELAY_SECONDS, Keys, prefix_end
 from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan
 from .watch import DeleteWatcher
 
-__all__ = ["PENDING", "DelayRecord", "DelayState", "HeldBack", "LockDelays", "delay_range", "validate_lock_delay"]
+__all__ = ["DELAY_INFIX", "PENDING", "WAIT", "DelayRecord", "DelayState", "HeldBack", "LockDelays", "delay_range",
+           "delay_seconds", "delay_state", "held_back_by", "validate_lock_delay", "wait_lease"]
 
 _log = logging.getLogger(__name__)
 
 #: The infix of every lock's delay range: ``<prefix>!delay!<encoded name>!``.
 DELAY_INFIX = b"!delay!"
 _RECORD = b"record"
-_WAIT = b"wait"
+#: The last part of the key of a running delay's wait: ``<prefix>!delay!<encoded name>!wait``.
+WAIT = b"wait"
+_WAIT = WAIT
 
 
 def validate_lock_delay(seconds: int) -> int:
@@ -154,6 +157,47 @@ class DelayState:
 
     seconds: int
     remaining_ms: int
+
+
+def wait_lease(delay_kvs: Any) -> int:
+    """The etcd lease of the wait among a lock's delay keys ``delay_kvs`` (a running delay); 0: none."""
+    for kv in delay_kvs:
+        if bytes(kv.key).endswith(b"!" + _WAIT):
+            return int(kv.lease)
+    return 0
+
+
+def delay_state(delay_kvs: Any, head: tuple[int, int] | None, wait_left: int) -> DelayState:
+    """The delay that holds a lock back, from its delay keys (record and wait, as read).
+
+    Args:
+        delay_kvs: the lock's delay keys, values included.
+        head: (lease id, create revision) of the lock's first contender; None when it has none.
+        wait_left: seconds etcd reports left on the wait's lease (:func:`wait_lease`); -1 when it ended or
+            there is no wait.
+
+    Returns:
+        A :class:`DelayState` (``seconds`` 0: none; a contender's own record is none).
+    """
+    found = {bytes(kv.key).rsplit(b"!", 1)[-1]: kv for kv in delay_kvs}
+    wait = found.get(_WAIT)
+    if wait is not None and wait_left >= 0:
+        return DelayState(_int(bytes(wait.value)), max(1, wait_left * 1000))
+    record = found.get(_RECORD)
+    parsed = DelayRecord.parse(bytes(record.value)) if record is not None else None
+    if parsed is None or (head is not None and (parsed.lease_id, parsed.revision) == head):
+        return DelayState(0, 0)
+    return DelayState(parsed.delay, PENDING)
+
+
+def delay_seconds(delay_kvs: Any) -> int:
+    """The delay, in seconds, that a lock's delay keys name: the wait's, else the record's; 0: none."""
+    for kv in delay_kvs:
+        key = bytes(kv.key)
+        if key.endswith(b"!" + _WAIT):
+            return _int(bytes(kv.value))
+    record = next((DelayRecord.parse(bytes(kv.value)) for kv in delay_kvs), None)
+    return record.delay if record is not None else 0
 
 
 def _int(value: bytes) -> int:
@@ -337,17 +381,8 @@ class LockDelays:
         Raises:
             Unavailable: etcd unreachable (reading the wait's lease).
         """
-        found = {bytes(kv.key).rsplit(b"!", 1)[-1]: kv for kv in delays.kvs}
-        wait = found.get(_WAIT)
-        if wait is not None:
-            left, _ = await self._etcd.lease_ttl(int(wait.lease))
-            if left >= 0:
-                return DelayState(_int(bytes(wait.value)), max(1, left * 1000))
-        record = found.get(_RECORD)
-        parsed = DelayRecord.parse(bytes(record.value)) if record is not None else None
-        if parsed is None or (head is not None and (parsed.lease_id, parsed.revision) == head):
-            return DelayState(0, 0)
-        return DelayState(parsed.delay, PENDING)
+        lease = wait_lease(delays.kvs)
+        return delay_state(delays.kvs, head, (await self._etcd.lease_ttl(lease))[0] if lease else -1)
 
     async def end(self, lock: bytes) -> DelayState:
         """End the lock-delay of the lock whose key range is ``lock`` (AdminEndLockDelay).
@@ -397,3 +432,4 @@ class LockDelays:
             await self._etcd.lease_revoke(lease_id)
         except FencepostError as exc:  # it expires after its TTL anyway
             _log.debug("could not revoke unused lock-delay lease %#x: %s", lease_id, exc)
+

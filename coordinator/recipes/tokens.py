@@ -427,7 +427,8 @@ async def recover(etcd: EtcdClient, keys: Keys, above: int, *, attempts: int = 5
             try:
                 previous = TokenRecord.decode(bytes(resp.kvs[0].value))
             except ValueError:
-                _log.warning("the token record held %r; overwriting it", bytes(resp.kvs[0].value)[:100])
+                _log.warning("the token record held %s; overwriting it",
+                             bytes(resp.kvs[0].value)[:100].decode("utf-8", "backslashreplace"))
         target = max(above, base + (previous.floor if previous else 0), previous.high if previous else 0)
         # Keys created after this Txn (at revision >= base + 1) have revisions >= base + 2: tokens > target.
         record = TokenRecord(int(resp.header.cluster_id), target - base, target)

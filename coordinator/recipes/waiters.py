@@ -224,9 +224,9 @@ class Waiters:
                            lambda resp: bool(resp.succeeded), [], lambda resp: True)
             try:
                 if await self._etcd.lock_txn(plan, lock_of(key)):
-                    _log.debug("withdrew waiter key %r of an Acquire that ended without an answer", key)
+                    _log.debug("withdrew %s: its Acquire ended without an answer", self._named(key))
             except FencepostError as exc:
-                _log.warning("could not withdraw waiter key %r: %s", key, exc)
+                _log.warning("could not withdraw %s: %s", self._named(key), exc)
 
         with unbounded():
             task = asyncio.ensure_future(later())
@@ -250,7 +250,14 @@ class Waiters:
                 await finish_even_if_cancelled(self._etcd.lock_txn(plan, lock_of(key)))
         except FencepostError as exc:
             # The key stays until its lease ends; log it so an operator can see it.
-            _log.warning("could not withdraw waiter key %r: %s", key, exc)
+            _log.warning("could not withdraw %s: %s", self._named(key), exc)
+
+    def _named(self, key: bytes) -> str:
+        """A contender key as the log names it: its lock name as text and its lease, never a bytes repr."""
+        parsed = self._keys.parse(key)
+        if parsed is None:
+            return f"key {key.decode('utf-8', 'backslashreplace')}"
+        return f"the waiter key of lease {parsed[1]:#x} for lock {parsed[0]!r}"
 
     def forget(self, key: bytes, my_rev: int) -> Any:
         """The op that deletes the lock-delay record of the hold of contender key ``key`` created at ``my_rev``."""

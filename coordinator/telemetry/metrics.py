@@ -47,6 +47,8 @@ fencepost_keepalive_client_rtt_...  gauge                          median keepal
 fencepost_keepalive_wait_seconds    gauge                          median wait of keepalives before read
 fencepost_lease_ceiling             gauge                          leases carried before grants are refused
 fencepost_overloaded                gauge                          1 while past capacity (capacity.py)
+fencepost_lock_delays               gauge                          locks whose lock-delay runs, cluster-wide
+fencepost_lock_delay_remaining_...  gauge                          the longest time left of those delays
 ==================================  =========  ==================  ==============================================
 
 ``docs/operations.md`` ("Metrics") explains each one. :data:`NO_METRICS`
@@ -242,6 +244,13 @@ class LockMetrics:
         self._lease_ceiling = Gauge("fencepost_lease_ceiling",
                                     "The leases this coordinator carries before it refuses LeaseGrant (learned when "
                                     "past capacity); 0: none yet.", registry=registry)
+        self._lock_delays = Gauge("fencepost_lock_delays",
+                                  "Locks whose lock-delay runs now (a holder was lost: no grant until it ends), in "
+                                  "the whole cluster, counted in etcd every 5 s: the same on every coordinator.",
+                                  registry=registry)
+        self._lock_delay_left = Gauge("fencepost_lock_delay_remaining_seconds",
+                                      "The longest time left of the running lock-delays, in seconds (0: none).",
+                                      registry=registry)
         self._overloaded = Gauge("fencepost_overloaded",
                                  "1 while this coordinator is past its capacity (new leases, KeepAlive streams and "
                                  "waits refused with OVERLOADED), else 0.", registry=registry)
@@ -354,6 +363,11 @@ class LockMetrics:
         """The coordinator entered (True) or left (False) the past-capacity condition."""
         self._overloaded.set(1 if past else 0)
 
+    def lock_delays(self, running: int, longest_left: int) -> None:
+        """``running`` locks' lock-delays run now; the longest has ``longest_left`` seconds left."""
+        self._lock_delays.set(running)
+        self._lock_delay_left.set(longest_left)
+
 
 class _NoMetrics(LockMetrics):
     """:class:`LockMetrics` that records nothing (metrics off)."""
@@ -414,6 +428,9 @@ class _NoMetrics(LockMetrics):
         pass
 
     def overloaded(self, past: bool) -> None:
+        pass
+
+    def lock_delays(self, running: int, longest_left: int) -> None:
         pass
 
 

@@ -28,11 +28,12 @@ export interface LockInfo {
   waiterCount: number;
 }
 
-/** One held lock, from {@link LockClient.listLocks}. */
+/** One held lock, from {@link LockClient.listLocks}, or one that a lock-delay holds back (no holder). */
 export interface HeldLock {
   name: string;
+  /** The holder's lease id; 0n while a lock-delay holds the lock back. */
   holderLeaseId: bigint;
-  /** The holder's fencing token. */
+  /** The holder's fencing token; 0n while a lock-delay holds the lock back. */
   token: bigint;
   /** Seconds left on the holder's lease as etcd reported it (a lower bound only); undefined when the lease ended meanwhile. */
   ttlRemaining: number | undefined;
@@ -40,10 +41,14 @@ export interface HeldLock {
   ttl: number;
   /** Seconds since the grant; undefined when the coordinator that answered did not make the grant. */
   heldFor: number | undefined;
-  /** How many contenders are queued behind the holder. */
+  /** How many contenders are queued behind the holder (all of them when held back). */
   waiterCount: number;
   /** The etcd revision of the listing. */
   revision: bigint;
+  /** The lock-delay holding the lock back, in seconds; 0 for a held lock. */
+  lockDelay: number;
+  /** Seconds left on that delay; undefined when it starts at the next acquire, or for a held lock. */
+  lockDelayRemaining: number | undefined;
 }
 
 /** The etcd a coordinator uses, as it saw it, from {@link LockClient.serverInfo}. */
@@ -131,6 +136,11 @@ export function heldLockFromMessage(info: LockInfoMessage, revision: bigint): He
     heldFor: info.heldSeconds >= 0 ? info.heldSeconds : undefined,
     waiterCount: Number(info.waiterCount),
     revision,
+    lockDelay: Number(info.lockDelaySeconds),
+    lockDelayRemaining:
+      info.lockDelaySeconds > 0n && info.lockDelayRemainingMs >= 0n
+        ? Number(info.lockDelayRemainingMs) / 1000
+        : undefined,
   };
 }
 
