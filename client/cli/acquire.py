@@ -34,6 +34,7 @@ from .common import (
     lease_hex,
 )
 from .flags import address_flag, addresses_of, lock_delay_flag, lock_name, parse_timeout, parse_ttl, tls_flags, tls_of
+from .printable import shown_name
 
 __all__ = ["acquire_unless", "add_parser", "execute"]
 
@@ -139,18 +140,18 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls:
         try:
             timeout = await connect_within(client, 0.0 if args.try_once else args.timeout, stop.wait())
         except ConnectInterrupted:
-            raise CliError(f"interrupted while waiting for {args.name}", EXIT_INTERRUPTED) from None
+            raise CliError(f"interrupted while waiting for {shown_name(args.name)}", EXIT_INTERRUPTED) from None
         async with client:
             handle = await acquire_unless(client, args.name, ttl=args.ttl, timeout=timeout,
                                           try_once=args.try_once, interrupt=stop.wait(),
                                           lock_delay=args.lock_delay)
             if handle is None:
-                raise CliError(f"interrupted while waiting for {args.name}", EXIT_INTERRUPTED)
+                raise CliError(f"interrupted while waiting for {shown_name(args.name)}", EXIT_INTERRUPTED)
 
             print(handle.token, flush=True)
             if handle.lease_secret:  # for `fencepost release --lease-secret` from another process
                 print(f"FENCEPOST_LEASE_SECRET={handle.lease_secret}", flush=True)
-            print(f"fencepost: holding {handle.name} with token {handle.token}, lease "
+            print(f"fencepost: holding {shown_name(handle.name)} with token {handle.token}, lease "
                   f"{lease_hex(handle.lease_id)} ({handle.lease_id}), ttl {handle.ttl:g} s; "
                   f"SIGINT or SIGTERM releases it",
                   file=sys.stderr, flush=True)
@@ -165,7 +166,7 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls:
             if handle.lost.is_set():
                 raise CliError(f"lost: {handle.lost_reason or 'lease lost'}", EXIT_LOST, bare=True)
             await handle.release()
-            print(f"fencepost: released {handle.name} (token {handle.token})", file=sys.stderr, flush=True)
+            print(f"fencepost: released {shown_name(handle.name)} (token {handle.token})", file=sys.stderr, flush=True)
             return EXIT_OK
     finally:
         for sig in signals:

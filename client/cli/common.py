@@ -34,6 +34,8 @@ from fencepost.client.errors import (
     from_rpc_error,
 )
 
+from .printable import shown_name
+
 __all__ = [
     "ADDRESS_ENV", "CA_ENV", "CERT_ENV", "KEY_ENV", "TLS_ENV", "TLS_FLAGS", "TLS_SERVER_NAME_ENV", "FLAG_OF_FIELD",
     "DEFAULT_ADDRESS", "ETCD_UNAVAILABLE", "EXIT_CODES", "EXIT_HELD", "EXIT_INTERRUPTED", "EXIT_LOST", "EXIT_OK",
@@ -277,6 +279,7 @@ def acquire_error(err: Exception, name: str, timeout: float | None, addresses: S
     """
     if isinstance(err, grpc.RpcError):
         err = from_rpc_error(err, name=name)
+    name = shown_name(name)
     if isinstance(err, InvalidArgument):
         return CliError(f"invalid {err.field or 'request'}: {err_text(err)}", EXIT_USAGE)
     if isinstance(err, LockTimeout):

@@ -44,6 +44,7 @@ from .common import (
 )
 from .flags import address_flag, addresses_of, lock_name, parse_timeout, parse_ttl, tls_flags, tls_of
 from .acquire import acquire_unless
+from .printable import shown_name
 from .child import FORWARDED_SIGNALS, PROGRAM, CommandError, RunResult, note, parse_grace, parse_lost_exit_code, \
     start, supervise
 from .run import RUN_EXIT_CODES, child_environment
@@ -194,7 +195,7 @@ async def run_elected(addresses: Sequence[str], name: str, value: str, command: 
                 with contextlib.suppress(FencepostError):
                     await lead.resign()
                 raise
-            note(f"leading election {lead.name} with token {lead.token}, lease 0x{lead.lease_id:x} "
+            note(f"leading election {shown_name(lead.name)} with token {lead.token}, lease 0x{lead.lease_id:x} "
                   f"({lead.lease_id}), ttl {lead.ttl:g} s; running pid {proc.pid}: {' '.join(command)}")
             return await supervise(proc, lead, received, grace=grace, lost_exit_code=lost_exit_code)
     finally:

@@ -61,6 +61,7 @@ from fencepost.client import AsyncLockClient, FencepostError, PermitsMismatch, T
 from fencepost.client.v1.keys import MAX_PERMITS
 
 from .acquire import acquire_unless
+from .printable import shown_name
 from .child import (
     EXIT_CANNOT_EXECUTE,
     EXIT_NOT_FOUND,
@@ -345,7 +346,7 @@ async def run_locked(
                 with contextlib.suppress(FencepostError):
                     await handle.release()
                 raise
-            what = f"a permit of {handle.name} (slot {handle.slot})" if permits is not None else handle.name
+            what = f"a permit of {shown_name(handle.name)} (slot {handle.slot})" if permits is not None else shown_name(handle.name)
             note(f"holding {what} with token {handle.token}, lease 0x{handle.lease_id:x} "
                   f"({handle.lease_id}), ttl {handle.ttl:g} s; running pid {proc.pid}: "
                   f"{' '.join(command)}")

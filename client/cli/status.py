@@ -52,6 +52,7 @@ from .common import (
     tls_words,
 )
 from .flags import address_flag, addresses_of, lock_name, tls_flags, tls_of
+from .printable import shown_name
 
 __all__ = ["HEALTH_SERVICE", "PROBE_NAME", "add_parser", "execute"]
 
@@ -143,15 +144,15 @@ def _describe(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | N
         return EXIT_OK
     if resp.held:
         lease = resp.holder.lease_id
-        print(f"{name}: held")
+        print(f"{shown_name(name)}: held")
         print(f"  holder lease   {lease_hex(lease)} ({lease})")
         print(f"  fencing token  {resp.holder.token}")
         print(f"  TTL left       {resp.ttl_remaining_seconds} s of {resp.ttl_seconds} s")
     else:
-        print(f"{name}: not held")
+        print(f"{shown_name(name)}: not held")
     if resp.lock_delay_remaining_ms > 0:
         print(f"  lock-delay     {resp.lock_delay_remaining_ms / 1000:g} s left of {resp.lock_delay_seconds} s "
-              f"(held back; `fencepost admin end-lock-delay {name}` ends it)")
+              f"(held back; `fencepost admin end-lock-delay {shown_name(name)}` ends it)")
     elif resp.lock_delay_remaining_ms < 0:
         print(f"  lock-delay     {resp.lock_delay_seconds} s, starting at the next acquire (its holder was lost)")
     print(f"  waiters        {resp.waiter_count}")
@@ -186,9 +187,9 @@ def semaphore_json(info: SemaphoreInfo, address: str) -> dict[str, Any]:
 def semaphore_lines(info: SemaphoreInfo) -> list[str]:
     """The text of ``status NAME --semaphore``: one line per permit slot, then the waiters and the revision."""
     if not info.permits:
-        return [f"{info.name}: semaphore never used (no permits record)", f"  revision       {info.revision}"]
+        return [f"{shown_name(info.name)}: semaphore never used (no permits record)", f"  revision       {info.revision}"]
     permits = f"{info.permits} permit{'' if info.permits == 1 else 's'}"
-    lines = [f"{info.name}: semaphore of {permits}, {len(info.holders)} held"]
+    lines = [f"{shown_name(info.name)}: semaphore of {permits}, {len(info.holders)} held"]
     by_slot = {h.slot: h for h in info.holders}
     width = len(str(info.permits - 1))
     for slot in range(info.permits):
