@@ -52,6 +52,7 @@ test("tryAcquire throws LockHeld naming the holder; a blocking acquire times out
   assert.equal(err.holderToken, held.token);
   assert.equal(err.holderLeaseId, held.leaseId);
   assert.equal(err.lockName, name);
+  assert.equal(err.reason, "LOCK_HELD");
   const started = performance.now();
   await assert.rejects(b.acquire(name, { ttl: 5, timeout: 0.3 }), LockTimeout);
   assert.ok(performance.now() - started < 3000);
