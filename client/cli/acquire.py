@@ -34,6 +34,7 @@ from .common import (
     lease_hex,
 )
 from .flags import address_flag, addresses_of, lock_delay_flag, lock_name, parse_timeout, parse_ttl, tls_flags, tls_of
+from . import progress
 from .printable import shown_name
 
 __all__ = ["acquire_unless", "add_parser", "execute"]
@@ -80,9 +81,12 @@ def execute(args: argparse.Namespace) -> int:
 
 async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, timeout: float | None,
                          try_once: bool, interrupt: Awaitable[object],
-                         acquiring: Awaitable[AsyncLockHandle] | None = None, lock_delay: float = 0
-                         ) -> AsyncLockHandle | None:
+                         acquiring: Awaitable[AsyncLockHandle] | None = None, lock_delay: float = 0,
+                         waiting_for: tuple[str, progress.Look] | None = None) -> AsyncLockHandle | None:
     """Acquire ``name`` unless ``interrupt`` completes first (a signal, say).
+
+    On a terminal, a wait of over a second is shown on stderr, with the holder and this client's place in
+    the queue (:mod:`.progress`).
 
     Args:
         client: A connected client.
@@ -94,6 +98,8 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
             is cancelled (which removes the waiter's place in the queue).
         acquiring: Another acquire to run instead (a semaphore permit's), made by the caller.
         lock_delay: The hold's lock-delay in seconds (0: none).
+        waiting_for: What the wait is for and how to look at it, for the progress line (``acquiring``'s:
+            a semaphore's, an election's); None: the lock ``name`` (its holder and queue).
 
     Returns:
         The handle, or None when interrupted (a grant that raced with the
@@ -109,8 +115,10 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
     else:
         acquiring = asyncio.ensure_future(client.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay))
     interrupted = asyncio.ensure_future(interrupt)
+    what, look = waiting_for or (shown_name(name), progress.lock_look(client, name))
     try:
-        await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        async with progress.showing(progress.waiting(what, look)):
+            await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         interrupted.cancel()
     if acquiring.done():

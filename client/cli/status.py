@@ -13,8 +13,10 @@ health service is missing or does not know LockService), since the point is
 to report every coordinator, not to fail over between them; a coordinator
 that answers is then asked for its ServerInfo (version, uptime, addresses,
 etcd, counts), printed under its health line. A coordinator without
-ServerInfo (older, UNIMPLEMENTED) or whose ServerInfo fails is reported by
-its health alone. The exit code follows the health alone.
+ServerInfo (older, UNIMPLEMENTED) or whose ServerInfo fails or is refused
+(it needs the ``admin`` action of the access policy) is reported by its
+health, and a ``details`` line (``info_error`` in JSON) says which details
+are missing and why. The exit code follows the health alone.
 """
 
 from __future__ import annotations
@@ -253,23 +255,41 @@ class _Probed:
     status: str  # SERVING, NOT_SERVING, UNREACHABLE or a status code name
     detail: str
     info: ServerInfo | None  # None: no coordinator answered, or it has no ServerInfo
+    info_error: str = ""  # why a coordinator that answered gave no ServerInfo ("" when it did, or none answered)
+
+
+#: What ServerInfo tells, named when it is refused.
+DETAILS = "version, uptime, addresses, etcd and counts"
 
 
 def _probe(address: str, channels: Security) -> _Probed:
     """Ask one coordinator whether it serves and, when it answers, for its ServerInfo."""
     with channels.sync_channel(address) as channel:
         status, detail = _health_of(channel, address, channels)
-        info = _server_info(channel) if status in ("SERVING", "NOT_SERVING") else None
-    return _Probed(address, status, detail, info)
+        info, error = _server_info(channel) if status in ("SERVING", "NOT_SERVING") else (None, "")
+    return _Probed(address, status, detail, info, error)
 
 
-def _server_info(channel: grpc.Channel) -> ServerInfo | None:
-    """The coordinator's ServerInfo; None when it does not implement it, or the call fails (health says enough)."""
+def _server_info(channel: grpc.Channel) -> tuple[ServerInfo | None, str]:
+    """The coordinator's ServerInfo, or None and why not (health says enough about serving).
+
+    Returns:
+        ``(info, "")``; or ``(None, why)``: the policy refused it (ServerInfo needs the ``admin``
+        action: PERMISSION_DENIED/ACCESS_DENIED and the coordinator's words), the coordinator is
+        older and has no ServerInfo (UNIMPLEMENTED), or the call failed.
+    """
     try:
         resp = pb_grpc.LockServiceStub(channel).ServerInfo(pb.ServerInfoRequest(), timeout=RPC_TIMEOUT_SECONDS)
-    except grpc.RpcError:
-        return None
-    return ServerInfo.from_response(resp)
+    except grpc.RpcError as err:
+        status = details.parse(err)
+        if status.code == grpc.StatusCode.UNIMPLEMENTED:
+            return None, f"{DETAILS} not served (an older coordinator, without ServerInfo)"
+        label = (status.code or grpc.StatusCode.UNKNOWN).name + (f"/{status.reason}" if status.reason else "")
+        why = f"{label}: {_first_line(status)}" if _first_line(status) else label
+        if status.code == grpc.StatusCode.PERMISSION_DENIED:
+            return None, f"{DETAILS} refused: {why} (ServerInfo needs the admin action in the access policy)"
+        return None, f"{DETAILS} unknown: ServerInfo failed: {why}"
+    return ServerInfo.from_response(resp), ""
 
 
 def _health_of(channel: grpc.Channel, address: str, channels: Security) -> tuple[str, str]:
@@ -316,7 +336,8 @@ def _health(addresses: list[str], as_json: bool, tls: TlsConfig | None) -> int:
         print(json.dumps({
             "serving": serving,
             "coordinators": [{"address": r.address, "status": r.status, **({"detail": r.detail} if r.detail else {}),
-                              "info": info_json(r.info) if r.info is not None else None} for r in results],
+                              "info": info_json(r.info) if r.info is not None else None,
+                              **({"info_error": r.info_error} if r.info_error else {})} for r in results],
         }))
     else:
         for r in results:
@@ -325,6 +346,8 @@ def _health(addresses: list[str], as_json: bool, tls: TlsConfig | None) -> int:
             if r.info is not None:
                 for label, text in info_lines(r.info):
                     print(f"  {label:<15} {text}")
+            elif r.info_error:
+                print(f"  {'details':<15} {r.info_error}")
     if not serving:
         bad = [r.address for r in results if r.status != "SERVING"]
         print(f"fencepost status: not serving: {', '.join(bad)}", file=sys.stderr)
