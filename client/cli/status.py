@@ -13,10 +13,11 @@ health service is missing or does not know LockService), since the point is
 to report every coordinator, not to fail over between them; a coordinator
 that answers is then asked for its ServerInfo (version, uptime, addresses,
 etcd, counts), printed under its health line. A coordinator without
-ServerInfo (older, UNIMPLEMENTED) or whose ServerInfo fails or is refused
-(it needs the ``admin`` action of the access policy) is reported by its
-health, and a ``details`` line (``info_error`` in JSON) says which details
-are missing and why. The exit code follows the health alone.
+ServerInfo (older, UNIMPLEMENTED) is reported by its health alone; one
+whose ServerInfo fails or is refused (it needs the ``admin`` action of the
+access policy) by its health and a ``details`` line (``info_error`` in
+JSON) saying which details are missing and why. The exit code follows the
+health alone.
 """
 
 from __future__ import annotations
@@ -274,16 +275,16 @@ def _server_info(channel: grpc.Channel) -> tuple[ServerInfo | None, str]:
     """The coordinator's ServerInfo, or None and why not (health says enough about serving).
 
     Returns:
-        ``(info, "")``; or ``(None, why)``: the policy refused it (ServerInfo needs the ``admin``
-        action: PERMISSION_DENIED/ACCESS_DENIED and the coordinator's words), the coordinator is
-        older and has no ServerInfo (UNIMPLEMENTED), or the call failed.
+        ``(info, "")``; ``(None, "")`` from an older coordinator without ServerInfo (UNIMPLEMENTED);
+        or ``(None, why)``: the policy refused it (ServerInfo needs the ``admin`` action:
+        PERMISSION_DENIED/ACCESS_DENIED and the coordinator's words), or the call failed.
     """
     try:
         resp = pb_grpc.LockServiceStub(channel).ServerInfo(pb.ServerInfoRequest(), timeout=RPC_TIMEOUT_SECONDS)
     except grpc.RpcError as err:
         status = details.parse(err)
         if status.code == grpc.StatusCode.UNIMPLEMENTED:
-            return None, f"{DETAILS} not served (an older coordinator, without ServerInfo)"
+            return None, ""  # an older coordinator: its health line is all it has to say
         label = (status.code or grpc.StatusCode.UNKNOWN).name + (f"/{status.reason}" if status.reason else "")
         why = f"{label}: {_first_line(status)}" if _first_line(status) else label
         if status.code == grpc.StatusCode.PERMISSION_DENIED:
