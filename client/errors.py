@@ -9,8 +9,8 @@ lease id it concerns, its reason (an ``ErrorReason`` name from
     FencepostError                 base class: .name .lease_id .reason .code
      ├── InvalidArgument           a bad name, TTL, timeout, token or identifier
      │                             (.field); also a ValueError
-     ├── LockHeld                  try_acquire found the lock held
-     │                             (.holder_lease_id, .holder_token)
+     ├── LockHeld                  try_acquire found the lock held (reason
+     │                             LOCK_HELD; .holder_lease_id, .holder_token)
      ├── LockTimeout               a blocking acquire ran out of time
      ├── LeaseLost                 the lease behind a hold is gone, or its
      │                             local deadline passed
@@ -63,7 +63,7 @@ __all__ = [
     "FencepostError", "InvalidArgument", "LockHeld", "LockTimeout", "LeaseLost", "NotHolder", "StaleTokenError",
     "PermitsMismatch", "MissingRecordError", "Unavailable", "TlsError", "DataLoss", "ResourceExhausted",
     "PermissionDenied", "AccessDenied", "LimitExceeded", "NotLeaseOwner", "OutcomeUnknown", "from_rpc_error",
-    "REASON_CLOSED", "REASON_FORKED", "REASON_DEADLINE", "REASON_OUTCOME_UNKNOWN",
+    "REASON_CLOSED", "REASON_FORKED", "REASON_DEADLINE", "REASON_LOCK_HELD", "REASON_OUTCOME_UNKNOWN",
 ]
 
 # The client-local reasons: not ErrorReason values, never sent by a server.
@@ -78,6 +78,9 @@ REASON_CLOSED = "CLOSED"
 REASON_FORKED = "FORKED"
 #: A call that changes state was sent and may have been applied, but no answer said so in time.
 REASON_OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+#: A try-acquire found the lock (the election, every permit) held: the coordinator's answer was not an
+#: error (``acquired = false``); the coordinator's metrics and logs count it under this same word.
+REASON_LOCK_HELD = "LOCK_HELD"
 
 
 class FencepostError(Exception):
@@ -141,7 +144,12 @@ class InvalidArgument(FencepostError, ValueError):
 
 
 class LockHeld(FencepostError):
-    """``try_acquire`` found the lock held by another grant.
+    """``try_acquire`` found the lock held by another grant (reason ``LOCK_HELD``).
+
+    Also raised by a semaphore's ``try_acquire`` when every permit is held,
+    by ``try_acquire`` of a lock this client holds already under the same
+    TTL, and for a free lock whose lost holder's lock-delay has not passed
+    (holder unknown: ``holder_lease_id`` 0).
 
     Attributes:
         holder_lease_id: The holder's lease id (0 when unknown).
@@ -150,6 +158,7 @@ class LockHeld(FencepostError):
 
     def __init__(self, message: str = "", *, holder_lease_id: int = 0, holder_token: int = 0,
                  **kwargs: Any) -> None:
+        kwargs.setdefault("reason", REASON_LOCK_HELD)
         super().__init__(message, **kwargs)
         self.holder_lease_id = holder_lease_id
         self.holder_token = holder_token

@@ -283,7 +283,7 @@ def _typescript(check: bool) -> int:
     tools = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tools)
     try:
-        return int(tools.generate(check))
+        return int(tools.generate(check, sys.stderr))  # its steps say what they do (npm ci takes minutes)
     except RuntimeError as err:
         print(err, file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ rules in tests/property_streams.py."""
 from __future__ import annotations
 
 import logging
+import unicodedata
 from dataclasses import dataclass
 
 import grpc
@@ -34,9 +35,10 @@ MAX_STREAMS_PER_CALLER = 2
 #: A few names that collide often (so that holders, waiters and tokens meet), some odd but valid.
 POOL_NAMES = ["a", "jobs/1", "a/b", "%2F", "100%", "ключ", "名前", "emoji-\U0001f512", " spaced ", "..",
               "x" * 256]
-BAD_NAMES = ["", "x" * 257, "n" * (60 * 1024), "a\x00b", "new\nline", "\x7f", "tab\t"]
+BAD_NAMES = ["", "x" * 257, "n" * (60 * 1024), "a\x00b", "new\nline", "\x7f", "tab\t", "nel\x85", "zw\u200bsp",
+             "rlo\u202e", "ls\u2028", "ps\u2029"]
 valid_names = st.sampled_from(POOL_NAMES) | st.text(min_size=1, max_size=40).filter(
-    lambda s: all(ord(ch) >= 0x20 and ord(ch) != 0x7F for ch in s) and len(s.encode()) <= 256)
+    lambda s: all(unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp") for ch in s) and len(s.encode()) <= 256)
 any_names = st.one_of(st.sampled_from(POOL_NAMES), st.sampled_from(POOL_NAMES), valid_names,
                       st.sampled_from(BAD_NAMES), st.text(max_size=20))
 #: Bytes that are not UTF-8, for a name sent with the request's bytes twin.
@@ -55,9 +57,10 @@ waits = st.one_of(
 
 
 def valid_name(name: str) -> bool:
-    """The wire contract (lock.proto, AcquireRequest.name): 1 to 256 bytes of UTF-8, no control characters."""
+    """The wire contract (lock.proto, AcquireRequest.name): 1 to 256 bytes of UTF-8, no character of the
+    Unicode categories Cc, Cf, Zl or Zp."""
     return 0 < len(name.encode("utf-8", "surrogatepass")) <= 256 and all(
-        ord(ch) >= 0x20 and ord(ch) != 0x7F for ch in name)
+        unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp") for ch in name)
 
 
 # ---------------------------------------------------------------- the machine

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from fencepost.client import cli
+from fencepost.client.cli.demo.scenario import Event, RunRecord
+from fencepost.client.cli.demo.timeline import RELEASE_WORDS, release_note, timeline
 from fencepost.client.cli.common import ADDRESS_ENV
 
 UNFENCED_LOST = "unfenced: B's write was LOST (final version 1, written by stale A)"
@@ -36,7 +38,11 @@ def check_output(rc: int, out: str, err: str, lock: str) -> None:
     """Exit 0, both verdicts, and in each run B's token above A's."""
     assert rc == 0, f"rc={rc}\n{out}\n{err}"
     assert "Traceback" not in err, err
-    assert UNFENCED_LOST in out and FENCED_KEPT in out, out
+    assert out.count(UNFENCED_LOST) == 1 and out.count(FENCED_KEPT) == 1, out  # the verdicts once, at the end
+    assert out.index(UNFENCED_LOST) > out.index("final row: version 2"), out
+    releases = re.findall(r"A\s+release fails \((\w+)\): (.+)$", out, re.M)
+    assert len(releases) == 2 and all(why == RELEASE_WORDS[reason] for reason, why in releases), releases
+    assert f"A's release failed ({' and '.join(sorted({r for r, _ in releases}))}): " in out, out
     unfenced, fenced = out.split("Run 2, fenced")
     for run in (unfenced, fenced):
         grants = {who: (name, int(token)) for who, name, token in ACQUIRED.findall(run)}
@@ -118,3 +124,21 @@ def test_demo_with_dsn_runs_on_postgresql_and_drops_its_table() -> None:
             assert conn.execute("SELECT to_regclass('fencepost_demo_invoices')").fetchone() == (None,)
     finally:
         pg.stop()
+
+
+def test_demo_release_outcome_is_explained_in_one_line() -> None:
+    """Stale A's release fails DEADLINE in one run and NOT_HOLDER in the other, by a race: each timeline line
+    says which side answered, the one note after the verdicts says why either can happen; no verdict in the
+    timelines."""
+    runs = []
+    for fenced, reason in ((False, "DEADLINE"), (True, "NOT_HOLDER")):
+        record = RunRecord(fenced=fenced, lock="inv:42", ttl=2.0, final=(2, "b", "B"), final_token=5)
+        record.events.append(Event(4.0, "A", "release_failed", {"reason": reason}))
+        runs.append(record)
+        lines = timeline(record)
+        assert any(f"release fails ({reason}): {RELEASE_WORDS[reason]}" in line for line in lines), lines
+        assert not any(record.verdict() in line for line in lines), lines
+    note = release_note(runs)
+    assert note is not None and "\n" not in note
+    assert note.startswith("A's release failed (DEADLINE and NOT_HOLDER): ") and "a race after SIGCONT" in note
+    assert release_note([RunRecord(fenced=True, lock="inv:42", ttl=2.0)]) is None

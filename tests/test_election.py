@@ -54,6 +54,31 @@ async def test_campaign_leader_proclaim_resign(address: str) -> None:
         assert await other.leader("sched") is None
 
 
+async def test_leader_value_given_as_str_comes_back_as_that_str(address: str) -> None:
+    """A value given as the str 'me' is b'me' on the wire and in ``value`` (bytes, as before); ``text`` is 'me',
+    for LeaderInfo, Leadership and the sync client's; a value given as bytes that are not UTF-8 has no text."""
+    async with AsyncLockClient(address) as client:
+        lead = await client.campaign("str-value", "me été", ttl=10, timeout=5)
+        seen = await client.leader("str-value")
+        assert seen is not None and seen.value == "me été".encode()
+        assert seen.text == lead.text == "me été"
+        await lead.proclaim(b"\xff")
+        seen = await client.leader("str-value")
+        assert seen is not None and seen.value == b"\xff"
+        with pytest.raises(UnicodeDecodeError):
+            seen.text  # noqa: B018
+        await lead.resign()
+
+    def sync() -> None:
+        with LockClient(address) as client:
+            lead = client.campaign("str-value", "me", ttl=10, timeout=5)
+            info = client.leader("str-value")
+            assert info is not None and info.value == b"me" and info.text == lead.text == "me"
+            lead.resign()
+
+    await asyncio.wait_for(asyncio.to_thread(sync), 60)
+
+
 async def test_fifo_handoff_with_larger_token(address: str, etcd_client: Etcd3Client, prefix: str) -> None:
     """Queued candidates lead in arrival order, each with a larger token, when the leader resigns."""
     async with contextlib.AsyncExitStack() as stack:

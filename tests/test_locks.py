@@ -68,7 +68,8 @@ async def test_waiters_are_granted_in_arrival_order(address: str, stub: lock_pb2
 async def test_try_acquire_on_held_lock_raises_lock_held_and_leaves_no_key(
     address: str, prefix: str, etcd_client: Etcd3Client
 ) -> None:
-    """try_acquire on a held lock raises LockHeld naming the holder and queues nothing in etcd."""
+    """try_acquire on a held lock raises LockHeld naming the holder, reason LOCK_HELD (also when this client
+    holds it), and queues nothing in etcd."""
     async with AsyncLockClient(address) as a, AsyncLockClient(address) as b:
         h = await a.acquire("held", ttl=10.0, timeout=5.0)
         assert await count_keys(etcd_client, prefix) == 1
@@ -77,6 +78,10 @@ async def test_try_acquire_on_held_lock_raises_lock_held_and_leaves_no_key(
         assert info.value.holder_token == h.token
         assert info.value.holder_lease_id == h.lease_id
         assert info.value.name == "held"
+        assert info.value.reason == "LOCK_HELD" and "reason=LOCK_HELD" in str(info.value)
+        with pytest.raises(LockHeld) as here:
+            await a.try_acquire("held", ttl=10.0)
+        assert here.value.reason == "LOCK_HELD"
         assert await count_keys(etcd_client, prefix) == 1
         await h.release()
         assert await count_keys(etcd_client, prefix) == 0

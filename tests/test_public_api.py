@@ -24,9 +24,9 @@ _ELECTION = {"proclaim", "resign"}
 
 PUBLIC = {
     "AsyncLockHandle": _ASYNC,
-    "Leadership": _ASYNC | _ELECTION,
+    "Leadership": _ASYNC | _ELECTION | {"text"},
     "LockHandle": _SYNC,
-    "SyncLeadership": _SYNC | _ELECTION | {"value"},
+    "SyncLeadership": _SYNC | _ELECTION | {"text", "value"},
     "AsyncSemaphore": {"acquire", "describe", "try_acquire"},
     "Semaphore": {"acquire", "describe", "try_acquire"},
     "LeaderObserver": {"stop"},

@@ -92,6 +92,7 @@ async def test_try_acquire_when_full_raises_lock_held_and_leaves_no_key(address:
         with pytest.raises(LockHeld) as info:
             await b.semaphore("one", permits=1).try_acquire()
         assert info.value.holder_lease_id == h.lease_id and info.value.holder_token == h.token
+        assert info.value.reason == "LOCK_HELD"
         assert await list_keys(etcd_client, prefix) == before
         with pytest.raises(LockTimeout):
             await b.semaphore("one", permits=1).acquire(timeout=0.3)

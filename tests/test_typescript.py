@@ -11,7 +11,9 @@ failed Node test fails this test with Node's output.
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,9 +34,37 @@ tools = node_tools
 
 
 @pytest.fixture(scope="module")
-def ts_built() -> None:
-    """npm ci (when node_modules is stale) and tsc; raises with npm's or tsc's output on failure."""
-    tools.build()
+def ts_built() -> str:
+    """npm ci (when node_modules is stale) and tsc; raises with npm's or tsc's output on failure. Returns what
+    the steps said (tools.py's progress lines)."""
+    said = io.StringIO()
+    tools.build(progress=said)
+    return said.getvalue()
+
+
+@pytest.mark.timeout(600)
+def test_tools_build_says_what_each_step_does(ts_built: str) -> None:
+    """`python client/typescript/tools.py build` names each step and how long it took: the install (or that
+    node_modules is up to date) and tsc. (Before: silent for minutes.)"""
+    lines = ts_built.splitlines()
+    assert lines[0].startswith("tools.py: npm ci: ") or lines[0] == (
+        "tools.py: node_modules matches package-lock.json: nothing to install"), lines
+    assert "tools.py: tsc: compiling src/, test/ and examples/ into dist/ ..." in lines
+    assert re.fullmatch(r"tools\.py: tsc: compiling src/, test/ and examples/ into dist/: done in \d+\.\d s", lines[-1])
+
+
+def test_tools_step_says_it_still_runs() -> None:
+    """A step longer than the heartbeat says `still running, N s` each heartbeat, then `done in`; its output
+    is returned; a failing step raises with its output."""
+    said = io.StringIO()
+    out = tools.run([sys.executable, "-c", "import time; time.sleep(1.2); print('made')"], timeout=30,
+                    step="sleeping", progress=said, heartbeat=0.3)
+    assert out == "made\n"
+    lines = said.getvalue().splitlines()
+    assert lines[0] == "tools.py: sleeping ..." and re.fullmatch(r"tools\.py: sleeping: done in \d\.\d s", lines[-1])
+    assert len([line for line in lines if re.fullmatch(r"tools\.py: sleeping: still running, \d s", line)]) >= 2
+    with pytest.raises(RuntimeError, match="boom"):
+        tools.run([sys.executable, "-c", "import sys; sys.exit('boom')"], timeout=30)
 
 
 @pytest.fixture(scope="module")

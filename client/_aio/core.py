@@ -254,6 +254,15 @@ class ClientCore:
         """How many leases the client keeps alive now (at most one per TTL in use, plus the idle ones)."""
         return len(self._leases.leases())
 
+    @property
+    def lease_ids(self) -> tuple[int, ...]:
+        """The ids of the leases the client keeps alive now (:attr:`lease_count` of them), in no set order.
+
+        An acquire that waits is queued under one of them: ``describe(name).waiters`` then shows its place
+        (``fencepost acquire`` prints it while it waits).
+        """
+        return tuple(lease.lease_id for lease in self._leases.leases())
+
     def _on_new_lease(self, lease: Lease) -> None:
         self._stream.start_keepalives(lease)
         self._deadlines.wake()

@@ -73,7 +73,8 @@ class LeaderInfo:
     """The leader of an election, as Leader or Observe report it.
 
     Attributes:
-        value: The leader's value (Campaign, then Proclaim), bytes.
+        value: The leader's value (Campaign, then Proclaim), bytes as on the wire, also when a str was
+            given (sent as UTF-8): :attr:`text` gives that str back.
         lease_id: The leader's lease.
         token: The leadership's fencing token.
         revision: The etcd revision from which this is the leader (of the read, for Leader).
@@ -89,6 +90,15 @@ class LeaderInfo:
     token: int
     revision: int = 0
     skipped: bool = False
+
+    @property
+    def text(self) -> str:
+        """The value as the str given to ``campaign`` or ``proclaim`` (sent as UTF-8; ``value`` is the bytes).
+
+        Raises:
+            UnicodeDecodeError: the value is bytes that are not UTF-8 (given as bytes, not as a str).
+        """
+        return self.value.decode("utf-8")
 
 
 def check_election(election: str) -> str:
@@ -134,7 +144,8 @@ class Leadership(AsyncLockHandle):
     is the election's name. :meth:`release` is :meth:`resign`.
 
     Attributes:
-        value: The value the leader publishes (Campaign's, then the last Proclaim's).
+        value: The value the leader publishes (Campaign's, then the last Proclaim's), bytes; :attr:`text`
+            gives back a str that was given.
     """
 
     def __init__(self, election: str, lease: Lease, token: int, value: bytes,
@@ -143,6 +154,15 @@ class Leadership(AsyncLockHandle):
         super().__init__(election, lease, token, release, kind=ELECTION)
         self.value = value
         self._proclaim_fn = proclaim
+
+    @property
+    def text(self) -> str:
+        """The value as the str given to ``campaign`` or ``proclaim`` (see :attr:`LeaderInfo.text`).
+
+        Raises:
+            UnicodeDecodeError: the value is bytes that are not UTF-8.
+        """
+        return self.value.decode("utf-8")
 
     async def proclaim(self, value: bytes | str) -> None:
         """Publish a new value without a new election (the token is unchanged).

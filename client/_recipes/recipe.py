@@ -52,10 +52,12 @@ ACQUIRE_SLACK_SECONDS = 1.0
 
 #: Reasons of a refused acquire call after which the coordinator has left nothing of
 #: that call in etcd (bad input, its wait timed out and was withdrawn, the lease
-#: is gone, the queue was full, a limit refused the call before it did anything): no withdrawal is needed.
+#: is gone, the queue was full, a limit refused the call before it did anything; the
+#: access policy or the lease's ownership refused it before it did anything, and would
+#: refuse a withdrawal for the same reason): no withdrawal is needed.
 SETTLED_REASONS = frozenset(reason_name(r) for r in (
     ErrorReason.INVALID_FIELD, ErrorReason.ACQUIRE_TIMEOUT, ErrorReason.LEASE_EXPIRED, ErrorReason.TOO_MANY_WAITERS,
-    ErrorReason.LIMIT_EXCEEDED))
+    ErrorReason.LIMIT_EXCEEDED, ErrorReason.ACCESS_DENIED, ErrorReason.NOT_LEASE_OWNER))
 
 
 class Recipe(abc.ABC):

@@ -129,6 +129,11 @@ class LockClient:
         """How many leases the client keeps alive now (see :attr:`AsyncLockClient.lease_count`)."""
         return self._aio.lease_count
 
+    @property
+    def lease_ids(self) -> tuple[int, ...]:
+        """The ids of the leases the client keeps alive now (see :attr:`AsyncLockClient.lease_ids`)."""
+        return self._aio.lease_ids
+
     def connect(self, timeout: float | None = None) -> None:
         """Start (or join) the loop thread, connect to a coordinator and start the keepalive stream.
 

@@ -106,6 +106,11 @@ class SyncLeadership(LockHandle):
         """The value the leader publishes (Campaign's, then the last Proclaim's)."""
         return self._hold.value
 
+    @property
+    def text(self) -> str:
+        """The value as the str given (see :attr:`LeaderInfo.text`); UnicodeDecodeError when it is not UTF-8."""
+        return self._hold.text
+
     def proclaim(self, value: bytes | str) -> None:
         """Publish a new value without a new election (see :meth:`Leadership.proclaim`).
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from ..errors import InvalidArgument
 from ..v1.keys import MAX_LOCK_DELAY_SECONDS, MAX_NAME_BYTES, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
+from ..v1.names import forbidden_problem
 
 __all__ = [
     "ADDRESS_FORMS",
@@ -158,16 +159,14 @@ def wait_to_wire(remaining: float | None) -> tuple[int, bool]:
     return min(wait_ms, MAX_WAIT_MS), False
 
 
-#: A control character (C0 or DEL), forbidden in lock names (one regex search: no Python loop per character).
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
 def name_problem(name: object) -> str | None:
     """What is wrong with a lock name, if anything: the server's rules, checked client-side.
 
     A name is a str of 1 to :data:`~fencepost.client.v1.keys.MAX_NAME_BYTES`
-    bytes of UTF-8 without control characters (the coordinator's own check,
-    with the same wording). A str that cannot be encoded as UTF-8 (a lone
+    bytes of UTF-8 without a character of the Unicode categories Cc, Cf, Zl
+    or Zp (controls, format characters such as U+200B, line and paragraph
+    separators: :mod:`fencepost.client.v1.names`; the coordinator's own
+    check, with the same wording). A str that cannot be encoded as UTF-8 (a lone
     surrogate, as ``sys.argv`` holds for a byte that is not UTF-8) is refused
     too: it could not be sent at all.
 
@@ -191,9 +190,7 @@ def name_problem(name: object) -> str | None:
         return f"must be valid UTF-8: character {err.start} is {ch!r}, a lone surrogate"
     if size > MAX_NAME_BYTES:
         return f"is {size} bytes; at most {MAX_NAME_BYTES} bytes of UTF-8"
-    if _CONTROL.search(name):
-        return "must not contain control characters (NUL, newline, ...)"
-    return None
+    return forbidden_problem(name)
 
 
 def check_name(name: str) -> str:
@@ -207,7 +204,8 @@ def check_name(name: str) -> str:
 
     Raises:
         InvalidArgument: ``name`` is not a str of 1 to 256 bytes of UTF-8
-            without control characters (field "name").
+            without control, format or separator characters (Unicode Cc, Cf,
+            Zl, Zp) (field "name").
     """
     problem = name_problem(name)
     if problem is not None:
@@ -226,7 +224,7 @@ def check_prefix(prefix: str) -> str:
 
     Raises:
         InvalidArgument: ``prefix`` is not a str of 0 to 256 bytes of UTF-8
-            without control characters (field "prefix").
+            without control, format or separator characters (field "prefix").
     """
     problem = name_problem(prefix) if prefix != "" else None
     if problem is not None:

@@ -34,6 +34,8 @@ from .common import (
     lease_hex,
 )
 from .flags import address_flag, addresses_of, lock_delay_flag, lock_name, parse_timeout, parse_ttl, tls_flags, tls_of
+from . import progress
+from .printable import shown_name
 
 __all__ = ["acquire_unless", "add_parser", "execute"]
 
@@ -79,9 +81,12 @@ def execute(args: argparse.Namespace) -> int:
 
 async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, timeout: float | None,
                          try_once: bool, interrupt: Awaitable[object],
-                         acquiring: Awaitable[AsyncLockHandle] | None = None, lock_delay: float = 0
-                         ) -> AsyncLockHandle | None:
+                         acquiring: Awaitable[AsyncLockHandle] | None = None, lock_delay: float = 0,
+                         waiting_for: tuple[str, progress.Look] | None = None) -> AsyncLockHandle | None:
     """Acquire ``name`` unless ``interrupt`` completes first (a signal, say).
+
+    On a terminal, a wait of over a second is shown on stderr, with the holder and this client's place in
+    the queue (:mod:`.progress`).
 
     Args:
         client: A connected client.
@@ -93,6 +98,8 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
             is cancelled (which removes the waiter's place in the queue).
         acquiring: Another acquire to run instead (a semaphore permit's), made by the caller.
         lock_delay: The hold's lock-delay in seconds (0: none).
+        waiting_for: What the wait is for and how to look at it, for the progress line (``acquiring``'s:
+            a semaphore's, an election's); None: the lock ``name`` (its holder and queue).
 
     Returns:
         The handle, or None when interrupted (a grant that raced with the
@@ -108,8 +115,10 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
     else:
         acquiring = asyncio.ensure_future(client.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay))
     interrupted = asyncio.ensure_future(interrupt)
+    what, look = waiting_for or (shown_name(name), progress.lock_look(client, name))
     try:
-        await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        async with progress.showing(progress.waiting(what, look)):
+            await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         interrupted.cancel()
     if acquiring.done():
@@ -139,18 +148,18 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls:
         try:
             timeout = await connect_within(client, 0.0 if args.try_once else args.timeout, stop.wait())
         except ConnectInterrupted:
-            raise CliError(f"interrupted while waiting for {args.name}", EXIT_INTERRUPTED) from None
+            raise CliError(f"interrupted while waiting for {shown_name(args.name)}", EXIT_INTERRUPTED) from None
         async with client:
             handle = await acquire_unless(client, args.name, ttl=args.ttl, timeout=timeout,
                                           try_once=args.try_once, interrupt=stop.wait(),
                                           lock_delay=args.lock_delay)
             if handle is None:
-                raise CliError(f"interrupted while waiting for {args.name}", EXIT_INTERRUPTED)
+                raise CliError(f"interrupted while waiting for {shown_name(args.name)}", EXIT_INTERRUPTED)
 
             print(handle.token, flush=True)
             if handle.lease_secret:  # for `fencepost release --lease-secret` from another process
                 print(f"FENCEPOST_LEASE_SECRET={handle.lease_secret}", flush=True)
-            print(f"fencepost: holding {handle.name} with token {handle.token}, lease "
+            print(f"fencepost: holding {shown_name(handle.name)} with token {handle.token}, lease "
                   f"{lease_hex(handle.lease_id)} ({handle.lease_id}), ttl {handle.ttl:g} s; "
                   f"SIGINT or SIGTERM releases it",
                   file=sys.stderr, flush=True)
@@ -165,7 +174,7 @@ async def _acquire_and_hold(args: argparse.Namespace, addresses: list[str], tls:
             if handle.lost.is_set():
                 raise CliError(f"lost: {handle.lost_reason or 'lease lost'}", EXIT_LOST, bare=True)
             await handle.release()
-            print(f"fencepost: released {handle.name} (token {handle.token})", file=sys.stderr, flush=True)
+            print(f"fencepost: released {shown_name(handle.name)} (token {handle.token})", file=sys.stderr, flush=True)
             return EXIT_OK
     finally:
         for sig in signals:

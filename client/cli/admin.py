@@ -48,6 +48,7 @@ from .common import (
     lease_hex,
 )
 from .flags import address_flag, addresses_of, lock_name, tls_flags, tls_of
+from .printable import shown_name
 
 __all__ = ["HELP", "build_parser", "execute", "sessions_json", "sessions_table"]
 
@@ -131,11 +132,11 @@ def _revoke_target(args: argparse.Namespace) -> tuple[int, int, str]:
     if args.semaphore:
         if args.slot is None:
             raise CliError("--semaphore needs --slot N (the permit whose holder is revoked)", EXIT_USAGE)
-        return pb.HoldKind.HOLD_KIND_SEMAPHORE, args.slot, f"semaphore {args.name} permit {args.slot}"
+        return pb.HoldKind.HOLD_KIND_SEMAPHORE, args.slot, f"semaphore {shown_name(args.name)} permit {args.slot}"
     if args.slot is not None:
         raise CliError("--slot is for a semaphore's permit: give it with --semaphore", EXIT_USAGE)
     if args.election:
-        return pb.HoldKind.HOLD_KIND_ELECTION, 0, f"election {args.name}"
+        return pb.HoldKind.HOLD_KIND_ELECTION, 0, f"election {shown_name(args.name)}"
     return pb.HoldKind.HOLD_KIND_LOCK, 0, args.name
 
 
@@ -152,8 +153,8 @@ def sessions_table(sessions: list[Any]) -> str:
     if not sessions:
         return "no live sessions"
     rows = [COLUMNS] + [(lease_hex(s.lease_id), s.owner_identity or "-",
-                         f"{s.ttl_remaining_seconds}s/{s.ttl_seconds}s", ",".join(s.holds) or "-",
-                         ",".join(s.waits) or "-") for s in sessions]
+                         f"{s.ttl_remaining_seconds}s/{s.ttl_seconds}s", ",".join(map(shown_name, s.holds)) or "-",
+                         ",".join(map(shown_name, s.waits)) or "-") for s in sessions]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.rjust(w) if i == 2 else cell.ljust(w)
                                for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
@@ -224,9 +225,9 @@ def _end_lock_delay(addresses: list[str], tls: Any, name: str, as_json: bool) ->
                           "lock_delay_remaining_ms": resp.lock_delay_remaining_ms}), flush=True)
     elif resp.ended:
         left = f" ({resp.lock_delay_remaining_ms / 1000:g} s were left)" if resp.lock_delay_remaining_ms else ""
-        print(f"lock-delay of {name} ended{left}", flush=True)
+        print(f"lock-delay of {shown_name(name)} ended{left}", flush=True)
     else:
-        print(f"{name} has no lock-delay: nothing ended", flush=True)
+        print(f"{shown_name(name)} has no lock-delay: nothing ended", flush=True)
     return EXIT_OK
 
 

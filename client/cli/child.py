@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 from fencepost.client import AsyncLockHandle, FencepostError, LeaseLost, NotHolder, StaleTokenError
 
+from .printable import shown_name
+
 __all__ = [
     "DIE_WITH_PARENT", "EXIT_CANNOT_EXECUTE", "EXIT_NOT_FOUND", "FORWARDED_SIGNALS", "MAX_GRACE_SECONDS", "PROGRAM",
     "CommandError", "RunResult", "end_group", "exit_status", "note", "parse_grace", "parse_lost_exit_code", "start",
@@ -248,10 +250,10 @@ async def supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, r
         await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
         if not exited.done():
             reason = handle.lost_reason or "lost"
-            await end_group(proc, exited, grace, f"lost {handle.name} (token {handle.token}): {reason}")
+            await end_group(proc, exited, grace, f"lost {shown_name(handle.name)} (token {handle.token}): {reason}")
             status = exit_status(exited.result())
             return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {handle.name} token {handle.token}; "
+                             f"lost: {reason}: {shown_name(handle.name)} token {handle.token}; "
                              f"command stopped (status {status})")
         status = exit_status(exited.result())
         if _group_alive(proc):  # it left processes running: they go before the lock does
@@ -260,20 +262,20 @@ async def supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, r
         if handle.lost.is_set():
             reason = handle.lost_reason or "lost"
             return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {handle.name} token {handle.token} was lost before "
+                             f"lost: {reason}: {shown_name(handle.name)} token {handle.token} was lost before "
                              f"the command exited (status {status})")
         try:
             await handle.release()
         except (LeaseLost, NotHolder, StaleTokenError) as err:
             reason = getattr(err, "reason", None) or type(err).__name__
             return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {handle.name} token {handle.token} was lost before "
+                             f"lost: {reason}: {shown_name(handle.name)} token {handle.token} was lost before "
                              f"it was released (command status {status})")
         except FencepostError as err:
             # Unreachable coordinator: the hold was not known to be lost while the
             # command ran; the lease expires one TTL after the last keepalive.
             return RunResult(status, status, None,
-                             f"could not release {handle.name} ({type(err).__name__}); it is "
+                             f"could not release {shown_name(handle.name)} ({type(err).__name__}); it is "
                              f"freed when the lease expires, within {handle.ttl:g} s")
         return RunResult(status, status)
     finally:

@@ -34,10 +34,14 @@ from fencepost.client.errors import (
     from_rpc_error,
 )
 
+from . import progress
+from .printable import shown_name
+
 __all__ = [
     "ADDRESS_ENV", "CA_ENV", "CERT_ENV", "KEY_ENV", "TLS_ENV", "TLS_FLAGS", "TLS_SERVER_NAME_ENV", "FLAG_OF_FIELD",
     "DEFAULT_ADDRESS", "ETCD_UNAVAILABLE", "EXIT_CODES", "EXIT_HELD", "EXIT_INTERRUPTED", "EXIT_LOST", "EXIT_OK",
     "EXIT_OUTCOME_UNKNOWN", "EXIT_PRECONDITION", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "EXIT_USAGE", "MIN_CONNECT_SECONDS",
+    "CONNECT_SECONDS",
     "RPC_TIMEOUT_SECONDS", "CallFailed", "CliError", "ConnectInterrupted", "Formatter", "Parser", "acquire_error",
     "call", "call_error", "connect_within", "epilog", "err_text", "lease_hex", "tls_words",
 ]
@@ -72,6 +76,10 @@ RPC_TIMEOUT_SECONDS = 5.0
 MIN_CONNECT_SECONDS = 2.0
 """Shortest time ``acquire``, ``run`` and ``elect`` given ``--timeout S`` spend connecting (S may be 0)."""
 
+CONNECT_SECONDS = 10.0
+"""How long ``acquire``, ``run`` and ``elect`` without ``--timeout`` try to connect (the client's default
+``connect_timeout``)."""
+
 
 class ConnectInterrupted(Exception):
     """The interrupt (a signal) came while :func:`connect_within` was connecting; the client is closed."""
@@ -80,6 +88,8 @@ class ConnectInterrupted(Exception):
 async def connect_within(client: AsyncLockClient, timeout: float | None,
                          interrupt: Awaitable[object] | None = None) -> float | None:
     """Connect ``client`` within ``--timeout`` (at least :data:`MIN_CONNECT_SECONDS`), so that it bounds the wait.
+
+    On a terminal, a connection that takes over a second is shown on stderr (:mod:`.progress`).
 
     Args:
         client: A client not yet connected.
@@ -96,12 +106,14 @@ async def connect_within(client: AsyncLockClient, timeout: float | None,
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
+    limit = CONNECT_SECONDS if timeout is None else max(timeout, MIN_CONNECT_SECONDS)
     connecting = asyncio.ensure_future(
-        client.connect() if timeout is None else client.connect(timeout=max(timeout, MIN_CONNECT_SECONDS)))
+        client.connect() if timeout is None else client.connect(timeout=limit))
     if interrupt is not None:
         interrupted = asyncio.ensure_future(interrupt)
         try:
-            await asyncio.wait({connecting, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            async with progress.showing(progress.connecting(client, limit)):
+                await asyncio.wait({connecting, interrupted}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             interrupted.cancel()
         if interrupted.done() and not interrupted.cancelled():  # it came (first, or with the connection): it wins
@@ -110,7 +122,8 @@ async def connect_within(client: AsyncLockClient, timeout: float | None,
                 await connecting
             await client.close()
             raise ConnectInterrupted
-    await connecting
+    async with progress.showing(progress.connecting(client, limit)):
+        await connecting
     return None if timeout is None else max(0.0, timeout - (loop.time() - started))
 
 
@@ -277,6 +290,7 @@ def acquire_error(err: Exception, name: str, timeout: float | None, addresses: S
     """
     if isinstance(err, grpc.RpcError):
         err = from_rpc_error(err, name=name)
+    name = shown_name(name)
     if isinstance(err, InvalidArgument):
         return CliError(f"invalid {err.field or 'request'}: {err_text(err)}", EXIT_USAGE)
     if isinstance(err, LockTimeout):

@@ -44,6 +44,8 @@ from .common import (
 )
 from .flags import address_flag, addresses_of, lock_name, parse_timeout, parse_ttl, tls_flags, tls_of
 from .acquire import acquire_unless
+from . import progress
+from .printable import shown_name
 from .child import FORWARDED_SIGNALS, PROGRAM, CommandError, RunResult, note, parse_grace, parse_lost_exit_code, \
     start, supervise
 from .run import RUN_EXIT_CODES, child_environment
@@ -143,7 +145,8 @@ async def _campaign_unless(client: AsyncLockClient, name: str, value: str, *, tt
     # The argument's own bytes (a value that is not UTF-8 arrives with surrogate escapes, as every argv does).
     campaigning = client.campaign(name, os.fsencode(value), ttl=ttl, timeout=timeout)
     lead = await acquire_unless(client, name, ttl=ttl, timeout=timeout, try_once=False, interrupt=interrupt,
-                                acquiring=campaigning)
+                                acquiring=campaigning,
+                                waiting_for=(f"election {shown_name(name)}", progress.election_look(client, name)))
     return cast(Leadership | None, lead)
 
 
@@ -194,7 +197,7 @@ async def run_elected(addresses: Sequence[str], name: str, value: str, command: 
                 with contextlib.suppress(FencepostError):
                     await lead.resign()
                 raise
-            note(f"leading election {lead.name} with token {lead.token}, lease 0x{lead.lease_id:x} "
+            note(f"leading election {shown_name(lead.name)} with token {lead.token}, lease 0x{lead.lease_id:x} "
                   f"({lead.lease_id}), ttl {lead.ttl:g} s; running pid {proc.pid}: {' '.join(command)}")
             return await supervise(proc, lead, received, grace=grace, lost_exit_code=lost_exit_code)
     finally:

@@ -41,6 +41,7 @@ from .common import (
     lease_hex,
 )
 from .flags import address_flag, addresses_of, lock_name, tls_flags, tls_of
+from .printable import shown_name
 
 __all__ = ["EXIT_NO_LEADER", "LEADER_EXIT_CODES", "SKIPPED_NOTE", "add_parser", "execute", "fetch", "line"]
 
@@ -83,8 +84,8 @@ def line(election: str, info: LeaderInfo | None, as_json: bool) -> str:
             "lease_id_hex": lease_hex(info.lease_id), "token": info.token, "skipped": info.skipped},
             "revision": None if info is None else info.revision})
     if info is None:
-        return f"{election}: no leader"
-    return (f"{election}: value {info.value.decode('utf-8', 'backslashreplace')!r} lease {lease_hex(info.lease_id)} "
+        return f"{shown_name(election)}: no leader"
+    return (f"{shown_name(election)}: value {info.value.decode('utf-8', 'backslashreplace')!r} lease {lease_hex(info.lease_id)} "
             f"({info.lease_id}) token {info.token}" + (SKIPPED_NOTE if info.skipped else ""))
 
 
@@ -106,7 +107,7 @@ def execute(args: argparse.Namespace) -> int:
     if info is None:
         if args.json:
             print(line(name, None, True), flush=True)
-        raise CliError(f"election {name} has no leader", EXIT_NO_LEADER)
+        raise CliError(f"election {shown_name(name)} has no leader", EXIT_NO_LEADER)
     print(line(name, info, args.json), flush=True)
     return EXIT_OK
 
@@ -157,7 +158,7 @@ async def _watch(addresses: list[str], name: str, as_json: bool, tls: TlsConfig 
             await asyncio.gather(following, return_exceptions=True)
         return EXIT_OK
     except FencepostError as err:
-        raise CliError(f"cannot follow election {name}: {err_text(err)}", EXIT_UNAVAILABLE) from None
+        raise CliError(f"cannot follow election {shown_name(name)}: {err_text(err)}", EXIT_UNAVAILABLE) from None
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         loop.remove_signal_handler(signal.SIGTERM)

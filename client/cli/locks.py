@@ -27,6 +27,7 @@ from fencepost.client.v1 import lock_pb2 as pb
 
 from .common import EXIT_OK, EXIT_USAGE, CallFailed, CliError, Formatter, call, call_error, epilog, lease_hex
 from .flags import address_flag, addresses_of, name_prefix, tls_flags, tls_of
+from .printable import shown_name
 
 __all__ = ["COLUMNS", "add_parser", "execute", "listing_json", "table"]
 
@@ -147,7 +148,7 @@ def table(locks: list[Any]) -> str:
     delays = any(lock.lock_delay_seconds for lock in locks)
     columns = (*COLUMNS, "LOCK-DELAY") if delays else COLUMNS
     rows = [columns] + [(
-        lock.name, *((lease_hex(lock.holder.lease_id), str(lock.holder.token),
+        shown_name(lock.name), *((lease_hex(lock.holder.lease_id), str(lock.holder.token),
                       f"{lock.ttl_remaining_seconds}s/{lock.ttl_seconds}s" if lock.ttl_remaining_seconds >= 0
                       else "ended") if lock.HasField("holder") else ("-", "-", "-")),
         _duration(lock.held_seconds), str(lock.waiter_count), *((_delay(lock),) if delays else ())) for lock in locks]

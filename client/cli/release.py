@@ -38,6 +38,7 @@ from .common import (
     lease_hex,
 )
 from .flags import address_flag, addresses_of, lease_secret, lock_name, parse_lease_id, parse_token, tls_flags, tls_of
+from .printable import shown_name
 
 __all__ = ["add_parser", "execute"]
 
@@ -89,7 +90,7 @@ def execute(args: argparse.Namespace) -> int:
         if err.code == grpc.StatusCode.FAILED_PRECONDITION:
             text = err_text(err)
             raise CliError(
-                f"not released: {err.reason or 'FAILED_PRECONDITION'}: {args.name} "
+                f"not released: {err.reason or 'FAILED_PRECONDITION'}: {shown_name(args.name)} "
                 f"lease {lease_hex(args.lease_id)} ({args.lease_id}) token {args.token}"
                 + (f": {text}" if text else ""),
                 EXIT_PRECONDITION) from None

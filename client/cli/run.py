@@ -61,6 +61,8 @@ from fencepost.client import AsyncLockClient, FencepostError, PermitsMismatch, T
 from fencepost.client.v1.keys import MAX_PERMITS
 
 from .acquire import acquire_unless
+from . import progress
+from .printable import shown_name
 from .child import (
     EXIT_CANNOT_EXECUTE,
     EXIT_NOT_FOUND,
@@ -325,12 +327,15 @@ async def run_locked(
         except ConnectInterrupted:
             return RunResult(interrupted_exit_code, message=f"interrupted while waiting for {name}; command not run")
         async with client:
-            acquiring = None
+            acquiring, waiting_for = None, None
             if permits is not None:
                 semaphore = client.semaphore(name, permits, ttl=ttl)
                 acquiring = semaphore.try_acquire() if try_once else semaphore.acquire(timeout)
+                waiting_for = (f"a permit of semaphore {shown_name(name)}",
+                               progress.semaphore_look(client, name, permits))
             handle = await acquire_unless(client, name, ttl=ttl, timeout=timeout, try_once=try_once,
-                                          interrupt=received.get(), acquiring=acquiring, lock_delay=lock_delay)
+                                          interrupt=received.get(), acquiring=acquiring, lock_delay=lock_delay,
+                                          waiting_for=waiting_for)
             if handle is None:
                 return RunResult(interrupted_exit_code,
                                  message=f"interrupted while waiting for {name}; command not run")
@@ -345,7 +350,7 @@ async def run_locked(
                 with contextlib.suppress(FencepostError):
                     await handle.release()
                 raise
-            what = f"a permit of {handle.name} (slot {handle.slot})" if permits is not None else handle.name
+            what = f"a permit of {shown_name(handle.name)} (slot {handle.slot})" if permits is not None else shown_name(handle.name)
             note(f"holding {what} with token {handle.token}, lease 0x{handle.lease_id:x} "
                   f"({handle.lease_id}), ttl {handle.ttl:g} s; running pid {proc.pid}: "
                   f"{' '.join(command)}")

@@ -13,8 +13,11 @@ health service is missing or does not know LockService), since the point is
 to report every coordinator, not to fail over between them; a coordinator
 that answers is then asked for its ServerInfo (version, uptime, addresses,
 etcd, counts), printed under its health line. A coordinator without
-ServerInfo (older, UNIMPLEMENTED) or whose ServerInfo fails is reported by
-its health alone. The exit code follows the health alone.
+ServerInfo (older, UNIMPLEMENTED) is reported by its health alone; one
+whose ServerInfo fails or is refused (it needs the ``admin`` action of the
+access policy) by its health and a ``details`` line (``info_error`` in
+JSON) saying which details are missing and why. The exit code follows the
+health alone.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from .common import (
     tls_words,
 )
 from .flags import address_flag, addresses_of, lock_name, tls_flags, tls_of
+from .printable import shown_name
 
 __all__ = ["HEALTH_SERVICE", "PROBE_NAME", "add_parser", "execute"]
 
@@ -143,15 +147,15 @@ def _describe(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | N
         return EXIT_OK
     if resp.held:
         lease = resp.holder.lease_id
-        print(f"{name}: held")
+        print(f"{shown_name(name)}: held")
         print(f"  holder lease   {lease_hex(lease)} ({lease})")
         print(f"  fencing token  {resp.holder.token}")
         print(f"  TTL left       {resp.ttl_remaining_seconds} s of {resp.ttl_seconds} s")
     else:
-        print(f"{name}: not held")
+        print(f"{shown_name(name)}: not held")
     if resp.lock_delay_remaining_ms > 0:
         print(f"  lock-delay     {resp.lock_delay_remaining_ms / 1000:g} s left of {resp.lock_delay_seconds} s "
-              f"(held back; `fencepost admin end-lock-delay {name}` ends it)")
+              f"(held back; `fencepost admin end-lock-delay {shown_name(name)}` ends it)")
     elif resp.lock_delay_remaining_ms < 0:
         print(f"  lock-delay     {resp.lock_delay_seconds} s, starting at the next acquire (its holder was lost)")
     print(f"  waiters        {resp.waiter_count}")
@@ -186,9 +190,9 @@ def semaphore_json(info: SemaphoreInfo, address: str) -> dict[str, Any]:
 def semaphore_lines(info: SemaphoreInfo) -> list[str]:
     """The text of ``status NAME --semaphore``: one line per permit slot, then the waiters and the revision."""
     if not info.permits:
-        return [f"{info.name}: semaphore never used (no permits record)", f"  revision       {info.revision}"]
+        return [f"{shown_name(info.name)}: semaphore never used (no permits record)", f"  revision       {info.revision}"]
     permits = f"{info.permits} permit{'' if info.permits == 1 else 's'}"
-    lines = [f"{info.name}: semaphore of {permits}, {len(info.holders)} held"]
+    lines = [f"{shown_name(info.name)}: semaphore of {permits}, {len(info.holders)} held"]
     by_slot = {h.slot: h for h in info.holders}
     width = len(str(info.permits - 1))
     for slot in range(info.permits):
@@ -252,23 +256,41 @@ class _Probed:
     status: str  # SERVING, NOT_SERVING, UNREACHABLE or a status code name
     detail: str
     info: ServerInfo | None  # None: no coordinator answered, or it has no ServerInfo
+    info_error: str = ""  # why a coordinator that answered gave no ServerInfo ("" when it did, or none answered)
+
+
+#: What ServerInfo tells, named when it is refused.
+DETAILS = "version, uptime, addresses, etcd and counts"
 
 
 def _probe(address: str, channels: Security) -> _Probed:
     """Ask one coordinator whether it serves and, when it answers, for its ServerInfo."""
     with channels.sync_channel(address) as channel:
         status, detail = _health_of(channel, address, channels)
-        info = _server_info(channel) if status in ("SERVING", "NOT_SERVING") else None
-    return _Probed(address, status, detail, info)
+        info, error = _server_info(channel) if status in ("SERVING", "NOT_SERVING") else (None, "")
+    return _Probed(address, status, detail, info, error)
 
 
-def _server_info(channel: grpc.Channel) -> ServerInfo | None:
-    """The coordinator's ServerInfo; None when it does not implement it, or the call fails (health says enough)."""
+def _server_info(channel: grpc.Channel) -> tuple[ServerInfo | None, str]:
+    """The coordinator's ServerInfo, or None and why not (health says enough about serving).
+
+    Returns:
+        ``(info, "")``; ``(None, "")`` from an older coordinator without ServerInfo (UNIMPLEMENTED);
+        or ``(None, why)``: the policy refused it (ServerInfo needs the ``admin`` action:
+        PERMISSION_DENIED/ACCESS_DENIED and the coordinator's words), or the call failed.
+    """
     try:
         resp = pb_grpc.LockServiceStub(channel).ServerInfo(pb.ServerInfoRequest(), timeout=RPC_TIMEOUT_SECONDS)
-    except grpc.RpcError:
-        return None
-    return ServerInfo.from_response(resp)
+    except grpc.RpcError as err:
+        status = details.parse(err)
+        if status.code == grpc.StatusCode.UNIMPLEMENTED:
+            return None, ""  # an older coordinator: its health line is all it has to say
+        label = (status.code or grpc.StatusCode.UNKNOWN).name + (f"/{status.reason}" if status.reason else "")
+        why = f"{label}: {_first_line(status)}" if _first_line(status) else label
+        if status.code == grpc.StatusCode.PERMISSION_DENIED:
+            return None, f"{DETAILS} refused: {why} (ServerInfo needs the admin action in the access policy)"
+        return None, f"{DETAILS} unknown: ServerInfo failed: {why}"
+    return ServerInfo.from_response(resp), ""
 
 
 def _health_of(channel: grpc.Channel, address: str, channels: Security) -> tuple[str, str]:
@@ -315,7 +337,8 @@ def _health(addresses: list[str], as_json: bool, tls: TlsConfig | None) -> int:
         print(json.dumps({
             "serving": serving,
             "coordinators": [{"address": r.address, "status": r.status, **({"detail": r.detail} if r.detail else {}),
-                              "info": info_json(r.info) if r.info is not None else None} for r in results],
+                              "info": info_json(r.info) if r.info is not None else None,
+                              **({"info_error": r.info_error} if r.info_error else {})} for r in results],
         }))
     else:
         for r in results:
@@ -324,6 +347,8 @@ def _health(addresses: list[str], as_json: bool, tls: TlsConfig | None) -> int:
             if r.info is not None:
                 for label, text in info_lines(r.info):
                     print(f"  {label:<15} {text}")
+            elif r.info_error:
+                print(f"  {'details':<15} {r.info_error}")
     if not serving:
         bad = [r.address for r in results if r.status != "SERVING"]
         print(f"fencepost status: not serving: {', '.join(bad)}", file=sys.stderr)

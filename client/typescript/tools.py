@@ -8,7 +8,10 @@ Node.js 24 and the ``buf`` binary as wheels):
     python client/typescript/tools.py generate [--check] # deps, then buf generate into src/gen/ (or check it)
     python client/typescript/tools.py test               # build, then node --test (needs FENCEPOST_* env: see tests/test_typescript.py)
 
-``python proto/generate.py --typescript [--check]`` runs ``generate``. Debian's
+Each step says on stderr what it does, that it still runs every 10 s, and how
+long it took (called as a module, by the tests, the functions are silent
+unless given ``progress``). ``python proto/generate.py --typescript [--check]``
+runs ``generate``. Debian's
 ``node`` (18 or 20) is never used: every command runs the wheel's Node first
 on PATH, so that npm scripts and ``#!/usr/bin/env node`` tools get it too.
 """
@@ -24,13 +27,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import TextIO
 
 HERE = Path(__file__).resolve().parent
 GEN_DIR = HERE / "src" / "gen"
 STAMP = HERE / "node_modules" / ".fencepost-package-lock.sha256"
 #: What ``node --test`` runs (compiled by tsc from test/*.test.ts).
 TEST_GLOB = "dist/test/*.test.js"
+#: Seconds between two "still running" lines of a long step (``npm ci`` takes minutes the first time).
+HEARTBEAT_SECONDS = 10.0
 
 
 def node_bin_dir() -> Path:
@@ -66,33 +73,73 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def run(argv: list[str], *, timeout: float, extra_env: dict[str, str] | None = None) -> str:
-    """Run a command in this folder; its output, or RuntimeError with the output when it fails."""
-    done = subprocess.run(argv, cwd=HERE, env=env(extra_env), capture_output=True, text=True, timeout=timeout)
-    output = done.stdout + done.stderr
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited with {done.returncode}:\n{output}")
+def say(progress: TextIO | None, text: str) -> None:
+    """Write ``tools.py: TEXT`` as a line on ``progress`` (nothing when it is None)."""
+    if progress is not None:
+        progress.write(f"tools.py: {text}\n")
+        progress.flush()
+
+
+def run(argv: list[str], *, timeout: float, extra_env: dict[str, str] | None = None, step: str = "",
+        progress: TextIO | None = None, heartbeat: float = HEARTBEAT_SECONDS) -> str:
+    """Run a command in this folder; its output, or RuntimeError with the output when it fails.
+
+    Args:
+        argv: The command.
+        timeout: Seconds after which it is killed (``subprocess.TimeoutExpired``).
+        extra_env: Variables added to :func:`env`'s.
+        step: What the command does, for ``progress`` (its argv by default).
+        progress: Where to say that the step starts, that it still runs every ``heartbeat`` seconds, and
+            how long it took (``python tools.py ...`` passes stderr); None: silent.
+        heartbeat: Seconds between two "still running" lines.
+    """
+    step = step or " ".join(Path(arg).name for arg in argv[:3])
+    say(progress, f"{step} ...")
+    started = time.monotonic()
+    with subprocess.Popen(argv, cwd=HERE, env=env(extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        while True:
+            left = timeout - (time.monotonic() - started)
+            try:
+                stdout, stderr = proc.communicate(timeout=max(0.01, min(heartbeat, left)))
+                break
+            except subprocess.TimeoutExpired:
+                if left <= heartbeat:
+                    proc.kill()
+                    proc.communicate()
+                    raise subprocess.TimeoutExpired(argv, timeout) from None
+                say(progress, f"{step}: still running, {time.monotonic() - started:.0f} s")
+    output = stdout + stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited with {proc.returncode}:\n{output}")
+    say(progress, f"{step}: done in {time.monotonic() - started:.1f} s")
     return output
 
 
-def deps(timeout: float = 600) -> None:
+def deps(timeout: float = 600, progress: TextIO | None = None) -> None:
     """``npm ci`` from the committed package-lock.json, unless node_modules was made from this very lock file."""
     digest = hashlib.sha256((HERE / "package-lock.json").read_bytes()).hexdigest()
     if STAMP.is_file() and STAMP.read_text().strip() == digest:
+        say(progress, "node_modules matches package-lock.json: nothing to install")
         return
-    run([*npm_cli(), "ci", "--no-audit", "--no-fund"], timeout=timeout)
+    run([*npm_cli(), "ci", "--no-audit", "--no-fund"], timeout=timeout, progress=progress,
+        step="npm ci: installing the packages of package-lock.json (a few minutes the first time)")
     STAMP.write_text(digest + "\n")
 
 
-def build() -> None:
+def build(progress: TextIO | None = None) -> None:
     """Install the dependencies if needed, then compile src/, test/ and examples/ into a fresh dist/.
 
     dist/ is made anew each time, so that the output of a deleted or renamed
     test never runs.
+
+    Args:
+        progress: Where each step says what it does and how long it took (:func:`run`); None: silent.
     """
-    deps()
+    deps(progress=progress)
     shutil.rmtree(HERE / "dist", ignore_errors=True)
-    run([node(), str(HERE / "node_modules" / "typescript" / "bin" / "tsc"), "-p", "tsconfig.json"], timeout=300)
+    run([node(), str(HERE / "node_modules" / "typescript" / "bin" / "tsc"), "-p", "tsconfig.json"], timeout=300,
+        progress=progress, step="tsc: compiling src/, test/ and examples/ into dist/")
 
 
 def buf() -> str:
@@ -103,15 +150,16 @@ def buf() -> str:
     return found
 
 
-def generate(check: bool) -> int:
+def generate(check: bool, progress: TextIO | None = None) -> int:
     """``buf generate`` into a temporary folder, then replace src/gen (or, with ``check``, compare).
 
     Returns:
         0, or 1 when ``check`` finds the committed files stale.
     """
-    deps()
+    deps(progress=progress)
     with tempfile.TemporaryDirectory() as tmp:
-        run([buf(), "generate", "--template", "buf.gen.yaml", "--output", tmp], timeout=300)
+        run([buf(), "generate", "--template", "buf.gen.yaml", "--output", tmp], timeout=300, progress=progress,
+            step="buf generate: the stubs of proto/")
         fresh = Path(tmp) / "src" / "gen"
         if check:
             stale = _differences(fresh, GEN_DIR)
@@ -135,10 +183,11 @@ def _differences(a: Path, b: Path) -> list[str]:
     return out
 
 
-def test(timeout: float = 300) -> str:
+def test(timeout: float = 300, progress: TextIO | None = None) -> str:
     """Build, then run the Node tests (the FENCEPOST_* variables must be set); returns their output."""
-    build()
-    return run([node(), "--test", "--test-concurrency=1", "--test-reporter=spec", TEST_GLOB], timeout=timeout)
+    build(progress)
+    return run([node(), "--test", "--test-concurrency=1", "--test-reporter=spec", TEST_GLOB], timeout=timeout,
+               progress=progress, step="node --test")
 
 
 def main() -> int:
@@ -146,15 +195,16 @@ def main() -> int:
     parser.add_argument("command", choices=["deps", "build", "generate", "test"])
     parser.add_argument("--check", action="store_true", help="generate: fail if src/gen is stale")
     args = parser.parse_args()
+    progress = sys.stderr  # each step says what it does, every 10 s that it still runs, and how long it took
     try:
         if args.command == "deps":
-            deps()
+            deps(progress=progress)
         elif args.command == "build":
-            build()
+            build(progress)
         elif args.command == "generate":
-            return generate(args.check)
+            return generate(args.check, progress)
         else:
-            print(test())
+            print(test(progress=progress))
     except RuntimeError as err:
         print(err, file=sys.stderr)
         return 1

@@ -11,6 +11,8 @@ Hand-written, importing nothing from ``fencepost.client`` or
 ``fencepost.coordinator``:
 
 - ``keys``: the etcd key layout of locks, and the limits on names, TTLs and waits.
+- ``names``: the characters no name may contain (Unicode Cc, Cf, Zl, Zp),
+  checked alike by the coordinator and the client.
 - ``details``: the status details of a failed call (ErrorInfo reasons and
   metadata keys, RetryInfo), built by the coordinator and parsed by the client.
 - ``retry``: the backoff policy (exponential, full jitter) of every retry loop.

@@ -50,6 +50,7 @@ import grpc
 from fencepost.client.errors import FencepostError, InvalidArgument
 from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.keys import MAX_NAME_BYTES, Hold, Keys, prefix_end
+from fencepost.client.v1.names import forbidden_problem
 
 from ..etcd import EtcdClient
 from ..etcd.failures import Failure, classify
@@ -167,7 +168,7 @@ def _invalid(field: str, problem: str) -> InvalidArgument:
 
 
 def validate_prefix(prefix: str) -> str:
-    """Check a name prefix: 0 to 256 bytes of UTF-8, no control characters.
+    """Check a name prefix: 0 to 256 bytes of UTF-8, no character a name may not hold (Cc, Cf, Zl, Zp).
 
     Raises:
         InvalidArgument: field ``prefix``.
@@ -175,8 +176,9 @@ def validate_prefix(prefix: str) -> str:
     size = len(prefix.encode("utf-8", "surrogatepass"))
     if size > MAX_NAME_BYTES:
         raise _invalid("prefix", f"is {size} bytes; at most {MAX_NAME_BYTES} bytes of UTF-8")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in prefix):
-        raise _invalid("prefix", "must not contain control characters (NUL, newline, ...)")
+    problem = forbidden_problem(prefix)
+    if problem is not None:
+        raise _invalid("prefix", problem)
     return prefix
 
 

@@ -5,26 +5,22 @@ The limits are the wire contract's (:mod:`fencepost.client.v1.keys`).
 
 from __future__ import annotations
 
-import re
-
 from fencepost.client.errors import InvalidArgument
 from fencepost.client.v1 import kinds
 from fencepost.client.v1.keys import MAX_LEASE_ID, MAX_NAME_BYTES, MAX_TOKEN, MAX_TTL_SECONDS, MAX_WAIT_MS, MIN_TTL_SECONDS
+from fencepost.client.v1.names import forbidden_problem
 
 
 def _invalid(field: str, problem: str) -> InvalidArgument:
     return InvalidArgument(f"{field} {problem}", field=field)
 
 
-#: A control character (C0 or DEL), forbidden in lock names.
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
 def validate_name(name: str) -> str:
     """Check a lock name.
 
     Args:
-        name: 1 to 256 bytes of UTF-8, no control characters.
+        name: 1 to 256 bytes of UTF-8, no character of the Unicode categories
+            Cc, Cf, Zl or Zp (:mod:`fencepost.client.v1.names`).
 
     Returns:
         The name unchanged.
@@ -37,8 +33,9 @@ def validate_name(name: str) -> str:
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > MAX_NAME_BYTES:
         raise _invalid("name", f"is {size} bytes; at most {MAX_NAME_BYTES} bytes of UTF-8")
-    if _CONTROL.search(name):
-        raise _invalid("name", "must not contain control characters (NUL, newline, ...)")
+    problem = forbidden_problem(name)
+    if problem is not None:
+        raise _invalid("name", problem)
     return name
 
 

@@ -46,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fencepost.client import AsyncLockClient, LockHeld, StaleTokenError
 from fencepost.client.fencing import SqlGuard
 from fencepost.client.v1 import lock_pb2, lock_pb2_grpc
+from fencepost.client.v1.keys import LEASE_SECRET_METADATA
 from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
@@ -65,6 +66,12 @@ async def _worker(address: str, names: list[str], stop: asyncio.Event, seed: int
             await asyncio.sleep(rng.uniform(0.0, 0.1))
 
 
+async def _grant(stub: lock_pb2_grpc.LockServiceStub, ttl_seconds: int) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """A new lease: its id, and the metadata that presents its secret (the calls of its owner)."""
+    granted = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=ttl_seconds))
+    return granted.lease_id, ((LEASE_SECRET_METADATA, granted.lease_secret),)
+
+
 async def _refusals(address: str, stop: asyncio.Event, guards: CollectorRegistry) -> None:
     """Every 2 s: LOCK_HELD (a try-acquire of a held lock), STALE_TOKEN and LEASE_EXPIRED (raw Release calls),
     a hold left to expire, and a stale write refused by a SQLite guard reporting to ``guards``."""
@@ -76,22 +83,28 @@ async def _refusals(address: str, stop: asyncio.Event, guards: CollectorRegistry
         stub = lock_pb2_grpc.LockServiceStub(channel)
         while not stop.is_set():
             rounds += 1
-            short = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=1))).lease_id
-            await stub.Acquire(lock_pb2.AcquireRequest(name=f"expiring/{rounds}", lease_id=short))
+            # The raw calls act as each lease's owner: they present the secret its LeaseGrant returned.
+            short, short_owner = await _grant(stub, 1)
+            await stub.Acquire(lock_pb2.AcquireRequest(name=f"expiring/{rounds}", lease_id=short),
+                               metadata=short_owner)
             held = await client.acquire("refusals/held", ttl=10.0, timeout=5.0)
             async with AsyncLockClient(address) as other:
                 with contextlib.suppress(LockHeld):
                     await other.try_acquire("refusals/held", ttl=10.0)
             await held.release()
-            lease = (await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))).lease_id
-            old = (await stub.Acquire(lock_pb2.AcquireRequest(name="refusals/stale", lease_id=lease))).token
-            await stub.Release(lock_pb2.ReleaseRequest(name="refusals/stale", lease_id=lease, token=old))
-            new = (await stub.Acquire(lock_pb2.AcquireRequest(name="refusals/stale", lease_id=lease))).token
+            lease, owner = await _grant(stub, 10)
+            old = (await stub.Acquire(lock_pb2.AcquireRequest(name="refusals/stale", lease_id=lease),
+                                      metadata=owner)).token
+            await stub.Release(lock_pb2.ReleaseRequest(name="refusals/stale", lease_id=lease, token=old),
+                               metadata=owner)
+            new = (await stub.Acquire(lock_pb2.AcquireRequest(name="refusals/stale", lease_id=lease),
+                                      metadata=owner)).token
             for token in (old, new):  # the old token is STALE_TOKEN; then, after the revoke, LEASE_EXPIRED
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    await stub.Release(lock_pb2.ReleaseRequest(name="refusals/stale", lease_id=lease, token=token))
+                    await stub.Release(lock_pb2.ReleaseRequest(name="refusals/stale", lease_id=lease, token=token),
+                                       metadata=owner)
                 if token == old:
-                    await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease))
+                    await stub.LeaseRevoke(lock_pb2.LeaseRevokeRequest(lease_id=lease), metadata=owner)
             guard.upsert("record", new, {"v": "new"})
             with contextlib.suppress(StaleTokenError):
                 guard.upsert("record", old, {"v": "old"})

@@ -44,7 +44,7 @@ from typing import Any
 from ..common import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError, Formatter
 from ..flags import parse_address, parse_ttl
 from .scenario import INVOICE_ID, DemoError, RunRecord, Store, run_scenario
-from .timeline import timeline
+from .timeline import release_note, timeline
 
 __all__ = ["DEMO_EXIT_CODES", "DemoError", "add_parser", "execute", "main", "run_demo"]
 
@@ -200,6 +200,9 @@ def main(*, target: str | None = None, dsn: str | None = None, plot: str | None 
     unfenced, fenced = records
     tokens = f"tokens: A {fenced.token('A')} < B {fenced.token('B')} in the fenced run"
     print(f"\n{unfenced.verdict()}\n{fenced.verdict()}", flush=True)
+    note = release_note(records)
+    if note is not None:
+        print(note, flush=True)
     print(f"({tokens}; {time.monotonic() - started:.1f} s in all)", flush=True)
     if plot is not None:
         from .plot import draw

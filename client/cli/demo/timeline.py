@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .scenario import INVOICE_ID, Event, RunRecord
 
-__all__ = ["describe", "timeline"]
+__all__ = ["RELEASE_WORDS", "describe", "release_note", "timeline"]
 
 
 def describe(event: Event, record: RunRecord) -> str:
@@ -39,12 +39,30 @@ def describe(event: Event, record: RunRecord) -> str:
     if event.event == "released":
         return f"released {record.lock}"
     if event.event == "release_failed":
-        return f"release fails ({d['reason']}): its lease had expired and the lock had passed to B"
+        return f"release fails ({d['reason']}): {RELEASE_WORDS.get(d['reason'], 'its lease had expired')}"
     return f"{event.event} {d}" if d else event.event
 
 
+#: Why stale A's release fails, by its reason: which one a run shows is a race after SIGCONT.
+RELEASE_WORDS = {
+    "DEADLINE": "A's client saw first that its lease's deadline had passed, and answered without the coordinator",
+    "NOT_HOLDER": "the call reached the coordinator first, and A's expired lease holds nothing there",
+    "LEASE_EXPIRED": "the call reached the coordinator first, and A's lease had expired",
+}
+
+
+def release_note(records: list[RunRecord]) -> str | None:
+    """One line on why stale A's release failed as it did in ``records`` (None when it did not fail)."""
+    reasons = sorted({str(e.data["reason"]) for r in records for e in r.events if e.event == "release_failed"})
+    if not reasons:
+        return None
+    return (f"A's release failed ({' and '.join(reasons)}): DEADLINE when A's client sees its lease's deadline "
+            f"passed first, NOT_HOLDER when the coordinator answers first, a race after SIGCONT; either way A had "
+            f"lost the lock")
+
+
 def timeline(record: RunRecord) -> list[str]:
-    """The run's timeline as printable lines, ending with the final row and the verdict."""
+    """The run's timeline as printable lines, ending with the final row (the verdict is printed at the end)."""
     lines = []
     for e in record.events:
         if e.event == "ready":
@@ -54,5 +72,4 @@ def timeline(record: RunRecord) -> list[str]:
         version, body, by = record.final
         token = f", fencing_token {record.final_token}" if record.fenced else ""
         lines.append(f"  final row: version {version}, written by {by}{token}: {body}")
-    lines.append(record.verdict())
     return lines

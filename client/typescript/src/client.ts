@@ -45,6 +45,7 @@ import {
   checkName,
   checkPositiveSeconds,
   checkTimeout,
+  forbiddenProblem,
   ttlToWire,
 } from "./validate.js";
 
@@ -152,7 +153,7 @@ export class LockClient {
    * of a name this client holds under the same TTL waits for the local
    * holder to release it (within the same timeout).
    *
-   * @param name - The lock name: 1 to 256 bytes of UTF-8, no control characters.
+   * @param name - The lock name: 1 to 256 bytes of UTF-8, no character of the Unicode categories Cc, Cf, Zl, Zp.
    * @returns The handle of the grant, with its fencing token (a bigint).
    * @throws {@link InvalidArgument} bad name (`name`), ttl (`ttl`), timeout
    *   (`timeout`) or signal (`signal`), before any call.
@@ -276,6 +277,8 @@ export class LockClient {
    */
   async listLocks(prefix = "", options: { pageSize?: number } = {}): Promise<HeldLock[]> {
     if (typeof prefix !== "string") throw new InvalidArgument("prefix must be a string", { field: "prefix" });
+    const problem = forbiddenProblem(prefix);
+    if (problem !== undefined) throw new InvalidArgument(`prefix ${problem}`, { field: "prefix" });
     if (typeof options !== "object" || options === null) {
       throw new InvalidArgument("options must be an object", { field: "options" });
     }

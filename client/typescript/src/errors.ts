@@ -6,7 +6,7 @@
  * ```
  * FencepostError                 base class: .lockName .leaseId .reason .code
  *  ├── InvalidArgument           a bad name, TTL, timeout, token, address or identifier (.field)
- *  ├── LockHeld                  tryAcquire found the lock held (.holderLeaseId, .holderToken)
+ *  ├── LockHeld                  tryAcquire found the lock held (reason LOCK_HELD; .holderLeaseId, .holderToken)
  *  ├── LockTimeout               a blocking acquire ran out of time
  *  ├── LeaseLost                 the lease behind a hold is gone, or its local deadline passed
  *  ├── NotHolder                 the lease does not hold the lock (.token, .currentToken)
@@ -90,6 +90,7 @@ export class InvalidArgument extends FencepostError {
 
 /** `tryAcquire` found the lock held by another grant. */
 export class LockHeld extends FencepostError {
+  static override readonly defaultReason = "LOCK_HELD";
   /** The holder's lease id (0n when unknown). */
   readonly holderLeaseId: bigint;
   /** The holder's fencing token (0n when unknown). */

@@ -54,7 +54,11 @@ const WITHDRAW_RECHECK_SECONDS = 0.05;
  * that call in etcd (bad input, its wait timed out and was withdrawn, the lease
  * is gone, the queue was full, a limit refused it): no withdrawal is needed.
  */
-const SETTLED_REASONS = new Set(["INVALID_FIELD", "ACQUIRE_TIMEOUT", "LEASE_EXPIRED", "TOO_MANY_WAITERS", "LIMIT_EXCEEDED"]);
+const SETTLED_REASONS = new Set([
+  "INVALID_FIELD", "ACQUIRE_TIMEOUT", "LEASE_EXPIRED", "TOO_MANY_WAITERS", "LIMIT_EXCEEDED",
+  // Refused before anything was done, and a Withdraw would be refused for the same reason.
+  "ACCESS_DENIED", "NOT_LEASE_OWNER",
+]);
 
 /** The acquires and releases of one client; the client owns one. */
 export class Holds {

@@ -25,7 +25,36 @@ function isFiniteNumber(value: unknown): value is number {
 }
 
 /**
- * Check a lock name: a string of 1 to 256 bytes of UTF-8 without control characters.
+ * The characters no name may contain: the Unicode general categories Cc (C0 and C1 controls, DEL), Cf
+ * (format characters: U+200B zero width space, U+202E and the other bidirectional controls, U+FEFF, ...),
+ * Zl and Zp (U+2028, U+2029): the coordinator's and the Python client's rule (fencepost.client.v1.names).
+ */
+const FORBIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/u;
+
+/**
+ * What is wrong with a name's characters, worded to follow a field name, with the coordinator's wording
+ * (the index counts code points, as Python's does); undefined when nothing is.
+ */
+export function forbiddenProblem(name: string): string | undefined {
+  if (!FORBIDDEN.test(name)) return undefined;
+  let index = 0;
+  for (const char of name) {
+    if (FORBIDDEN.test(char)) {
+      const code = char.codePointAt(0) ?? 0;
+      const category = /\p{Cc}/u.test(char) ? "Cc" : /\p{Cf}/u.test(char) ? "Cf" : /\p{Zl}/u.test(char) ? "Zl" : "Zp";
+      return (
+        "must not contain control characters (Unicode Cc), format characters (Cf) or line and paragraph " +
+        `separators (Zl, Zp): character ${index} is U+${code.toString(16).toUpperCase().padStart(4, "0")} (${category})`
+      );
+    }
+    index += 1;
+  }
+  return undefined;
+}
+
+/**
+ * Check a lock name: a string of 1 to 256 bytes of UTF-8 without a character of the Unicode categories
+ * Cc, Cf, Zl or Zp (controls, format characters such as U+200B, line and paragraph separators).
  *
  * @throws {@link InvalidArgument} (field `name`).
  */
@@ -39,10 +68,8 @@ export function checkName(name: unknown): string {
   if (size > MAX_NAME_BYTES) {
     throw new InvalidArgument(`name is ${size} bytes; at most ${MAX_NAME_BYTES} bytes of UTF-8`, { field: "name" });
   }
-  // eslint-disable-next-line no-control-regex
-  if (/[\u0000-\u001f\u007f]/.test(name)) {
-    throw new InvalidArgument("name must not contain control characters (NUL, newline, ...)", { field: "name" });
-  }
+  const problem = forbiddenProblem(name);
+  if (problem !== undefined) throw new InvalidArgument(`name ${problem}`, { field: "name" });
   return name;
 }
 

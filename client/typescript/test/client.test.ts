@@ -52,6 +52,7 @@ test("tryAcquire throws LockHeld naming the holder; a blocking acquire times out
   assert.equal(err.holderToken, held.token);
   assert.equal(err.holderLeaseId, held.leaseId);
   assert.equal(err.lockName, name);
+  assert.equal(err.reason, "LOCK_HELD");
   const started = performance.now();
   await assert.rejects(b.acquire(name, { ttl: 5, timeout: 0.3 }), LockTimeout);
   assert.ok(performance.now() - started < 3000);
@@ -152,6 +153,12 @@ test("bad arguments throw InvalidArgument naming the field, before any call", as
   await assert.rejects(client.acquire("a\nb"), field("name"));
   await assert.rejects(client.acquire("x".repeat(257)), field("name"));
   await assert.rejects(client.acquire("\ud800"), field("name"));
+  // Unicode Cc, Cf, Zl and Zp: C1 controls, zero-width and bidirectional formatting, line and paragraph separators.
+  for (const bad of ["a\u0085b", "a\u200bb", "a\u202eb", "a\u2028b", "a\u2029b", "a\ufeffb", "a\u{e0001}b"]) {
+    await assert.rejects(client.acquire(bad), (err: unknown) => field("name")(err) && String(err).includes("U+"));
+    await assert.rejects(client.listLocks(bad), field("prefix"));
+  }
+  await assert.rejects(client.acquire("\u{1f600}\u200b"), (err: unknown) => String(err).includes("character 1 is U+200B (Cf)"));
   await assert.rejects(client.acquire(42 as unknown as string), field("name"));
   await assert.rejects(client.acquire("n", { ttl: 0 }), field("ttl"));
   await assert.rejects(client.acquire("n", { ttl: Number.NaN }), field("ttl"));

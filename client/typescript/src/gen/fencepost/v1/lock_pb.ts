@@ -243,8 +243,11 @@ export const LeaseKeepAliveResponseSchema: GenMessage<LeaseKeepAliveResponse> = 
  */
 export type AcquireRequest = Message<"fencepost.v1.AcquireRequest"> & {
   /**
-   * name: the lock name, 1 to 256 bytes of UTF-8 with no control characters.
-   * Names are opaque: "a" and "a/b" are independent locks.
+   * name: the lock name, 1 to 256 bytes of UTF-8 with no character of the
+   * Unicode categories Cc, Cf, Zl or Zp (controls such as NUL or U+0085,
+   * format characters such as U+200B or U+202E, U+2028, U+2029), else
+   * INVALID_ARGUMENT naming the field. The same holds for every name and
+   * election field below. Names are opaque: "a" and "a/b" are independent locks.
    *
    * @generated from field: string name = 1;
    */
@@ -1121,7 +1124,7 @@ export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*
 export type ListLocksRequest = Message<"fencepost.v1.ListLocksRequest"> & {
   /**
    * prefix: list only the locks whose names start with this string (UTF-8,
-   * 0 to 256 bytes, no control characters); empty lists every lock.
+   * 0 to 256 bytes, no character of the categories Cc, Cf, Zl, Zp); empty lists every lock.
    *
    * @generated from field: string prefix = 1;
    */
@@ -1551,7 +1554,7 @@ export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
 
   /**
    * name: the lock (the election, the semaphore: see kind) whose holder's
-   * lease is revoked (UTF-8, 1 to 256 bytes, no control characters).
+   * lease is revoked (UTF-8, 1 to 256 bytes, no Cc, Cf, Zl or Zp character).
    *
    * @generated from field: string name = 1;
    */
