@@ -49,6 +49,8 @@ _log = logging.getLogger(__name__)
 
 #: Shortest time between two LeaseTimeToLive reads of one lease, seconds.
 MIN_TTL_REFRESH_SECONDS = 5.0
+#: Longest wait for the TTLs of the first snapshot, seconds (then they follow as changes).
+FIRST_TTLS_SECONDS = 2.0
 #: LeaseTimeToLive calls in flight at once.
 TTL_CONCURRENCY = 32
 #: Timeline items a newly opened board is given.
@@ -142,7 +144,13 @@ class BoardFeed:
             try:
                 read = await self._etcd.range(rpc_pb2.RangeRequest(key=self._keys.prefix,
                                                                    range_end=self._keys.range_end))
+                first = not self._ready.is_set()
                 self._reset(read.kvs)
+                if first:  # the first snapshot shows the TTLs already (within a bound: etcd may be slow)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._refresh_ttls(), FIRST_TTLS_SECONDS)
+                    self._marked.clear()
+                self._ready.set()
                 stream = self._etcd.watch_range(self._keys.prefix, self._keys.range_end, read.header.revision + 1)
                 async with contextlib.aclosing(stream):
                     async for events in stream:
@@ -174,8 +182,7 @@ class BoardFeed:
             granted = self._grant_times.granted_at(Hold(name, lease, token))
             self._since.setdefault((name, lease, token), now if granted is None
                                    else int(now - 1000 * (time.monotonic() - granted)))
-        self._marked |= before | set(self._locks)
-        self._ready.set()
+        self._marked |= before | set(self._locks)  # a re-read: every board is told what changed
 
     def _apply(self, event: Any) -> None:
         parsed = self._parse(bytes(event.kv.key))
