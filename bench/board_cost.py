@@ -7,7 +7,9 @@ Then twice ``--seconds``: the coordinator's CPU seconds (user + system,
 browser would). Also the page's weight (``/``, its script and style) and the
 size of the first snapshot. Prints one JSON object.
 
-    python bench/board_cost.py --locks 1000 --seconds 30
+    python bench/board_cost.py --locks 1000 --seconds 30 [--churn 20]
+
+``--churn N``: meanwhile, N acquire/release cycles a second of one more lock.
 """
 
 from __future__ import annotations
@@ -47,7 +49,30 @@ async def hold(address: str, locks: int) -> None:
         await asyncio.gather(*(one(i) for i in range(locks)))
 
 
-async def measure(pid: int, base: str, seconds: float) -> dict[str, float | int]:
+async def churn(address: str, per_second: float) -> None:
+    """Acquire and release lock ``board-bench/churn`` ``per_second`` times a second, until cancelled."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = lock_pb2_grpc.LockServiceStub(channel)
+        lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=600))
+        owned = (("fencepost-lease-secret", lease.lease_secret),)
+        while True:
+            held = await stub.Acquire(lock_pb2.AcquireRequest(name="board-bench/churn", lease_id=lease.lease_id),
+                                      metadata=owned)
+            await stub.Release(lock_pb2.ReleaseRequest(name="board-bench/churn", lease_id=lease.lease_id,
+                                                       token=held.token), metadata=owned)
+            await asyncio.sleep(1 / per_second)
+
+
+async def measure(pid: int, address: str, base: str, seconds: float, per_second: float) -> dict[str, float | int]:
+    churning = asyncio.ensure_future(churn(address, per_second)) if per_second else None
+    try:
+        return await _measure(pid, base, seconds)
+    finally:
+        if churning is not None:
+            churning.cancel()
+
+
+async def _measure(pid: int, base: str, seconds: float) -> dict[str, float | int]:
     async with aiohttp.ClientSession() as session:
         weight = 0
         for path in ("/", "/board/board.js", "/board/board.css"):
@@ -79,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--locks", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--churn", type=float, default=0.0, help="acquire/release cycles a second meanwhile")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedEtcd(Path(tmp)) as etcd:
         port = free_port()
@@ -87,10 +113,11 @@ def main() -> None:
                                          "--max-leases-per-caller", "100000")
         try:
             asyncio.run(hold(address, args.locks))
-            result = asyncio.run(measure(proc.pid, f"http://127.0.0.1:{port}", args.seconds))
+            result = asyncio.run(measure(proc.pid, address, f"http://127.0.0.1:{port}", args.seconds,
+                                         args.churn))
         finally:
             stop(proc)
-    print(json.dumps({"locks": args.locks, "seconds": args.seconds, **result}))
+    print(json.dumps({"locks": args.locks, "seconds": args.seconds, "churn_per_second": args.churn, **result}))
 
 
 if __name__ == "__main__":

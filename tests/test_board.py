@@ -118,3 +118,21 @@ async def test_elections_and_semaphores_are_shown(board: tuple[Coordinator, aioh
     slot = shown["semaphore", "pool", permit.slot]
     assert slot["holder"]["token"] == str(permit.token)
     await revoke(call, lease)
+
+
+async def test_boards_closed_and_opened_again_are_told_afresh(board: tuple[Coordinator, aiohttp.ClientSession, str]
+                                                              ) -> None:
+    """The last board closing stops the feed; the next one starts it again and sees what changed meanwhile."""
+    _, session, base = board
+    call = HttpCaller(session, base)
+    lease = await grant(call)
+    first = await acquire(call, lease, "again:1")
+    for expected in (["again:1"], ["again:1", "again:2"]):
+        async with session.get(f"{base}/board/events", params={"prefix": "again:"}) as one, \
+                session.get(f"{base}/board/events", params={"prefix": "again:"}) as two:
+            for answer in (one, two):
+                name, snapshot = await next_event(events(answer))
+                assert name == "snapshot" and [e["name"] for e in snapshot["locks"]] == expected
+        await acquire(call, lease, "again:2")
+    assert first.acquired
+    await revoke(call, lease)

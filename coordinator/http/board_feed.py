@@ -14,7 +14,9 @@ semaphore's slot ``i`` a lock of its own, its queue the lock of slot -1.
 A change marks the lock's name; every ``flush_seconds`` (a quarter of a
 second) the marked names' entries, and the timeline items seen since, go to
 every subscriber as one ``change`` (a name that is gone as ``null``): a
-flood of changes costs a few messages a second, never a re-listing.
+flood of changes costs a few messages a second, never a re-listing. A board
+that reads too slowly (:data:`MAX_QUEUED` messages waiting) is sent one
+``snapshot`` in their place.
 
 TTL left: each holder lease's TTL is read with LeaseTimeToLive once, and
 again when half of its TTL may have passed (at most every
@@ -53,6 +55,8 @@ MIN_TTL_REFRESH_SECONDS = 5.0
 FIRST_TTLS_SECONDS = 2.0
 #: LeaseTimeToLive calls in flight at once.
 TTL_CONCURRENCY = 32
+#: Messages waiting for a board past which it is sent one snapshot in their place.
+MAX_QUEUED = 20
 #: Timeline items a newly opened board is given.
 TIMELINE_ITEMS = 200
 _KINDS = {kinds.HoldKind.HOLD_KIND_LOCK: "lock", kinds.HoldKind.HOLD_KIND_ELECTION: "election",
@@ -118,11 +122,17 @@ class BoardFeed:
             self._ready.clear()
             self._tasks = [asyncio.ensure_future(self._follow()), asyncio.ensure_future(self._flushing()),
                            asyncio.ensure_future(self._refreshing())]
-        await self._ready.wait()
-        subscriber.queue.put_nowait(("snapshot", {
-            "locks": [e for n in sorted(self._locks) if (e := self._entry(n)) is not None and shows(n, e["name"])],
-            "timeline": [t for t in self._timeline if shows(t["key"], t["name"])], "nowMs": _now_ms()}))
+        try:
+            await self._ready.wait()
+        except BaseException:  # the board went away before the first read
+            await self.unsubscribe(subscriber)
+            raise
+        subscriber.queue.put_nowait(("snapshot", self._snapshot(shows)))
         return subscriber
+
+    def _snapshot(self, shows: Callable[[str, str], bool]) -> dict[str, Any]:
+        return {"locks": [e for n in sorted(self._locks) if (e := self._entry(n)) is not None and shows(n, e["name"])],
+                "timeline": [t for t in self._timeline if shows(t["key"], t["name"])], "nowMs": _now_ms()}
 
     async def unsubscribe(self, subscriber: Subscriber) -> None:
         """A board closed: the last one stops the watch and forgets every lock."""
@@ -239,7 +249,11 @@ class BoardFeed:
             for subscriber in self._subscribers:
                 locks = {n: e for n, e in entries.items() if subscriber.shows(n, kinds.public_hold(n).name)}
                 timeline = [t for t in told if subscriber.shows(t["key"], t["name"])]
-                if locks or timeline:
+                if subscriber.queue.qsize() >= MAX_QUEUED:  # a board that reads slowly: one snapshot instead
+                    while not subscriber.queue.empty():
+                        subscriber.queue.get_nowait()
+                    subscriber.queue.put_nowait(("snapshot", self._snapshot(subscriber.shows)))
+                elif locks or timeline:
                     subscriber.queue.put_nowait(("change", {"locks": locks, "timeline": timeline,
                                                             "nowMs": _now_ms()}))
 
