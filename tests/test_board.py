@@ -42,6 +42,14 @@ async def changes_until(stream: AsyncIterator[tuple[str, dict[str, Any]]], done:
     return merged
 
 
+async def snapshot_of(stream: AsyncIterator[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The first ``snapshot`` of a board's stream, after its ``access`` event (no Revoke: there is no policy)."""
+    assert await next_event(stream) == ("access", {"mayRevoke": False})
+    name, snapshot = await next_event(stream)
+    assert name == "snapshot"
+    return snapshot
+
+
 def merged_now(merged: dict[str, Any]) -> int:
     return int(merged["nowMs"])
 
@@ -71,8 +79,7 @@ async def test_stream_tells_holders_waiters_and_their_ends(board: tuple[Coordina
     async with session.get(f"{base}/board/events", params={"prefix": "invoice:"}) as answer:
         assert answer.status == 200 and answer.content_type == "text/event-stream"
         stream = events(answer)
-        name, snapshot = await next_event(stream)
-        assert name == "snapshot"
+        snapshot = await snapshot_of(stream)
         [lock] = snapshot["locks"]
         assert (lock["kind"], lock["name"], lock["holder"]["lease"], lock["holder"]["token"], lock["waiters"]) == (
             "lock", "invoice:1", str(first.lease_id), str(held.token), [])
@@ -111,7 +118,7 @@ async def test_elections_and_semaphores_are_shown(board: tuple[Coordinator, aioh
     permit = await call("AcquirePermit", lock_pb2.AcquirePermitRequest(name="pool", lease_id=lease.lease_id,
                                                                        permits=3), lease.lease_secret)
     async with session.get(f"{base}/board/events") as answer:
-        name, snapshot = await next_event(events(answer))
+        snapshot = await snapshot_of(events(answer))
     shown = {(e["kind"], e["name"], e["slot"]): e for e in snapshot["locks"]}
     election = shown["election", "leader", 0]
     assert (election["holder"]["token"], election["holder"]["value"]) == (str(won.token), "node-a")
@@ -131,8 +138,8 @@ async def test_boards_closed_and_opened_again_are_told_afresh(board: tuple[Coord
         async with session.get(f"{base}/board/events", params={"prefix": "again:"}) as one, \
                 session.get(f"{base}/board/events", params={"prefix": "again:"}) as two:
             for answer in (one, two):
-                name, snapshot = await next_event(events(answer))
-                assert name == "snapshot" and [e["name"] for e in snapshot["locks"]] == expected
+                snapshot = await snapshot_of(events(answer))
+                assert [e["name"] for e in snapshot["locks"]] == expected
         await acquire(call, lease, "again:2")
     assert first.acquired
     await revoke(call, lease)

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from fencepost.client.v1 import lock_pb2
+from fencepost.coordinator.admission.access import Policy
 from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
 
@@ -85,6 +86,7 @@ async def test_board_shows_holders_and_losses_live(served: Coordinator, chromium
                                     f".cells[5].textContent.startsWith('{waiter.lease_id}/')")
         assert "node-b" in await shown(browser, "document.querySelector('#elections tbody').textContent")
         assert "db-pool" in await shown(browser, "document.querySelector('#semaphores tbody').textContent")
+        assert await browser.evaluate("document.querySelectorAll('button.revoke').length") == 0  # no policy
 
         await revoke(call, holder)  # its lease ends: the hold is lost
         revoked = time.monotonic()
@@ -100,3 +102,33 @@ async def test_board_shows_holders_and_losses_live(served: Coordinator, chromium
         assert await shown(browser, token_of("report:daily"))
         assert await browser.evaluate(token_of("invoice:42")) is None
         await revoke(call, waiter, other)
+
+
+POLICY = """
+[[allow]]
+anonymous = true
+actions = ["acquire", "release", "describe", "admin"]
+names = ["*"]
+"""
+
+
+async def test_an_operator_revokes_from_the_page(etcd: EmbeddedEtcd, prefix: str, chromium: str) -> None:
+    """With a policy that lets the caller ``admin``, the page offers Revoke; confirmed, the holder loses the lock
+    (its lease revoked), shown in the timeline."""
+    coordinator = await start(etcd, prefix, policy=Policy.from_text(POLICY))
+    try:
+        async with aiohttp.ClientSession() as session, Browser(chromium) as browser:
+            base = f"http://{coordinator.http_address}"
+            call = HttpCaller(session, base)
+            lease = await grant(call, ttl=30)
+            held = await acquire(call, lease, "job:7")
+            await browser.open(f"{base}/")
+            button = "document.querySelector('tr[data-key=\"job:7\"] button.revoke')"
+            assert await shown(browser, f"!!{button}")
+            await browser.evaluate(f"window.confirm = () => true, {button}.click(), true")
+            assert await shown(browser, ended(held.token)) == "lease_ended"
+            assert await shown(browser, f"!{button}")
+            described = await call("Describe", lock_pb2.DescribeRequest(name="job:7"))
+            assert not described.HasField("holder")
+    finally:
+        await asyncio.wait_for(coordinator.stop(grace=0), 20)

@@ -15,7 +15,11 @@
 All open pages share one :class:`.board_feed.BoardFeed`: one etcd watch of
 the lock prefix while at least one page is open, none otherwise.
 
-The board is read-only. Opening its stream is a ListLocks of ``P`` for the
+The board is read-only, except for a caller the access policy allows
+``admin`` on some name (an operator): its page offers Revoke on each hold
+(after a confirmation), which is ``POST /v1/{locks|elections|semaphores}/{name}:revoke``
+of the API, checked and audited as AdminRevoke is (an ``access`` event,
+first, tells the page ``mayRevoke``). Opening its stream is a ListLocks of ``P`` for the
 access policy (the same call as on the gRPC port: the same refusal, logs
 and metrics), and it shows only the names that call may show (an election's
 or a semaphore's by its public name).
@@ -33,6 +37,8 @@ from aiohttp import web
 from fencepost.client.errors import FencepostError
 from fencepost.client.v1 import lock_pb2
 
+from ..admission.access import ADMIN
+from ..admission.identity import caller_of
 from ..api.stream_calls import CallAborted
 from .board_feed import BoardFeed
 from .calls import served_handlers
@@ -82,6 +88,15 @@ class Board:
             raise web.HTTPNotFound(text=f"the board has no file {name!r}")
         return self._answer(name)
 
+    def _may_revoke(self, context: Any) -> bool:
+        """Whether the page offers Revoke: a policy is in force and lets the caller ``admin`` some name.
+
+        AdminRevoke itself checks the name (``POST /v1/.../{name}:revoke``, audited); without a policy
+        it is refused to every caller, so the page offers nothing.
+        """
+        policy = self._access.policy
+        return policy is not None and policy.allows_some(caller_of(context).identity, ADMIN)
+
     def _answer(self, name: str) -> web.Response:
         return web.Response(body=self._files[name], content_type=FILES[name], charset="utf-8",
                             headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
@@ -98,12 +113,15 @@ class Board:
         except FencepostError as exc:  # a bad timeout header, the policy's refusal
             return response(refusal(exc))
 
+        may_revoke = self._may_revoke(context)
+
         def shows(_: str, name: str) -> bool:
             return name.startswith(prefix) and (visible is None or visible(name))
 
         stream = web.StreamResponse(headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache",
                                              "X-Accel-Buffering": "no"})
         await stream.prepare(request)
+        await stream.write(f"event: access\ndata: {json.dumps({'mayRevoke': may_revoke})}\n\n".encode())
         subscriber = await self.feed.subscribe(shows)
         try:
             while True:

@@ -6,6 +6,7 @@
   let skew = 0;                // server clock - this clock, ms
   let source = null;
   let pending = false;
+  let mayRevoke = false;       // the access policy lets this caller revoke (an "access" event says)
   const $ = (id) => document.getElementById(id);
   const MAX_TIMELINE = 500;
 
@@ -64,10 +65,26 @@
         }
       }
       tr.dataset.key = e.key;
+      if (mayRevoke && e.slot >= 0) revokeButton(tr, e);
     }
     $("lock-count").textContent = "(" + counts.lock + ")";
     $("election-count").textContent = "(" + counts.election + ")";
     $("semaphore-count").textContent = "(" + counts.semaphore.size + ")";
+  }
+  function revokeButton(tr, e) {
+    const button = document.createElement("button");
+    button.textContent = "Revoke";
+    button.className = "revoke";
+    button.onclick = async () => {
+      const what = e.kind + " " + e.name + (e.kind === "semaphore" ? " slot " + e.slot : "");
+      if (!confirm("Revoke " + what + "? Its holder (lease " + e.holder.lease + ", token " + e.holder.token +
+                   ") loses it: its lease is revoked.")) return;
+      const answer = await fetch("/v1/" + e.kind + "s/" + encodeURIComponent(e.name) + ":revoke", {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(e.kind === "semaphore" ? { slot: e.slot } : {}) });
+      if (!answer.ok) alert("Revoke refused: " + ((await answer.json()).message || answer.status));
+    };
+    tr.insertCell().append(button);
   }
   function later() {
     if (!pending) { pending = true; requestAnimationFrame(render); }
@@ -95,6 +112,7 @@
     if (source) source.close();
     const prefix = $("prefix").value;
     source = new EventSource("/board/events?prefix=" + encodeURIComponent(prefix));
+    source.addEventListener("access", (ev) => { mayRevoke = JSON.parse(ev.data).mayRevoke; later(); });
     source.addEventListener("snapshot", (ev) => {
       const data = JSON.parse(ev.data);
       skew = data.nowMs - Date.now();
