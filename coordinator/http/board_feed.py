@@ -187,6 +187,8 @@ class BoardFeed:
             parsed = self._parse(bytes(kv.key))
             if parsed is not None:
                 self._locks.setdefault(parsed[0], {})[parsed[1]] = (int(kv.create_revision), bytes(kv.value))
+        holders = {(name, *h) for name, c in self._locks.items() if (h := _holder(c)) is not None}
+        self._since = {hold: at for hold, at in self._since.items() if hold in holders}
         for name, contenders in self._locks.items():
             lease, (token, _) = min(contenders.items(), key=lambda c: c[1][0])
             granted = self._grant_times.granted_at(Hold(name, lease, token))
