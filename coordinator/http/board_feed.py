@@ -21,7 +21,8 @@ that reads too slowly (:data:`MAX_QUEUED` messages waiting) is sent one
 TTL left: each holder lease's TTL is read with LeaseTimeToLive once, and
 again when half of its TTL may have passed (at most every
 :data:`MIN_TTL_REFRESH_SECONDS`); the page counts down from the lease's
-estimated expiry (``expiresMs``, this host's wall clock in milliseconds).
+estimated expiry (``expiresMs``, the coordinator's monotonic clock in
+milliseconds: each message's ``nowMs`` says where that clock is now).
 
 Timeline: ``granted`` when a contender becomes the holder; ``ended`` when
 the holder's key is deleted, with ``reason`` ``released`` (its lease still
@@ -65,7 +66,7 @@ _KINDS = {kinds.HoldKind.HOLD_KIND_LOCK: "lock", kinds.HoldKind.HOLD_KIND_ELECTI
 
 @dataclass
 class _Lease:
-    """What the board knows of a lease: its granted TTL and estimated expiry (wall clock, ms)."""
+    """What the board knows of a lease: its granted TTL and estimated expiry (monotonic clock, ms)."""
 
     ttl: int
     expires_ms: int
@@ -99,7 +100,7 @@ class BoardFeed:
         self._etcd, self._keys, self._grant_times = etcd, keys, grant_times
         self._flush = flush_seconds
         self._locks: dict[str, dict[int, tuple[int, bytes]]] = {}  # internal name -> lease -> (token, value)
-        self._since: dict[tuple[str, int, int], int] = {}  # hold -> wall clock ms it was first seen held
+        self._since: dict[tuple[str, int, int], int] = {}  # hold -> monotonic ms it was first seen held
         self._leases: dict[int, _Lease] = {}
         self._marked: set[str] = set()
         self._told: list[dict[str, Any]] = []
@@ -328,4 +329,5 @@ def _holder(contenders: dict[int, tuple[int, bytes]]) -> tuple[int, int] | None:
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    """The coordinator's monotonic clock in milliseconds (the page places it with each message's ``nowMs``)."""
+    return int(time.monotonic() * 1000)

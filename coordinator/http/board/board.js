@@ -3,7 +3,7 @@
 (function () {
   const rows = new Map();      // internal lock name -> entry (see coordinator/http/board_feed.py)
   let timeline = [];           // newest first
-  let skew = 0;                // server clock - this clock, ms
+  let skew = 0;                // the coordinator's monotonic clock - this wall clock, ms
   let source = null;
   let pending = false;
   let mayRevoke = false;       // the access policy lets this caller revoke (an "access" event says)
@@ -97,7 +97,7 @@
       li.className = "t-" + t.what;
       if (t.reason) li.dataset.reason = t.reason;
       const at = document.createElement("time");
-      at.textContent = new Date(t.atMs).toLocaleTimeString();
+      at.textContent = new Date(t.atMs - skew).toLocaleTimeString();
       const what = document.createElement("b");
       what.textContent = t.what === "ended" ? "ended (" + (t.reason || "?") + ")" : t.what;
       const slot = t.kind === "semaphore" ? (t.slot < 0 ? " queue" : " slot " + t.slot) : "";
