@@ -50,7 +50,7 @@ from ..etcd import bounded
 from ..recipes.election import Elections
 from ..recipes.holds import HoldTracker
 from ..recipes.lease import KeptLeases, Leases
-from ..recipes.listing import list_locks
+from ..recipes.listing import GrantTimes, list_locks
 from ..recipes.lock import Holder, LockManager
 from ..recipes.requests import Call, RequestRecords
 from ..recipes.semaphore import Semaphores
@@ -152,6 +152,11 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     def records(self) -> RequestRecords:
         """The request records (:mod:`..recipes.requests`) of the calls served here that carry a ``request_id``."""
         return self._records
+
+    @property
+    def lock_view(self) -> tuple[Any, Keys, GrantTimes]:
+        """What a read-only view of every lock reads (the lock board): (etcd client, keys, grant times here)."""
+        return self._locks.etcd, self._keys, self._holds.grant_times
 
     @property
     def open_streams(self) -> int:

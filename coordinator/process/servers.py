@@ -70,7 +70,7 @@ def health_server(health: Any, options: Sequence[tuple[str, Any]], interceptors:
 def http_server(service: Any, interceptors: Sequence[Any], listen: str, *, certificates: ServerCertificates | None,
                 max_body_bytes: int, grace_seconds: float, claims: list[UnixSocketClaim],
                 modules: Sequence[RouteModule] = ()) -> HttpServer:
-    """The HTTP/JSON API's server on ``listen`` (not started): the ``/v1`` routes, then ``modules``.
+    """The HTTP/JSON API's server on ``listen`` (not started): the ``/v1`` routes, the lock board, then ``modules``.
 
     Args:
         service: the LockService servicer that answers every route.
@@ -82,13 +82,14 @@ def http_server(service: Any, interceptors: Sequence[Any], listen: str, *, certi
         claims: where a Unix socket's claim is appended.
         modules: more route modules on the same app.
     """
-    from ..http import Api, HttpServer, make_app
+    from ..http import Api, Board, HttpServer, make_app
 
     path = unix_socket_path(listen)
     if path is not None:
         claim = UnixSocketClaim(path)
         claim.claim()
         claims.append(claim)
-    app = make_app([Api(service, interceptors), *modules], max_body_bytes=max_body_bytes)
+    app = make_app([Api(service, interceptors), Board(service, interceptors), *modules],
+                   max_body_bytes=max_body_bytes)
     return HttpServer(app, listen, ssl_context=certificates.ssl_context() if certificates is not None else None,
                       grace_seconds=grace_seconds)

@@ -1,0 +1,333 @@
+"""The lock board's data: every hold and waiter, kept from one etcd watch of the lock prefix, told as diffs.
+
+:class:`BoardFeed` runs only while a board is open (its first subscriber
+starts it, its last one leaving stops it). It reads the lock prefix once
+(one Range, keys with their values), then follows it with one etcd watch
+(PUT and DELETE events, :meth:`..etcd.EtcdClient.watch_range`): a lock's
+contenders are its keys, the holder the one with the lowest create revision
+(its fencing token), the waiters the others in that order, exactly as
+:mod:`..recipes.listing` reads them for ListLocks. Elections and semaphores
+are locks with internal names (:mod:`fencepost.client.v1.kinds`): an
+election's leader is its holder (the key's value is the leader's value), a
+semaphore's slot ``i`` a lock of its own, its queue the lock of slot -1.
+
+A change marks the lock's name; every ``flush_seconds`` (a quarter of a
+second) the marked names' entries, and the timeline items seen since, go to
+every subscriber as one ``change`` (a name that is gone as ``null``): a
+flood of changes costs a few messages a second, never a re-listing. A board
+that reads too slowly (:data:`MAX_QUEUED` messages waiting) is sent one
+``snapshot`` in their place.
+
+TTL left: each holder lease's TTL is read with LeaseTimeToLive once, and
+again when half of its TTL may have passed (at most every
+:data:`MIN_TTL_REFRESH_SECONDS`); the page counts down from the lease's
+estimated expiry (``expiresMs``, the coordinator's monotonic clock in
+milliseconds: each message's ``nowMs`` says where that clock is now).
+
+Timeline: ``granted`` when a contender becomes the holder; ``ended`` when
+the holder's key is deleted, with ``reason`` ``released`` (its lease still
+lives: a Release, or the key deleted by hand) or ``lease_ended`` (its lease
+expired or was revoked: an AdminRevoke, a LeaseRevoke).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fencepost.client.v1 import kinds
+from fencepost.client.v1.etcd import rpc_pb2
+from fencepost.client.v1.keys import Hold, Keys
+from fencepost.client.v1.retry import ETCD_BACKOFF
+
+__all__ = ["BoardFeed", "Subscriber"]
+
+_log = logging.getLogger(__name__)
+
+#: Shortest time between two LeaseTimeToLive reads of one lease, seconds.
+MIN_TTL_REFRESH_SECONDS = 5.0
+#: Longest wait for the TTLs of the first snapshot, seconds (then they follow as changes).
+FIRST_TTLS_SECONDS = 2.0
+#: LeaseTimeToLive calls in flight at once.
+TTL_CONCURRENCY = 32
+#: Messages waiting for a board past which it is sent one snapshot in their place.
+MAX_QUEUED = 20
+#: Timeline items a newly opened board is given.
+TIMELINE_ITEMS = 200
+_KINDS = {kinds.HoldKind.HOLD_KIND_LOCK: "lock", kinds.HoldKind.HOLD_KIND_ELECTION: "election",
+          kinds.HoldKind.HOLD_KIND_SEMAPHORE: "semaphore"}
+
+
+@dataclass
+class _Lease:
+    """What the board knows of a lease: its granted TTL and estimated expiry (monotonic clock, ms)."""
+
+    ttl: int
+    expires_ms: int
+    read_at: float  # monotonic
+
+
+@dataclass
+class Subscriber:
+    """One open board: the lock names it shows and the messages waiting for it.
+
+    Attributes:
+        shows: whether the board shows an internal lock name (its prefix filter and the access policy).
+        queue: ``(event name, JSON-able payload)`` pairs, in order.
+    """
+
+    shows: Callable[[str, str], bool]
+    queue: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
+
+
+class BoardFeed:
+    """The holds of every lock under ``keys``, followed by one etcd watch while a board is open.
+
+    Args:
+        etcd: the coordinator's etcd client (``range``, ``watch_range``, ``lease_ttl``).
+        keys: the lock keys.
+        grant_times: the grants this coordinator made (``granted_at``), for held-for of holds read at start.
+        flush_seconds: how often the marked changes are sent.
+    """
+
+    def __init__(self, etcd: Any, keys: Keys, grant_times: Any, *, flush_seconds: float = 0.25) -> None:
+        self._etcd, self._keys, self._grant_times = etcd, keys, grant_times
+        self._flush = flush_seconds
+        self._locks: dict[str, dict[int, tuple[int, bytes]]] = {}  # internal name -> lease -> (token, value)
+        self._since: dict[tuple[str, int, int], int] = {}  # hold -> monotonic ms it was first seen held
+        self._leases: dict[int, _Lease] = {}
+        self._marked: set[str] = set()
+        self._told: list[dict[str, Any]] = []
+        self._timeline: deque[dict[str, Any]] = deque(maxlen=TIMELINE_ITEMS)
+        self._subscribers: list[Subscriber] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ready = asyncio.Event()
+        self._pending: set[asyncio.Task[None]] = set()
+
+    @property
+    def open_boards(self) -> int:
+        """Boards subscribed now."""
+        return len(self._subscribers)
+
+    async def subscribe(self, shows: Callable[[str, str], bool]) -> Subscriber:
+        """A new board: its first message is a ``snapshot`` (every lock it shows, the recent timeline)."""
+        subscriber = Subscriber(shows)
+        self._subscribers.append(subscriber)
+        if not self._tasks:
+            self._ready.clear()
+            self._tasks = [asyncio.ensure_future(self._follow()), asyncio.ensure_future(self._flushing()),
+                           asyncio.ensure_future(self._refreshing())]
+        try:
+            await self._ready.wait()
+        except BaseException:  # the board went away before the first read
+            await self.unsubscribe(subscriber)
+            raise
+        subscriber.queue.put_nowait(("snapshot", self._snapshot(shows)))
+        return subscriber
+
+    def _snapshot(self, shows: Callable[[str, str], bool]) -> dict[str, Any]:
+        return {"locks": [e for n in sorted(self._locks) if (e := self._entry(n)) is not None and shows(n, e["name"])],
+                "timeline": [t for t in self._timeline if shows(t["key"], t["name"])], "nowMs": _now_ms()}
+
+    async def unsubscribe(self, subscriber: Subscriber) -> None:
+        """A board closed: the last one stops the watch and forgets every lock."""
+        with contextlib.suppress(ValueError):
+            self._subscribers.remove(subscriber)
+        if self._subscribers or not self._tasks:
+            return
+        tasks, self._tasks = self._tasks + list(self._pending), []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._locks, self._since, self._leases, self._marked, self._told = {}, {}, {}, set(), []
+        self._timeline.clear()
+
+    async def _follow(self) -> None:
+        """Read the prefix, then follow its watch; again after a compaction or a failure."""
+        delays = ETCD_BACKOFF.delays()
+        while True:
+            try:
+                read = await self._etcd.range(rpc_pb2.RangeRequest(key=self._keys.prefix,
+                                                                   range_end=self._keys.range_end))
+                first = not self._ready.is_set()
+                self._reset(read.kvs)
+                if first:  # the first snapshot shows the TTLs already (within a bound: etcd may be slow)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._refresh_ttls(), FIRST_TTLS_SECONDS)
+                    self._marked.clear()
+                self._ready.set()
+                stream = self._etcd.watch_range(self._keys.prefix, self._keys.range_end, read.header.revision + 1)
+                async with contextlib.aclosing(stream):
+                    async for events in stream:
+                        delays = ETCD_BACKOFF.delays()
+                        for event in events:
+                            self._apply(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # etcd out of reach: the board keeps what it showed, then re-reads
+                delay = next(delays)
+                _log.warning("the lock board's watch failed (%s); again in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+
+    def _parse(self, key: bytes) -> tuple[str, int] | None:
+        if self._keys.is_record(key) or key == self._keys.token_record:
+            return None
+        return self._keys.parse(key)
+
+    def _reset(self, kvs: Any) -> None:
+        before = set(self._locks)
+        self._locks = {}
+        now = _now_ms()
+        for kv in kvs:
+            parsed = self._parse(bytes(kv.key))
+            if parsed is not None:
+                self._locks.setdefault(parsed[0], {})[parsed[1]] = (int(kv.create_revision), bytes(kv.value))
+        holders = {(name, *h) for name, c in self._locks.items() if (h := _holder(c)) is not None}
+        self._since = {hold: at for hold, at in self._since.items() if hold in holders}
+        for name, contenders in self._locks.items():
+            lease, (token, _) = min(contenders.items(), key=lambda c: c[1][0])
+            granted = self._grant_times.granted_at(Hold(name, lease, token))
+            self._since.setdefault((name, lease, token), now if granted is None
+                                   else int(now - 1000 * (time.monotonic() - granted)))
+        self._marked |= before | set(self._locks)  # a re-read: every board is told what changed
+
+    def _apply(self, event: Any) -> None:
+        parsed = self._parse(bytes(event.kv.key))
+        if parsed is None:
+            return
+        name, lease = parsed
+        contenders = self._locks.setdefault(name, {})
+        holder = _holder(contenders)
+        if event.type == event.DELETE:
+            contenders.pop(lease, None)
+        else:
+            contenders[lease] = (int(event.kv.create_revision), bytes(event.kv.value))
+        after = _holder(contenders)
+        if not contenders:
+            del self._locks[name]
+        self._marked.add(name)
+        if holder is not None and holder != after and holder[0] == lease and event.type == event.DELETE:
+            self._since.pop((name, *holder), None)
+            item = self._tell("ended", name, holder, None)
+            task = asyncio.ensure_future(self._classify(item, lease))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        if after is not None and after != holder:
+            self._since[(name, *after)] = _now_ms()
+            self._tell("granted", name, after, None)
+
+    async def _classify(self, item: dict[str, Any], lease: int) -> None:
+        """Fill in why a hold ended: ``lease_ended`` when its lease is gone, else ``released``."""
+        try:
+            left, _ = await self._etcd.lease_ttl(lease)
+            item["reason"] = "lease_ended" if left < 0 else "released"
+        except Exception:  # etcd out of reach: the reason stays unknown
+            item["reason"] = "unknown"
+
+    def _tell(self, what: str, name: str, hold: tuple[int, int], reason: str | None) -> dict[str, Any]:
+        public = kinds.public_hold(name)
+        item = {"atMs": _now_ms(), "what": what, "reason": reason, "key": name, "kind": _KINDS[public.kind],
+                "name": public.name, "slot": public.slot, "lease": str(hold[0]), "token": str(hold[1])}
+        self._timeline.append(item)
+        self._told.append(item)
+        return item
+
+    async def _flushing(self) -> None:
+        """Every ``flush_seconds``: send the marked entries and the new timeline."""
+        while True:
+            await asyncio.sleep(self._flush)
+            if self._pending:  # the reasons of the holds that just ended, read before they are told
+                await asyncio.wait(set(self._pending), timeout=1.0)
+            if not self._marked and not self._told:
+                continue
+            marked, self._marked = self._marked, set()
+            told, self._told = self._told, []
+            entries = {n: self._entry(n) for n in marked}
+            for subscriber in self._subscribers:
+                locks = {n: e for n, e in entries.items() if subscriber.shows(n, kinds.public_hold(n).name)}
+                timeline = [t for t in told if subscriber.shows(t["key"], t["name"])]
+                if subscriber.queue.qsize() >= MAX_QUEUED:  # a board that reads slowly: one snapshot instead
+                    while not subscriber.queue.empty():
+                        subscriber.queue.get_nowait()
+                    subscriber.queue.put_nowait(("snapshot", self._snapshot(subscriber.shows)))
+                elif locks or timeline:
+                    subscriber.queue.put_nowait(("change", {"locks": locks, "timeline": timeline,
+                                                            "nowMs": _now_ms()}))
+
+    async def _refreshing(self) -> None:
+        """Every second, the TTLs due (:meth:`_refresh_ttls`)."""
+        while True:
+            await self._refresh_ttls()
+            await asyncio.sleep(1.0)
+
+    async def _refresh_ttls(self) -> None:
+        """Read the TTL of each holder lease not known yet, or whose estimate may be stale; mark what changed."""
+        now = time.monotonic()
+        due: set[int] = set()
+        for contenders in self._locks.values():
+            lease = _holder(contenders)
+            if lease is None:
+                continue
+            known = self._leases.get(lease[0])
+            if known is None or now - known.read_at >= max(MIN_TTL_REFRESH_SECONDS, known.ttl / 2):
+                due.add(lease[0])
+        if not due:
+            return
+        gate = asyncio.Semaphore(TTL_CONCURRENCY)
+
+        async def read(lease: int) -> tuple[int, tuple[int, int] | None]:
+            async with gate:
+                try:
+                    return lease, await self._etcd.lease_ttl(lease)
+                except Exception:  # etcd out of reach: tried again at the next refresh
+                    return lease, None
+
+        changed = set()
+        for lease, ttl in await asyncio.gather(*(read(lease) for lease in due)):
+            if ttl is None:
+                continue
+            left, granted = ttl
+            before = self._leases.get(lease)
+            expires = _now_ms() + 1000 * max(left, 0)
+            self._leases[lease] = _Lease(granted, expires, time.monotonic())
+            if before is None or abs(before.expires_ms - expires) > 1500:
+                changed.add(lease)
+        if changed:
+            self._marked |= {n for n, c in self._locks.items() if (h := _holder(c)) is not None and h[0] in changed}
+        live = {h[0] for c in self._locks.values() if (h := _holder(c)) is not None}
+        for lease in [lease for lease in self._leases if lease not in live]:
+            del self._leases[lease]
+
+    def _entry(self, name: str) -> dict[str, Any] | None:
+        """The board's row of internal lock ``name``; None when it has no contender."""
+        contenders = self._locks.get(name)
+        if not contenders:
+            return None
+        public = kinds.public_hold(name)
+        ordered = sorted(contenders.items(), key=lambda c: c[1][0])
+        (lease, (token, value)), waiters = ordered[0], ordered[1:]
+        known = self._leases.get(lease)
+        holder = {"lease": str(lease), "token": str(token), "sinceMs": self._since.get((name, lease, token)),
+                  "ttl": known.ttl if known else None, "expiresMs": known.expires_ms if known else None,
+                  "value": value.decode("utf-8", "replace") if public.kind != kinds.HoldKind.HOLD_KIND_LOCK else ""}
+        return {"key": name, "kind": _KINDS[public.kind], "name": public.name, "slot": public.slot,
+                "holder": holder, "waiters": [{"lease": str(w), "token": str(t)} for w, (t, _) in waiters]}
+
+
+def _holder(contenders: dict[int, tuple[int, bytes]]) -> tuple[int, int] | None:
+    """(lease, token) of the contender with the lowest token; None for none."""
+    if not contenders:
+        return None
+    lease, (token, _) = min(contenders.items(), key=lambda c: c[1][0])
+    return lease, token
+
+
+def _now_ms() -> int:
+    """The coordinator's monotonic clock in milliseconds (the page places it with each message's ``nowMs``)."""
+    return int(time.monotonic() * 1000)
