@@ -23,8 +23,6 @@ import termios
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import pytest
-
 from fencepost.client import AsyncLockClient
 from fencepost.coordinator.process.coordinator import Coordinator
 
@@ -92,7 +90,7 @@ async def on_terminal(*args: str) -> AsyncIterator[Terminal]:
         os.close(master)
 
 
-async def test_acquire_when_no_coordinator_answers_says_so_every_second(tmp_path: object) -> None:
+async def test_acquire_when_no_coordinator_answers_says_so_every_second() -> None:
     """Within about a second: `connecting to ADDRESS: no answer yet, N s (gives up after 4 s)`, again each
     second; the line is erased before the error line. (Before: nothing for the whole wait.)"""
     address = f"127.0.0.1:{free_port()}"

@@ -347,7 +347,7 @@ async def test_errors_on_the_stream_when_compared_with_unary(coordinator: Coordi
     for what, (on_stream, by_unary) in found.items():
         assert on_stream == by_unary, what
     assert [found[k][0][:2] for k in ("held", "timeout", "not holder", "stale", "foreign")] == [
-        (LockHeld, None), (LockTimeout, "ACQUIRE_TIMEOUT"), (NotHolder, "NOT_HOLDER"),
+        (LockHeld, "LOCK_HELD"), (LockTimeout, "ACQUIRE_TIMEOUT"), (NotHolder, "NOT_HOLDER"),
         (StaleTokenError, "STALE_TOKEN"), (NotLeaseOwner, "NOT_LEASE_OWNER")]
     # The unary client's calls only: 3 acquires of its own (mine, the try, the timed-out wait), the foreign one,
     # and its 3 releases (two refused).

@@ -117,7 +117,7 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
     interrupted = asyncio.ensure_future(interrupt)
     what, look = waiting_for or (shown_name(name), progress.lock_look(client, name))
     try:
-        async with progress.showing(progress.waiting(what, look)):
+        async with progress.showing(progress.Waiting(what, look)):
             await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         interrupted.cancel()

@@ -26,13 +26,13 @@ import shutil
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TextIO
+from typing import TextIO
 
 from fencepost.client import AsyncLockClient, FencepostError
 
 
-__all__ = ["EVERY_SECONDS", "FIRST_SECONDS", "LOOK_EVERY_SECONDS", "Look", "Say", "connecting", "election_look",
-           "lock_look", "semaphore_look", "showing", "waiting"]
+__all__ = ["EVERY_SECONDS", "FIRST_SECONDS", "LOOK_EVERY_SECONDS", "Look", "Say", "Waiting", "connecting",
+           "election_look", "lock_look", "semaphore_look", "showing"]
 
 #: Seconds of a wait before its line is first printed.
 FIRST_SECONDS = 1.0
@@ -76,6 +76,8 @@ async def showing(say: Say, stream: TextIO | None = None) -> AsyncIterator[None]
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if isinstance(say, Waiting):
+            say.close()
         if shown.is_set():
             out.write("\r\x1b[K")  # the line goes: what follows starts on a clean line
             out.flush()
@@ -111,29 +113,37 @@ def connecting(client: AsyncLockClient, limit: float) -> Say:
     return say
 
 
-def waiting(what: str, look: Look) -> Say:
+class Waiting:
     """The line while waiting for ``what`` (``inv:42``, ``a permit of semaphore jobs``; its name escaped by
     the caller with :func:`.printable.shown_name`): the time so far and the last :data:`LOOK_EVERY_SECONDS` look.
 
-    A look runs in the background (the line keeps its rhythm while a Describe waits on a slow coordinator).
+    A look runs in the background (the line keeps its rhythm while a Describe waits on a slow coordinator);
+    :meth:`close` (called by :func:`showing` at the end) cancels one still in flight.
     """
-    state: dict[str, Any] = {"words": "", "task": None, "at": float("-inf")}
 
-    def done(task: asyncio.Task[str]) -> None:
-        if not task.cancelled() and task.exception() is None:
-            state["words"] = task.result()
+    def __init__(self, what: str, look: Look) -> None:
+        self.what = what
+        self.look = look
+        self.words = ""
+        self.looking: asyncio.Future[str] | None = None
+        self.looked_at = float("-inf")
 
-    async def say(elapsed: float) -> str:
-        task = state["task"]
-        if (task is None or task.done()) and time.monotonic() - state["at"] >= LOOK_EVERY_SECONDS:
-            state["at"] = time.monotonic()
-            state["task"] = asyncio.ensure_future(_quietly(look))
-            state["task"].add_done_callback(done)
-            await asyncio.wait({state["task"]}, timeout=0.2)  # the first look usually makes the first line
-        words = state["words"]
-        return f"waiting {elapsed:.0f} s for {what}" + (f": {words}" if words else "")
+    async def __call__(self, elapsed: float) -> str:
+        if (self.looking is None or self.looking.done()) and time.monotonic() - self.looked_at >= LOOK_EVERY_SECONDS:
+            self.looked_at = time.monotonic()
+            self.looking = asyncio.ensure_future(_quietly(self.look))
+            self.looking.add_done_callback(self._looked)
+            await asyncio.wait({self.looking}, timeout=0.2)  # the first look usually makes the first line
+        return f"waiting {elapsed:.0f} s for {self.what}" + (f": {self.words}" if self.words else "")
 
-    return say
+    def _looked(self, looking: asyncio.Future[str]) -> None:
+        if not looking.cancelled() and looking.exception() is None:
+            self.words = looking.result()
+
+    def close(self) -> None:
+        """Cancel the look in flight, if any."""
+        if self.looking is not None:
+            self.looking.cancel()
 
 
 async def _quietly(look: Look) -> str:
