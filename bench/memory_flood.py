@@ -77,6 +77,27 @@ def rss_parts_kib() -> dict[str, int]:
     return parts
 
 
+def pymalloc_kib() -> dict[str, int]:
+    """Python's object allocator: its arenas mapped now and the bytes of the blocks in use in them (KiB), from
+    ``sys._debugmallocstats()`` (written to fd 2, read back from a file)."""
+    with tempfile.TemporaryFile("w+") as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        found = {}
+        for line in out:
+            name, _, value = line.partition("=")
+            found[name.strip()] = value.strip().replace(",", "")
+    arenas = int(found.get("# arenas allocated current", "0"))
+    return {"arenas_kib": arenas * (1024 if sys.version_info >= (3, 10) else 256),
+            "in_blocks_kib": int(found.get("# bytes in allocated blocks", "0")) // 1024}
+
+
 def probe(trim: bool) -> dict[str, Any]:
     """The memory figures of this process (KiB); with ``trim``, after ``malloc_trim(0)`` (glibc)."""
     if trim:
@@ -84,7 +105,8 @@ def probe(trim: bool) -> dict[str, Any]:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     current, peak = tracemalloc.get_traced_memory()
     return {"rss_kib": rss_kib(), "traced_kib": current // 1024, "traced_peak_kib": peak // 1024,
-            "rss_parts_kib": rss_parts_kib()}
+            "rss_parts_kib": rss_parts_kib(), "threads": len(os.listdir("/proc/self/task")),
+            "pymalloc_kib": pymalloc_kib()}
 
 
 async def child(endpoint: str, prefix: str, max_streams: int, per_caller: int, capacity: bool) -> None:
@@ -144,7 +166,9 @@ class Child:
         first = self.ask("probe")
         trimmed = self.ask("trim")
         return {**first, "collected_traced_kib": trimmed["traced_kib"], "trimmed_rss_kib": trimmed["rss_kib"],
-                "trimmed_rss_parts_kib": trimmed["rss_parts_kib"], "sizes": self.ask("sizes")}
+                "trimmed_rss_parts_kib": trimmed["rss_parts_kib"], "threads": first["threads"],
+                "pymalloc_kib": trimmed["pymalloc_kib"],
+                "sizes": self.ask("sizes")}
 
     def close(self) -> None:
         assert self.proc.stdin is not None

@@ -334,7 +334,8 @@ class LockServiceServicer:
         """Describe reports the holder, fencing token, waiters and TTL left for one
         lock name. Read-only; a snapshot at one etcd revision. While the
         lock-delay of a lost holder runs, the lock has no holder (held = false)
-        and every contender is a waiter (ListLocks leaves such a lock out).
+        and every contender is a waiter (ListLocks lists it so, with the
+        delay's time left).
         Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

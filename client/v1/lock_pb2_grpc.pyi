@@ -276,7 +276,8 @@ class LockServiceStub:
     """Describe reports the holder, fencing token, waiters and TTL left for one
     lock name. Read-only; a snapshot at one etcd revision. While the
     lock-delay of a lost holder runs, the lock has no holder (held = false)
-    and every contender is a waiter (ListLocks leaves such a lock out).
+    and every contender is a waiter (ListLocks lists it so, with the
+    delay's time left).
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
     ListLocks: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ListLocksRequest, _lock_pb2.ListLocksResponse]
@@ -634,7 +635,8 @@ class LockServiceAsyncStub(LockServiceStub):
     """Describe reports the holder, fencing token, waiters and TTL left for one
     lock name. Read-only; a snapshot at one etcd revision. While the
     lock-delay of a lost holder runs, the lock has no holder (held = false)
-    and every contender is a waiter (ListLocks leaves such a lock out).
+    and every contender is a waiter (ListLocks lists it so, with the
+    delay's time left).
     Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
     """
     ListLocks: _aio.UnaryUnaryMultiCallable[_lock_pb2.ListLocksRequest, _lock_pb2.ListLocksResponse]  # type: ignore[assignment]
@@ -1037,7 +1039,8 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         """Describe reports the holder, fencing token, waiters and TTL left for one
         lock name. Read-only; a snapshot at one etcd revision. While the
         lock-delay of a lost holder runs, the lock has no holder (held = false)
-        and every contender is a waiter (ListLocks leaves such a lock out).
+        and every contender is a waiter (ListLocks lists it so, with the
+        delay's time left).
         Errors: INVALID_ARGUMENT (name), UNAVAILABLE.
         """
 
