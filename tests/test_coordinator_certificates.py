@@ -14,8 +14,10 @@ import datetime
 import logging
 from pathlib import Path
 
+import grpc
 import pytest
 import trustme
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencepost.client import AsyncLockClient, TlsConfig
 from fencepost.coordinator.etcd import EtcdTls
@@ -128,6 +130,9 @@ async def test_etcd_client_certificate_when_renewed_is_used_after_etcd_restarts(
         await asyncio.to_thread(mtls_etcd.stop)
         await asyncio.to_thread(mtls_etcd.start)
         await wait_for(lambda: _messages(caplog, "etcd TLS files reloaded", logging.INFO), 30, 0.1, "the reload")
+        # Serving again once its etcd channel reconnected (after gRPC's reconnect backoff, longer under load).
+        await wait_for(lambda: serving(coordinator.address, tmp_path / "etcd-files" / "ca.pem"), 30, 0.1,
+                       "SERVING after etcd restarted")
         # Every handshake with etcd from now on needs the renewed certificate: the old one has expired.
         async with AsyncLockClient(coordinator.address, tls=TlsConfig(ca=tmp_path / "etcd-files" / "ca.pem"),
                                    connect_timeout=30.0) as client:
@@ -142,3 +147,14 @@ async def test_etcd_client_certificate_when_renewed_is_used_after_etcd_restarts(
         assert any("NOT_SERVING" in m for m in _messages(caplog, named)), _messages(caplog, named)
     finally:
         await coordinator.stop(0)
+
+
+async def serving(address: str, ca: Path) -> bool:
+    """Whether the coordinator at ``address`` (TLS with ``ca``) says SERVING on grpc.health.v1."""
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+    async with grpc.aio.secure_channel(address, credentials) as channel:
+        try:
+            got = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.aio.AioRpcError:
+            return False
+    return got.status == health_pb2.HealthCheckResponse.SERVING
