@@ -65,7 +65,7 @@ from ..etcd import NOT_APPLIED, EtcdClient, Op, TxnPlan, etcd_unavailable
 from ..telemetry.events import log_event
 from .high_water import HighWaterFile
 
-__all__ = ["RECORD_SUFFIX", "Recovery", "TokenFloor", "TokenRecord", "record_key", "recover"]
+__all__ = ["RECORD_SUFFIX", "Adopted", "Recovery", "TokenFloor", "TokenRecord", "record_key", "recover"]
 
 _log = logging.getLogger("fencepost.coordinator")
 
@@ -118,6 +118,19 @@ class TokenRecord:
         return record
 
 
+@dataclass(frozen=True)
+class Adopted:
+    """The token floor a coordinator uses, and the mod revision of the token record it read it from.
+
+    Attributes:
+        floor: The token floor F.
+        mod_revision: The record's mod revision when read; 0 when no record was read.
+    """
+
+    floor: int
+    mod_revision: int
+
+
 def data_loss(message: str) -> DataLoss:
     """The error of a call refused because tokens would go back (UNAVAILABLE / DATA_LOSS + RetryInfo)."""
     return DataLoss(message, reason=reason_name(ErrorReason.DATA_LOSS),
@@ -146,6 +159,7 @@ class TokenFloor:
         self._kept = kept
         self._high = 0  # highest revision + floor seen: a bound on every token granted here
         self._record: TokenRecord | None = None
+        self._adopted = Adopted(0, 0)  # the floor in use and the mod revision of the record it was read from
         self._checked = etcd is None
         self._problem: str | None = None  # why tokens would go back; None while serving
         self._detections = 0
@@ -153,8 +167,13 @@ class TokenFloor:
 
     # ------------------------------------------------------------ conversions (the hot path)
 
-    def token(self, revision: int) -> int:
+    def token(self, revision: int, floor: int | None = None) -> int:
         """The fencing token of a key created at ``revision``, to hand out or report.
+
+        Args:
+            revision: The key's create revision.
+            floor: The floor the key was created under, as :func:`.floor_guard.under_floor` returned it
+                with the Txn that created or found the key; None: the floor adopted now (the unit tests').
 
         Raises:
             DataLoss: tokens would go back (the coordinator is refusing).
@@ -162,7 +181,7 @@ class TokenFloor:
         """
         if self._problem is not None or not self._checked:
             raise self._refusal()
-        return revision + self.floor
+        return revision + (self.floor if floor is None else floor)
 
     def revision(self, token: int) -> int:
         """The create revision a key must have to hold under ``token``; <= 0 when no key can.
@@ -182,6 +201,17 @@ class TokenFloor:
     def refusing(self) -> str | None:
         """Why the coordinator refuses to grant tokens now; None while it serves (and before the first check)."""
         return self._problem
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the floor comes from the token record in etcd (False: a floor of 0 without etcd, in unit tests)."""
+        return self._etcd is not None
+
+    @property
+    def adopted(self) -> Adopted:
+        """The floor in use and the token record's mod revision it was read from (0 before the first check, and
+        always without etcd): a Txn that compares that mod revision creates its keys under that floor."""
+        return self._adopted
 
     @property
     def high(self) -> int:
@@ -275,6 +305,7 @@ class TokenFloor:
                 return
         self._record = record
         self.floor = record.floor
+        self._adopted = Adopted(record.floor, mod_revision)
         if not self._checked and self._kept is not None and self._kept.recorded > mark:
             mark = self._kept.recorded  # before the first token: the mark this coordinator kept across its restart
             self._raise(mark)
