@@ -14,20 +14,27 @@ recovery and the grants: without the compare, each grant got the old floor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
+import grpc
 import pytest
+from etcd3aio import Etcd3Client  # type: ignore[import-untyped]
 
 import fencepost.client as fc
+from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.client.v1.keys import Keys
-from fencepost.coordinator.etcd import EtcdClient
+from fencepost.coordinator.etcd import EtcdClient, Stubs
 from fencepost.coordinator.process import health
 from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.recipes.lock import LockManager
 from fencepost.coordinator.recipes.tokens import TokenFloor, recover
+from fencepost.coordinator.recipes.watch import DeleteWatcher
 
-from .conftest import wait_for
+from .conftest import list_keys, wait_for
 from .etcd_restore import SERVING, health_is
+from .fake_etcd import rpc_error
 
 #: T above the level the shared etcd is at (its revision plus the floor 0): the old floor gives tokens <= T.
 ABOVE = 10**6
@@ -83,3 +90,121 @@ async def test_grants_when_tokens_were_recovered_since_the_last_record_check(
         for handle in (second, permit):
             await handle.release()
         await leadership.resign()
+
+
+# ---------------------------------------------------------------- the guard's branches, on the shared etcd
+
+
+class Interposed:
+    """The real etcd stubs; a step of the test runs around the next guarded Txn (one that compares the token
+    record): before it is sent, or after etcd applied it, its answer then lost (UNAVAILABLE)."""
+
+    def __init__(self, record: bytes) -> None:
+        self.record = record
+        self.before: Callable[[], Awaitable[None]] | None = None
+        self.after: Callable[[], Awaitable[None]] | None = None
+        self.guarded = 0  # guarded Txns sent
+
+    def factory(self, channel: grpc.aio.Channel) -> Stubs:
+        real = Stubs.on(channel)
+        return Stubs(kv=_Kv(self, real.kv), lease=real.lease, watch=real.watch, auth=real.auth,
+                     maintenance=real.maintenance)
+
+
+class _Kv:
+    def __init__(self, plan: Interposed, real: Any) -> None:
+        self._plan, self._real = plan, real
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._real, method)
+
+    async def Txn(self, request: rpc_pb2.TxnRequest, **kwargs: Any) -> Any:  # noqa: N802 (etcd's method name)
+        plan = self._plan
+        nested = len(request.success) == 1 and request.success[0].WhichOneof("request") == "request_txn"
+        if not nested or [bytes(c.key) for c in request.compare] != [plan.record]:
+            return await self._real.Txn(request, **kwargs)  # not a guarded Txn (a read, the record's own)
+        plan.guarded += 1
+        if plan.before is not None:
+            await plan.before()
+        answer = await self._real.Txn(request, **kwargs)
+        if plan.after is not None:
+            after, plan.after = plan.after, None
+            await after()
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE)
+        return answer
+
+
+@pytest.fixture
+async def guarded(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[tuple[Interposed, LockManager, int]]:
+    """A lock module whose token floor has read the record, on etcd stubs that interpose; and a lease."""
+    keys = Keys(prefix)
+    stubs = Interposed(keys.token_record)
+    layer = EtcdClient([etcd.endpoint], stubs=stubs.factory, batch_max=0)
+    floor = TokenFloor(layer, keys)
+    layer.headers = floor
+    locks = LockManager(layer, keys, DeleteWatcher(layer, keys), tokens=floor)
+    try:
+        await floor.ready()
+        yield stubs, locks, (await layer.lease_grant(30))[0]
+    finally:
+        await locks.close()
+        await layer.close()
+
+
+async def touch_record(etcd_client: Etcd3Client, key: bytes) -> None:
+    """Write the token record again as it is (what a coordinator publishing its mark does to its mod revision)."""
+    stored = (await etcd_client.kv.get(key, timeout=5)).kvs[0].value
+    await etcd_client.kv.put(key, stored, timeout=5)
+
+
+async def test_acquire_when_recovered_after_its_lost_grant_then_a_new_key_above_t(
+        guarded: tuple[Interposed, LockManager, int], etcd: EmbeddedEtcd, prefix: str,
+        etcd_client: Etcd3Client) -> None:
+    """A grant applied just before a recovery, its answer lost: the read-back sees the record changed, the
+    coordinator reads the record and sends again; the recovery deleted the first key, so a new key is
+    granted with a token above T."""
+    stubs, locks, lease = guarded
+
+    async def recovery() -> None:
+        layer = EtcdClient([etcd.endpoint])
+        try:
+            await recover(layer, Keys(prefix), ABOVE)
+        finally:
+            await layer.close()
+
+    stubs.after = recovery
+    result = await locks.acquire("x", lease, 0)
+    assert result.acquired and result.token > ABOVE, result
+    assert stubs.guarded == 2 and locks.tokens.floor > 0
+    key = Keys(prefix).contender("x", lease)
+    assert await list_keys(etcd_client, prefix) == [key]
+    created = (await etcd_client.kv.get(key, timeout=5)).kvs[0].create_revision
+    assert result.token == created + locks.tokens.floor
+
+
+async def test_acquire_when_the_record_changes_after_its_lost_grant_then_the_same_key(
+        guarded: tuple[Interposed, LockManager, int], prefix: str, etcd_client: Etcd3Client) -> None:
+    """A grant applied, its answer lost, the record rewritten meanwhile with the same floor: the coordinator
+    reads the record, sends again and finds its own key: one key, its token its create revision."""
+    stubs, locks, lease = guarded
+    record = Keys(prefix).token_record
+    stubs.after = lambda: touch_record(etcd_client, record)
+    result = await locks.acquire("x", lease, 0)
+    key = Keys(prefix).contender("x", lease)
+    assert await list_keys(etcd_client, prefix) == [key]
+    assert result.acquired and result.token == (await etcd_client.kv.get(key, timeout=5)).kvs[0].create_revision
+    assert stubs.guarded == 2 and locks.tokens.floor == 0
+
+
+async def test_acquire_when_the_record_changes_before_each_send_then_unavailable(
+        guarded: tuple[Interposed, LockManager, int], prefix: str, etcd_client: Etcd3Client) -> None:
+    """The record changes again before the second send: UNAVAILABLE / ETCD_UNAVAILABLE (the client retries), and
+    no key is left (neither Txn applied)."""
+    stubs, locks, lease = guarded
+    record = Keys(prefix).token_record
+    stubs.before = lambda: touch_record(etcd_client, record)
+    with pytest.raises(fc.Unavailable) as caught:
+        await locks.acquire("x", lease, 0)
+    assert caught.value.reason == "ETCD_UNAVAILABLE" and "changed twice" in caught.value.message
+    assert stubs.guarded == 2
+    assert await list_keys(etcd_client, prefix) == []

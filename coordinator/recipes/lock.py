@@ -263,7 +263,8 @@ class LockManager:
 
     async def _try_once(self, name: str, lease_id: int, lock_delay: int,
                         value: bytes | None = None) -> tuple[AcquireResult, int]:
-        """One grant Txn (:func:`.floor_guard.under_floor`): its result, and the floor of the keys it created or found."""
+        """One grant Txn (:func:`.floor_guard.under_floor`): its result, and the floor of the keys it created or
+        found."""
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 

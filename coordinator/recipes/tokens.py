@@ -45,6 +45,9 @@ deletes every lock key (they come from before the restore: a restored holder
 or waiter would otherwise be granted its old, smaller token) and sets F so that
 every later token is greater than T, the restored level and every high-water
 mark published; coordinators read the record every second and serve again.
+Meanwhile no coordinator creates a key under the old floor: each Txn that may
+create one compares the record's mod revision with the one its floor was
+read from (:attr:`TokenFloor.adopted`, :mod:`.floor_guard`).
 """
 
 from __future__ import annotations
@@ -432,7 +435,8 @@ async def recover(etcd: EtcdClient, keys: Keys, above: int, *, attempts: int = 5
     the token record with this cluster's id and a floor F such that every key
     created afterwards gets a token greater than ``above``, than the level the
     restored data was at, and than every coordinator's published high-water
-    mark. Coordinators serve again at their next check (within a second).
+    mark. Coordinators serve again at their next check (within a second);
+    none creates a key under the old floor meanwhile (:mod:`.floor_guard`).
 
     Args:
         etcd: An etcd layer on the restored cluster.
