@@ -104,6 +104,8 @@ class Interposed:
         self.before: Callable[[], Awaitable[None]] | None = None
         self.after: Callable[[], Awaitable[None]] | None = None
         self.guarded = 0  # guarded Txns sent
+        self.batches = 0  # Txns of several guarded Txns (etcd/batch.py)
+        self.batching = False  # whether the etcd layer batches lock Txns
 
     def factory(self, channel: grpc.aio.Channel) -> Stubs:
         real = Stubs.on(channel)
@@ -121,6 +123,8 @@ class _Kv:
     async def Txn(self, request: rpc_pb2.TxnRequest, **kwargs: Any) -> Any:  # noqa: N802 (etcd's method name)
         plan = self._plan
         nested = len(request.success) == 1 and request.success[0].WhichOneof("request") == "request_txn"
+        if len(request.success) > 1 and all(op.WhichOneof("request") == "request_txn" for op in request.success):
+            plan.batches += 1
         if not nested or [bytes(c.key) for c in request.compare] != [plan.record]:
             return await self._real.Txn(request, **kwargs)  # not a guarded Txn (a read, the record's own)
         plan.guarded += 1
@@ -134,12 +138,14 @@ class _Kv:
         return answer
 
 
-@pytest.fixture
-async def guarded(etcd: EmbeddedEtcd, prefix: str) -> AsyncIterator[tuple[Interposed, LockManager, int]]:
+@pytest.fixture(params=[0, 64], ids=["alone", "batched"])
+async def guarded(etcd: EmbeddedEtcd, prefix: str, request: pytest.FixtureRequest
+                  ) -> AsyncIterator[tuple[Interposed, LockManager, int]]:
     """A lock module whose token floor has read the record, on etcd stubs that interpose; and a lease."""
     keys = Keys(prefix)
     stubs = Interposed(keys.token_record)
-    layer = EtcdClient([etcd.endpoint], stubs=stubs.factory, batch_max=0)
+    layer = EtcdClient([etcd.endpoint], stubs=stubs.factory, batch_max=request.param)
+    stubs.batching = request.param > 1
     floor = TokenFloor(layer, keys)
     layer.headers = floor
     locks = LockManager(layer, keys, DeleteWatcher(layer, keys), tokens=floor)
@@ -208,3 +214,19 @@ async def test_acquire_when_the_record_changes_before_each_send_then_unavailable
     assert caught.value.reason == "ETCD_UNAVAILABLE" and "changed twice" in caught.value.message
     assert stubs.guarded == 2
     assert await list_keys(etcd_client, prefix) == []
+
+
+async def test_acquires_when_batched_after_a_recovery_then_all_above_t(
+        guarded: tuple[Interposed, LockManager, int], etcd: EmbeddedEtcd, prefix: str) -> None:
+    """Concurrent acquires of different locks right after a recovery, several sent as one etcd Txn: each is
+    refused by its own compare, the record is read again, and every grant's token is above T."""
+    stubs, locks, lease = guarded
+    layer = EtcdClient([etcd.endpoint])
+    try:
+        await recover(layer, Keys(prefix), ABOVE)
+    finally:
+        await layer.close()
+    names = [f"n{i}" for i in range(12)]
+    results = await asyncio.gather(*(locks.acquire(name, lease, 0) for name in names))
+    assert all(r.acquired and r.token > ABOVE for r in results), results
+    assert (stubs.batches > 0) == stubs.batching

@@ -128,13 +128,15 @@ async def read_under_floor(tokens: TokenFloor, etcd: EtcdClient, ops: Sequence[r
 async def _in_force(tokens: TokenFloor, attempt: Callable[[Adopted], Awaitable[T]], *, name: str | None,
                     lease_id: int | None) -> tuple[T, int]:
     """``attempt`` under the record as last read; after a change, once more under the record read again."""
-    for sent in range(_SENDS):
-        if sent:
+    failed: Adopted | None = None
+    for _ in range(_SENDS):
+        if failed is not None and tokens.adopted == failed:  # not read again meanwhile (by a call beside this one)
             await tokens.check(Op.RANGE)  # adopt the changed record (or refuse: ready() raises)
         await tokens.ready()
         adopted = tokens.adopted
         result = await attempt(adopted)
         if result is not _CHANGED:
             return result, adopted.floor
+        failed = adopted
     raise etcd_unavailable(f"the token record {tokens.key.decode(errors='replace')} changed twice during one call "
                            f"(fencing tokens recovered meanwhile?); try again", name=name, lease_id=lease_id)
