@@ -163,12 +163,13 @@ async def touch_record(etcd_client: Etcd3Client, key: bytes) -> None:
     await etcd_client.kv.put(key, stored, timeout=5)
 
 
+@pytest.mark.parametrize("wait", [0.0, 5.0], ids=["try-once", "waiting"])
 async def test_acquire_when_recovered_after_its_lost_grant_then_a_new_key_above_t(
         guarded: tuple[Interposed, LockManager, int], etcd: EmbeddedEtcd, prefix: str,
-        etcd_client: Etcd3Client) -> None:
-    """A grant applied just before a recovery, its answer lost: the read-back sees the record changed, the
-    coordinator reads the record and sends again; the recovery deleted the first key, so a new key is
-    granted with a token above T."""
+        etcd_client: Etcd3Client, wait: float) -> None:
+    """A grant (or a waiting acquire's first write) applied just before a recovery, its answer lost: the
+    read-back sees the record changed, the coordinator reads the record and sends again; the recovery deleted
+    the first key, so a new key is granted with a token above T."""
     stubs, locks, lease = guarded
 
     async def recovery() -> None:
@@ -179,7 +180,7 @@ async def test_acquire_when_recovered_after_its_lost_grant_then_a_new_key_above_
             await layer.close()
 
     stubs.after = recovery
-    result = await locks.acquire("x", lease, 0)
+    result = await locks.acquire("x", lease, wait)
     assert result.acquired and result.token > ABOVE, result
     assert stubs.guarded == 2 and locks.tokens.floor > 0
     key = Keys(prefix).contender("x", lease)
