@@ -213,11 +213,14 @@ async def test_observe_when_history_compacted_flags_the_gap(etcd: Any, prefix: s
             changed = asyncio.Event()
             observer = asyncio.create_task(_collect(watcher, "gap", seen, changed))
             sync_changes = await asyncio.to_thread(sync_client.observe, "gap")
-            sync_seen = asyncio.create_task(asyncio.to_thread(_read_until, sync_changes, b"N"))
+            sync_got: list[LeaderInfo | None] = []
+            sync_seen = asyncio.create_task(asyncio.to_thread(_read_until, sync_changes, b"N", sync_got))
             on_leader = await asyncio.to_thread(sync_client.on_leader, "gap", called.append)
             l_lead = await cands.campaign("gap", b"L", timeout=5)
             await _seen(seen, changed, 1)
             await _until(lambda: any(c is not None for c in called))
+            # Every observer has L before its coordinator goes (the sync one too: it reads in its own thread).
+            await _until(lambda: any(s is not None and s.value == b"L" for s in list(sync_got)))
             await asyncio.wait_for(first.stop(grace=0), 20)  # the observers' only coordinator goes
             await l_lead.resign()
             m_lead = await cands.campaign("gap", b"M", timeout=5)
@@ -249,9 +252,9 @@ async def test_observe_when_history_compacted_flags_the_gap(etcd: Any, prefix: s
         await asyncio.wait_for(second.stop(grace=0), 20)
 
 
-def _read_until(changes: Any, value: bytes) -> list[LeaderInfo | None]:
-    """The items of a sync observe iterator up to the first leader of ``value`` (in a thread)."""
-    got: list[LeaderInfo | None] = []
+def _read_until(changes: Any, value: bytes, got: list[LeaderInfo | None]) -> list[LeaderInfo | None]:
+    """The items of a sync observe iterator up to the first leader of ``value`` (in a thread), appended to
+    ``got`` as they come (so the test can wait for one) and returned."""
     for info in changes:
         got.append(info)
         if info is not None and info.value == value:
