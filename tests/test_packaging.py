@@ -24,6 +24,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,8 @@ print(json.dumps({"token": token, "file": fencepost.client.__file__, "version": 
 def test_wheel_installs_in_a_clean_venv_and_runs(built: dict[str, Any], etcd: Any, prefix: str,
                                                  tmp_path: Path) -> None:
     """The wheel with the coordinator extra, in a new venv outside the checkout: imports come from its
-    site-packages, ``fencepost --version`` and ``fencepost demo`` work, and a client script takes a lock (a
-    token) from that venv's ``fencepost serve``."""
+    site-packages, ``fencepost --version`` and ``fencepost demo`` work, that venv's ``fencepost serve`` serves
+    the lock board's files on its HTTP port, and a client script takes a lock (a token) from it."""
     work = tmp_path / "elsewhere"
     work.mkdir()
     venv = tmp_path / "venv"
@@ -180,10 +181,13 @@ def test_wheel_installs_in_a_clean_venv_and_runs(built: dict[str, Any], etcd: An
     assert "unfenced: B's write was LOST" in demo.stdout and "fenced: B's write KEPT" in demo.stdout, demo.stdout
 
     serve = ChildProcess([str(venv / "bin" / "fencepost"), "serve", "--listen", "127.0.0.1:0",
-                          "--etcd-endpoints", etcd.endpoint, "--prefix", prefix],
+                          "--http-listen", "127.0.0.1:0", "--etcd-endpoints", etcd.endpoint, "--prefix", prefix],
                          log_path=tmp_path / "serve.log", env=env, cwd=work)
     try:
         match = serve.wait_line(r"fencepost: listening on (\S+):(\d+)", 60)
+        board = serve.wait_line(r"fencepost: HTTP API on (http://\S+)", 10).group(1)
+        with urllib.request.urlopen(f"{board}/board/board.js", timeout=10) as page:  # package data, served
+            assert page.status == 200 and page.read() == (REPO / "coordinator/http/board/board.js").read_bytes()
         (work / "take_lock.py").write_text(CLIENT_SCRIPT)
         out = json.loads(_run([python, "take_lock.py", f"127.0.0.1:{match.group(2)}", "pkg:installed"], cwd=work,
                               env=env, timeout=60).stdout)
