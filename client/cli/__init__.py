@@ -31,13 +31,15 @@
 a failed call becomes one line. Every failure prints one line to stderr and
 exits with a code from :data:`~.common.EXIT_CODES`; no command prints a
 traceback for an expected error. ``python -m fencepost.client.cli`` is the
-same command.
+same command; ``fencepost --version`` prints ``fencepost.client.__version__``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from fencepost.client import __version__
 
 from . import acquire, admin, demo, elect, leader, locks, release, run, serve, status
 from .common import EXIT_INTERRUPTED, EXIT_OK, CliError, Formatter, Parser, epilog
@@ -57,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog(),
         formatter_class=Formatter,
     )
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the installed version (pyproject.toml's, via importlib.metadata) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     sub.add_parser("serve", help=serve.HELP, add_help=False)

@@ -7,6 +7,7 @@ Node.js 24 and the ``buf`` binary as wheels):
     python client/typescript/tools.py build              # deps, then tsc (dist/)
     python client/typescript/tools.py generate [--check] # deps, then buf generate into src/gen/ (or check it)
     python client/typescript/tools.py test               # build, then node --test (needs FENCEPOST_* env: see tests/test_typescript.py)
+    python client/typescript/tools.py pack [--destination DIR]  # deps, then npm pack: fencepost-client-VERSION.tgz
 
 Each step says on stderr what it does, that it still runs every 10 s, and how
 long it took (called as a module, by the tests, the functions are silent
@@ -19,9 +20,12 @@ on PATH, so that npm scripts and ``#!/usr/bin/env node`` tools get it too.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import filecmp
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TextIO
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +41,8 @@ GEN_DIR = HERE / "src" / "gen"
 STAMP = HERE / "node_modules" / ".fencepost-package-lock.sha256"
 #: What ``node --test`` runs (compiled by tsc from test/*.test.ts).
 TEST_GLOB = "dist/test/*.test.js"
+#: The file locked while ``npm ci`` runs (two test processes or builds at once must not both rewrite node_modules).
+DEPS_LOCK = Path(tempfile.gettempdir()) / f"fencepost-npm-ci-{hashlib.sha256(bytes(HERE)).hexdigest()[:16]}.lock"
 #: Seconds between two "still running" lines of a long step (``npm ci`` takes minutes the first time).
 HEARTBEAT_SECONDS = 10.0
 
@@ -81,8 +88,8 @@ def say(progress: TextIO | None, text: str) -> None:
 
 
 def run(argv: list[str], *, timeout: float, extra_env: dict[str, str] | None = None, step: str = "",
-        progress: TextIO | None = None, heartbeat: float = HEARTBEAT_SECONDS) -> str:
-    """Run a command in this folder; its output, or RuntimeError with the output when it fails.
+        progress: TextIO | None = None, heartbeat: float = HEARTBEAT_SECONDS, cwd: Path = HERE) -> str:
+    """Run a command in ``cwd`` (this folder); its output, or RuntimeError with the output when it fails.
 
     Args:
         argv: The command.
@@ -92,11 +99,12 @@ def run(argv: list[str], *, timeout: float, extra_env: dict[str, str] | None = N
         progress: Where to say that the step starts, that it still runs every ``heartbeat`` seconds, and
             how long it took (``python tools.py ...`` passes stderr); None: silent.
         heartbeat: Seconds between two "still running" lines.
+        cwd: The folder it runs in.
     """
     step = step or " ".join(Path(arg).name for arg in argv[:3])
     say(progress, f"{step} ...")
     started = time.monotonic()
-    with subprocess.Popen(argv, cwd=HERE, env=env(extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    with subprocess.Popen(argv, cwd=cwd, env=env(extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:
         while True:
             left = timeout - (time.monotonic() - started)
@@ -116,15 +124,29 @@ def run(argv: list[str], *, timeout: float, extra_env: dict[str, str] | None = N
     return output
 
 
+@contextlib.contextmanager
+def _deps_locked() -> Iterator[None]:
+    with open(DEPS_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def deps(timeout: float = 600, progress: TextIO | None = None) -> None:
-    """``npm ci`` from the committed package-lock.json, unless node_modules was made from this very lock file."""
+    """``npm ci`` from the committed package-lock.json, unless node_modules was made from this very lock file.
+
+    One process at a time (a lock on :data:`DEPS_LOCK`); a caller that waited finds node_modules made.
+    """
     digest = hashlib.sha256((HERE / "package-lock.json").read_bytes()).hexdigest()
-    if STAMP.is_file() and STAMP.read_text().strip() == digest:
-        say(progress, "node_modules matches package-lock.json: nothing to install")
-        return
-    run([*npm_cli(), "ci", "--no-audit", "--no-fund"], timeout=timeout, progress=progress,
-        step="npm ci: installing the packages of package-lock.json (a few minutes the first time)")
-    STAMP.write_text(digest + "\n")
+    with _deps_locked():
+        if STAMP.is_file() and STAMP.read_text().strip() == digest:
+            say(progress, "node_modules matches package-lock.json: nothing to install")
+            return
+        run([*npm_cli(), "ci", "--no-audit", "--no-fund"], timeout=timeout, progress=progress,
+            step="npm ci: installing the packages of package-lock.json (a few minutes the first time)")
+        STAMP.write_text(digest + "\n")
 
 
 def build(progress: TextIO | None = None) -> None:
@@ -140,6 +162,28 @@ def build(progress: TextIO | None = None) -> None:
     shutil.rmtree(HERE / "dist", ignore_errors=True)
     run([node(), str(HERE / "node_modules" / "typescript" / "bin" / "tsc"), "-p", "tsconfig.json"], timeout=300,
         progress=progress, step="tsc: compiling src/, test/ and examples/ into dist/")
+
+
+def pack(destination: Path, progress: TextIO | None = None, folder: Path = HERE) -> Path:
+    """Install the dependencies if needed, then ``npm pack`` the package into ``destination``.
+
+    npm runs the package's ``prepack`` script first: tsc compiles src/ alone into a fresh dist/src
+    (tsconfig.build.json), so the tarball holds JavaScript and ``.d.ts`` files that any Node.js >= 20
+    runs as they are.
+
+    Args:
+        destination: An existing folder for the tarball.
+        progress: Where each step says what it does and how long it took (:func:`run`); None: silent.
+        folder: The package's folder: this one, or a copy of it whose node_modules is this one's.
+
+    Returns:
+        The tarball, ``destination/fencepost-client-VERSION.tgz``.
+    """
+    deps(progress=progress)
+    version = json.loads((folder / "package.json").read_text())["version"]
+    run([*npm_cli(), "pack", "--pack-destination", str(destination)], timeout=300, progress=progress, cwd=folder,
+        step="npm pack: tsc into dist/src, then the tarball")
+    return destination / f"fencepost-client-{version}.tgz"  # npm's name for @fencepost/client
 
 
 def buf() -> str:
@@ -192,8 +236,9 @@ def test(timeout: float = 300, progress: TextIO | None = None) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("command", choices=["deps", "build", "generate", "test"])
+    parser.add_argument("command", choices=["deps", "build", "generate", "test", "pack"])
     parser.add_argument("--check", action="store_true", help="generate: fail if src/gen is stale")
+    parser.add_argument("--destination", type=Path, default=HERE, help="pack: the folder of the tarball")
     args = parser.parse_args()
     progress = sys.stderr  # each step says what it does, every 10 s that it still runs, and how long it took
     try:
@@ -203,6 +248,8 @@ def main() -> int:
             build(progress)
         elif args.command == "generate":
             return generate(args.check, progress)
+        elif args.command == "pack":
+            print(pack(args.destination.resolve(), progress))
         else:
             print(test(progress=progress))
     except RuntimeError as err:
