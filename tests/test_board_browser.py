@@ -66,9 +66,14 @@ def ended(token: int) -> str:
             f"'token {token}')).map(li => li.dataset.reason)[0]")
 
 
+def ttl_of(key: str) -> str:
+    """The TTL left the page shows for ``key`` ("?" until the lease's TTL is read)."""
+    return f"document.querySelector('tr[data-key={json.dumps(key)}]')?.cells[4].textContent"
+
+
 async def test_board_shows_holders_and_losses_live(served: Coordinator, chromium: str) -> None:
     """The page shows a holder's token, its waiter, an election and a semaphore; a loss (its lease revoked) appears in the timeline
-    within 1 s; the prefix filter hides other names."""
+    within 1 s, as ``revoked``, and a lease left to run out as ``expired``; the prefix filter hides other names."""
     async with aiohttp.ClientSession() as session, Browser(chromium) as browser:
         base = f"http://{served.http_address}"
         call = HttpCaller(session, base)
@@ -90,9 +95,15 @@ async def test_board_shows_holders_and_losses_live(served: Coordinator, chromium
 
         await revoke(call, holder)  # its lease ends: the hold is lost
         revoked = time.monotonic()
-        assert await shown(browser, ended(held.token), within=PAGE_SECONDS) == "lease_ended"
+        assert await shown(browser, ended(held.token), within=PAGE_SECONDS) == "revoked"
         assert time.monotonic() - revoked < 1.0, "the loss took over 1 s to appear on the page"
+        assert "revoked by LeaseRevoke" in await shown(browser, "document.querySelector('#timeline').textContent")
         taken = await waiting
+
+        expiring = await grant(call, ttl=3)  # never renewed: its lease runs out
+        doomed = await acquire(call, expiring, "invoice:43")
+        assert await shown(browser, f"{ttl_of('invoice:43')} !== '?' && {ttl_of('invoice:43')}")
+        assert await shown(browser, ended(doomed.token), within=PAGE_SECONDS) == "expired"
         assert await shown(browser, token_of("invoice:42")) == str(taken.token)
         if os.environ.get("FENCEPOST_BOARD_SCREENSHOT"):
             await asyncio.sleep(1.5)  # TTLs read
@@ -126,7 +137,8 @@ async def test_an_operator_revokes_from_the_page(etcd: EmbeddedEtcd, prefix: str
             button = "document.querySelector('tr[data-key=\"job:7\"] button.revoke')"
             assert await shown(browser, f"!!{button}")
             await browser.evaluate(f"window.confirm = () => true, {button}.click(), true")
-            assert await shown(browser, ended(held.token)) == "lease_ended"
+            assert await shown(browser, ended(held.token)) == "revoked"
+            assert "revoked by AdminRevoke" in await shown(browser, "document.querySelector('#timeline').textContent")
             assert await shown(browser, f"!{button}")
             described = await call("Describe", lock_pb2.DescribeRequest(name="job:7"))
             assert not described.HasField("holder")

@@ -62,7 +62,7 @@ from .admin_calls import AdminCalls
 from .election_calls import ElectionCalls
 from .grants import Grants
 from .keepalive import KeepAlives
-from .releases import Releases
+from .releases import Releases, ServedEnds
 from .renewals import renew_once
 from .rpcs import Admission, served
 from .semaphore_calls import SemaphoreCalls
@@ -154,9 +154,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         return self._records
 
     @property
-    def lock_view(self) -> tuple[Any, Keys, GrantTimes]:
-        """What a read-only view of every lock reads (the lock board): (etcd client, keys, grant times here)."""
-        return self._locks.etcd, self._keys, self._holds.grant_times
+    def lock_view(self) -> tuple[Any, Keys, GrantTimes, ServedEnds]:
+        """What a read-only view of every lock reads (the lock board): (etcd client, keys, grant times here,
+        the key deletions and revokes served here)."""
+        return self._locks.etcd, self._keys, self._holds.grant_times, self._releases.served
 
     @property
     def open_streams(self) -> int:
@@ -259,7 +260,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @served
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
-        with self._releases.releasing(Hold(request.name, request.lease_id, 0), by_token=False) as ending:
+        with self._releases.releasing(Hold(request.name, request.lease_id, 0), by_token=False,
+                                     rpc="Withdraw") as ending:
             found, ending.held, revision = await self._locks.withdraw(request.name, request.lease_id)
         log_event(_log, logging.DEBUG, "withdraw", f"{request.name!r}: lease {request.lease_id:#x} withdrew its "
                   f"{'hold' if ending.held else 'wait' if found else 'key (there was none)'}", name=request.name,
