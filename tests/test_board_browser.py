@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fencepost.client import AsyncLockClient, StaleTokenError
+from fencepost.client.fencing import SqlGuard
 from fencepost.client.v1 import lock_pb2
 from fencepost.coordinator.admission.access import Policy
 from fencepost.coordinator.process.coordinator import Coordinator
@@ -113,6 +116,29 @@ async def test_board_shows_holders_and_losses_live(served: Coordinator, chromium
         assert await shown(browser, token_of("report:daily"))
         assert await browser.evaluate(token_of("invoice:42")) is None
         await revoke(call, waiter, other)
+
+
+async def test_a_stale_write_refused_by_a_guard_shows(served: Coordinator, chromium: str) -> None:
+    """A SQL guard (SQLite) with the client's ``stale_write_reporter()`` refuses a stale write: the page shows it,
+    with its storage, record, lock and tokens, within 1 s."""
+    async with AsyncLockClient(served.address) as client, Browser(chromium) as browser:
+        conn = sqlite3.connect(":memory:")
+        conn.execute("CREATE TABLE invoices (id TEXT PRIMARY KEY, status TEXT, fencing_token INTEGER)")
+        guard = SqlGuard(conn, "invoices", "id", commit=True, on_reject=client.stale_write_reporter())
+        await browser.open(f"http://{served.http_address}/")
+        old = await client.acquire("invoice:7", ttl=10)
+        assert await shown(browser, token_of("invoice:7")) == str(old.token)
+        guard.upsert("inv-7", old, {"status": "draft"})
+        await old.release()
+        new = await client.acquire("invoice:7", ttl=10)
+        guard.upsert("inv-7", new, {"status": "paid"})
+        with pytest.raises(StaleTokenError):
+            guard.upsert("inv-7", old, {"status": "void"})
+        refused = time.monotonic()
+        told = await shown(browser, "document.querySelector('#timeline li.t-stale_write')?.textContent")
+        assert time.monotonic() - refused < 1.0, "the stale write took over 1 s to appear on the page"
+        assert f"sqlite record inv-7 lock invoice:7 token {old.token} < {new.token}" in told
+        await new.release()
 
 
 POLICY = """

@@ -68,6 +68,7 @@ from .rpcs import Admission, served
 from .semaphore_calls import SemaphoreCalls
 from .server_info import ETCD_SECONDS, About, read_etcd, server_info
 from .slots import StreamSlots
+from .stale_writes import StaleWrites
 from .status import Refusals
 from .stream import KeepAliveStream
 from .stream_calls import wrapped_calls
@@ -142,6 +143,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._keepalives = KeepAlives(self.admission, self.refusals, slots, self.closing, self._stream)
         self._slots = slots
         self._stream_calls = wrapped_calls(self, ())
+        #: The stale writes applications report (ReportStaleWrite), heard by the lock board.
+        self.stale_writes = StaleWrites(metrics)
 
     def intercepted_by(self, interceptors: Sequence[Any]) -> None:
         """Serve the calls sent on KeepAlive streams through the server's ``interceptors`` (outermost first),
@@ -310,6 +313,12 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def ListSessions(self, request: lock_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
                            ) -> lock_pb2.ListSessionsResponse:
         return await self._admin.list_sessions(request, context)
+
+    @served
+    async def ReportStaleWrite(self, request: lock_pb2.ReportStaleWriteRequest, context: grpc.aio.ServicerContext
+                               ) -> lock_pb2.ReportStaleWriteResponse:
+        self.stale_writes.report(request, context)
+        return lock_pb2.ReportStaleWriteResponse()
 
     # ------------------------------------------------------------------ semaphores (see .semaphore_calls)
 

@@ -48,6 +48,7 @@ from fencepost.client.v1.keys import Hold, Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from ..api.releases import ServedEnds
+from ..api.stale_writes import StaleWrite, StaleWrites
 from . import board_ends
 
 __all__ = ["BoardFeed", "Subscriber"]
@@ -98,13 +99,16 @@ class BoardFeed:
         keys: the lock keys.
         grant_times: the grants this coordinator made (``granted_at``), for held-for of holds read at start.
         ends: the key deletions and revokes served here, for the exact reasons of ends.
+        reports: the stale writes reported here (ReportStaleWrite), told as ``stale_write`` timeline items.
         flush_seconds: how often the marked changes are sent.
     """
 
     def __init__(self, etcd: Any, keys: Keys, grant_times: Any, ends: ServedEnds | None = None, *,
-                 flush_seconds: float = 0.25) -> None:
+                 reports: StaleWrites | None = None, flush_seconds: float = 0.25) -> None:
         self._etcd, self._keys, self._grant_times = etcd, keys, grant_times
         self._ends = ends if ends is not None else ServedEnds()
+        self._reports = reports if reports is not None else StaleWrites()
+        self._unlisten: Callable[[], None] = lambda: None
         self._flush = flush_seconds
         self._locks: dict[str, dict[int, tuple[int, bytes]]] = {}  # internal name -> lease -> (token, value)
         self._since: dict[tuple[str, int, int], int] = {}  # hold -> monotonic ms it was first seen held
@@ -130,6 +134,7 @@ class BoardFeed:
             self._ready.clear()
             self._tasks = [asyncio.ensure_future(self._follow()), asyncio.ensure_future(self._flushing()),
                            asyncio.ensure_future(self._refreshing())]
+            self._unlisten = self._reports.listen(self._reported)
         try:
             await self._ready.wait()
         except BaseException:  # the board went away before the first read
@@ -149,6 +154,7 @@ class BoardFeed:
         if self._subscribers or not self._tasks:
             return
         tasks, self._tasks = self._tasks + list(self._pending), []
+        self._unlisten()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -251,6 +257,14 @@ class BoardFeed:
         self._timeline.append(item)
         self._told.append(item)
         return item
+
+    def _reported(self, write: StaleWrite) -> None:
+        """A stale write reported here: a ``stale_write`` timeline item (``lease`` "", its tokens, storage, record)."""
+        item = {"atMs": _now_ms(), "what": "stale_write", "reason": None, "exact": None, "by": None,
+                "key": write.name, "kind": "lock", "name": write.name, "slot": 0, "lease": "", "token": str(write.token),
+                "currentToken": str(write.current_token), "storage": write.storage, "record": write.record}
+        self._timeline.append(item)
+        self._told.append(item)
 
     async def _flushing(self) -> None:
         """Every ``flush_seconds``: send the marked entries and the new timeline."""

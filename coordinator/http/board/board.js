@@ -108,7 +108,13 @@
       const what = document.createElement("b");
       what.textContent = t.what === "ended" ? "ended (" + ended(t) + ")" : t.what;
       const slot = t.kind === "semaphore" ? (t.slot < 0 ? " queue" : " slot " + t.slot) : "";
-      li.append(at, what, " " + t.kind + " " + t.name + slot + " lease " + t.lease + " token " + t.token);
+      if (t.what === "stale_write") {  // a guard refused a write: its token below the record's
+        what.textContent = "stale write refused";
+        li.append(at, what, " " + t.storage + (t.record ? " record " + t.record : "") + (t.name ? " lock " + t.name : "") +
+          " token " + t.token + " < " + (t.currentToken === "0" ? "?" : t.currentToken));
+      } else {
+        li.append(at, what, " " + t.kind + " " + t.name + slot + " lease " + t.lease + " token " + t.token);
+      }
       list.prepend(li);
       timeline.unshift(t);
     }
