@@ -379,6 +379,7 @@ class Coordinator(CoordinatorParts):
         self.about.listen_address = self.address
         self.about.health_address = self.health_address or ""
         self.about.metrics_address = self.metrics_address or ""
+        self.about.http_address = self.http_address or ""
         self.about.started = time.monotonic()
         self._watcher.start()
         if self.high_water is not None:
