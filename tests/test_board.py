@@ -13,8 +13,11 @@ import aiohttp
 import pytest
 
 from fencepost.client.v1 import lock_pb2
+from fencepost.client.v1.keys import Keys
+from fencepost.coordinator.etcd import EtcdClient
 from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.recipes.tokens import recover
 
 from .http_callers import HttpCaller, events, next_event
 from .test_http_twins import acquire, grant, revoke, start
@@ -136,6 +139,28 @@ async def test_ends_served_elsewhere_are_inferred(board: tuple[Coordinator, aioh
         await revoke(call, released)
     finally:
         await asyncio.wait_for(other.stop(grace=0), 20)
+
+
+async def test_keys_deleted_by_recover_tokens_are_told_so(board: tuple[Coordinator, aiohttp.ClientSession, str],
+                                                        etcd: EmbeddedEtcd, prefix: str) -> None:
+    """``fencepost admin recover-tokens`` deletes every lock key in the Txn that writes the token record: the board
+    tells those ends exactly, ``key_deleted`` by ``recover-tokens``."""
+    _, session, base = board
+    call = HttpCaller(session, base)
+    lease = await grant(call)
+    held = await acquire(call, lease, "restored:1")
+    async with session.get(f"{base}/board/events", params={"prefix": "restored:"}) as answer:
+        stream = events(answer)
+        assert [lock["name"] for lock in (await snapshot_of(stream))["locks"]] == ["restored:1"]
+        layer = EtcdClient([etcd.endpoint])
+        try:
+            await recover(layer, Keys(prefix), held.token + 10)
+        finally:
+            await layer.close()
+        merged = await changes_until(stream, lambda m: m["timeline"])
+    assert [(t["what"], t["reason"], t["exact"], t["by"], t["token"]) for t in merged["timeline"]] == [
+        ("ended", "key_deleted", True, "recover-tokens", str(held.token))]
+    await revoke(call, lease)
 
 
 async def test_elections_and_semaphores_are_shown(board: tuple[Coordinator, aiohttp.ClientSession, str]) -> None:
