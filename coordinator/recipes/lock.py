@@ -38,6 +38,7 @@ from fencepost.client.v1.keys import Hold, Keys
 
 from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan
 from ..telemetry.metrics import NO_METRICS, LockMetrics
+from .floor_guard import under_floor
 from .lock_delay import DelayState, HeldBack, LockDelays, validate_lock_delay
 from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_lock_name, validate_token
@@ -143,8 +144,8 @@ class LockManager:
         self._keys = keys
         self._watcher = watcher
         self._delays = LockDelays(etcd, keys, watcher)
-        self._waiters = Waiters(etcd, keys, watcher, self._delays, max_waiters=max_waiters, metrics=metrics,
-                                reattach_seconds=reattach_seconds)
+        self._waiters = Waiters(etcd, keys, watcher, self._delays, self._tokens, max_waiters=max_waiters,
+                                metrics=metrics, reattach_seconds=reattach_seconds)
 
     @property
     def waiting(self) -> int:
@@ -212,10 +213,11 @@ class LockManager:
         validate_lease_id(lease_id)
         validate_lock_delay(lock_delay)
         if wait == 0:
-            return await self._issued(name, lease_id, await self._try_once(name, lease_id, lock_delay, value))
+            return await self._issued(name, lease_id, *await self._try_once(name, lease_id, lock_delay, value))
         with self._waiters.counted(name, lease_id):
-            token, freed_at = await self._waiters.wait(name, lease_id, wait, lock_delay=lock_delay, value=value or b"")
-        return await self._issued(name, lease_id, AcquireResult(True, token=token, freed_at=freed_at))
+            token, freed_at, floor = await self._waiters.wait(name, lease_id, wait, lock_delay=lock_delay,
+                                                              value=value or b"")
+        return await self._issued(name, lease_id, AcquireResult(True, token=token, freed_at=freed_at), floor)
 
     async def queue(self, name: str, lease_id: int, wait: float | None, *, places: int) -> AcquireResult:
         """Queue ``lease_id`` in lock ``name`` and wait until fewer than ``places`` keys are before its key.
@@ -242,23 +244,27 @@ class LockManager:
         validate_lock_name(name)
         validate_lease_id(lease_id)
         with self._waiters.counted(name, lease_id):
-            token, freed_at = await self._waiters.wait(name, lease_id, wait, places)
+            token, freed_at, _ = await self._waiters.wait(name, lease_id, wait, places)
         return AcquireResult(True, token=token, freed_at=freed_at)
 
-    async def _issued(self, name: str, lease_id: int, result: AcquireResult) -> AcquireResult:
-        """``result`` (create revisions) with fencing tokens; a grant refused by the token floor is withdrawn."""
+    async def _issued(self, name: str, lease_id: int, result: AcquireResult, floor: int) -> AcquireResult:
+        """``result`` (create revisions of keys created or found under ``floor``) with fencing tokens; a grant
+        refused by the token floor is withdrawn."""
         try:
             if result.acquired:
-                return replace(result, token=self._tokens.token(result.token))
+                return replace(result, token=self._tokens.token(result.token, floor))
             holder = result.holder
             return AcquireResult(False, holder=None if holder is None else Holder(
-                holder.lease_id, self._tokens.token(holder.token)))
+                holder.lease_id, self._tokens.token(holder.token, floor)))
         except FencepostError:
             if result.acquired:  # granted in etcd, but its token would not be safe: leave no hold behind
                 await self._waiters.withdraw(self._keys.contender(name, lease_id), result.token)
             raise
 
-    async def _try_once(self, name: str, lease_id: int, lock_delay: int, value: bytes | None = None) -> AcquireResult:
+    async def _try_once(self, name: str, lease_id: int, lock_delay: int,
+                        value: bytes | None = None) -> tuple[AcquireResult, int]:
+        """One grant Txn (:func:`.floor_guard.under_floor`): its result, and the floor of the keys it created or
+        found."""
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
 
@@ -282,33 +288,33 @@ class LockManager:
         rewrite = [] if value is None else [etcdops.txn_op([etcdops.value_differs(key, value)],
                                                            [etcdops.put(key, value, lease_id=lease_id)])]
 
-        async def grant() -> AcquireResult | HeldBack:
-            result = await self._etcd.lock_txn(TxnPlan(
+        async def grant() -> tuple[AcquireResult | HeldBack, int]:
+            result, floor = await under_floor(self._tokens, lambda plan: self._etcd.lock_txn(plan, lock), TxnPlan(
                 etcdops.txn([etcdops.is_free(lock), self._delays.is_clear(lock)],
                             [etcdops.put(key, value or b"", lease_id=lease_id)],
                             [etcdops.holder_of(lock), self._delays.read(lock), *rewrite]),
                 decide, [etcdops.holder_of(lock)], lambda r: owned(r.responses[0].response_range),
-                name=name, lease_id=lease_id), lock)
+                name=name, lease_id=lease_id))
             if lock_delay and isinstance(result, AcquireResult) and result.acquired:
                 await self._delays.remember(lock, key, lease_id, result.token, lock_delay)
-            return result
+            return result, floor
 
         # The whole range compares to create revision 0 only when it is empty.
         # A cancelled call's Txn goes on (tracked: a Withdraw waits for it); a grant that reaches
         # nobody is withdrawn REATTACH_SECONDS later, unless the caller Acquires again meanwhile.
         step = self._waiters.writing(key, grant())
         try:
-            result = await asyncio.shield(step)
+            result, floor = await asyncio.shield(step)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                done = await step
+                done, _ = await step
                 if isinstance(done, AcquireResult) and done.acquired:
                     self._waiters.withdraw_later(key, done.token, done.token)
             raise
         if isinstance(result, HeldBack):
             await self._delays.gate(lock, key, lease_id, 0, lock_delay, result.delays, result.revision, wait=False)
-            return AcquireResult(False)
-        return result
+            return AcquireResult(False), floor
+        return result, floor
 
     async def withdraw(self, name: str, lease_id: int) -> tuple[bool, bool, int]:
         """Delete the key of ``lease_id`` in lock ``name``, a hold or a queued wait, whatever its token.

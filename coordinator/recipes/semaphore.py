@@ -42,11 +42,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fencepost.client.errors import FencepostError, InvalidArgument, LeaseLost, LockTimeout, PermitsMismatch
+from fencepost.client.errors import DataLoss, FencepostError, InvalidArgument, LeaseLost, LockTimeout, PermitsMismatch
 from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.keys import MAX_PERMITS, Hold, Keys, prefix_end
 
 from ..etcd import NOT_APPLIED, TxnPlan, unbounded
+from .floor_guard import read_under_floor, under_floor
 from .lock import Holder, LockManager, release_refusal
 from .validate import validate_lease_id, validate_name, validate_token
 from .waiters import finish_even_if_cancelled, wait_any_deleted
@@ -200,15 +201,18 @@ class Semaphores:
         step.add_done_callback(lambda done: self._claiming.pop(qkey, None) if self._claiming.get(qkey) is done
                                else None)
         try:
-            slot, created, _ = await asyncio.shield(step)
+            slot, created, _, floor = await asyncio.shield(step)
         except asyncio.CancelledError:
             # The claim goes on; a permit that reaches nobody is withdrawn later unless the caller retries.
             with contextlib.suppress(Exception):
-                _, _, queue_mod = await step
+                _, _, queue_mod, _ = await step
                 self.withdraw_later(name, lease_id, queue_mod)
             raise
+        except DataLoss:  # tokens would go back (the claim found the coordinator refusing): leave no queue key
+            await finish_even_if_cancelled(self.withdraw(name, lease_id))
+            raise
         try:
-            token = self._locks.tokens.token(created)
+            token = self._locks.tokens.token(created, floor)
         except FencepostError:
             await finish_even_if_cancelled(self.withdraw(name, lease_id))
             raise
@@ -240,20 +244,23 @@ class Semaphores:
             raise PermitsMismatch(f"semaphore {name!r} has {existing} permits, not {permits} (fixed at its first use)",
                                   name=name, permits=existing)
 
-    async def _claim(self, name: str, lease_id: int, permits: int, my_rev: int) -> tuple[int, int, int]:
+    async def _claim(self, name: str, lease_id: int, permits: int, my_rev: int) -> tuple[int, int, int, int]:
         """Take a free slot for the eligible queue key of ``lease_id`` (created at ``my_rev``), or find its own.
 
         Returns:
-            (slot, create revision of the slot key, mod revision of the queue key after the claim).
+            (slot, create revision of the slot key, mod revision of the queue key after the claim, the token
+            floor the slot key was created or found under: :mod:`.floor_guard`).
 
         Raises:
             LeaseLost: the queue key is gone (the lease ended, or it was withdrawn).
             Unavailable: etcd unreachable.
         """
         qkey = self._queue_key(name, lease_id)
+        tokens = self._locks.tokens
         while True:
-            resp = await self._etcd.read([etcdops.get(qkey, keys_only=True), self._slots_range(name)],
-                                         name=name, lease_id=lease_id)
+            resp, floor = await read_under_floor(tokens, self._etcd, [etcdops.get(qkey, keys_only=True),
+                                                                      self._slots_range(name)],
+                                                 name=name, lease_id=lease_id)
             mine, slots = (r.response_range.kvs for r in resp.responses)
             if not mine or int(mine[0].create_revision) != my_rev:
                 raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of semaphore {name!r}",
@@ -264,7 +271,7 @@ class Semaphores:
                 if permit is None:
                     continue
                 if permit.lease_id == lease_id:
-                    return permit.slot, permit.token, int(mine[0].mod_revision)  # idempotent: this lease's permit
+                    return permit.slot, permit.token, int(mine[0].mod_revision), floor  # idempotent: its permit
                 taken.add(permit.slot)
             free = [i for i in range(permits) if i not in taken]
             if not free:  # only when the invariant was broken from outside (see the module docstring)
@@ -283,13 +290,13 @@ class Semaphores:
                 kvs = r.responses[0].response_range.kvs
                 return (slot, int(kvs[0].create_revision), int(kvs[0].create_revision)) if kvs else NOT_APPLIED
 
-            claimed = await self._etcd.txn(TxnPlan(
+            claimed, floor = await under_floor(tokens, self._etcd.txn, TxnPlan(
                 etcdops.txn([etcdops.is_owner(qkey, my_rev), etcdops.is_unchanged(qkey, int(mine[0].mod_revision)),
                              etcdops.is_free(self._keys.lock_prefix(kinds.semaphore_slot(name, slot)))],
                             [etcdops.put(skey, lease_id=lease_id), etcdops.put(qkey, lease_id=lease_id)]),
                 decide, [etcdops.get(skey, keys_only=True)], resolve, name=name, lease_id=lease_id))
             if claimed is not None:
-                return claimed
+                return (*claimed, floor)
             # Lost a race for that slot, or the queue key changed (another call of this lease): read again.
 
     def withdraw_later(self, name: str, lease_id: int, queue_mod: int) -> asyncio.Task[None]:

@@ -45,6 +45,9 @@ deletes every lock key (they come from before the restore: a restored holder
 or waiter would otherwise be granted its old, smaller token) and sets F so that
 every later token is greater than T, the restored level and every high-water
 mark published; coordinators read the record every second and serve again.
+Meanwhile no coordinator creates a key under the old floor: each Txn that may
+create one compares the record's mod revision with the one its floor was
+read from (:attr:`TokenFloor.adopted`, :mod:`.floor_guard`).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from ..etcd import NOT_APPLIED, EtcdClient, Op, TxnPlan, etcd_unavailable
 from ..telemetry.events import log_event
 from .high_water import HighWaterFile
 
-__all__ = ["RECORD_SUFFIX", "Recovery", "TokenFloor", "TokenRecord", "record_key", "recover"]
+__all__ = ["RECORD_SUFFIX", "Adopted", "Recovery", "TokenFloor", "TokenRecord", "record_key", "recover"]
 
 _log = logging.getLogger("fencepost.coordinator")
 
@@ -118,6 +121,19 @@ class TokenRecord:
         return record
 
 
+@dataclass(frozen=True)
+class Adopted:
+    """The token floor a coordinator uses, and the mod revision of the token record it read it from.
+
+    Attributes:
+        floor: The token floor F.
+        mod_revision: The record's mod revision when read; 0 when no record was read.
+    """
+
+    floor: int
+    mod_revision: int
+
+
 def data_loss(message: str) -> DataLoss:
     """The error of a call refused because tokens would go back (UNAVAILABLE / DATA_LOSS + RetryInfo)."""
     return DataLoss(message, reason=reason_name(ErrorReason.DATA_LOSS),
@@ -146,6 +162,7 @@ class TokenFloor:
         self._kept = kept
         self._high = 0  # highest revision + floor seen: a bound on every token granted here
         self._record: TokenRecord | None = None
+        self._adopted = Adopted(0, 0)  # the floor in use and the mod revision of the record it was read from
         self._checked = etcd is None
         self._problem: str | None = None  # why tokens would go back; None while serving
         self._detections = 0
@@ -153,8 +170,13 @@ class TokenFloor:
 
     # ------------------------------------------------------------ conversions (the hot path)
 
-    def token(self, revision: int) -> int:
+    def token(self, revision: int, floor: int | None = None) -> int:
         """The fencing token of a key created at ``revision``, to hand out or report.
+
+        Args:
+            revision: The key's create revision.
+            floor: The floor the key was created under, as :func:`.floor_guard.under_floor` returned it
+                with the Txn that created or found the key; None: the floor adopted now (the unit tests').
 
         Raises:
             DataLoss: tokens would go back (the coordinator is refusing).
@@ -162,7 +184,7 @@ class TokenFloor:
         """
         if self._problem is not None or not self._checked:
             raise self._refusal()
-        return revision + self.floor
+        return revision + (self.floor if floor is None else floor)
 
     def revision(self, token: int) -> int:
         """The create revision a key must have to hold under ``token``; <= 0 when no key can.
@@ -182,6 +204,17 @@ class TokenFloor:
     def refusing(self) -> str | None:
         """Why the coordinator refuses to grant tokens now; None while it serves (and before the first check)."""
         return self._problem
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the floor comes from the token record in etcd (False: a floor of 0 without etcd, in unit tests)."""
+        return self._etcd is not None
+
+    @property
+    def adopted(self) -> Adopted:
+        """The floor in use and the token record's mod revision it was read from (0 before the first check, and
+        always without etcd): a Txn that compares that mod revision creates its keys under that floor."""
+        return self._adopted
 
     @property
     def high(self) -> int:
@@ -275,6 +308,7 @@ class TokenFloor:
                 return
         self._record = record
         self.floor = record.floor
+        self._adopted = Adopted(record.floor, mod_revision)
         if not self._checked and self._kept is not None and self._kept.recorded > mark:
             mark = self._kept.recorded  # before the first token: the mark this coordinator kept across its restart
             self._raise(mark)
@@ -401,7 +435,8 @@ async def recover(etcd: EtcdClient, keys: Keys, above: int, *, attempts: int = 5
     the token record with this cluster's id and a floor F such that every key
     created afterwards gets a token greater than ``above``, than the level the
     restored data was at, and than every coordinator's published high-water
-    mark. Coordinators serve again at their next check (within a second).
+    mark. Coordinators serve again at their next check (within a second);
+    none creates a key under the old floor meanwhile (:mod:`.floor_guard`).
 
     Args:
         etcd: An etcd layer on the restored cluster.

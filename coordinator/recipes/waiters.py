@@ -40,7 +40,9 @@ from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan, unbounded
 from ..telemetry.metrics import NO_METRICS, LockMetrics
+from .floor_guard import under_floor
 from .lock_delay import LockDelays
+from .tokens import TokenFloor
 from .watch import DeleteWatcher
 
 __all__ = ["REATTACH_SECONDS", "Waiters", "finish_even_if_cancelled", "lock_of", "wait_any_deleted"]
@@ -66,18 +68,20 @@ class Waiters:
         keys: the key layout.
         watcher: the running deletion watcher for the same prefix.
         delays: the lock-delays (a grant waits for one, a withdrawal forgets one).
+        tokens: the token floor a key is created under (:func:`.floor_guard.under_floor`).
         max_waiters: most calls that may wait at once on this coordinator.
         metrics: follows the number of those (``fencepost_waiting_acquires``).
         reattach_seconds: how long the key of a cancelled waiting call is kept for its caller to come back.
     """
 
-    def __init__(self, etcd: EtcdClient, keys: Keys, watcher: DeleteWatcher, delays: LockDelays, *,
+    def __init__(self, etcd: EtcdClient, keys: Keys, watcher: DeleteWatcher, delays: LockDelays, tokens: TokenFloor, *,
                  max_waiters: int = 10_000, metrics: LockMetrics = NO_METRICS,
                  reattach_seconds: float = REATTACH_SECONDS) -> None:
         self._etcd = etcd
         self._keys = keys
         self._watcher = watcher
         self._delays = delays
+        self._tokens = tokens
         self._metrics = metrics
         self._max_waiters = max_waiters
         self.reattach_seconds = reattach_seconds
@@ -113,7 +117,7 @@ class Waiters:
             self._metrics.waiting_acquires(-1)
 
     async def wait(self, name: str, lease_id: int, wait: float | None, places: int = 1, value: bytes = b"",
-                   lock_delay: int = 0) -> tuple[int, float | None]:
+                   lock_delay: int = 0) -> tuple[int, float | None, int]:
         """Queue ``lease_id``'s key in lock ``name`` and wait until fewer than ``places`` keys are before it.
 
         A key already there (this lease queued before, and its call ended: a
@@ -131,7 +135,8 @@ class Waiters:
 
         Returns:
             (the key's create revision, the monotonic clock reading when the deletion that let it through
-            was seen, or None when it was through at once or the watch could not tell).
+            was seen, or None when it was through at once or the watch could not tell, the token floor the
+            key was created under: :func:`.floor_guard.under_floor`).
 
         Raises:
             LockTimeout: not through within ``wait`` seconds (the key is deleted).
@@ -165,23 +170,23 @@ class Waiters:
             return queued(*(r.response_range for r in resp.responses))
 
         reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock, limit=places), self._delays.read(lock)]
-        step = self.writing(key, self._etcd.lock_txn(TxnPlan(
+        step = self.writing(key, under_floor(self._tokens, lambda plan: self._etcd.lock_txn(plan, lock), TxnPlan(
             etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, value, lease_id=lease_id), *reads[1:]],
                         [etcdops.put(key, value, lease_id=lease_id), *reads]),
-            decide, reads, resolve, name=name, lease_id=lease_id), lock))
+            decide, reads, resolve, name=name, lease_id=lease_id)))
         try:
-            my_rev, mod_rev, firsts, delays = await asyncio.shield(step)
+            (my_rev, mod_rev, firsts, delays), floor = await asyncio.shield(step)
         except asyncio.CancelledError:
             # Cancelled while queueing: finish the write, then withdraw the key unless it is reattached.
             with contextlib.suppress(Exception):
-                my_rev, mod_rev, _, _ = await step
+                (my_rev, mod_rev, _, _), _ = await step
                 self.withdraw_later(key, my_rev, mod_rev)
             raise
         if my_rev in firsts and self._delays.settled(delays, lease_id, my_rev, lock_delay):
-            return my_rev, None
+            return my_rev, None, floor
         try:
             async with asyncio.timeout(wait):
-                return my_rev, await self._wait_turn(name, lease_id, key, lock, my_rev, places, lock_delay)
+                return my_rev, await self._wait_turn(name, lease_id, key, lock, my_rev, places, lock_delay), floor
         except TimeoutError as exc:
             await self.withdraw(key, my_rev)
             raise LockTimeout(f"lock {name!r} not granted within {wait:.3f} s", name=name, lease_id=lease_id) from exc
