@@ -97,6 +97,8 @@ class ServerInfo:
         listen_address: Where it serves LockService (``HOST:PORT`` or ``unix:/PATH``).
         health_address: Its plaintext health-only listener; None without one.
         metrics_address: ``HOST:PORT`` of its ``/metrics`` endpoint; None without one.
+        http_address: Where it serves the HTTP/JSON API and the lock board (``HOST:PORT`` or
+            ``unix:/PATH``); None without one.
         key_prefix: The etcd key prefix of its locks.
         serving: Its readiness: True when its health is SERVING.
         etcd: The etcd it uses.
@@ -119,6 +121,7 @@ class ServerInfo:
     listen_address: str
     health_address: str | None
     metrics_address: str | None
+    http_address: str | None
     key_prefix: str
     serving: bool
     etcd: EtcdInfo
@@ -144,6 +147,7 @@ class ServerInfo:
             listen_address=resp.listen_address,
             health_address=resp.health_address or None,
             metrics_address=resp.metrics_address or None,
+            http_address=resp.http_address or None,
             key_prefix=resp.key_prefix,
             serving=bool(resp.serving),
             etcd=EtcdInfo.from_message(resp.etcd),

@@ -213,16 +213,20 @@ class StaleTokenError(FencepostError):
             the record has accepted), when known.
         record: The key of the guarded record that refused the write; None
             when the error came from the coordinator.
+        storage: The kind of storage of the guard that refused the write
+            (its ``storage`` metrics label: ``postgresql``, ``redis``, ...);
+            None when the error came from the coordinator.
     """
 
     default_reason = ErrorReason.STALE_TOKEN
 
     def __init__(self, message: str = "", *, token: int | None = None, current_token: int | None = None,
-                 record: object | None = None, **kwargs: Any) -> None:
+                 record: object | None = None, storage: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.token = token
         self.current_token = current_token
         self.record = record
+        self.storage = storage
 
     def __str__(self) -> str:
         text = super().__str__()

@@ -13,8 +13,11 @@ import aiohttp
 import pytest
 
 from fencepost.client.v1 import lock_pb2
+from fencepost.client.v1.keys import Keys
+from fencepost.coordinator.etcd import EtcdClient
 from fencepost.coordinator.process.coordinator import Coordinator
 from fencepost.coordinator.process.embedded import EmbeddedEtcd
+from fencepost.coordinator.recipes.tokens import recover
 
 from .http_callers import HttpCaller, events, next_event
 from .test_http_twins import acquire, grant, revoke, start
@@ -93,8 +96,8 @@ async def test_stream_tells_holders_waiters_and_their_ends(board: tuple[Coordina
                    first.lease_secret)
         taken = await waiting
         merged = await changes_until(stream, lambda m: len(m["timeline"]) >= 2)
-        assert [(t["what"], t["reason"], t["token"]) for t in merged["timeline"]] == [
-            ("ended", "released", str(held.token)), ("granted", None, str(taken.token))]
+        assert [(t["what"], t["reason"], t["exact"], t["by"], t["token"]) for t in merged["timeline"]] == [
+            ("ended", "released", True, "Release", str(held.token)), ("granted", None, None, None, str(taken.token))]
         assert merged["locks"]["invoice:1"]["holder"]["lease"] == str(second.lease_id)
         merged = await changes_until(stream, lambda m: (m["locks"].get("invoice:1") or {}).get("holder", {})
                                      .get("ttl"))
@@ -103,10 +106,61 @@ async def test_stream_tells_holders_waiters_and_their_ends(board: tuple[Coordina
 
         await revoke(call, second)
         merged = await changes_until(stream, lambda m: m["timeline"])
-        assert [(t["what"], t["reason"], t["name"]) for t in merged["timeline"]] == [
-            ("ended", "lease_ended", "invoice:1")]
+        assert [(t["what"], t["reason"], t["exact"], t["by"], t["name"]) for t in merged["timeline"]] == [
+            ("ended", "revoked", True, "LeaseRevoke", "invoice:1")]
         assert merged["locks"] == {"invoice:1": None}
     await revoke(call, first)
+
+
+async def test_ends_served_elsewhere_are_inferred(board: tuple[Coordinator, aiohttp.ClientSession, str],
+                                                  etcd: EmbeddedEtcd, prefix: str) -> None:
+    """Holds ended through another coordinator: a revoke with TTL left is ``revoked``, a lease left to run out
+    ``expired`` (both inferred from the lease's estimated expiry), a release ``key_deleted`` (its lease lives)."""
+    _, session, base = board
+    other = await start(etcd, prefix)
+    try:
+        call = HttpCaller(session, f"http://{other.http_address}")
+        revoked, expiring, released = await grant(call, ttl=30), await grant(call, ttl=3), await grant(call, ttl=30)
+        async with session.get(f"{base}/board/events", params={"prefix": "away:"}) as answer:
+            stream = events(answer)
+            await snapshot_of(stream)
+            holds = {name: await acquire(call, lease, name)
+                     for name, lease in (("away:revoked", revoked), ("away:expiring", expiring),
+                                         ("away:released", released))}
+            await changes_until(stream, lambda m: all((m["locks"].get(n) or {}).get("holder", {}).get("ttl")
+                                                      for n in holds))  # each lease's expiry estimated
+            await revoke(call, revoked)
+            await call("Release", lock_pb2.ReleaseRequest(name="away:released", lease_id=released.lease_id,
+                                                          token=holds["away:released"].token), released.lease_secret)
+            merged = await changes_until(stream, lambda m: len(m["timeline"]) >= 3)  # the 3 s lease runs out
+        ends = {t["name"]: (t["reason"], t["exact"], t["by"]) for t in merged["timeline"]}
+        assert ends == {"away:revoked": ("revoked", False, None), "away:expiring": ("expired", False, None),
+                        "away:released": ("key_deleted", True, None)}
+        await revoke(call, released)
+    finally:
+        await asyncio.wait_for(other.stop(grace=0), 20)
+
+
+async def test_keys_deleted_by_recover_tokens_are_told_so(board: tuple[Coordinator, aiohttp.ClientSession, str],
+                                                        etcd: EmbeddedEtcd, prefix: str) -> None:
+    """``fencepost admin recover-tokens`` deletes every lock key in the Txn that writes the token record: the board
+    tells those ends exactly, ``key_deleted`` by ``recover-tokens``."""
+    _, session, base = board
+    call = HttpCaller(session, base)
+    lease = await grant(call)
+    held = await acquire(call, lease, "restored:1")
+    async with session.get(f"{base}/board/events", params={"prefix": "restored:"}) as answer:
+        stream = events(answer)
+        assert [lock["name"] for lock in (await snapshot_of(stream))["locks"]] == ["restored:1"]
+        layer = EtcdClient([etcd.endpoint])
+        try:
+            await recover(layer, Keys(prefix), held.token + 10)
+        finally:
+            await layer.close()
+        merged = await changes_until(stream, lambda m: m["timeline"])
+    assert [(t["what"], t["reason"], t["exact"], t["by"], t["token"]) for t in merged["timeline"]] == [
+        ("ended", "key_deleted", True, "recover-tokens", str(held.token))]
+    await revoke(call, lease)
 
 
 async def test_elections_and_semaphores_are_shown(board: tuple[Coordinator, aiohttp.ClientSession, str]) -> None:

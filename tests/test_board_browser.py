@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fencepost.client import AsyncLockClient, StaleTokenError
+from fencepost.client.fencing import SqlGuard
 from fencepost.client.v1 import lock_pb2
 from fencepost.coordinator.admission.access import Policy
 from fencepost.coordinator.process.coordinator import Coordinator
@@ -66,9 +69,14 @@ def ended(token: int) -> str:
             f"'token {token}')).map(li => li.dataset.reason)[0]")
 
 
+def ttl_of(key: str) -> str:
+    """The TTL left the page shows for ``key`` ("?" until the lease's TTL is read)."""
+    return f"document.querySelector('tr[data-key={json.dumps(key)}]')?.cells[4].textContent"
+
+
 async def test_board_shows_holders_and_losses_live(served: Coordinator, chromium: str) -> None:
     """The page shows a holder's token, its waiter, an election and a semaphore; a loss (its lease revoked) appears in the timeline
-    within 1 s; the prefix filter hides other names."""
+    within 1 s, as ``revoked``, and a lease left to run out as ``expired``; the prefix filter hides other names."""
     async with aiohttp.ClientSession() as session, Browser(chromium) as browser:
         base = f"http://{served.http_address}"
         call = HttpCaller(session, base)
@@ -90,9 +98,15 @@ async def test_board_shows_holders_and_losses_live(served: Coordinator, chromium
 
         await revoke(call, holder)  # its lease ends: the hold is lost
         revoked = time.monotonic()
-        assert await shown(browser, ended(held.token), within=PAGE_SECONDS) == "lease_ended"
+        assert await shown(browser, ended(held.token), within=PAGE_SECONDS) == "revoked"
         assert time.monotonic() - revoked < 1.0, "the loss took over 1 s to appear on the page"
+        assert "revoked by LeaseRevoke" in await shown(browser, "document.querySelector('#timeline').textContent")
         taken = await waiting
+
+        expiring = await grant(call, ttl=3)  # never renewed: its lease runs out
+        doomed = await acquire(call, expiring, "invoice:43")
+        assert await shown(browser, f"{ttl_of('invoice:43')} !== '?' && {ttl_of('invoice:43')}")
+        assert await shown(browser, ended(doomed.token), within=PAGE_SECONDS) == "expired"
         assert await shown(browser, token_of("invoice:42")) == str(taken.token)
         if os.environ.get("FENCEPOST_BOARD_SCREENSHOT"):
             await asyncio.sleep(1.5)  # TTLs read
@@ -102,6 +116,29 @@ async def test_board_shows_holders_and_losses_live(served: Coordinator, chromium
         assert await shown(browser, token_of("report:daily"))
         assert await browser.evaluate(token_of("invoice:42")) is None
         await revoke(call, waiter, other)
+
+
+async def test_a_stale_write_refused_by_a_guard_shows(served: Coordinator, chromium: str) -> None:
+    """A SQL guard (SQLite) with the client's ``stale_write_reporter()`` refuses a stale write: the page shows it,
+    with its storage, record, lock and tokens, within 1 s."""
+    async with AsyncLockClient(served.address) as client, Browser(chromium) as browser:
+        conn = sqlite3.connect(":memory:")
+        conn.execute("CREATE TABLE invoices (id TEXT PRIMARY KEY, status TEXT, fencing_token INTEGER)")
+        guard = SqlGuard(conn, "invoices", "id", commit=True, on_reject=client.stale_write_reporter())
+        await browser.open(f"http://{served.http_address}/")
+        old = await client.acquire("invoice:7", ttl=10)
+        assert await shown(browser, token_of("invoice:7")) == str(old.token)
+        guard.upsert("inv-7", old, {"status": "draft"})
+        await old.release()
+        new = await client.acquire("invoice:7", ttl=10)
+        guard.upsert("inv-7", new, {"status": "paid"})
+        with pytest.raises(StaleTokenError):
+            guard.upsert("inv-7", old, {"status": "void"})
+        refused = time.monotonic()
+        told = await shown(browser, "document.querySelector('#timeline li.t-stale_write')?.textContent")
+        assert time.monotonic() - refused < 1.0, "the stale write took over 1 s to appear on the page"
+        assert f"sqlite record inv-7 lock invoice:7 token {old.token} < {new.token}" in told
+        await new.release()
 
 
 POLICY = """
@@ -126,7 +163,8 @@ async def test_an_operator_revokes_from_the_page(etcd: EmbeddedEtcd, prefix: str
             button = "document.querySelector('tr[data-key=\"job:7\"] button.revoke')"
             assert await shown(browser, f"!!{button}")
             await browser.evaluate(f"window.confirm = () => true, {button}.click(), true")
-            assert await shown(browser, ended(held.token)) == "lease_ended"
+            assert await shown(browser, ended(held.token)) == "revoked"
+            assert "revoked by AdminRevoke" in await shown(browser, "document.querySelector('#timeline').textContent")
             assert await shown(browser, f"!{button}")
             described = await call("Describe", lock_pb2.DescribeRequest(name="job:7"))
             assert not described.HasField("holder")

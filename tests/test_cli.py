@@ -199,7 +199,7 @@ async def test_status_without_name_prints_server_info(address: str, prefix: str,
     assert info["version"] == version and len(info["instance_id"]) == 16
     assert info["listen_address"] == address and info["key_prefix"] == prefix and info["serving"] is True
     assert isinstance(info["uptime_seconds"], float) and info["uptime_seconds"] > 0
-    assert info["health_address"] is None and info["metrics_address"] is None
+    assert info["health_address"] is None and info["metrics_address"] is None and info["http_address"] is None
     e = info["etcd"]
     assert e["endpoints"] == [etcd.endpoint] and e["embedded"] is False
     assert e["available"] is True and e["error"] is None and e["server_version"].startswith("3.5.")

@@ -56,7 +56,7 @@ async def test_server_info_reports_version_identity_addresses_and_etcd(
     assert len(resp.instance_id) == 16 and int(resp.instance_id, 16) >= 0
     assert resp.uptime_seconds > 0
     assert resp.listen_address == address
-    assert resp.health_address == "" and resp.metrics_address == ""
+    assert resp.health_address == "" and resp.metrics_address == "" and resp.http_address == ""
     assert resp.key_prefix == prefix
     assert resp.serving is True
     e = resp.etcd
@@ -129,7 +129,7 @@ async def test_server_info_from_the_clients(address: str, etcd: EmbeddedEtcd, pr
     assert info.version == importlib.metadata.version("fencepost")
     assert isinstance(info.uptime, float) and info.uptime > 0
     assert info.key_prefix == prefix and info.listen_address == address
-    assert info.health_address is None and info.metrics_address is None
+    assert info.health_address is None and info.metrics_address is None and info.http_address is None
     assert info.etcd.available and info.etcd.error is None
     assert info.etcd.endpoints == (etcd.endpoint,)
     assert info.etcd.revision is not None and info.etcd.revision >= handle.token
@@ -177,3 +177,28 @@ def test_redact_endpoint_strips_credentials(given: str, shown: str) -> None:
     """An endpoint is reported without any user:password part."""
     assert redact_endpoint(given) == shown
     assert "secret" not in About(prefix="/p/", endpoints=[given]).endpoints[0]
+
+
+async def test_server_info_names_the_http_address(etcd: EmbeddedEtcd, prefix: str) -> None:
+    """With ``http_listen``, ServerInfo names the HTTP/JSON API's bound address: over gRPC, in the HTTP API's own
+    JSON (``httpAddress``), in the client's ServerInfo and in ``fencepost status``'s lines."""
+    import aiohttp
+
+    from fencepost.client.cli.status import info_lines
+
+    from .test_http_twins import start
+
+    coordinator = await start(etcd, prefix)
+    try:
+        http = coordinator.http_address
+        assert http is not None and not http.endswith(":0")
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            assert (await _info(lock_pb2_grpc.LockServiceStub(channel))).http_address == http
+        async with aiohttp.ClientSession() as session, session.get(f"http://{http}/v1/server") as answer:
+            assert (await answer.json())["httpAddress"] == http
+        async with AsyncLockClient(coordinator.address) as client:
+            info = await client.server_info()
+        assert info.http_address == http
+        assert dict(info_lines(info))["listening"].endswith(f"(HTTP API and lock board {http})")
+    finally:
+        await asyncio.wait_for(coordinator.stop(grace=0), 20)

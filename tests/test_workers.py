@@ -11,7 +11,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from etcd3aio import Etcd3Client, prefix_range_end
@@ -22,6 +24,7 @@ from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from fencepost.coordinator.process.eventloop import LoopUnavailable, pick_loop
 
 from .conftest import LISTENING, ChildProcess, child_env
+from .http_callers import events, next_event
 from .owned_stub import OwnedStub
 
 #: The parent's line naming its workers once they all listen.
@@ -95,6 +98,76 @@ async def test_workers_serve_from_every_worker(workers: ChildProcess) -> None:
         await workers.await_line(r"fencepost: worker [12]: SIGHUP: no TLS files to reload", 10)
     assert {line.split(":")[1] for line in workers.output if "SIGHUP: no TLS" in line} == {" worker 1", " worker 2"}
     assert workers.terminate(30) == 0, workers.log_tail()
+
+
+async def test_workers_share_the_http_port(etcd: EmbeddedEtcd, prefix: str, tmp_path: Path) -> None:
+    """With --http-listen every worker serves the HTTP port too: requests on new connections reach both workers
+    (their Fencepost-Instance headers); a lease granted through one is renewed, used and revoked through the other,
+    and each worker's lock board shows the lock, read from etcd."""
+    child = ChildProcess(_serve_argv("--workers", "2", "--etcd-endpoints", etcd.endpoint, "--prefix", prefix,
+                                     "--http-listen", "127.0.0.1:0"), log_path=tmp_path / "serve.log")
+    try:
+        await _started(child)
+        http = (await child.await_line(r"fencepost: HTTP API on (http://\S+)", 5)).group(1)
+        assert sum(1 for line in child.output if "HTTP API on" in line) == 1, child.output
+
+        async def call(method: str, path: str, body: dict[str, Any] | None = None, secret: str = "") -> tuple[str, Any]:
+            """One request on a connection of its own: (the instance that answered, the JSON answer)."""
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                async with session.request(method, f"{http}{path}", json=body,
+                                           headers={"Fencepost-Lease-Secret": secret} if secret else {}) as answer:
+                    assert answer.status == 200, await answer.text()
+                    return answer.headers["Fencepost-Instance"], await answer.json()
+
+        granted_by, lease = await call("POST", "/v1/leases", {"ttlSeconds": 20})
+        lease_id, secret = lease["leaseId"], lease["leaseSecret"]
+        acquired_by, held = await call("POST", "/v1/locks/shared:1:acquire", {"leaseId": lease_id}, secret)
+        assert held["acquired"]
+        by: dict[str, set[str]] = {}
+        for _ in range(40):  # keepalives until both workers have renewed the lease
+            instance, renewed = await call("POST", f"/v1/leases/{lease_id}:keepalive", {}, secret)
+            assert int(renewed["ttlSeconds"]) > 0
+            by.setdefault("keepalive", set()).add(instance)
+            if len(by["keepalive"]) == 2:
+                break
+        assert len(by["keepalive"]) == 2, by
+        other = (by["keepalive"] - {granted_by}).pop()
+        instances = {granted_by, acquired_by} | by["keepalive"]
+        assert len(instances) == 2 and other != granted_by
+        for _ in range(40):  # each worker's board shows the lock
+            instance, info = await call("GET", "/v1/server")
+            assert info["instanceId"] == instance and info["httpAddress"] == http.removeprefix("http://")
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
+                    session.get(f"{http}/board/events") as answer:
+                shown_by = answer.headers["Fencepost-Instance"]
+                stream = events(answer)
+                assert (await next_event(stream))[0] == "access"
+                name, snapshot = await next_event(stream)
+                assert [lock["holder"]["token"] for lock in snapshot["locks"] if lock["name"] == "shared:1"] == [
+                    held["token"]]
+            by.setdefault("board", set()).add(shown_by)
+            if len(by["board"]) == 2:
+                break
+        assert by["board"] == instances
+        for _ in range(40):  # a connection of its own, kept: served by the worker that did not grant the lease
+            pinned = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+            async with pinned.get(f"{http}/v1/server") as answer:
+                if answer.headers["Fencepost-Instance"] == other:
+                    break
+            await pinned.close()
+        async with pinned:
+            headers = {"Fencepost-Lease-Secret": secret}
+            async with pinned.post(f"{http}/v1/locks/shared:1:release", headers=headers,
+                                   json={"leaseId": lease_id, "token": held["token"]}) as answer:
+                assert (answer.status, answer.headers["Fencepost-Instance"]) == (200, other), await answer.text()
+            async with pinned.delete(f"{http}/v1/leases/{lease_id}", headers=headers) as answer:
+                assert (answer.status, answer.headers["Fencepost-Instance"]) == (200, other), await answer.text()
+                assert (await answer.json())["found"] is True
+        _, described = await call("GET", "/v1/locks/shared:1")
+        assert described.get("holder") is None, described
+        assert child.terminate(30) == 0, child.log_tail()
+    finally:
+        child.kill()
 
 
 async def test_workers_when_sigterm(workers: ChildProcess, etcd_client: Etcd3Client, prefix: str) -> None:
@@ -186,7 +259,7 @@ def test_workers_when_the_etcd_is_embedded(tmp_path: Path) -> None:
     (["--workers", "2", "--listen", "unix:/tmp/fencepost-workers.sock"], "is a Unix socket"),
     (["--workers", "2", "--health-listen", "unix:/tmp/fencepost-health.sock"], "--health-listen"),
     (["--workers", "2", "--metrics-listen", "127.0.0.1:0"], "cannot serve --metrics-listen"),
-    (["--workers", "2", "--http-listen", "127.0.0.1:0"], "cannot serve --http-listen"),
+    (["--workers", "2", "--http-listen", "unix:/tmp/fencepost-http.sock"], "--http-listen"),
     (["--loop", "trio"], "--loop is 'trio'; must be auto, asyncio or uvloop"),
 ])
 def test_workers_when_flags_conflict(argv: list[str], says: str) -> None:

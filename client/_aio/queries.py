@@ -1,15 +1,43 @@
-"""The calls of an asyncio client that make no hold: Describe, ListLocks, ServerInfo, ListSessions, AdminRevoke.
+"""The calls of an asyncio client that make no hold: Describe, ListLocks, ServerInfo, ListSessions, AdminRevoke;
+and ReportStaleWrite, a fencing guard's refused write told to the coordinator.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 from .._info import HeldLock, LockInfo, Revoked, ServerInfo, Session, check_revoke
 from .._transport import wire
-from ..errors import Unavailable
+from ..errors import FencepostError, InvalidArgument, StaleTokenError, Unavailable
 from ..v1 import lock_pb2 as pb
-from .core import ClientCore
+from ..v1.keys import MAX_TOKEN
+from .core import ClientCore, log
 
-__all__ = ["QueryCalls"]
+__all__ = ["MAX_REPORTS_IN_FLIGHT", "QueryCalls"]
+
+#: Stale-write reports sent at once by one client; more are dropped (best effort: a flood never piles up).
+MAX_REPORTS_IN_FLIGHT = 16
+#: The name of a report's background task.
+_REPORT_TASK = "fencepost-report-stale-write"
+#: Longest record label a report carries, in bytes of UTF-8 (the coordinator's bound).
+_RECORD_BYTES = 128
+
+
+def _report_of(err: StaleTokenError) -> pb.ReportStaleWriteRequest:
+    """The ReportStaleWrite request of a guard's refusal: its lock name (if known), tokens, storage, a record label.
+
+    Raises:
+        InvalidArgument: ``err`` carries no fencing token (field ``token``).
+    """
+    if not isinstance(err.token, int) or not 0 < err.token <= MAX_TOKEN:
+        raise InvalidArgument(f"the refusal carries no fencing token ({err.token!r})", field="token")
+    record = err.record if isinstance(err.record, str) else "" if err.record is None else repr(err.record)
+    record = "".join(c if c.isprintable() else "?" for c in record)
+    record = record.encode("utf-8", "replace")[:_RECORD_BYTES].decode("utf-8", "ignore")
+    current = err.current_token if isinstance(err.current_token, int) and err.current_token > 0 else 0
+    return pb.ReportStaleWriteRequest(name=err.name or "", token=err.token, current_token=current,
+                                      storage=err.storage or "unknown", record=record)
 
 
 class QueryCalls(ClientCore):
@@ -178,3 +206,75 @@ class QueryCalls(ClientCore):
             token = resp.next_page_token
             if not token:
                 return sessions
+
+    async def report_stale_write(self, err: StaleTokenError) -> None:
+        """Report a write that a fencing guard refused to the coordinator (ReportStaleWrite).
+
+        The coordinator counts it (``fencepost_stale_writes_reported_total``,
+        by storage), logs it and shows it on its lock board's timeline. It
+        changes no lock and no record. Mostly used through
+        :meth:`stale_write_reporter`, as a guard's ``on_reject``.
+
+        Args:
+            err: The guard's :class:`StaleTokenError`: its ``token``,
+                ``current_token``, ``storage``, ``record`` (sent as a label of
+                at most 128 bytes) and ``name`` (the lock's, when the guard was
+                given the lock handle).
+
+        Raises:
+            InvalidArgument: ``err`` carries no token, or a field the coordinator refuses.
+            AccessDenied: the policy does not let this client acquire the lock.
+            LimitExceeded: the coordinator takes no more reports now (20 a second).
+            Unavailable: no coordinator reachable.
+        """
+        self._check_fork()
+        request = _report_of(err)
+        await self._ensure_open(request.name or None)
+        await self._transport.call("ReportStaleWrite", lambda _left: (request, self._connect_timeout), until=None,
+                                   idempotent=False, name=request.name or None)
+
+    def stale_write_reporter(self) -> Callable[[StaleTokenError], None]:
+        """A fencing guard's ``on_reject`` hook that reports each refused write to the coordinator.
+
+        Opt-in: ``SqlGuard(conn, "invoices", "id", on_reject=client.stale_write_reporter())``.
+        Non-blocking and best effort: the hook starts a ReportStaleWrite
+        (:meth:`report_stale_write`) and returns at once; a report that fails
+        (no coordinator, the coordinator's rate limit, the policy) is logged
+        at DEBUG and dropped; at most 16 are sent at once, more are dropped.
+        It never changes the write's outcome: the guard raises its
+        StaleTokenError as it would without it. Pass the lock handle to the
+        guard in place of the token, so that the report names the lock.
+
+        From an :class:`AsyncLockClient` the hook must be called on the
+        client's event loop (a guard used from the application's coroutines);
+        elsewhere it drops the report. A :class:`LockClient`'s hook may be
+        called from any thread; it drops the reports while the client has
+        not connected (``with LockClient(...)``, ``connect()``, or a first call).
+
+        Returns:
+            The hook: ``hook(err)`` for a :class:`StaleTokenError`.
+        """
+        def report(err: StaleTokenError) -> None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                log.debug("stale write not reported: the hook ran outside the client's event loop")
+                return
+            self._start_report(err)
+
+        return report
+
+    def _start_report(self, err: StaleTokenError) -> None:
+        """Send a report in the background (on the running loop): at most MAX_REPORTS_IN_FLIGHT, failures logged."""
+        reports = [t for t in self._tasks if t.get_name() == _REPORT_TASK]
+        if len(reports) >= MAX_REPORTS_IN_FLIGHT or self._state != "open" and self._state != "new":
+            log.debug("stale write not reported: %d reports in flight, client %s", len(reports), self._state)
+            return
+        self._spawn(self._report_quietly(err), _REPORT_TASK)  # ended by close()
+
+    async def _report_quietly(self, err: StaleTokenError) -> None:
+        try:
+            await self.report_stale_write(err)
+        except FencepostError as exc:
+            log.debug("stale write not reported: %s", exc)
+

@@ -12,6 +12,7 @@ arguments, results and errors are the same.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
@@ -28,7 +29,7 @@ from .._recipes.semaphore import AsyncSemaphore, SemaphoreInfo, check_permits
 from .._transport import wire
 from .._transport.tls import TlsConfig
 from .._transport.wire import DEFAULT_ADDRESS
-from ..errors import FencepostError
+from ..errors import FencepostError, StaleTokenError
 from ..v1 import lock_pb2 as pb
 from .handle import LockHandle, SyncLeadership
 from .loop import LoopThread
@@ -37,6 +38,9 @@ from .observe import LeaderChanges, LeaderObserver
 __all__ = ["LockClient", "Semaphore", "twin"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+log = logging.getLogger("fencepost.client")
 
 
 def twin(of: Callable[..., Any]) -> Callable[[F], F]:
@@ -225,6 +229,26 @@ class LockClient:
     def server_info(self) -> ServerInfo:
         self._loop.check_fork()
         return self._loop.run(self._aio.server_info())
+
+    @twin(AsyncLockClient.report_stale_write)
+    def report_stale_write(self, err: StaleTokenError) -> None:
+        self._loop.check_fork()
+        self._loop.run(self._aio.report_stale_write(err))
+
+    @twin(AsyncLockClient.stale_write_reporter)
+    def stale_write_reporter(self) -> Callable[[StaleTokenError], None]:
+        on_loop = self._aio.stale_write_reporter()
+
+        async def report_on_loop(err: StaleTokenError) -> None:
+            on_loop(err)
+
+        def report(err: StaleTokenError) -> None:
+            try:
+                self._loop.start(report_on_loop(err))  # not waited for
+            except FencepostError as exc:  # closed, not connected yet, forked
+                log.debug("stale write not reported: %s", exc)
+
+        return report
 
     @twin(AsyncLockClient.admin_revoke)
     def admin_revoke(self, name: str, *, kind: int | str = pb.HoldKind.HOLD_KIND_LOCK,

@@ -381,6 +381,7 @@ def info_json(info: ServerInfo) -> dict[str, Any]:
         "listen_address": info.listen_address,
         "health_address": info.health_address,
         "metrics_address": info.metrics_address,
+        "http_address": info.http_address,
         "key_prefix": info.key_prefix,
         "serving": info.serving,
         "etcd": {
@@ -447,6 +448,7 @@ def info_lines(info: ServerInfo) -> list[tuple[str, str]]:
     e = info.etcd
     extra = [f"health {info.health_address}"] if info.health_address else []
     extra += [f"metrics http://{info.metrics_address}/metrics"] if info.metrics_address else []
+    extra += [f"HTTP API and lock board {info.http_address}"] if info.http_address else []
     lines = [
         ("version", f"{info.version}, instance {info.instance_id}, up {_duration(info.uptime)}"),
         ("listening", info.listen_address + (f" ({', '.join(extra)})" if extra else "")),

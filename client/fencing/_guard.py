@@ -182,9 +182,11 @@ class FencingGuard:
 
     Args:
         on_reject: Called with each :class:`StaleTokenError` the guard is about
-            to raise, in the writer's thread (or task), after the refused write
-            and before the raise. Meant for metrics and logs: an exception it
-            raises is logged and does not change the outcome.
+            to raise (its ``storage`` set to the guard's), in the writer's
+            thread (or task), after the refused write and before the raise.
+            Meant for metrics and logs: an exception it raises is logged and
+            does not change the outcome. A client's ``stale_write_reporter()``
+            reports each refusal to the coordinator (its metrics and lock board).
         metrics: A ``prometheus_client.CollectorRegistry`` to count the
             guard's writes in (``fencepost_guard_writes_total`` and
             ``fencepost_guard_stale_rejections_total`` and
@@ -256,9 +258,12 @@ class FencingGuard:
             reason: An ErrorReason: STALE_TOKEN, or NOT_HOLDER (etcd guard).
             name: The lock name, when known.
             lease_id: The writer's lease id, when known.
-            hold: The writer's hold, when it gave one in place of the token.
+            hold: The writer's hold, when it gave one in place of the token (its ``name``, if it has one,
+                is the lock name when ``name`` is not given).
             held: The guard itself saw that the writer holds the lock (etcd).
         """
+        if name is None and isinstance(getattr(hold, "name", None), str):
+            name = hold.name  # type: ignore[union-attr]
         if (reason == ErrorReason.STALE_TOKEN and current_token is not None and current_token > token
                 and (held or is_live(hold))):
             with self._count_lock:
@@ -290,7 +295,8 @@ class FencingGuard:
         return self._count(err)
 
     def _count(self, err: StaleTokenError) -> Any:
-        """Count ``err`` as a refused write, call the hook; returns ``err``."""
+        """Count ``err`` as a refused write (its ``storage`` this guard's), call the hook; returns ``err``."""
+        err.storage = self.storage
         with self._count_lock:
             self._rejected += 1
         self._metrics.rejected()

@@ -401,13 +401,14 @@ class EtcdInfo(_message.Message):
     def __init__(self, endpoints: _Optional[_Iterable[str]] = ..., embedded: _Optional[bool] = ..., available: _Optional[bool] = ..., error: _Optional[str] = ..., server_version: _Optional[str] = ..., cluster_id: _Optional[int] = ..., member_id: _Optional[int] = ..., revision: _Optional[int] = ..., raft_term: _Optional[int] = ..., leader: _Optional[int] = ..., raft_index: _Optional[int] = ..., db_size_bytes: _Optional[int] = ...) -> None: ...
 
 class ServerInfoResponse(_message.Message):
-    __slots__ = ("version", "instance_id", "uptime_seconds", "listen_address", "health_address", "metrics_address", "key_prefix", "serving", "etcd", "keepalive_streams", "keepalive_leases", "watched_holds", "waiting_acquires", "contender_keys", "held_locks", "waiters")
+    __slots__ = ("version", "instance_id", "uptime_seconds", "listen_address", "health_address", "metrics_address", "http_address", "key_prefix", "serving", "etcd", "keepalive_streams", "keepalive_leases", "watched_holds", "waiting_acquires", "contender_keys", "held_locks", "waiters")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LISTEN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
     ETCD_FIELD_NUMBER: _ClassVar[int]
@@ -424,6 +425,7 @@ class ServerInfoResponse(_message.Message):
     listen_address: str
     health_address: str
     metrics_address: str
+    http_address: str
     key_prefix: str
     serving: bool
     etcd: EtcdInfo
@@ -434,7 +436,7 @@ class ServerInfoResponse(_message.Message):
     contender_keys: int
     held_locks: int
     waiters: int
-    def __init__(self, version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., listen_address: _Optional[str] = ..., health_address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., key_prefix: _Optional[str] = ..., serving: _Optional[bool] = ..., etcd: _Optional[_Union[EtcdInfo, _Mapping]] = ..., keepalive_streams: _Optional[int] = ..., keepalive_leases: _Optional[int] = ..., watched_holds: _Optional[int] = ..., waiting_acquires: _Optional[int] = ..., contender_keys: _Optional[int] = ..., held_locks: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., listen_address: _Optional[str] = ..., health_address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., http_address: _Optional[str] = ..., key_prefix: _Optional[str] = ..., serving: _Optional[bool] = ..., etcd: _Optional[_Union[EtcdInfo, _Mapping]] = ..., keepalive_streams: _Optional[int] = ..., keepalive_leases: _Optional[int] = ..., watched_holds: _Optional[int] = ..., waiting_acquires: _Optional[int] = ..., contender_keys: _Optional[int] = ..., held_locks: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class AdminRevokeRequest(_message.Message):
     __slots__ = ("request_id", "name", "kind", "slot")
@@ -689,3 +691,21 @@ class AdminEndLockDelayResponse(_message.Message):
     ended: bool
     lock_delay_remaining_ms: int
     def __init__(self, ended: _Optional[bool] = ..., lock_delay_remaining_ms: _Optional[int] = ...) -> None: ...
+
+class ReportStaleWriteRequest(_message.Message):
+    __slots__ = ("name", "token", "current_token", "storage", "record")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    token: int
+    current_token: int
+    storage: str
+    record: str
+    def __init__(self, name: _Optional[str] = ..., token: _Optional[int] = ..., current_token: _Optional[int] = ..., storage: _Optional[str] = ..., record: _Optional[str] = ...) -> None: ...
+
+class ReportStaleWriteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -142,6 +142,11 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayResponse.FromString,
                 _registered_method=True)
+        self.ReportStaleWrite = channel.unary_unary(
+                '/fencepost.v1.LockService/ReportStaleWrite',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteResponse.FromString,
+                _registered_method=True)
 
 
 class LockServiceServicer:
@@ -584,6 +589,28 @@ class LockServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportStaleWrite(self, request, context):
+        """ReportStaleWrite tells the coordinator that a fencing guard refused a
+        write whose fencing token was lower than the record's (an opt-in report
+        from the application's process, where the guard runs: the Python
+        client's `stale_write_reporter()` as a guard's `on_reject`). The
+        coordinator counts it in `fencepost_stale_writes_reported_total{storage}`,
+        logs it (event `stale_write`, level WARNING) and shows it on the lock
+        board's timeline of the coordinator that received it; it changes no lock
+        and no record. Best effort and cheap: nothing is written to etcd; at most
+        20 reports a second are taken per coordinator process (a burst of 100),
+        past which a report is refused. Not idempotent: a retry counts twice.
+        With `name`, needs the `acquire` action on it (who may take the lock may
+        report its stale writes); without, a caller the policy lets acquire
+        some name (as LeaseGrant).
+        Errors: INVALID_ARGUMENT (name, token, current_token, storage, record),
+        PERMISSION_DENIED/ACCESS_DENIED, RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (the
+        rate; RetryInfo says when to try again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -691,6 +718,11 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.AdminEndLockDelay,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayResponse.SerializeToString,
+            ),
+            'ReportStaleWrite': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportStaleWrite,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1262,6 +1294,33 @@ class LockService:
             '/fencepost.v1.LockService/AdminEndLockDelay',
             fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.AdminEndLockDelayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportStaleWrite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/ReportStaleWrite',
+            fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -470,6 +470,24 @@ class LockServiceStub:
     Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
     allowed `admin` on the name, or no access policy), UNAVAILABLE.
     """
+    ReportStaleWrite: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ReportStaleWriteRequest, _lock_pb2.ReportStaleWriteResponse]
+    """ReportStaleWrite tells the coordinator that a fencing guard refused a
+    write whose fencing token was lower than the record's (an opt-in report
+    from the application's process, where the guard runs: the Python
+    client's `stale_write_reporter()` as a guard's `on_reject`). The
+    coordinator counts it in `fencepost_stale_writes_reported_total{storage}`,
+    logs it (event `stale_write`, level WARNING) and shows it on the lock
+    board's timeline of the coordinator that received it; it changes no lock
+    and no record. Best effort and cheap: nothing is written to etcd; at most
+    20 reports a second are taken per coordinator process (a burst of 100),
+    past which a report is refused. Not idempotent: a retry counts twice.
+    With `name`, needs the `acquire` action on it (who may take the lock may
+    report its stale writes); without, a caller the policy lets acquire
+    some name (as LeaseGrant).
+    Errors: INVALID_ARGUMENT (name, token, current_token, storage, record),
+    PERMISSION_DENIED/ACCESS_DENIED, RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (the
+    rate; RetryInfo says when to try again).
+    """
 
 @_typing.type_check_only
 class LockServiceAsyncStub(LockServiceStub):
@@ -828,6 +846,24 @@ class LockServiceAsyncStub(LockServiceStub):
     WARNING).
     Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
     allowed `admin` on the name, or no access policy), UNAVAILABLE.
+    """
+    ReportStaleWrite: _aio.UnaryUnaryMultiCallable[_lock_pb2.ReportStaleWriteRequest, _lock_pb2.ReportStaleWriteResponse]  # type: ignore[assignment]
+    """ReportStaleWrite tells the coordinator that a fencing guard refused a
+    write whose fencing token was lower than the record's (an opt-in report
+    from the application's process, where the guard runs: the Python
+    client's `stale_write_reporter()` as a guard's `on_reject`). The
+    coordinator counts it in `fencepost_stale_writes_reported_total{storage}`,
+    logs it (event `stale_write`, level WARNING) and shows it on the lock
+    board's timeline of the coordinator that received it; it changes no lock
+    and no record. Best effort and cheap: nothing is written to etcd; at most
+    20 reports a second are taken per coordinator process (a burst of 100),
+    past which a report is refused. Not idempotent: a retry counts twice.
+    With `name`, needs the `acquire` action on it (who may take the lock may
+    report its stale writes); without, a caller the policy lets acquire
+    some name (as LeaseGrant).
+    Errors: INVALID_ARGUMENT (name, token, current_token, storage, record),
+    PERMISSION_DENIED/ACCESS_DENIED, RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (the
+    rate; RetryInfo says when to try again).
     """
 
 class LockServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -1310,6 +1346,30 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         WARNING).
         Errors: INVALID_ARGUMENT (name), PERMISSION_DENIED/ACCESS_DENIED (not
         allowed `admin` on the name, or no access policy), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportStaleWrite(
+        self,
+        request: _lock_pb2.ReportStaleWriteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.ReportStaleWriteResponse, _abc.Awaitable[_lock_pb2.ReportStaleWriteResponse]]:
+        """ReportStaleWrite tells the coordinator that a fencing guard refused a
+        write whose fencing token was lower than the record's (an opt-in report
+        from the application's process, where the guard runs: the Python
+        client's `stale_write_reporter()` as a guard's `on_reject`). The
+        coordinator counts it in `fencepost_stale_writes_reported_total{storage}`,
+        logs it (event `stale_write`, level WARNING) and shows it on the lock
+        board's timeline of the coordinator that received it; it changes no lock
+        and no record. Best effort and cheap: nothing is written to etcd; at most
+        20 reports a second are taken per coordinator process (a burst of 100),
+        past which a report is refused. Not idempotent: a retry counts twice.
+        With `name`, needs the `acquire` action on it (who may take the lock may
+        report its stale writes); without, a caller the policy lets acquire
+        some name (as LeaseGrant).
+        Errors: INVALID_ARGUMENT (name, token, current_token, storage, record),
+        PERMISSION_DENIED/ACCESS_DENIED, RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (the
+        rate; RetryInfo says when to try again).
         """
 
 def add_LockServiceServicer_to_server(servicer: LockServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -159,7 +159,7 @@ class AdminCalls:
                 holder = Holder(recorded["lease_id"], recorded["token"]) if "lease_id" in recorded else None
             found = False
             if holder is not None:
-                found = await self._releases.revoke(holder.lease_id) or earlier is not None
+                found = await self._releases.revoke(holder.lease_id, rpc="AdminRevoke") or earlier is not None
         except FencepostError as exc:
             audit(context, "revoke", request.name, "failed", logging.WARNING, error=exc.message,
                   request_id=request_id, **shown)

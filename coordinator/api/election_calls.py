@@ -102,7 +102,7 @@ class ElectionCalls:
                      ) -> lock_pb2.ResignResponse:
         """Resign: end the leadership ``token`` (0: the lease's candidacy, whatever its token)."""
         hold = Hold(kinds.election_lock(request.election), request.lease_id, request.token)
-        with self._releases.releasing(hold, by_token=bool(request.token)) as ending:
+        with self._releases.releasing(hold, by_token=bool(request.token), rpc="Resign") as ending:
             if request.token:  # a retry of a Resign that succeeded answers from its request record
                 found = True
                 revision = await self._records.run(

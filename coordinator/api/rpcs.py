@@ -62,6 +62,7 @@ from ..recipes.tokens import TokenFloor
 from ..recipes.validate import validate_lease_id, validate_name, validate_token, wait_seconds
 from .admin_calls import admit_admin
 from .decode import Undecodable
+from .stale_writes import validate_report
 from .status import Refusals
 
 __all__ = ["DEADLINE_MARGIN_SECONDS", "EVERY_NAME", "LEASE", "NEW", "READY", "RPCS", "SERVING", "VALIDATORS", "WAIT",
@@ -106,6 +107,7 @@ VALIDATORS: dict[str, Callable[[Any], object]] = {
     "election": lambda r: validate_election(r.election),
     "value": lambda r: validate_value(r.value),
     "after_revision": _after_revision,
+    "report": validate_report,
 }
 
 
@@ -170,6 +172,8 @@ RPCS: dict[str, Rpc] = {
     "Leader": Rpc(("election",), DESCRIBE, "election", floor=READY),
     # Observe waits for the token floor once its stream counts against the stream limits (see .observe).
     "Observe": Rpc(("election", "after_revision"), DESCRIBE, "election"),
+    # A guard's refused write: who may take the lock may report it ("" names no lock: acquire on some name).
+    "ReportStaleWrite": Rpc(("report",), ACQUIRE, "name"),
 }
 
 
@@ -220,7 +224,7 @@ class Admission:
         elif row.listing:
             self.access.lister(context, on or "")
         elif row.action is not None:
-            self.access.check(context, row.action, on)
+            self.access.check(context, row.action, on or None)
         if "lock_delay" in row.fields and request.lock_delay_seconds:
             self.delay_limit.check(context, on, request.lock_delay_seconds)
         if row.capacity is not None and self.capacity is not None and (

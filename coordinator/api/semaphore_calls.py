@@ -83,7 +83,7 @@ class SemaphoreCalls:
                       **caller(context))
             return lock_pb2.ReleasePermitResponse(revision=revision, found=found)
         slot = kinds.semaphore_slot(request.name, request.slot)
-        with self._releases.releasing(Hold(slot, request.lease_id, request.token)):
+        with self._releases.releasing(Hold(slot, request.lease_id, request.token), rpc="ReleasePermit"):
             revision = await self._records.run(  # a retry of a ReleasePermit that succeeded: from its record
                 request.request_id, Call("ReleasePermit", request.name, request.lease_id, request.token, request.slot),
                 lambda also: self._release(request, also))

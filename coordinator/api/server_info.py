@@ -73,6 +73,8 @@ class About:
         listen_address: Where it serves LockService (after ``start()``).
         health_address: Its health-only listener; "" for none.
         metrics_address: Its /metrics endpoint, ``HOST:PORT``; "" for none.
+        http_address: Its HTTP/JSON API and lock board (``--http-listen``), ``HOST:PORT`` or
+            ``unix:/ABSOLUTE/PATH``; "" for none.
         serving: Its readiness (the health status of "" and LockService).
     """
 
@@ -85,6 +87,7 @@ class About:
     listen_address: str = ""
     health_address: str = ""
     metrics_address: str = ""
+    http_address: str = ""
     serving: bool = False
 
     def __post_init__(self) -> None:
@@ -186,7 +189,8 @@ def server_info(about: About, etcd: EtcdView, *, waiting_acquires: int, keepaliv
     return lock_pb2.ServerInfoResponse(
         version=about.version, instance_id=about.instance_id, uptime_seconds=about.uptime_seconds,
         listen_address=about.listen_address, health_address=about.health_address,
-        metrics_address=about.metrics_address, key_prefix=about.prefix, serving=about.serving,
+        metrics_address=about.metrics_address, http_address=about.http_address, key_prefix=about.prefix,
+        serving=about.serving,
         etcd=lock_pb2.EtcdInfo(
             endpoints=list(about.endpoints), embedded=about.embedded, available=etcd.available, error=etcd.error,
             server_version=etcd.server_version, cluster_id=etcd.cluster_id, member_id=etcd.member_id,

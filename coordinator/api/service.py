@@ -62,12 +62,13 @@ from .admin_calls import AdminCalls
 from .election_calls import ElectionCalls
 from .grants import Grants
 from .keepalive import KeepAlives
-from .releases import Releases
+from .releases import Releases, ServedEnds
 from .renewals import renew_once
 from .rpcs import Admission, served
 from .semaphore_calls import SemaphoreCalls
 from .server_info import ETCD_SECONDS, About, read_etcd, server_info
 from .slots import StreamSlots
+from .stale_writes import StaleWrites
 from .status import Refusals
 from .stream import KeepAliveStream
 from .stream_calls import wrapped_calls
@@ -142,6 +143,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._keepalives = KeepAlives(self.admission, self.refusals, slots, self.closing, self._stream)
         self._slots = slots
         self._stream_calls = wrapped_calls(self, ())
+        #: The stale writes applications report (ReportStaleWrite), heard by the lock board.
+        self.stale_writes = StaleWrites(metrics)
 
     def intercepted_by(self, interceptors: Sequence[Any]) -> None:
         """Serve the calls sent on KeepAlive streams through the server's ``interceptors`` (outermost first),
@@ -154,9 +157,10 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         return self._records
 
     @property
-    def lock_view(self) -> tuple[Any, Keys, GrantTimes]:
-        """What a read-only view of every lock reads (the lock board): (etcd client, keys, grant times here)."""
-        return self._locks.etcd, self._keys, self._holds.grant_times
+    def lock_view(self) -> tuple[Any, Keys, GrantTimes, ServedEnds]:
+        """What a read-only view of every lock reads (the lock board): (etcd client, keys, grant times here,
+        the key deletions and revokes served here)."""
+        return self._locks.etcd, self._keys, self._holds.grant_times, self._releases.served
 
     @property
     def open_streams(self) -> int:
@@ -259,7 +263,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @served
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
-        with self._releases.releasing(Hold(request.name, request.lease_id, 0), by_token=False) as ending:
+        with self._releases.releasing(Hold(request.name, request.lease_id, 0), by_token=False,
+                                     rpc="Withdraw") as ending:
             found, ending.held, revision = await self._locks.withdraw(request.name, request.lease_id)
         log_event(_log, logging.DEBUG, "withdraw", f"{request.name!r}: lease {request.lease_id:#x} withdrew its "
                   f"{'hold' if ending.held else 'wait' if found else 'key (there was none)'}", name=request.name,
@@ -308,6 +313,12 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def ListSessions(self, request: lock_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
                            ) -> lock_pb2.ListSessionsResponse:
         return await self._admin.list_sessions(request, context)
+
+    @served
+    async def ReportStaleWrite(self, request: lock_pb2.ReportStaleWriteRequest, context: grpc.aio.ServicerContext
+                               ) -> lock_pb2.ReportStaleWriteResponse:
+        self.stale_writes.report(request, context)
+        return lock_pb2.ReportStaleWriteResponse()
 
     # ------------------------------------------------------------------ semaphores (see .semaphore_calls)
 

@@ -14,7 +14,7 @@
 from .board import Board
 from .calls import Api, served_handlers
 from .routes import ROUTES, Route
-from .server import HttpServer, RouteModule, make_app
+from .server import INSTANCE_HEADER, HttpServer, RouteModule, make_app
 from .status import HTTP_STATUS
 
-__all__ = ["HTTP_STATUS", "ROUTES", "Api", "Board", "HttpServer", "Route", "RouteModule", "make_app", "served_handlers"]
+__all__ = ["HTTP_STATUS", "INSTANCE_HEADER", "ROUTES", "Api", "Board", "HttpServer", "Route", "RouteModule", "make_app", "served_handlers"]

@@ -64,8 +64,7 @@ class Board:
 
     def __init__(self, service: Any, interceptors: Any = (), *, heartbeat_seconds: float = 15.0,
                  flush_seconds: float = 0.25) -> None:
-        etcd, keys, grant_times = service.lock_view
-        self.feed = BoardFeed(etcd, keys, grant_times, flush_seconds=flush_seconds)
+        self.feed = BoardFeed(*service.lock_view, reports=service.stale_writes, flush_seconds=flush_seconds)
         self._access = service.admission.access
         self._list = served_handlers(service, interceptors)["ListLocks"]
         self._heartbeat = heartbeat_seconds

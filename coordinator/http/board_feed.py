@@ -25,9 +25,10 @@ estimated expiry (``expiresMs``, the coordinator's monotonic clock in
 milliseconds: each message's ``nowMs`` says where that clock is now).
 
 Timeline: ``granted`` when a contender becomes the holder; ``ended`` when
-the holder's key is deleted, with ``reason`` ``released`` (its lease still
-lives: a Release, or the key deleted by hand) or ``lease_ended`` (its lease
-expired or was revoked: an AdminRevoke, a LeaseRevoke).
+the holder's key is deleted, with its ``reason``, ``exact`` and ``by``
+(:mod:`.board_ends`: exact for the calls served here, else inferred from
+etcd and the lease's estimated expiry; an estimate that has passed while
+the lease still holds is read again, so that it stays within about a second).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ from fencepost.client.v1 import kinds
 from fencepost.client.v1.etcd import rpc_pb2
 from fencepost.client.v1.keys import Hold, Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
+
+from ..api.releases import ServedEnds
+from ..api.stale_writes import StaleWrite, StaleWrites
+from . import board_ends
 
 __all__ = ["BoardFeed", "Subscriber"]
 
@@ -93,11 +98,17 @@ class BoardFeed:
         etcd: the coordinator's etcd client (``range``, ``watch_range``, ``lease_ttl``).
         keys: the lock keys.
         grant_times: the grants this coordinator made (``granted_at``), for held-for of holds read at start.
+        ends: the key deletions and revokes served here, for the exact reasons of ends.
+        reports: the stale writes reported here (ReportStaleWrite), told as ``stale_write`` timeline items.
         flush_seconds: how often the marked changes are sent.
     """
 
-    def __init__(self, etcd: Any, keys: Keys, grant_times: Any, *, flush_seconds: float = 0.25) -> None:
+    def __init__(self, etcd: Any, keys: Keys, grant_times: Any, ends: ServedEnds | None = None, *,
+                 reports: StaleWrites | None = None, flush_seconds: float = 0.25) -> None:
         self._etcd, self._keys, self._grant_times = etcd, keys, grant_times
+        self._ends = ends if ends is not None else ServedEnds()
+        self._reports = reports if reports is not None else StaleWrites()
+        self._unlisten: Callable[[], None] = lambda: None
         self._flush = flush_seconds
         self._locks: dict[str, dict[int, tuple[int, bytes]]] = {}  # internal name -> lease -> (token, value)
         self._since: dict[tuple[str, int, int], int] = {}  # hold -> monotonic ms it was first seen held
@@ -123,6 +134,7 @@ class BoardFeed:
             self._ready.clear()
             self._tasks = [asyncio.ensure_future(self._follow()), asyncio.ensure_future(self._flushing()),
                            asyncio.ensure_future(self._refreshing())]
+            self._unlisten = self._reports.listen(self._reported)
         try:
             await self._ready.wait()
         except BaseException:  # the board went away before the first read
@@ -142,6 +154,7 @@ class BoardFeed:
         if self._subscribers or not self._tasks:
             return
         tasks, self._tasks = self._tasks + list(self._pending), []
+        self._unlisten()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -166,8 +179,10 @@ class BoardFeed:
                 async with contextlib.aclosing(stream):
                     async for events in stream:
                         delays = ETCD_BACKOFF.delays()
+                        recovered = {int(e.kv.mod_revision) for e in events  # recover-tokens: one Txn
+                                     if e.type == e.PUT and bytes(e.kv.key) == self._keys.token_record}
                         for event in events:
-                            self._apply(event)
+                            self._apply(event, int(event.kv.mod_revision) in recovered)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # etcd out of reach: the board keeps what it showed, then re-reads
@@ -197,7 +212,7 @@ class BoardFeed:
                                    else int(now - 1000 * (time.monotonic() - granted)))
         self._marked |= before | set(self._locks)  # a re-read: every board is told what changed
 
-    def _apply(self, event: Any) -> None:
+    def _apply(self, event: Any, recovered: bool = False) -> None:
         parsed = self._parse(bytes(event.kv.key))
         if parsed is None:
             return
@@ -213,30 +228,43 @@ class BoardFeed:
             del self._locks[name]
         self._marked.add(name)
         if holder is not None and holder != after and holder[0] == lease and event.type == event.DELETE:
-            self._since.pop((name, *holder), None)
-            item = self._tell("ended", name, holder, None)
-            task = asyncio.ensure_future(self._classify(item, lease))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            since = self._since.pop((name, *holder), None)
+            why = board_ends.served(self._ends, name, lease, since, recovered=recovered)
+            item = self._tell("ended", name, holder, why)
+            if why is None:
+                known = self._leases.get(lease)
+                task = asyncio.ensure_future(self._classify(item, lease, known.expires_ms if known else None))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
         if after is not None and after != holder:
             self._since[(name, *after)] = _now_ms()
             self._tell("granted", name, after, None)
 
-    async def _classify(self, item: dict[str, Any], lease: int) -> None:
-        """Fill in why a hold ended: ``lease_ended`` when its lease is gone, else ``released``."""
+    async def _classify(self, item: dict[str, Any], lease: int, expires_ms: int | None) -> None:
+        """Fill in why a hold ended that no call served here explains (:func:`.board_ends.inferred`)."""
         try:
             left, _ = await self._etcd.lease_ttl(lease)
-            item["reason"] = "lease_ended" if left < 0 else "released"
         except Exception:  # etcd out of reach: the reason stays unknown
             item["reason"] = "unknown"
+            return
+        item.update(_why(board_ends.inferred(left >= 0, expires_ms, item["atMs"])))
 
-    def _tell(self, what: str, name: str, hold: tuple[int, int], reason: str | None) -> dict[str, Any]:
+    def _tell(self, what: str, name: str, hold: tuple[int, int], why: board_ends.Why | None) -> dict[str, Any]:
         public = kinds.public_hold(name)
-        item = {"atMs": _now_ms(), "what": what, "reason": reason, "key": name, "kind": _KINDS[public.kind],
-                "name": public.name, "slot": public.slot, "lease": str(hold[0]), "token": str(hold[1])}
+        item = {"atMs": _now_ms(), "what": what, "reason": None, "exact": None, "by": None, "key": name,
+                "kind": _KINDS[public.kind], "name": public.name, "slot": public.slot, "lease": str(hold[0]),
+                "token": str(hold[1]), **(_why(why) if why is not None else {})}
         self._timeline.append(item)
         self._told.append(item)
         return item
+
+    def _reported(self, write: StaleWrite) -> None:
+        """A stale write reported here: a ``stale_write`` timeline item (``lease`` "", its tokens, storage, record)."""
+        item = {"atMs": _now_ms(), "what": "stale_write", "reason": None, "exact": None, "by": None,
+                "key": write.name, "kind": "lock", "name": write.name, "slot": 0, "lease": "", "token": str(write.token),
+                "currentToken": str(write.current_token), "storage": write.storage, "record": write.record}
+        self._timeline.append(item)
+        self._told.append(item)
 
     async def _flushing(self) -> None:
         """Every ``flush_seconds``: send the marked entries and the new timeline."""
@@ -268,14 +296,15 @@ class BoardFeed:
 
     async def _refresh_ttls(self) -> None:
         """Read the TTL of each holder lease not known yet, or whose estimate may be stale; mark what changed."""
-        now = time.monotonic()
+        now, now_ms = time.monotonic(), _now_ms()
         due: set[int] = set()
         for contenders in self._locks.values():
             lease = _holder(contenders)
             if lease is None:
                 continue
             known = self._leases.get(lease[0])
-            if known is None or now - known.read_at >= max(MIN_TTL_REFRESH_SECONDS, known.ttl / 2):
+            if known is None or now - known.read_at >= max(MIN_TTL_REFRESH_SECONDS, known.ttl / 2) or (
+                    now_ms >= known.expires_ms and now - known.read_at >= 1.0):  # passed, yet still held: renewed
                 due.add(lease[0])
         if not due:
             return
@@ -326,6 +355,11 @@ def _holder(contenders: dict[int, tuple[int, bytes]]) -> tuple[int, int] | None:
         return None
     lease, (token, _) = min(contenders.items(), key=lambda c: c[1][0])
     return lease, token
+
+
+def _why(why: board_ends.Why) -> dict[str, Any]:
+    """A timeline item's fields of ``why``."""
+    return {"reason": why.reason, "exact": why.exact, "by": why.by}
 
 
 def _now_ms() -> int:

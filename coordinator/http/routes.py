@@ -105,6 +105,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/semaphores/{name}", "DescribeSemaphore"),
     Route("POST", "/v1/semaphores/{name}:revoke", "AdminRevoke", {"kind": _SEMAPHORE}),
     Route("GET", "/v1/server", "ServerInfo"),
+    Route("POST", "/v1/staleWrites", "ReportStaleWrite"),
 )
 
 _PARAM = re.compile(r"^\{([a-z_]+)\}$")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,13 @@ from aiohttp import web
 
 from .status import plain_status, response
 
-__all__ = ["HttpServer", "RouteModule", "make_app", "statuses"]
+__all__ = ["INSTANCE_HEADER", "HttpServer", "RouteModule", "make_app", "statuses"]
 
 _log = logging.getLogger(__name__)
+
+#: The answer header naming the coordinator (its ServerInfo ``instance_id``) that served the request: behind one
+#: port shared by ``--workers``, or a load balancer, which one answered.
+INSTANCE_HEADER = "Fencepost-Instance"
 
 #: A route module: adds its routes (and startup or shutdown hooks) to the app.
 RouteModule = Callable[[web.Application], None]
@@ -72,15 +76,22 @@ async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse
         running.discard(task)  # type: ignore[arg-type]
 
 
-def make_app(modules: Sequence[RouteModule], *, max_body_bytes: int = 4 * 1024 * 1024) -> web.Application:
+def make_app(modules: Sequence[RouteModule], *, max_body_bytes: int = 4 * 1024 * 1024,
+             headers: Mapping[str, str] | None = None) -> web.Application:
     """The HTTP application of ``modules``.
 
     Args:
         modules: route modules, each called once with the app.
         max_body_bytes: the largest request body taken (the gRPC port's ``--max-message-bytes``).
+        headers: headers added to every answer (:data:`INSTANCE_HEADER`: which coordinator answered).
     """
     app = web.Application(client_max_size=max_body_bytes, middlewares=[statuses])
     app[RUNNING] = set()
+    if headers:
+        async def add_headers(_: web.Request, answer: web.StreamResponse) -> None:
+            answer.headers.update(headers)
+
+        app.on_response_prepare.append(add_headers)
     for module in modules:
         module(app)
     return app
@@ -95,11 +106,13 @@ class HttpServer:
             checked by the caller.
         ssl_context: TLS (and client certificates) on the port; None for plaintext.
         grace_seconds: how long ``stop()`` lets running requests end.
+        reuse_port: bind ``HOST:PORT`` with ``SO_REUSEPORT``, so that other processes (``--workers``) serve it too.
     """
 
     def __init__(self, app: web.Application, listen: str, *, ssl_context: object | None = None,
-                 grace_seconds: float = 5.0) -> None:
+                 grace_seconds: float = 5.0, reuse_port: bool = False) -> None:
         self._app = app
+        self._reuse_port = reuse_port
         self._listen = listen
         self._ssl = ssl_context
         self._grace = grace_seconds
@@ -139,7 +152,7 @@ class HttpServer:
         else:
             host, port = self._listen.rsplit(":", 1)
             site = web.TCPSite(runner, host.strip("[]"), int(port), ssl_context=self._ssl,  # type: ignore[arg-type]
-                               reuse_port=False)
+                               reuse_port=self._reuse_port)
         try:
             await site.start()
         except OSError as exc:

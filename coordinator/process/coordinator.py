@@ -374,11 +374,14 @@ class Coordinator(CoordinatorParts):
         if self._http_listen is not None:
             self._http = http_server(self._service, interceptors, self._http_listen, certificates=self._certificates,
                                      max_body_bytes=self.limits.max_message_bytes, grace_seconds=self._grace,
-                                     claims=self._claims, modules=self._http_routes)
+                                     claims=self._claims, modules=self._http_routes,
+                                     instance_id=self.about.instance_id,
+                                     reuse_port=dict(self._server_options).get("grpc.so_reuseport") == 1)
             await self._http.start()
         self.about.listen_address = self.address
         self.about.health_address = self.health_address or ""
         self.about.metrics_address = self.metrics_address or ""
+        self.about.http_address = self.http_address or ""
         self.about.started = time.monotonic()
         self._watcher.start()
         if self.high_water is not None:

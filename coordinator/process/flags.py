@@ -89,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "gRPC probe (env FENCEPOST_HEALTH_LISTEN; default: none)")
     parser.add_argument("--http-listen", default=_env("http-listen", None), metavar="HOST:PORT",
                         help="also serve the HTTP/JSON API on HOST:PORT (or unix:/ABSOLUTE/PATH): every call as "
-                             "JSON over HTTP (curl), with the TLS, client certificates and policy of --listen "
-                             "(docs/http.md) (env FENCEPOST_HTTP_LISTEN; default: none)")
+                             "JSON over HTTP (curl), with the TLS, client certificates and policy of --listen; with "
+                             "--workers, every worker serves it (docs/http.md) (env FENCEPOST_HTTP_LISTEN; default: "
+                             "none)")
     parser.add_argument("--policy", default=_env("policy", None), metavar="FILE",
                         help="access policy, a .toml, .yaml or .yml file: which client-certificate identities "
                              "(SPIFFE ID, else URI SAN, else DNS SAN, else subject CN) may acquire, release, "

@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if processes.workers > 1:
             return run_workers(argv if argv is not None else sys.argv[1:], args, processes,
-                               health_listen=settings.health_listen, grace_seconds=settings.grace + settings.drain)
+                               health_listen=settings.health_listen, grace_seconds=settings.grace + settings.drain,
+                               http_listen=settings.http_listen, http_scheme="https" if settings.tls else "http")
         return _run(args, settings, traces, name_prefixes, processes)
     finally:
         if traces is not None:

@@ -69,7 +69,7 @@ def health_server(health: Any, options: Sequence[tuple[str, Any]], interceptors:
 
 def http_server(service: Any, interceptors: Sequence[Any], listen: str, *, certificates: ServerCertificates | None,
                 max_body_bytes: int, grace_seconds: float, claims: list[UnixSocketClaim],
-                modules: Sequence[RouteModule] = ()) -> HttpServer:
+                modules: Sequence[RouteModule] = (), instance_id: str = "", reuse_port: bool = False) -> HttpServer:
     """The HTTP/JSON API's server on ``listen`` (not started): the ``/v1`` routes, the lock board, then ``modules``.
 
     Args:
@@ -81,8 +81,10 @@ def http_server(service: Any, interceptors: Sequence[Any], listen: str, *, certi
         grace_seconds: how long its ``stop()`` lets running requests end.
         claims: where a Unix socket's claim is appended.
         modules: more route modules on the same app.
+        instance_id: the coordinator's, sent in the ``Fencepost-Instance`` header of every answer ("": none).
+        reuse_port: bind with ``SO_REUSEPORT`` (``--workers``: every worker serves the port).
     """
-    from ..http import Api, Board, HttpServer, make_app
+    from ..http import INSTANCE_HEADER, Api, Board, HttpServer, make_app
 
     path = unix_socket_path(listen)
     if path is not None:
@@ -90,6 +92,6 @@ def http_server(service: Any, interceptors: Sequence[Any], listen: str, *, certi
         claim.claim()
         claims.append(claim)
     app = make_app([Api(service, interceptors), Board(service, interceptors), *modules],
-                   max_body_bytes=max_body_bytes)
+                   max_body_bytes=max_body_bytes, headers={INSTANCE_HEADER: instance_id} if instance_id else None)
     return HttpServer(app, listen, ssl_context=certificates.ssl_context() if certificates is not None else None,
-                      grace_seconds=grace_seconds)
+                      grace_seconds=grace_seconds, reuse_port=reuse_port)

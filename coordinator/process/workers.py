@@ -12,14 +12,16 @@ embedded etcds would grant one lock twice).
 
 The parent:
 
-- checks and reserves the ports first: ``--listen`` (and ``--health-listen``)
-  is bound by the parent without ``SO_REUSEPORT``, so that a port another
+- checks and reserves the ports first: ``--listen`` (and ``--health-listen``,
+  ``--http-listen``) is bound by the parent without ``SO_REUSEPORT``, so that a port another
   process uses is refused (exit 1), and port 0 becomes one free port; the
   socket then gets ``SO_REUSEPORT`` and is kept, bound but not listening
   (it takes no connection), until the parent exits, so that no other
   process can take the port while workers start or restart;
 - prints ``fencepost: listening on HOST:PORT`` once, after every worker
-  listens; each worker's other stdout lines are relayed as
+  listens (then ``fencepost: HTTP API on ...`` for ``--http-listen``: every
+  worker serves the HTTP port too, each answering any call, its lock board
+  read from etcd); each worker's other stdout lines are relayed as
   ``fencepost: worker K: ...`` (their stderr log lines go straight through);
 - forwards SIGTERM and SIGINT (as SIGTERM) to every worker (each drains,
   then stops; a second signal is forwarded too: the drain ends) and exits
@@ -40,8 +42,7 @@ The parent:
 Not with ``--workers`` above 1: a Unix socket listen address (a socket path
 cannot be shared), ``--metrics-listen`` (each worker counts its own metrics
 and no one port would serve them all; run one process per worker to scrape
-them), ``--http-listen`` (not shared between workers yet), the embedded
-etcd. Linux only (``SO_REUSEPORT`` spreading connections).
+them), the embedded etcd. Linux only (``SO_REUSEPORT`` spreading connections).
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ REUSEPORT_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.so_reuseport", 1),)
 
 #: The line a coordinator prints when it serves; the last word is the address.
 _LISTENING = "fencepost: listening on "
+#: The line a coordinator prints when it serves HTTP; the last word is the URL.
+_HTTP_LISTENING = "fencepost: HTTP API on "
 _PR_SET_PDEATHSIG = 1
 
 
@@ -109,7 +112,8 @@ def add_process_arguments(parser: argparse.ArgumentParser, env: Callable[[str, s
     """
     group = parser.add_argument_group("processes", "how many coordinator processes serve, and on which event loop")
     group.add_argument("--workers", default=env("workers", "1"), metavar="N",
-                       help=f"serve with N coordinator processes (1 to {MAX_WORKERS}) sharing the --listen port "
+                       help=f"serve with N coordinator processes (1 to {MAX_WORKERS}) sharing the --listen port, "
+                            f"and the --http-listen one "
                             f"(SO_REUSEPORT; the kernel spreads connections over them): one process uses about one "
                             f"core. Needs --etcd-endpoints (they must share one etcd), a HOST:PORT --listen, and no "
                             f"--metrics-listen; each worker has its own limits. A worker that dies is restarted "
@@ -133,7 +137,7 @@ def check_processes(args: argparse.Namespace, *, embedded: bool, health_listen: 
     Raises:
         ProcessesRefused: a count that is not 1 to :data:`MAX_WORKERS`; ``--loop``
             not one of auto, asyncio, uvloop, or uvloop not installed; more than
-            one worker with the embedded etcd, a Unix socket, ``--metrics-listen`` or ``--http-listen``;
+            one worker with the embedded etcd, a Unix socket or ``--metrics-listen``;
             more than one worker off Linux.
     """
     try:
@@ -149,13 +153,11 @@ def check_processes(args: argparse.Namespace, *, embedded: bool, health_listen: 
             raise ProcessesRefused(f"--workers {workers} needs --etcd-endpoints: the workers must share one etcd; "
                                    f"each would start an embedded etcd of its own, and two etcds would grant one "
                                    f"lock twice")
-        for flag, address in (("--listen", args.listen), ("--health-listen", health_listen)):
+        for flag, address in (("--listen", args.listen), ("--health-listen", health_listen),
+                              ("--http-listen", args.http_listen or None)):
             if address is not None and unix_socket_path(address) is not None:
                 raise ProcessesRefused(f"--workers {workers}: {flag} {address} is a Unix socket, which one process "
                                        f"alone can serve; give HOST:PORT, or run one worker")
-        if args.http_listen:
-            raise ProcessesRefused(f"--workers {workers} cannot serve --http-listen yet: one HTTP port is served by "
-                                   f"one process; run --workers 1 for the HTTP/JSON API")
         if args.metrics_listen is not None:
             raise ProcessesRefused(f"--workers {workers} cannot serve --metrics-listen: each worker counts its own "
                                    f"metrics and one port cannot serve them all; run --workers 1 (one process per "
@@ -207,7 +209,8 @@ def reserve_port(listen: str) -> tuple[socket.socket, str]:
 
 
 def run_workers(argv: Sequence[str], args: argparse.Namespace, processes: Processes, *,
-                health_listen: str | None, grace_seconds: float) -> int:
+                health_listen: str | None, grace_seconds: float, http_listen: str | None = None,
+                http_scheme: str = "http") -> int:
     """Run ``fencepost serve`` as the parent of ``processes.workers`` workers, until SIGTERM or SIGINT.
 
     Args:
@@ -217,6 +220,8 @@ def run_workers(argv: Sequence[str], args: argparse.Namespace, processes: Proces
         processes: from :func:`check_processes`, with ``workers`` above 1.
         health_listen: the checked ``--health-listen``, or None.
         grace_seconds: the checked ``--grace-seconds`` plus ``--drain-seconds`` (a worker drains, then stops).
+        http_listen: the checked ``--http-listen``, or None: every worker serves it too.
+        http_scheme: ``https`` with TLS, else ``http`` (for the HTTP port's line).
 
     Returns:
         The exit status: 0 when every worker shut down cleanly; 1 when an
@@ -226,7 +231,8 @@ def run_workers(argv: Sequence[str], args: argparse.Namespace, processes: Proces
     reserved: list[socket.socket] = []
     concrete: dict[str, str] = {}
     try:
-        for flag, address in (("--listen", args.listen), ("--health-listen", health_listen)):
+        for flag, address in (("--listen", args.listen), ("--health-listen", health_listen),
+                              ("--http-listen", http_listen)):
             if address is None:
                 continue
             try:
@@ -237,8 +243,9 @@ def run_workers(argv: Sequence[str], args: argparse.Namespace, processes: Proces
                 return 1
             reserved.append(sock)
         overrides = [item for pair in concrete.items() for item in pair]
+        http = f"{http_scheme}://{concrete['--http-listen']}" if "--http-listen" in concrete else None
         supervisor = _Supervisor([*argv, *overrides, "--loop", processes.loop], processes, concrete["--listen"],
-                                 grace_seconds)
+                                 grace_seconds, http)
         return asyncio.run(supervisor.run())
     finally:
         for sock in reserved:
@@ -258,10 +265,12 @@ class _Worker:
 class _Supervisor:
     """The parent's event loop: start the workers, relay their lines, forward signals, restart the dead."""
 
-    def __init__(self, worker_argv: list[str], processes: Processes, address: str, grace_seconds: float) -> None:
+    def __init__(self, worker_argv: list[str], processes: Processes, address: str, grace_seconds: float,
+                 http: str | None = None) -> None:
         self._argv = worker_argv
         self._processes = processes
         self._address = address
+        self._http = http
         self._grace = grace_seconds
         self._workers = [_Worker(i + 1) for i in range(processes.workers)]
         self._stop = asyncio.Event()
@@ -340,6 +349,8 @@ class _Supervisor:
             if line.startswith(_LISTENING):
                 self._listening(worker)
                 continue
+            if line.startswith(_HTTP_LISTENING):  # said once, by the parent
+                continue
             text = line.removeprefix("fencepost: ")
             print(f"fencepost: worker {worker.index}: {text}", flush=True)
 
@@ -358,6 +369,8 @@ class _Supervisor:
                   f"to each", flush=True)
             # The last word of this line is the address (tests and bench/cycles.py read it).
             print(f"{_LISTENING}{self._address}", flush=True)
+            if self._http is not None:
+                print(f"{_HTTP_LISTENING}{self._http}", flush=True)
 
 
 def _ended(status: int) -> str:

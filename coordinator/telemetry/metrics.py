@@ -49,6 +49,8 @@ fencepost_lease_ceiling             gauge                          leases carrie
 fencepost_overloaded                gauge                          1 while past capacity (capacity.py)
 fencepost_lock_delays               gauge                          locks whose lock-delay runs, cluster-wide
 fencepost_lock_delay_remaining_...  gauge                          the longest time left of those delays
+fencepost_stale_writes_reported...  counter    storage             writes fencing guards refused, as reported
+                                                                   to this coordinator (ReportStaleWrite)
 ==================================  =========  ==================  ==============================================
 
 ``docs/operations.md`` ("Metrics") explains each one. :data:`NO_METRICS`
@@ -69,7 +71,8 @@ from fencepost.client.v1.keys import MAX_NAME_BYTES
 from .interceptor import GO_CODE_NAMES
 
 __all__ = ["ACQUIRE_WAIT_BUCKETS", "BATCH_BUCKETS", "KEEPALIVE_BATCH_BUCKETS", "END_REASONS", "ETCD_BUCKETS", "ETCD_OPERATIONS", "HANDOFF_BUCKETS", "HOLD_BUCKETS",
-           "LOCK_HELD", "MAX_NAME_PREFIXES", "NO_METRICS", "LockMetrics", "REFUSAL_REASONS", "check_name_prefixes"]
+           "LOCK_HELD", "MAX_NAME_PREFIXES", "NO_METRICS", "LockMetrics", "REFUSAL_REASONS", "STORAGE_KINDS",
+           "check_name_prefixes"]
 
 #: The refusal reason of a try-acquire (wait 0) that finds the lock held: not an
 #: ErrorReason (the call succeeds with ``acquired = false``); named after the
@@ -104,6 +107,8 @@ HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 #: its key was deleted while its lease lived (a Release through another
 #: coordinator, or someone deleting the key).
 END_REASONS = ("released", "expired", "revoked", "key_deleted")
+#: ``storage`` labels of fencepost_stale_writes_reported_total: the guards' storage kinds; any other is "other".
+STORAGE_KINDS = ("sqlite", "postgresql", "mysql", "redis", "etcd", "dynamodb", "s3", "other")
 
 #: Most ``--metrics-name-prefix`` values: each is a ``prefix`` label value.
 MAX_NAME_PREFIXES = 100
@@ -220,6 +225,11 @@ class LockMetrics:
         self._etcd_batch = Histogram("fencepost_etcd_batch_size",
                                      "Lock Txns (Acquire, Release, Withdraw) sent to etcd in one Txn: 1 when sent "
                                      "alone, more when batched.", buckets=BATCH_BUCKETS, registry=registry)
+        stale = Counter("fencepost_stale_writes_reported_total",
+                        "Writes that fencing guards refused for a stale fencing token, as their applications "
+                        "reported them to this coordinator (ReportStaleWrite), by storage kind.",
+                        ["storage"], registry=registry)
+        self._stale_writes = {kind: stale.labels(kind) for kind in STORAGE_KINDS}
         self._watch_restarts = Counter("fencepost_watch_restarts_total",
                                        "Restarts of the coordinator's watch of the lock prefix (etcd failure or "
                                        "compaction).", registry=registry)
@@ -299,6 +309,10 @@ class LockMetrics:
     def released(self) -> None:
         """A Release released a hold."""
         self._releases.inc()
+
+    def stale_write_reported(self, storage: str) -> None:
+        """A guard's refused write was reported, from ``storage`` (not of :data:`STORAGE_KINDS`: ``other``)."""
+        self._stale_writes.get(storage, self._stale_writes["other"]).inc()
 
     def refused(self, reason: str) -> None:
         """A call was refused with ``reason``, an ErrorReason name or :data:`LOCK_HELD`."""
@@ -397,6 +411,9 @@ class _NoMetrics(LockMetrics):
         pass
 
     def refused(self, reason: str) -> None:
+        pass
+
+    def stale_write_reported(self, storage: str) -> None:
         pass
 
     def waiting_acquires(self, delta: int) -> None:

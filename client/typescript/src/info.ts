@@ -93,6 +93,8 @@ export interface ServerInfo {
   healthAddress: string | undefined;
   /** HOST:PORT of its /metrics endpoint; undefined without one. */
   metricsAddress: string | undefined;
+  /** Where it serves the HTTP/JSON API and the lock board; undefined without one. */
+  httpAddress: string | undefined;
   keyPrefix: string;
   /** Its readiness: true when its health is SERVING. */
   serving: boolean;
@@ -157,6 +159,7 @@ export function serverInfoFromResponse(resp: ServerInfoResponse): ServerInfo {
     listenAddress: resp.listenAddress,
     healthAddress: resp.healthAddress || undefined,
     metricsAddress: resp.metricsAddress || undefined,
+    httpAddress: resp.httpAddress || undefined,
     keyPrefix: resp.keyPrefix,
     serving: resp.serving,
     etcd: {

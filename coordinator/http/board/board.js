@@ -90,18 +90,31 @@
     if (!pending) { pending = true; requestAnimationFrame(render); }
   }
 
+  // Why a hold ended, as the coordinator knows it ("revoked by AdminRevoke") or infers it ("expired, inferred").
+  function ended(t) {
+    if (!t.reason) return "?";
+    return t.reason + (t.by ? " by " + t.by : "") + (t.exact === false ? ", inferred" : "");
+  }
+
   function told(items) {
     const list = $("timeline");
     for (const t of items) {
       const li = document.createElement("li");
       li.className = "t-" + t.what;
       if (t.reason) li.dataset.reason = t.reason;
+      if (t.exact !== null && t.exact !== undefined) li.dataset.exact = t.exact;
       const at = document.createElement("time");
       at.textContent = new Date(t.atMs - skew).toLocaleTimeString();
       const what = document.createElement("b");
-      what.textContent = t.what === "ended" ? "ended (" + (t.reason || "?") + ")" : t.what;
+      what.textContent = t.what === "ended" ? "ended (" + ended(t) + ")" : t.what;
       const slot = t.kind === "semaphore" ? (t.slot < 0 ? " queue" : " slot " + t.slot) : "";
-      li.append(at, what, " " + t.kind + " " + t.name + slot + " lease " + t.lease + " token " + t.token);
+      if (t.what === "stale_write") {  // a guard refused a write: its token below the record's
+        what.textContent = "stale write refused";
+        li.append(at, what, " " + t.storage + (t.record ? " record " + t.record : "") + (t.name ? " lock " + t.name : "") +
+          " token " + t.token + " < " + (t.currentToken === "0" ? "?" : t.currentToken));
+      } else {
+        li.append(at, what, " " + t.kind + " " + t.name + slot + " lease " + t.lease + " token " + t.token);
+      }
       list.prepend(li);
       timeline.unshift(t);
     }
