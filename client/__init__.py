@@ -16,9 +16,10 @@ import importlib.metadata
 from ._aio.client import AsyncLockClient
 from ._info import EtcdInfo, HeldLock, LockInfo, Revoked, ServerInfo, Session
 from ._recipes.election import LeaderInfo, Leadership
+from ._recipes.multilock import AsyncMultiLockHandle
 from ._recipes.semaphore import AsyncSemaphore, PermitHolder, SemaphoreInfo
 from ._sync.client import LockClient, Semaphore
-from ._sync.handle import LockHandle, SyncLeadership
+from ._sync.handle import LockHandle, MultiLockHandle, SyncLeadership
 from ._sync.observe import LeaderObserver
 from ._transport.tls import TlsConfig
 from ._transport.wire import DEFAULT_ADDRESS
@@ -55,6 +56,7 @@ __all__ = [
     "AccessDenied",
     "AsyncLockClient",
     "AsyncLockHandle",
+    "AsyncMultiLockHandle",
     "AsyncSemaphore",
     "DataLoss",
     "EtcdInfo",
@@ -73,6 +75,7 @@ __all__ = [
     "LockInfo",
     "LockTimeout",
     "MissingRecordError",
+    "MultiLockHandle",
     "NotHolder",
     "NotLeaseOwner",
     "OutcomeUnknown",

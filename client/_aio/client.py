@@ -3,7 +3,8 @@
 This is the one implementation; the sync :class:`~fencepost.client.LockClient`
 runs it on an event loop thread of its own (one for every LockClient of a process). :class:`AsyncLockClient` is built in
 layers: :class:`~.core.ClientCore` (its parts and lifecycle),
-:class:`~.queries.QueryCalls` (the calls that make no hold), and here the
+:class:`~.queries.QueryCalls` (the calls that make no hold), :class:`~.multilocks.MultiLockCalls`
+(multi-locks), and here the
 calls that make holds: each acquire runs the one acquire loop
 (:class:`~fencepost.client._recipes.holds.Holds`) with the recipe of its kind
 (:mod:`~fencepost.client._recipes.lock`, ``.semaphore``, ``.election``). With
@@ -27,12 +28,12 @@ from ..errors import FencepostError, LeaseLost, Unavailable
 from ..handle import AsyncLockHandle
 from ..tracing import LEASE_ID, OUTCOME, TOKEN, failed
 from ..v1 import kinds
-from .queries import QueryCalls
+from .multilocks import MultiLockCalls
 
 __all__ = ["AsyncLockClient"]
 
 
-class AsyncLockClient(QueryCalls):
+class AsyncLockClient(MultiLockCalls):
     """asyncio client of a Fencepost coordinator: locks with fencing tokens.
 
     Guarantee and non-guarantee: a lock held under a TTL lease is **not**

@@ -158,7 +158,7 @@ class Holds:
             try:
                 resp = await asyncio.shield(grant)
             except asyncio.CancelledError:
-                await self._clean_up(self._revoke_granted(grant), "fencepost-revoke-cancelled-grant", finishes=True)
+                await self.clean_up(self._revoke_granted(grant), "fencepost-revoke-cancelled-grant", finishes=True)
                 raise
             lease = Lease(resp.lease_id, max(int(resp.ttl_seconds), ttl), sent, clock=self.pool.clock,
                           secret=resp.lease_secret)
@@ -215,7 +215,7 @@ class Holds:
         except FencepostError as err:
             log.debug("fencepost: revoke of unused lease %d failed (it expires by its TTL): %r", lease_id, err)
 
-    async def _clean_up(self, coro: Coroutine[Any, Any, None], name: str, *, finishes: bool = False) -> None:
+    async def clean_up(self, coro: Coroutine[Any, Any, None], name: str, *, finishes: bool = False) -> None:
         """Run a clean-up in the background; a cancelled caller waits for it up to :data:`CLEANUP_WAIT_SECONDS`.
 
         A caller that failed otherwise (a timeout, Unavailable) does not wait:
@@ -300,7 +300,7 @@ class Holds:
                     if lease.lost:
                         slot.lock.release()
                         continue
-                    handle = self._keep(recipe, await recipe.acquire_call(lease, until, try_once))
+                    handle = self.keep(recipe.acting, await recipe.acquire_call(lease, until, try_once))
                 except LeaseLost:
                     slot.lock.release()
                     self.pool.lose(lease, LEASE_EXPIRED)
@@ -315,7 +315,7 @@ class Holds:
                     # The call may have queued a key, or been granted, for a
                     # caller who will never know: withdraw it, keeping the slot
                     # until that is done.
-                    await self._clean_up(self._withdraw(recipe, lease, slot), f"fencepost-withdraw-{recipe.name}")
+                    await self.clean_up(self._withdraw(recipe, lease, slot), f"fencepost-withdraw-{recipe.name}")
                     raise
                 slot.holder = handle
                 return handle
@@ -325,7 +325,7 @@ class Holds:
                 self.pool.unused(lease)
                 self._on_idle()
 
-    def _keep(self, recipe: Recipe, handle: AsyncLockHandle) -> AsyncLockHandle:
+    def keep(self, acting: str, handle: AsyncLockHandle) -> AsyncLockHandle:
         """Keep a grant: registered under its lease and watched; given back if the lease was lost meanwhile.
 
         Raises:
@@ -337,7 +337,7 @@ class Holds:
         lease = handle._lease
         if lease.lost:
             self.spawn(self.release_quietly(handle), f"fencepost-release-{handle.name}")
-            raise LeaseLost(f"the lease was lost while {recipe.acting}", name=handle.name, lease_id=lease.lease_id,
+            raise LeaseLost(f"the lease was lost while {acting}", name=handle.name, lease_id=lease.lease_id,
                             reason=lease.lost_reason or LEASE_EXPIRED)
         self.pool.add_hold(handle)
         self.stream.watch(handle)  # sends nothing when the grant came on the current stream: it is watched there
@@ -414,9 +414,9 @@ class Holds:
             raise LeaseLost(f"{'lock hold' if handle.what == 'lock' else handle.what} was lost before release",
                             name=handle.name, lease_id=handle.lease_id, reason=reason)
         await asyncio.shield(handle._start_release(lambda: call(handle, deadline),
-                                                  lambda done: self._settle_release(handle, done)))
+                                                  lambda done: self.settle_release(handle, done)))
 
-    def _settle_release(self, handle: AsyncLockHandle, done: asyncio.Future[None]) -> None:
+    def settle_release(self, handle: AsyncLockHandle, done: asyncio.Future[None]) -> None:
         """Apply the outcome of a release call to the hold (also when its caller was cancelled)."""
         if done.cancelled():
             return

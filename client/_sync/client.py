@@ -25,13 +25,14 @@ from .._aio.client import AsyncLockClient
 from .._info import HeldLock, LockInfo, Revoked, ServerInfo, Session, check_revoke
 from .._leases.lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES
 from .._recipes.election import LeaderInfo, check_election, check_value
+from .._recipes.multilock import check_names
 from .._recipes.semaphore import AsyncSemaphore, SemaphoreInfo, check_permits
 from .._transport import wire
 from .._transport.tls import TlsConfig
 from .._transport.wire import DEFAULT_ADDRESS
 from ..errors import FencepostError, StaleTokenError
 from ..v1 import lock_pb2 as pb
-from .handle import LockHandle, SyncLeadership
+from .handle import LockHandle, MultiLockHandle, SyncLeadership
 from .loop import LoopThread
 from .observe import LeaderChanges, LeaderObserver
 
@@ -197,6 +198,44 @@ class LockClient:
         while the body ran and the body raised nothing, LeaseLost is raised on exit.
         """
         handle = self.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay)
+        try:
+            yield handle
+        except BaseException:
+            with contextlib.suppress(FencepostError):
+                handle.release()
+            raise
+        handle.release()
+
+    @twin(AsyncLockClient.acquire_all)
+    def acquire_all(self, names: Sequence[str], ttl: float = 10.0, timeout: float | None = None) -> MultiLockHandle:
+        self._loop.check_fork()
+        checked = check_names(names)
+        _check(checked[0], ttl, timeout)
+
+        async def run() -> MultiLockHandle:
+            return MultiLockHandle(await self._aio.acquire_all(checked, ttl=ttl, timeout=timeout), self._loop)
+
+        return self._loop.run(run(), checked[0])
+
+    @twin(AsyncLockClient.try_acquire_all)
+    def try_acquire_all(self, names: Sequence[str], ttl: float = 10.0) -> MultiLockHandle:
+        self._loop.check_fork()
+        checked = check_names(names)
+        _check(checked[0], ttl, None)
+
+        async def run() -> MultiLockHandle:
+            return MultiLockHandle(await self._aio.try_acquire_all(checked, ttl=ttl), self._loop)
+
+        return self._loop.run(run(), checked[0])
+
+    @contextlib.contextmanager
+    def lock_all(self, names: Sequence[str], ttl: float = 10.0,
+                 timeout: float | None = None) -> Iterator[MultiLockHandle]:
+        """Hold every lock of ``names`` for the body of a ``with`` block (see :meth:`AsyncLockClient.lock_all`).
+
+        Acquires as :meth:`acquire_all`, releases on exit (one call).
+        """
+        handle = self.acquire_all(names, ttl=ttl, timeout=timeout)
         try:
             yield handle
         except BaseException:

@@ -13,10 +13,11 @@ import threading
 from collections.abc import Callable
 
 from .._recipes.election import Leadership, check_value
+from .._recipes.multilock import AsyncMultiLockHandle
 from ..handle import AsyncLockHandle, HoldView
 from .loop import LoopThread
 
-__all__ = ["LockHandle", "SyncLeadership"]
+__all__ = ["LockHandle", "MultiLockHandle", "SyncLeadership"]
 
 
 class LockHandle(HoldView):
@@ -127,3 +128,79 @@ class SyncLeadership(LockHandle):
 
     def __repr__(self) -> str:
         return repr(self._hold)
+
+
+class MultiLockHandle:
+    """One grant of several locks together (sync twin of :class:`~fencepost.client.AsyncMultiLockHandle`).
+
+    Returned by :meth:`LockClient.acquire_all` and :meth:`LockClient.lock_all`. Usable from any thread.
+    Write each resource with :meth:`token_for` its own name.
+
+    Attributes:
+        lost: A ``threading.Event`` set (once) when any name is lost; never set by a release.
+    """
+
+    def __init__(self, inner: AsyncMultiLockHandle, loop: LoopThread) -> None:
+        # Built on the client's loop thread, so that the hook is registered before any loss can be signalled.
+        self._hold = inner
+        self._loop = loop
+        self.lost = threading.Event()
+        if inner.lost_reason is not None:
+            self.lost.set()
+        for handle in inner.handles.values():
+            handle._add_lost_hook(lambda _h: self.lost.set())
+
+    @property
+    def names(self) -> list[str]:
+        """The lock names, in the order given."""
+        return self._hold.names
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """name -> fencing token."""
+        return self._hold.tokens
+
+    def token_for(self, name: str) -> int:
+        """The fencing token of lock ``name`` (KeyError when it is not one of :attr:`names`)."""
+        return self._hold.token_for(name)
+
+    @property
+    def lease_id(self) -> int:
+        """The lease that holds every name."""
+        return self._hold.lease_id
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why it was lost, None while held."""
+        return self._hold.lost_reason
+
+    @property
+    def released(self) -> bool:
+        """Whether it was released."""
+        return self._hold.released
+
+    def is_valid(self) -> bool:
+        """Whether every name is believed held now (an early warning only)."""
+        return self._hold.is_valid()
+
+    def check(self) -> None:
+        """Raise LeaseLost unless every name is believed held (see :meth:`AsyncMultiLockHandle.check`)."""
+        self._hold.check()
+
+    def release(self) -> None:
+        """Release every name (one ReleaseAll call); see :meth:`AsyncMultiLockHandle.release`."""
+        self._loop.run(self._hold.release(), self.names[0])
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block until the multi-lock is lost (True) or ``timeout`` seconds pass (False)."""
+        return self.lost.wait(timeout)
+
+    def on_lost(self, callback: Callable[[MultiLockHandle], object]) -> None:
+        """Call ``callback(handle)`` once, in a new daemon thread, when the multi-lock is lost."""
+        async def register() -> None:
+            self._hold.on_lost(lambda _h: callback(self))
+
+        self._loop.run(register())
+
+    def __repr__(self) -> str:
+        return repr(self._hold).replace("AsyncMultiLockHandle", "MultiLockHandle", 1)

@@ -142,6 +142,52 @@ class ReleaseResponse(_message.Message):
     revision: int
     def __init__(self, revision: _Optional[int] = ...) -> None: ...
 
+class AcquireAllRequest(_message.Message):
+    __slots__ = ("names", "lease_id", "wait_ms", "wait_forever", "request_id")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOREVER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    lease_id: int
+    wait_ms: int
+    wait_forever: bool
+    request_id: str
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., lease_id: _Optional[int] = ..., wait_ms: _Optional[int] = ..., wait_forever: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AcquireAllResponse(_message.Message):
+    __slots__ = ("acquired", "tokens", "holder", "held_name")
+    ACQUIRED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    HELD_NAME_FIELD_NUMBER: _ClassVar[int]
+    acquired: bool
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    holder: Holder
+    held_name: str
+    def __init__(self, acquired: _Optional[bool] = ..., tokens: _Optional[_Iterable[int]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., held_name: _Optional[str] = ...) -> None: ...
+
+class ReleaseAllRequest(_message.Message):
+    __slots__ = ("names", "lease_id", "token", "request_id")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    lease_id: int
+    token: int
+    request_id: str
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseAllResponse(_message.Message):
+    __slots__ = ("revision", "found")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    found: int
+    def __init__(self, revision: _Optional[int] = ..., found: _Optional[int] = ...) -> None: ...
+
 class WithdrawRequest(_message.Message):
     __slots__ = ("name", "lease_id", "request_id")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -147,6 +147,16 @@ class LockServiceStub:
                 request_serializer=fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteRequest.SerializeToString,
                 response_deserializer=fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteResponse.FromString,
                 _registered_method=True)
+        self.AcquireAll = channel.unary_unary(
+                '/fencepost.v1.LockService/AcquireAll',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.AcquireAllRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.AcquireAllResponse.FromString,
+                _registered_method=True)
+        self.ReleaseAll = channel.unary_unary(
+                '/fencepost.v1.LockService/ReleaseAll',
+                request_serializer=fencepost_dot_v1_dot_lock__pb2.ReleaseAllRequest.SerializeToString,
+                response_deserializer=fencepost_dot_v1_dot_lock__pb2.ReleaseAllResponse.FromString,
+                _registered_method=True)
 
 
 class LockServiceServicer:
@@ -611,6 +621,50 @@ class LockServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireAll(self, request, context):
+        """AcquireAll takes every lock of `names` for lease `lease_id`, or none
+        (a multi-lock: a transfer between two accounts). One etcd transaction
+        puts the contender keys of all names together, so every key gets the
+        same create revision R; the call then waits until each key is first in
+        its own lock's queue. No deadlock whatever order callers give the
+        names: each queue is ordered by create revision and all of one call's
+        keys share one, so any two AcquireAll calls are ordered the same way on
+        every name they share. Every name's token is R + the token floor,
+        strictly larger than that name's earlier tokens. Waiting and try once
+        as Acquire; a try-once call that cannot take every name at once, a
+        wait that times out, and a call that fails leave no key of any name
+        (one transaction deletes them all). A call cancelled while it waits
+        keeps its keys for 2 s, as Acquire does, then deletes them all; a
+        caller that gives up calls ReleaseAll with token 0. Idempotent per
+        (lease_id, names): a lease that holds them all gets the same tokens.
+        Do not mix AcquireAll and Acquire of one name under one lease.
+        Errors: INVALID_ARGUMENT (names: fewer than 2, more than 32, a
+        duplicate, or a name that is not a lock name; lease_id, wait_ms,
+        request_id), DEADLINE_EXCEEDED/ACQUIRE_TIMEOUT,
+        FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or one of its
+        keys was deleted while waiting), RESOURCE_EXHAUSTED (as Acquire),
+        PERMISSION_DENIED (ACCESS_DENIED: not allowed `acquire` on one of the
+        names; NOT_LEASE_OWNER), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseAll(self, request, context):
+        """ReleaseAll ends the multi-lock of `names` by `lease_id` granted with
+        `token`: one etcd transaction deletes every key, only if each was
+        created at the token's revision (else nothing is deleted). A retry with
+        the request_id of a ReleaseAll that succeeded answers as the first did.
+        With token = 0 it deletes whatever keys the lease has in those locks (a
+        hold or a wait: for a caller that gave up an AcquireAll) and is
+        idempotent (as Withdraw).
+        Errors: as Release (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED name the
+        first name not held), and INVALID_ARGUMENT (names as AcquireAll).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -723,6 +777,16 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.ReportStaleWrite,
                     request_deserializer=fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteRequest.FromString,
                     response_serializer=fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteResponse.SerializeToString,
+            ),
+            'AcquireAll': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireAll,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.AcquireAllRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.AcquireAllResponse.SerializeToString,
+            ),
+            'ReleaseAll': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseAll,
+                    request_deserializer=fencepost_dot_v1_dot_lock__pb2.ReleaseAllRequest.FromString,
+                    response_serializer=fencepost_dot_v1_dot_lock__pb2.ReleaseAllResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1321,6 +1385,60 @@ class LockService:
             '/fencepost.v1.LockService/ReportStaleWrite',
             fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteRequest.SerializeToString,
             fencepost_dot_v1_dot_lock__pb2.ReportStaleWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireAll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/AcquireAll',
+            fencepost_dot_v1_dot_lock__pb2.AcquireAllRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.AcquireAllResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseAll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencepost.v1.LockService/ReleaseAll',
+            fencepost_dot_v1_dot_lock__pb2.ReleaseAllRequest.SerializeToString,
+            fencepost_dot_v1_dot_lock__pb2.ReleaseAllResponse.FromString,
             options,
             channel_credentials,
             insecure,

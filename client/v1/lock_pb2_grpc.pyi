@@ -488,6 +488,42 @@ class LockServiceStub:
     PERMISSION_DENIED/ACCESS_DENIED, RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (the
     rate; RetryInfo says when to try again).
     """
+    AcquireAll: _grpc.UnaryUnaryMultiCallable[_lock_pb2.AcquireAllRequest, _lock_pb2.AcquireAllResponse]
+    """AcquireAll takes every lock of `names` for lease `lease_id`, or none
+    (a multi-lock: a transfer between two accounts). One etcd transaction
+    puts the contender keys of all names together, so every key gets the
+    same create revision R; the call then waits until each key is first in
+    its own lock's queue. No deadlock whatever order callers give the
+    names: each queue is ordered by create revision and all of one call's
+    keys share one, so any two AcquireAll calls are ordered the same way on
+    every name they share. Every name's token is R + the token floor,
+    strictly larger than that name's earlier tokens. Waiting and try once
+    as Acquire; a try-once call that cannot take every name at once, a
+    wait that times out, and a call that fails leave no key of any name
+    (one transaction deletes them all). A call cancelled while it waits
+    keeps its keys for 2 s, as Acquire does, then deletes them all; a
+    caller that gives up calls ReleaseAll with token 0. Idempotent per
+    (lease_id, names): a lease that holds them all gets the same tokens.
+    Do not mix AcquireAll and Acquire of one name under one lease.
+    Errors: INVALID_ARGUMENT (names: fewer than 2, more than 32, a
+    duplicate, or a name that is not a lock name; lease_id, wait_ms,
+    request_id), DEADLINE_EXCEEDED/ACQUIRE_TIMEOUT,
+    FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or one of its
+    keys was deleted while waiting), RESOURCE_EXHAUSTED (as Acquire),
+    PERMISSION_DENIED (ACCESS_DENIED: not allowed `acquire` on one of the
+    names; NOT_LEASE_OWNER), UNAVAILABLE.
+    """
+    ReleaseAll: _grpc.UnaryUnaryMultiCallable[_lock_pb2.ReleaseAllRequest, _lock_pb2.ReleaseAllResponse]
+    """ReleaseAll ends the multi-lock of `names` by `lease_id` granted with
+    `token`: one etcd transaction deletes every key, only if each was
+    created at the token's revision (else nothing is deleted). A retry with
+    the request_id of a ReleaseAll that succeeded answers as the first did.
+    With token = 0 it deletes whatever keys the lease has in those locks (a
+    hold or a wait: for a caller that gave up an AcquireAll) and is
+    idempotent (as Withdraw).
+    Errors: as Release (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED name the
+    first name not held), and INVALID_ARGUMENT (names as AcquireAll).
+    """
 
 @_typing.type_check_only
 class LockServiceAsyncStub(LockServiceStub):
@@ -864,6 +900,42 @@ class LockServiceAsyncStub(LockServiceStub):
     Errors: INVALID_ARGUMENT (name, token, current_token, storage, record),
     PERMISSION_DENIED/ACCESS_DENIED, RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (the
     rate; RetryInfo says when to try again).
+    """
+    AcquireAll: _aio.UnaryUnaryMultiCallable[_lock_pb2.AcquireAllRequest, _lock_pb2.AcquireAllResponse]  # type: ignore[assignment]
+    """AcquireAll takes every lock of `names` for lease `lease_id`, or none
+    (a multi-lock: a transfer between two accounts). One etcd transaction
+    puts the contender keys of all names together, so every key gets the
+    same create revision R; the call then waits until each key is first in
+    its own lock's queue. No deadlock whatever order callers give the
+    names: each queue is ordered by create revision and all of one call's
+    keys share one, so any two AcquireAll calls are ordered the same way on
+    every name they share. Every name's token is R + the token floor,
+    strictly larger than that name's earlier tokens. Waiting and try once
+    as Acquire; a try-once call that cannot take every name at once, a
+    wait that times out, and a call that fails leave no key of any name
+    (one transaction deletes them all). A call cancelled while it waits
+    keeps its keys for 2 s, as Acquire does, then deletes them all; a
+    caller that gives up calls ReleaseAll with token 0. Idempotent per
+    (lease_id, names): a lease that holds them all gets the same tokens.
+    Do not mix AcquireAll and Acquire of one name under one lease.
+    Errors: INVALID_ARGUMENT (names: fewer than 2, more than 32, a
+    duplicate, or a name that is not a lock name; lease_id, wait_ms,
+    request_id), DEADLINE_EXCEEDED/ACQUIRE_TIMEOUT,
+    FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or one of its
+    keys was deleted while waiting), RESOURCE_EXHAUSTED (as Acquire),
+    PERMISSION_DENIED (ACCESS_DENIED: not allowed `acquire` on one of the
+    names; NOT_LEASE_OWNER), UNAVAILABLE.
+    """
+    ReleaseAll: _aio.UnaryUnaryMultiCallable[_lock_pb2.ReleaseAllRequest, _lock_pb2.ReleaseAllResponse]  # type: ignore[assignment]
+    """ReleaseAll ends the multi-lock of `names` by `lease_id` granted with
+    `token`: one etcd transaction deletes every key, only if each was
+    created at the token's revision (else nothing is deleted). A retry with
+    the request_id of a ReleaseAll that succeeded answers as the first did.
+    With token = 0 it deletes whatever keys the lease has in those locks (a
+    hold or a wait: for a caller that gave up an AcquireAll) and is
+    idempotent (as Withdraw).
+    Errors: as Release (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED name the
+    first name not held), and INVALID_ARGUMENT (names as AcquireAll).
     """
 
 class LockServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -1370,6 +1442,54 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT (name, token, current_token, storage, record),
         PERMISSION_DENIED/ACCESS_DENIED, RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (the
         rate; RetryInfo says when to try again).
+        """
+
+    @_abc_1.abstractmethod
+    def AcquireAll(
+        self,
+        request: _lock_pb2.AcquireAllRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.AcquireAllResponse, _abc.Awaitable[_lock_pb2.AcquireAllResponse]]:
+        """AcquireAll takes every lock of `names` for lease `lease_id`, or none
+        (a multi-lock: a transfer between two accounts). One etcd transaction
+        puts the contender keys of all names together, so every key gets the
+        same create revision R; the call then waits until each key is first in
+        its own lock's queue. No deadlock whatever order callers give the
+        names: each queue is ordered by create revision and all of one call's
+        keys share one, so any two AcquireAll calls are ordered the same way on
+        every name they share. Every name's token is R + the token floor,
+        strictly larger than that name's earlier tokens. Waiting and try once
+        as Acquire; a try-once call that cannot take every name at once, a
+        wait that times out, and a call that fails leave no key of any name
+        (one transaction deletes them all). A call cancelled while it waits
+        keeps its keys for 2 s, as Acquire does, then deletes them all; a
+        caller that gives up calls ReleaseAll with token 0. Idempotent per
+        (lease_id, names): a lease that holds them all gets the same tokens.
+        Do not mix AcquireAll and Acquire of one name under one lease.
+        Errors: INVALID_ARGUMENT (names: fewer than 2, more than 32, a
+        duplicate, or a name that is not a lock name; lease_id, wait_ms,
+        request_id), DEADLINE_EXCEEDED/ACQUIRE_TIMEOUT,
+        FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or one of its
+        keys was deleted while waiting), RESOURCE_EXHAUSTED (as Acquire),
+        PERMISSION_DENIED (ACCESS_DENIED: not allowed `acquire` on one of the
+        names; NOT_LEASE_OWNER), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseAll(
+        self,
+        request: _lock_pb2.ReleaseAllRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lock_pb2.ReleaseAllResponse, _abc.Awaitable[_lock_pb2.ReleaseAllResponse]]:
+        """ReleaseAll ends the multi-lock of `names` by `lease_id` granted with
+        `token`: one etcd transaction deletes every key, only if each was
+        created at the token's revision (else nothing is deleted). A retry with
+        the request_id of a ReleaseAll that succeeded answers as the first did.
+        With token = 0 it deletes whatever keys the lease has in those locks (a
+        hold or a wait: for a caller that gave up an AcquireAll) and is
+        idempotent (as Withdraw).
+        Errors: as Release (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED name the
+        first name not held), and INVALID_ARGUMENT (names as AcquireAll).
         """
 
 def add_LockServiceServicer_to_server(servicer: LockServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -56,6 +56,7 @@ from ..admission.ownership import Ownership
 from ..etcd import bounded
 from ..recipes.election import validate_election, validate_value
 from ..recipes.lock_delay import validate_lock_delay
+from ..recipes.multilock import validate_names
 from ..recipes.requests import validate_request_id
 from ..recipes.semaphore import validate_permits, validate_slot
 from ..recipes.tokens import TokenFloor
@@ -96,6 +97,7 @@ def _after_revision(request: Any) -> None:
 #: lock_delay_seconds.
 VALIDATORS: dict[str, Callable[[Any], object]] = {
     "name": lambda r: validate_name(r.name),
+    "names": lambda r: validate_names(r.names, public=True),
     "lease_id": lambda r: validate_lease_id(r.lease_id),
     "token": lambda r: validate_token(r.token),
     "token?": lambda r: r.token and validate_token(r.token),
@@ -172,6 +174,10 @@ RPCS: dict[str, Rpc] = {
     "Leader": Rpc(("election",), DESCRIBE, "election", floor=READY),
     # Observe waits for the token floor once its stream counts against the stream limits (see .observe).
     "Observe": Rpc(("election", "after_revision"), DESCRIBE, "election"),
+    # A multi-lock: its body checks the policy's action on each of its names (``on`` names one lock only).
+    "AcquireAll": Rpc(("names", "lease_id", "request_id", "wait"), ACQUIRE, floor=READY, owner=True, capacity=WAIT,
+                      drained=True),
+    "ReleaseAll": Rpc(("names", "lease_id", "token?", "request_id"), RELEASE, floor=READY, owner=True),
     # A guard's refused write: who may take the lock may report it ("" names no lock: acquire on some name).
     "ReportStaleWrite": Rpc(("report",), ACQUIRE, "name"),
 }

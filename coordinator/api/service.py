@@ -52,6 +52,7 @@ from ..recipes.holds import HoldTracker
 from ..recipes.lease import KeptLeases, Leases
 from ..recipes.listing import GrantTimes, list_locks
 from ..recipes.lock import Holder, LockManager
+from ..recipes.multilock import MultiLocks
 from ..recipes.requests import Call, RequestRecords
 from ..recipes.semaphore import Semaphores
 from ..recipes.validate import wait_seconds
@@ -62,6 +63,7 @@ from .admin_calls import AdminCalls
 from .election_calls import ElectionCalls
 from .grants import Grants
 from .keepalive import KeepAlives
+from .multilock_calls import MultiLockCalls
 from .releases import Releases, ServedEnds
 from .renewals import renew_once
 from .rpcs import Admission, served
@@ -137,6 +139,8 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._grants = Grants(self._limits, self._holds, metrics)
         slots = StreamSlots(self._limits, limits.max_streams if max_streams is None else max_streams, self.closing)
         self._admin = AdminCalls(locks, self._semaphores, self._elections, self._records, self._releases, keys)
+        self._multilock_calls = MultiLockCalls(MultiLocks(locks, keys), access, self._grants, self._releases,
+                                               self._records, metrics)
         self._semaphore_calls = SemaphoreCalls(self._semaphores, self._grants, self._releases, self._records, metrics)
         self._election_calls = ElectionCalls(self._elections, self._grants, self._releases, self._records,
                                              self.admission, self.refusals, slots, self.closing)
@@ -319,6 +323,18 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                                ) -> lock_pb2.ReportStaleWriteResponse:
         self.stale_writes.report(request, context)
         return lock_pb2.ReportStaleWriteResponse()
+
+    # ------------------------------------------------------------------ multi-locks (see .multilock_calls)
+
+    @served
+    async def AcquireAll(self, request: lock_pb2.AcquireAllRequest, context: grpc.aio.ServicerContext
+                         ) -> lock_pb2.AcquireAllResponse:
+        return await self._multilock_calls.acquire(request, context)
+
+    @served
+    async def ReleaseAll(self, request: lock_pb2.ReleaseAllRequest, context: grpc.aio.ServicerContext
+                         ) -> lock_pb2.ReleaseAllResponse:
+        return await self._multilock_calls.release(request, context)
 
     # ------------------------------------------------------------------ semaphores (see .semaphore_calls)
 

@@ -163,6 +163,16 @@ class LockManager:
         return self._etcd
 
     @property
+    def waiters(self) -> Waiters:
+        """The waits in the locks' queues (a multi-lock waits in each of its locks' queues through it)."""
+        return self._waiters
+
+    @property
+    def delays(self) -> LockDelays:
+        """The lock-delays (a multi-lock's grant honours them as a lock's does)."""
+        return self._delays
+
+    @property
     def watcher(self) -> DeleteWatcher:
         """The deletion watcher the waits use."""
         return self._watcher

@@ -277,6 +277,18 @@ class Waiters:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def wait_first(self, name: str, lease_id: int, key: bytes, my_rev: int) -> float | None:
+        """Wait until contender ``key`` of lock ``name``, created at ``my_rev``, is the first of its queue
+        (and any lock-delay has passed): a multi-lock's wait in each of its locks (:mod:`.multilock`).
+
+        Returns:
+            As :meth:`_wait_turn`: when the deletion that let it through was seen, or None.
+
+        Raises:
+            LeaseLost: the key was deleted while waiting.
+        """
+        return await self._wait_turn(name, lease_id, key, lock_of(key), my_rev)
+
     async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int,
                          places: int = 1, lock_delay: int = 0) -> float | None:
         """Wait until ``key`` (created at ``my_rev``) is the lowest in its range (fewer than ``places`` before

@@ -94,7 +94,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiKQoVTGVhc2VLZWVwQWxpdmVSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIj8KFkxlYXNlS2VlcEFsaXZlUmVzcG9uc2USEAoIbGVhc2VfaWQYASABKAMSEwoLdHRsX3NlY29uZHMYAiABKAMihwEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkiWAoPQWNxdWlyZVJlc3BvbnNlEhAKCGFjcXVpcmVkGAEgASgIEg0KBXRva2VuGAIgASgDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXIiUwoOUmVsZWFzZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxISCgpyZXF1ZXN0X2lkGAQgASgJIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJFCg9XaXRoZHJhd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxISCgpyZXF1ZXN0X2lkGAMgASgJIkEKEFdpdGhkcmF3UmVzcG9uc2USDQoFZm91bmQYASABKAgSDAoEaGVsZBgCIAEoCBIQCghyZXZpc2lvbhgDIAEoAyIpCgZIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMilQQKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIvCgdhY3F1aXJlGAUgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgGIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAcgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgIIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASMwoKa2VlcGFsaXZlcxgMIAEoCzIdLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZXNIABIUCgxsZWFzZV9zZWNyZXQYBCABKAkSEgoKcmVxdWVzdF9pZBgJIAEoBBISCgp0aW1lb3V0X21zGAogASgDEhMKC3RyYWNlcGFyZW50GAsgASgJEhMKC2xhc3RfcnR0X21zGA0gASgNEg8KB3NlbnRfbXMYDiABKARCCQoHcmVxdWVzdCIgCgpDYW5jZWxDYWxsEhIKCnJlcXVlc3RfaWQYASABKAQiTAoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBIUCgxsZWFzZV9zZWNyZXQYAyABKAkiQwoPTGVhc2VLZWVwQWxpdmVzEjAKCmtlZXBhbGl2ZXMYASADKAsyHC5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmUibgoJV2F0Y2hIb2xkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSJAoEa2luZBgEIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAUgASgFIpcDChFLZWVwQWxpdmVSZXNwb25zZRI0CglrZWVwYWxpdmUYASABKAsyHy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVBY2tIABItCgpob2xkX2VuZGVkGAIgASgLMhcuZmVuY2Vwb3N0LnYxLkhvbGRFbmRlZEgAEjEKCGFjcXVpcmVkGAMgASgLMh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZUgAEjEKCHJlbGVhc2VkGAQgASgLMh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZUgAEjMKCXdpdGhkcmF3bhgFIAEoCzIeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlSAASKgoGZmFpbGVkGAYgASgLMhguZmVuY2Vwb3N0LnYxLkNhbGxGYWlsZWRIABI2CgprZWVwYWxpdmVzGAggASgLMiAuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrc0gAEhIKCnJlcXVlc3RfaWQYByABKARCCgoIcmVzcG9uc2UiOwoKQ2FsbEZhaWxlZBIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGc3RhdHVzGAMgASgMIk4KEUxlYXNlS2VlcEFsaXZlQWNrEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQSEwoLdHRsX3NlY29uZHMYAyABKAMiQwoSTGVhc2VLZWVwQWxpdmVBY2tzEi0KBGFja3MYASADKAsyHy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVBY2sinwEKCUhvbGRFbmRlZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEikKBnJlYXNvbhgFIAEoDjIZLmZlbmNlcG9zdC52MS5FcnJvclJlYXNvbhIkCgRraW5kGAYgASgOMhYuZmVuY2Vwb3N0LnYxLkhvbGRLaW5kEgwKBHNsb3QYByABKAVKBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkihgIKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMSHwoXbG9ja19kZWxheV9yZW1haW5pbmdfbXMYCCABKAMSGgoSbG9ja19kZWxheV9zZWNvbmRzGAkgASgDIkkKEExpc3RMb2Nrc1JlcXVlc3QSDgoGcHJlZml4GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJItsBCghMb2NrSW5mbxIMCgRuYW1lGAEgASgJEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDGhlbGRfc2Vjb25kcxgFIAEoARIUCgx3YWl0ZXJfY291bnQYBiABKAMSHwoXbG9ja19kZWxheV9yZW1haW5pbmdfbXMYByABKAMSGgoSbG9ja19kZWxheV9zZWNvbmRzGAggASgDImUKEUxpc3RMb2Nrc1Jlc3BvbnNlEiUKBWxvY2tzGAEgAygLMhYuZmVuY2Vwb3N0LnYxLkxvY2tJbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyITChFTZXJ2ZXJJbmZvUmVxdWVzdCLwAQoIRXRjZEluZm8SEQoJZW5kcG9pbnRzGAEgAygJEhAKCGVtYmVkZGVkGAIgASgIEhEKCWF2YWlsYWJsZRgDIAEoCBINCgVlcnJvchgEIAEoCRIWCg5zZXJ2ZXJfdmVyc2lvbhgFIAEoCRISCgpjbHVzdGVyX2lkGAYgASgEEhEKCW1lbWJlcl9pZBgHIAEoBBIQCghyZXZpc2lvbhgIIAEoAxIRCglyYWZ0X3Rlcm0YCSABKAQSDgoGbGVhZGVyGAogASgEEhIKCnJhZnRfaW5kZXgYCyABKAQSFQoNZGJfc2l6ZV9ieXRlcxgMIAEoAyKfAwoSU2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSEwoLaW5zdGFuY2VfaWQYAiABKAkSFgoOdXB0aW1lX3NlY29uZHMYAyABKAESFgoObGlzdGVuX2FkZHJlc3MYBCABKAkSFgoOaGVhbHRoX2FkZHJlc3MYBSABKAkSFwoPbWV0cmljc19hZGRyZXNzGAYgASgJEhQKDGh0dHBfYWRkcmVzcxgRIAEoCRISCgprZXlfcHJlZml4GAcgASgJEg8KB3NlcnZpbmcYCCABKAgSJAoEZXRjZBgJIAEoCzIWLmZlbmNlcG9zdC52MS5FdGNkSW5mbxIZChFrZWVwYWxpdmVfc3RyZWFtcxgKIAEoAxIYChBrZWVwYWxpdmVfbGVhc2VzGAsgASgDEhUKDXdhdGNoZWRfaG9sZHMYDCABKAMSGAoQd2FpdGluZ19hY3F1aXJlcxgNIAEoAxIWCg5jb250ZW5kZXJfa2V5cxgOIAEoAxISCgpoZWxkX2xvY2tzGA8gASgDEg8KB3dhaXRlcnMYECABKAMiagoSQWRtaW5SZXZva2VSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYAiABKAkSDAoEbmFtZRgBIAEoCRIkCgRraW5kGAMgASgOMhYuZmVuY2Vwb3N0LnYxLkhvbGRLaW5kEgwKBHNsb3QYBCABKAUiRwoTQWRtaW5SZXZva2VSZXNwb25zZRIPCgdyZXZva2VkGAEgASgIEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDIjwKE0xpc3RTZXNzaW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiiQEKC1Nlc3Npb25JbmZvEhAKCGxlYXNlX2lkGAEgASgDEhYKDm93bmVyX2lkZW50aXR5GAIgASgJEhMKC3R0bF9zZWNvbmRzGAMgASgDEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgEIAEoAxINCgVob2xkcxgFIAMoCRINCgV3YWl0cxgGIAMoCSJuChRMaXN0U2Vzc2lvbnNSZXNwb25zZRIrCghzZXNzaW9ucxgBIAMoCzIZLmZlbmNlcG9zdC52MS5TZXNzaW9uSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMiPAoKTGVhZGVySW5mbxIQCghsZWFzZV9pZBgBIAEoAxINCgV0b2tlbhgCIAEoAxINCgV2YWx1ZRgDIAEoDCJ/Cg9DYW1wYWlnblJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdmFsdWUYAyABKAwSDwoHd2FpdF9tcxgEIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBSABKAgSEgoKcmVxdWVzdF9pZBgGIAEoCSJcChBDYW1wYWlnblJlc3BvbnNlEg8KB2VsZWN0ZWQYASABKAgSDQoFdG9rZW4YAiABKAMSKAoGbGVhZGVyGAMgASgLMhguZmVuY2Vwb3N0LnYxLkxlYWRlckluZm8iUwoPUHJvY2xhaW1SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEg0KBXZhbHVlGAQgASgMIiQKEFByb2NsYWltUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMiVgoNUmVzaWduUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxISCgpyZXF1ZXN0X2lkGAQgASgJIjEKDlJlc2lnblJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDEg0KBWZvdW5kGAIgASgIIiEKDUxlYWRlclJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkiTAoOTGVhZGVyUmVzcG9uc2USKAoGbGVhZGVyGAEgASgLMhguZmVuY2Vwb3N0LnYxLkxlYWRlckluZm8SEAoIcmV2aXNpb24YAiABKAMiOgoOT2JzZXJ2ZVJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSFgoOYWZ0ZXJfcmV2aXNpb24YAiABKAMiYAoPT2JzZXJ2ZVJlc3BvbnNlEigKBmxlYWRlchgBIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvEhAKCHJldmlzaW9uGAIgASgDEhEKCWNvbXBhY3RlZBgDIAEoCCI9CgxQZXJtaXRIb2xkZXISEAoIbGVhc2VfaWQYASABKAMSDAoEc2xvdBgCIAEoBRINCgV0b2tlbhgDIAEoAyKCAQoUQWNxdWlyZVBlcm1pdFJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxIPCgdwZXJtaXRzGAMgASgFEg8KB3dhaXRfbXMYBCABKAMSFAoMd2FpdF9mb3JldmVyGAUgASgIEhIKCnJlcXVlc3RfaWQYBiABKAkicwoVQWNxdWlyZVBlcm1pdFJlc3BvbnNlEhAKCGFjcXVpcmVkGAEgASgIEgwKBHNsb3QYAiABKAUSDQoFdG9rZW4YAyABKAMSKwoHaG9sZGVycxgEIAMoCzIaLmZlbmNlcG9zdC52MS5QZXJtaXRIb2xkZXIiZwoUUmVsZWFzZVBlcm1pdFJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxIMCgRzbG90GAMgASgFEg0KBXRva2VuGAQgASgDEhIKCnJlcXVlc3RfaWQYBSABKAkiOAoVUmVsZWFzZVBlcm1pdFJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDEg0KBWZvdW5kGAIgASgIIigKGERlc2NyaWJlU2VtYXBob3JlUmVxdWVzdBIMCgRuYW1lGAEgASgJIoEBChlEZXNjcmliZVNlbWFwaG9yZVJlc3BvbnNlEg8KB3Blcm1pdHMYASABKAUSKwoHaG9sZGVycxgCIAMoCzIaLmZlbmNlcG9zdC52MS5QZXJtaXRIb2xkZXISFAoMd2FpdGVyX2NvdW50GAMgASgDEhAKCHJldmlzaW9uGAQgASgDIigKGEFkbWluRW5kTG9ja0RlbGF5UmVxdWVzdBIMCgRuYW1lGAEgASgJIksKGUFkbWluRW5kTG9ja0RlbGF5UmVzcG9uc2USDQoFZW5kZWQYASABKAgSHwoXbG9ja19kZWxheV9yZW1haW5pbmdfbXMYAiABKAMibgoXUmVwb3J0U3RhbGVXcml0ZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRINCgV0b2tlbhgCIAEoAxIVCg1jdXJyZW50X3Rva2VuGAMgASgDEg8KB3N0b3JhZ2UYBCABKAkSDgoGcmVjb3JkGAUgASgJIhoKGFJlcG9ydFN0YWxlV3JpdGVSZXNwb25zZSryAgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNSU5WQUxJRF9GSUVMRBABEg4KCk5PVF9IT0xERVIQAhIPCgtTVEFMRV9UT0tFThADEhEKDUxFQVNFX0VYUElSRUQQBBITCg9BQ1FVSVJFX1RJTUVPVVQQBRIUChBFVENEX1VOQVZBSUxBQkxFEAYSFAoQVE9PX01BTllfV0FJVEVSUxAHEhEKDVNIVVRUSU5HX0RPV04QCBIUChBUT09fTUFOWV9TVFJFQU1TEAkSDQoJREFUQV9MT1NTEAoSEQoNQUNDRVNTX0RFTklFRBALEhIKDkxJTUlUX0VYQ0VFREVEEAwSEwoPTk9UX0xFQVNFX09XTkVSEA0SFAoQUEVSTUlUU19NSVNNQVRDSBAOEhUKEVJFUVVFU1RfSURfUkVVU0VEEA8SDgoKT1ZFUkxPQURFRBAQEgwKCERSQUlOSU5HEBEqTwoISG9sZEtpbmQSEgoOSE9MRF9LSU5EX0xPQ0sQABIWChJIT0xEX0tJTkRfRUxFQ1RJT04QARIXChNIT0xEX0tJTkRfU0VNQVBIT1JFEAIyng4KC0xvY2tTZXJ2aWNlEk8KCkxlYXNlR3JhbnQSHy5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlc3BvbnNlElIKC0xlYXNlUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlc3BvbnNlElsKDkxlYXNlS2VlcEFsaXZlEiMuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlUmVxdWVzdBokLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZVJlc3BvbnNlEkYKB0FjcXVpcmUSHC5mZW5jZXBvc3QudjEuQWNxdWlyZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuQWNxdWlyZVJlc3BvbnNlEkYKB1JlbGVhc2USHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuUmVsZWFzZVJlc3BvbnNlEkkKCFdpdGhkcmF3Eh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdBoeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlElAKCUtlZXBBbGl2ZRIeLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlc3BvbnNlKAEwARJJCghEZXNjcmliZRIdLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXNwb25zZRJMCglMaXN0TG9ja3MSHi5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVxdWVzdBofLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXNwb25zZRJPCgpTZXJ2ZXJJbmZvEh8uZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXNwb25zZRJSCgtBZG1pblJldm9rZRIgLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXNwb25zZRJVCgxMaXN0U2Vzc2lvbnMSIS5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVxdWVzdBoiLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXNwb25zZRJJCghDYW1wYWlnbhIdLmZlbmNlcG9zdC52MS5DYW1wYWlnblJlcXVlc3QaHi5mZW5jZXBvc3QudjEuQ2FtcGFpZ25SZXNwb25zZRJJCghQcm9jbGFpbRIdLmZlbmNlcG9zdC52MS5Qcm9jbGFpbVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuUHJvY2xhaW1SZXNwb25zZRJDCgZSZXNpZ24SGy5mZW5jZXBvc3QudjEuUmVzaWduUmVxdWVzdBocLmZlbmNlcG9zdC52MS5SZXNpZ25SZXNwb25zZRJDCgZMZWFkZXISGy5mZW5jZXBvc3QudjEuTGVhZGVyUmVxdWVzdBocLmZlbmNlcG9zdC52MS5MZWFkZXJSZXNwb25zZRJICgdPYnNlcnZlEhwuZmVuY2Vwb3N0LnYxLk9ic2VydmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLk9ic2VydmVSZXNwb25zZTABElgKDUFjcXVpcmVQZXJtaXQSIi5mZW5jZXBvc3QudjEuQWNxdWlyZVBlcm1pdFJlcXVlc3QaIy5mZW5jZXBvc3QudjEuQWNxdWlyZVBlcm1pdFJlc3BvbnNlElgKDVJlbGVhc2VQZXJtaXQSIi5mZW5jZXBvc3QudjEuUmVsZWFzZVBlcm1pdFJlcXVlc3QaIy5mZW5jZXBvc3QudjEuUmVsZWFzZVBlcm1pdFJlc3BvbnNlEmQKEURlc2NyaWJlU2VtYXBob3JlEiYuZmVuY2Vwb3N0LnYxLkRlc2NyaWJlU2VtYXBob3JlUmVxdWVzdBonLmZlbmNlcG9zdC52MS5EZXNjcmliZVNlbWFwaG9yZVJlc3BvbnNlEmQKEUFkbWluRW5kTG9ja0RlbGF5EiYuZmVuY2Vwb3N0LnYxLkFkbWluRW5kTG9ja0RlbGF5UmVxdWVzdBonLmZlbmNlcG9zdC52MS5BZG1pbkVuZExvY2tEZWxheVJlc3BvbnNlEmEKEFJlcG9ydFN0YWxlV3JpdGUSJS5mZW5jZXBvc3QudjEuUmVwb3J0U3RhbGVXcml0ZVJlcXVlc3QaJi5mZW5jZXBvc3QudjEuUmVwb3J0U3RhbGVXcml0ZVJlc3BvbnNlYgZwcm90bzM");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiKQoVTGVhc2VLZWVwQWxpdmVSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIj8KFkxlYXNlS2VlcEFsaXZlUmVzcG9uc2USEAoIbGVhc2VfaWQYASABKAMSEwoLdHRsX3NlY29uZHMYAiABKAMihwEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkiWAoPQWNxdWlyZVJlc3BvbnNlEhAKCGFjcXVpcmVkGAEgASgIEg0KBXRva2VuGAIgASgDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXIiUwoOUmVsZWFzZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxISCgpyZXF1ZXN0X2lkGAQgASgJIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJvChFBY3F1aXJlQWxsUmVxdWVzdBINCgVuYW1lcxgBIAMoCRIQCghsZWFzZV9pZBgCIAEoAxIPCgd3YWl0X21zGAMgASgDEhQKDHdhaXRfZm9yZXZlchgEIAEoCBISCgpyZXF1ZXN0X2lkGAUgASgJIm8KEkFjcXVpcmVBbGxSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBIOCgZ0b2tlbnMYAiADKAMSJAoGaG9sZGVyGAMgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIRCgloZWxkX25hbWUYBCABKAkiVwoRUmVsZWFzZUFsbFJlcXVlc3QSDQoFbmFtZXMYASADKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSEgoKcmVxdWVzdF9pZBgEIAEoCSI1ChJSZWxlYXNlQWxsUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMSDQoFZm91bmQYAiABKAUiRQoPV2l0aGRyYXdSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCSJBChBXaXRoZHJhd1Jlc3BvbnNlEg0KBWZvdW5kGAEgASgIEgwKBGhlbGQYAiABKAgSEAoIcmV2aXNpb24YAyABKAMiKQoGSG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDIpUEChBLZWVwQWxpdmVSZXF1ZXN0EjEKCWtlZXBhbGl2ZRgBIAEoCzIcLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUgAEigKBXdhdGNoGAIgASgLMhcuZmVuY2Vwb3N0LnYxLldhdGNoSG9sZEgAEioKB3Vud2F0Y2gYAyABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASLwoHYWNxdWlyZRgFIAEoCzIcLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVxdWVzdEgAEi8KB3JlbGVhc2UYBiABKAsyHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3RIABIxCgh3aXRoZHJhdxgHIAEoCzIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3RIABIqCgZjYW5jZWwYCCABKAsyGC5mZW5jZXBvc3QudjEuQ2FuY2VsQ2FsbEgAEjMKCmtlZXBhbGl2ZXMYDCABKAsyHS5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVzSAASFAoMbGVhc2Vfc2VjcmV0GAQgASgJEhIKCnJlcXVlc3RfaWQYCSABKAQSEgoKdGltZW91dF9tcxgKIAEoAxITCgt0cmFjZXBhcmVudBgLIAEoCRITCgtsYXN0X3J0dF9tcxgNIAEoDRIPCgdzZW50X21zGA4gASgEQgkKB3JlcXVlc3QiIAoKQ2FuY2VsQ2FsbBISCgpyZXF1ZXN0X2lkGAEgASgEIkwKDkxlYXNlS2VlcEFsaXZlEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQSFAoMbGVhc2Vfc2VjcmV0GAMgASgJIkMKD0xlYXNlS2VlcEFsaXZlcxIwCgprZWVwYWxpdmVzGAEgAygLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlIm4KCVdhdGNoSG9sZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEiQKBGtpbmQYBCABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgFIAEoBSKXAwoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIABIxCghhY3F1aXJlZBgDIAEoCzIdLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2VIABIxCghyZWxlYXNlZBgEIAEoCzIdLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2VIABIzCgl3aXRoZHJhd24YBSABKAsyHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZUgAEioKBmZhaWxlZBgGIAEoCzIYLmZlbmNlcG9zdC52MS5DYWxsRmFpbGVkSAASNgoKa2VlcGFsaXZlcxgIIAEoCzIgLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUFja3NIABISCgpyZXF1ZXN0X2lkGAcgASgEQgoKCHJlc3BvbnNlIjsKCkNhbGxGYWlsZWQSDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEg4KBnN0YXR1cxgDIAEoDCJOChFMZWFzZUtlZXBBbGl2ZUFjaxIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEEhMKC3R0bF9zZWNvbmRzGAMgASgDIkMKEkxlYXNlS2VlcEFsaXZlQWNrcxItCgRhY2tzGAEgAygLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrIp8BCglIb2xkRW5kZWQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxIpCgZyZWFzb24YBSABKA4yGS5mZW5jZXBvc3QudjEuRXJyb3JSZWFzb24SJAoEa2luZBgGIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAcgASgFSgQIBBAFIh8KD0Rlc2NyaWJlUmVxdWVzdBIMCgRuYW1lGAEgASgJIoYCChBEZXNjcmliZVJlc3BvbnNlEgwKBGhlbGQYASABKAgSJAoGaG9sZGVyGAIgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYAyABKAMSEwoLdHRsX3NlY29uZHMYBCABKAMSFAoMd2FpdGVyX2NvdW50GAUgASgDEiUKB3dhaXRlcnMYBiADKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEhAKCHJldmlzaW9uGAcgASgDEh8KF2xvY2tfZGVsYXlfcmVtYWluaW5nX21zGAggASgDEhoKEmxvY2tfZGVsYXlfc2Vjb25kcxgJIAEoAyJJChBMaXN0TG9ja3NSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSLbAQoITG9ja0luZm8SDAoEbmFtZRgBIAEoCRIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgxoZWxkX3NlY29uZHMYBSABKAESFAoMd2FpdGVyX2NvdW50GAYgASgDEh8KF2xvY2tfZGVsYXlfcmVtYWluaW5nX21zGAcgASgDEhoKEmxvY2tfZGVsYXlfc2Vjb25kcxgIIAEoAyJlChFMaXN0TG9ja3NSZXNwb25zZRIlCgVsb2NrcxgBIAMoCzIWLmZlbmNlcG9zdC52MS5Mb2NrSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMiEwoRU2VydmVySW5mb1JlcXVlc3Qi8AEKCEV0Y2RJbmZvEhEKCWVuZHBvaW50cxgBIAMoCRIQCghlbWJlZGRlZBgCIAEoCBIRCglhdmFpbGFibGUYAyABKAgSDQoFZXJyb3IYBCABKAkSFgoOc2VydmVyX3ZlcnNpb24YBSABKAkSEgoKY2x1c3Rlcl9pZBgGIAEoBBIRCgltZW1iZXJfaWQYByABKAQSEAoIcmV2aXNpb24YCCABKAMSEQoJcmFmdF90ZXJtGAkgASgEEg4KBmxlYWRlchgKIAEoBBISCgpyYWZ0X2luZGV4GAsgASgEEhUKDWRiX3NpemVfYnl0ZXMYDCABKAMinwMKElNlcnZlckluZm9SZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEhMKC2luc3RhbmNlX2lkGAIgASgJEhYKDnVwdGltZV9zZWNvbmRzGAMgASgBEhYKDmxpc3Rlbl9hZGRyZXNzGAQgASgJEhYKDmhlYWx0aF9hZGRyZXNzGAUgASgJEhcKD21ldHJpY3NfYWRkcmVzcxgGIAEoCRIUCgxodHRwX2FkZHJlc3MYESABKAkSEgoKa2V5X3ByZWZpeBgHIAEoCRIPCgdzZXJ2aW5nGAggASgIEiQKBGV0Y2QYCSABKAsyFi5mZW5jZXBvc3QudjEuRXRjZEluZm8SGQoRa2VlcGFsaXZlX3N0cmVhbXMYCiABKAMSGAoQa2VlcGFsaXZlX2xlYXNlcxgLIAEoAxIVCg13YXRjaGVkX2hvbGRzGAwgASgDEhgKEHdhaXRpbmdfYWNxdWlyZXMYDSABKAMSFgoOY29udGVuZGVyX2tleXMYDiABKAMSEgoKaGVsZF9sb2NrcxgPIAEoAxIPCgd3YWl0ZXJzGBAgASgDImoKEkFkbWluUmV2b2tlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAIgASgJEgwKBG5hbWUYASABKAkSJAoEa2luZBgDIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAQgASgFIkcKE0FkbWluUmV2b2tlUmVzcG9uc2USDwoHcmV2b2tlZBgBIAEoCBIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyI8ChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIokBCgtTZXNzaW9uSW5mbxIQCghsZWFzZV9pZBgBIAEoAxIWCg5vd25lcl9pZGVudGl0eRgCIAEoCRITCgt0dGxfc2Vjb25kcxgDIAEoAxIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYBCABKAMSDQoFaG9sZHMYBSADKAkSDQoFd2FpdHMYBiADKAkibgoUTGlzdFNlc3Npb25zUmVzcG9uc2USKwoIc2Vzc2lvbnMYASADKAsyGS5mZW5jZXBvc3QudjEuU2Vzc2lvbkluZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIjwKCkxlYWRlckluZm8SEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMSDQoFdmFsdWUYAyABKAwifwoPQ2FtcGFpZ25SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXZhbHVlGAMgASgMEg8KB3dhaXRfbXMYBCABKAMSFAoMd2FpdF9mb3JldmVyGAUgASgIEhIKCnJlcXVlc3RfaWQYBiABKAkiXAoQQ2FtcGFpZ25SZXNwb25zZRIPCgdlbGVjdGVkGAEgASgIEg0KBXRva2VuGAIgASgDEigKBmxlYWRlchgDIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvIlMKD1Byb2NsYWltUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxINCgV2YWx1ZRgEIAEoDCIkChBQcm9jbGFpbVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIlYKDVJlc2lnblJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSEgoKcmVxdWVzdF9pZBgEIAEoCSIxCg5SZXNpZ25SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIhCg1MZWFkZXJSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJIkwKDkxlYWRlclJlc3BvbnNlEigKBmxlYWRlchgBIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvEhAKCHJldmlzaW9uGAIgASgDIjoKDk9ic2VydmVSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhYKDmFmdGVyX3JldmlzaW9uGAIgASgDImAKD09ic2VydmVSZXNwb25zZRIoCgZsZWFkZXIYASABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbxIQCghyZXZpc2lvbhgCIAEoAxIRCgljb21wYWN0ZWQYAyABKAgiPQoMUGVybWl0SG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEgwKBHNsb3QYAiABKAUSDQoFdG9rZW4YAyABKAMiggEKFEFjcXVpcmVQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHcGVybWl0cxgDIAEoBRIPCgd3YWl0X21zGAQgASgDEhQKDHdhaXRfZm9yZXZlchgFIAEoCBISCgpyZXF1ZXN0X2lkGAYgASgJInMKFUFjcXVpcmVQZXJtaXRSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBIMCgRzbG90GAIgASgFEg0KBXRva2VuGAMgASgDEisKB2hvbGRlcnMYBCADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyImcKFFJlbGVhc2VQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDAoEc2xvdBgDIAEoBRINCgV0b2tlbhgEIAEoAxISCgpyZXF1ZXN0X2lkGAUgASgJIjgKFVJlbGVhc2VQZXJtaXRSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIoChhEZXNjcmliZVNlbWFwaG9yZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSKBAQoZRGVzY3JpYmVTZW1hcGhvcmVSZXNwb25zZRIPCgdwZXJtaXRzGAEgASgFEisKB2hvbGRlcnMYAiADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyEhQKDHdhaXRlcl9jb3VudBgDIAEoAxIQCghyZXZpc2lvbhgEIAEoAyIoChhBZG1pbkVuZExvY2tEZWxheVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJLChlBZG1pbkVuZExvY2tEZWxheVJlc3BvbnNlEg0KBWVuZGVkGAEgASgIEh8KF2xvY2tfZGVsYXlfcmVtYWluaW5nX21zGAIgASgDIm4KF1JlcG9ydFN0YWxlV3JpdGVSZXF1ZXN0EgwKBG5hbWUYASABKAkSDQoFdG9rZW4YAiABKAMSFQoNY3VycmVudF90b2tlbhgDIAEoAxIPCgdzdG9yYWdlGAQgASgJEg4KBnJlY29yZBgFIAEoCSIaChhSZXBvcnRTdGFsZVdyaXRlUmVzcG9uc2Uq8gIKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDUlOVkFMSURfRklFTEQQARIOCgpOT1RfSE9MREVSEAISDwoLU1RBTEVfVE9LRU4QAxIRCg1MRUFTRV9FWFBJUkVEEAQSEwoPQUNRVUlSRV9USU1FT1VUEAUSFAoQRVRDRF9VTkFWQUlMQUJMRRAGEhQKEFRPT19NQU5ZX1dBSVRFUlMQBxIRCg1TSFVUVElOR19ET1dOEAgSFAoQVE9PX01BTllfU1RSRUFNUxAJEg0KCURBVEFfTE9TUxAKEhEKDUFDQ0VTU19ERU5JRUQQCxISCg5MSU1JVF9FWENFRURFRBAMEhMKD05PVF9MRUFTRV9PV05FUhANEhQKEFBFUk1JVFNfTUlTTUFUQ0gQDhIVChFSRVFVRVNUX0lEX1JFVVNFRBAPEg4KCk9WRVJMT0FERUQQEBIMCghEUkFJTklORxARKk8KCEhvbGRLaW5kEhIKDkhPTERfS0lORF9MT0NLEAASFgoSSE9MRF9LSU5EX0VMRUNUSU9OEAESFwoTSE9MRF9LSU5EX1NFTUFQSE9SRRACMsAPCgtMb2NrU2VydmljZRJPCgpMZWFzZUdyYW50Eh8uZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLkxlYXNlR3JhbnRSZXNwb25zZRJSCgtMZWFzZVJldm9rZRIgLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXNwb25zZRJbCg5MZWFzZUtlZXBBbGl2ZRIjLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZVJlcXVlc3QaJC5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVSZXNwb25zZRJGCgdBY3F1aXJlEhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZRJGCgdSZWxlYXNlEhwuZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZRJJCghXaXRoZHJhdxIdLmZlbmNlcG9zdC52MS5XaXRoZHJhd1JlcXVlc3QaHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZRJQCglLZWVwQWxpdmUSHi5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVxdWVzdBofLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXNwb25zZSgBMAESSQoIRGVzY3JpYmUSHS5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVzcG9uc2USTAoJTGlzdExvY2tzEh4uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1JlcXVlc3QaHy5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVzcG9uc2USTwoKU2VydmVySW5mbxIfLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVxdWVzdBogLmZlbmNlcG9zdC52MS5TZXJ2ZXJJbmZvUmVzcG9uc2USUgoLQWRtaW5SZXZva2USIC5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXF1ZXN0GiEuZmVuY2Vwb3N0LnYxLkFkbWluUmV2b2tlUmVzcG9uc2USVQoMTGlzdFNlc3Npb25zEiEuZmVuY2Vwb3N0LnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QaIi5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVzcG9uc2USSQoIQ2FtcGFpZ24SHS5mZW5jZXBvc3QudjEuQ2FtcGFpZ25SZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLkNhbXBhaWduUmVzcG9uc2USSQoIUHJvY2xhaW0SHS5mZW5jZXBvc3QudjEuUHJvY2xhaW1SZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLlByb2NsYWltUmVzcG9uc2USQwoGUmVzaWduEhsuZmVuY2Vwb3N0LnYxLlJlc2lnblJlcXVlc3QaHC5mZW5jZXBvc3QudjEuUmVzaWduUmVzcG9uc2USQwoGTGVhZGVyEhsuZmVuY2Vwb3N0LnYxLkxlYWRlclJlcXVlc3QaHC5mZW5jZXBvc3QudjEuTGVhZGVyUmVzcG9uc2USSAoHT2JzZXJ2ZRIcLmZlbmNlcG9zdC52MS5PYnNlcnZlUmVxdWVzdBodLmZlbmNlcG9zdC52MS5PYnNlcnZlUmVzcG9uc2UwARJYCg1BY3F1aXJlUGVybWl0EiIuZmVuY2Vwb3N0LnYxLkFjcXVpcmVQZXJtaXRSZXF1ZXN0GiMuZmVuY2Vwb3N0LnYxLkFjcXVpcmVQZXJtaXRSZXNwb25zZRJYCg1SZWxlYXNlUGVybWl0EiIuZmVuY2Vwb3N0LnYxLlJlbGVhc2VQZXJtaXRSZXF1ZXN0GiMuZmVuY2Vwb3N0LnYxLlJlbGVhc2VQZXJtaXRSZXNwb25zZRJkChFEZXNjcmliZVNlbWFwaG9yZRImLmZlbmNlcG9zdC52MS5EZXNjcmliZVNlbWFwaG9yZVJlcXVlc3QaJy5mZW5jZXBvc3QudjEuRGVzY3JpYmVTZW1hcGhvcmVSZXNwb25zZRJkChFBZG1pbkVuZExvY2tEZWxheRImLmZlbmNlcG9zdC52MS5BZG1pbkVuZExvY2tEZWxheVJlcXVlc3QaJy5mZW5jZXBvc3QudjEuQWRtaW5FbmRMb2NrRGVsYXlSZXNwb25zZRJhChBSZXBvcnRTdGFsZVdyaXRlEiUuZmVuY2Vwb3N0LnYxLlJlcG9ydFN0YWxlV3JpdGVSZXF1ZXN0GiYuZmVuY2Vwb3N0LnYxLlJlcG9ydFN0YWxlV3JpdGVSZXNwb25zZRJPCgpBY3F1aXJlQWxsEh8uZmVuY2Vwb3N0LnYxLkFjcXVpcmVBbGxSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLkFjcXVpcmVBbGxSZXNwb25zZRJPCgpSZWxlYXNlQWxsEh8uZmVuY2Vwb3N0LnYxLlJlbGVhc2VBbGxSZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLlJlbGVhc2VBbGxSZXNwb25zZWIGcHJvdG8z");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -411,6 +411,168 @@ export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
   messageDesc(file_fencepost_v1_lock, 9);
 
 /**
+ * @generated from message fencepost.v1.AcquireAllRequest
+ */
+export type AcquireAllRequest = Message<"fencepost.v1.AcquireAllRequest"> & {
+  /**
+   * names: the locks to take together, 2 to 32 distinct lock names (each
+   * as AcquireRequest.name), in any order.
+   *
+   * @generated from field: repeated string names = 1;
+   */
+  names: string[];
+
+  /**
+   * lease_id: the lease that will hold every lock (from LeaseGrant, > 0).
+   *
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+
+  /**
+   * wait_ms: as AcquireRequest.wait_ms; 0 with wait_forever = false means
+   * try once (acquired = false, and no key left, unless every name is free).
+   *
+   * @generated from field: int64 wait_ms = 3;
+   */
+  waitMs: bigint;
+
+  /**
+   * wait_forever: as AcquireRequest.wait_forever.
+   *
+   * @generated from field: bool wait_forever = 4;
+   */
+  waitForever: boolean;
+
+  /**
+   * request_id: see "Retries" (AcquireAll is idempotent per (lease_id,
+   * names) already; the id is checked and logged).
+   *
+   * @generated from field: string request_id = 5;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message fencepost.v1.AcquireAllRequest.
+ * Use `create(AcquireAllRequestSchema)` to create a new message.
+ */
+export const AcquireAllRequestSchema: GenMessage<AcquireAllRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 10);
+
+/**
+ * @generated from message fencepost.v1.AcquireAllResponse
+ */
+export type AcquireAllResponse = Message<"fencepost.v1.AcquireAllResponse"> & {
+  /**
+   * acquired: true when every lock of `names` is now held by the lease.
+   * Only a try-once call returns false (and then no key is left).
+   *
+   * @generated from field: bool acquired = 1;
+   */
+  acquired: boolean;
+
+  /**
+   * tokens: the fencing token of each name, in the order of
+   * AcquireAllRequest.names, when acquired (all equal: the create revision
+   * of the keys plus the token floor; each strictly larger than that name's
+   * earlier tokens). Valid until ReleaseAll or the lease's expiry.
+   *
+   * @generated from field: repeated int64 tokens = 2;
+   */
+  tokens: bigint[];
+
+  /**
+   * holder: when acquired = false, the holder of the first name found held
+   * (unset when it is free but a lock-delay holds it back).
+   *
+   * @generated from field: fencepost.v1.Holder holder = 3;
+   */
+  holder?: Holder | undefined;
+
+  /**
+   * held_name: the name `holder` holds, when acquired = false.
+   *
+   * @generated from field: string held_name = 4;
+   */
+  heldName: string;
+};
+
+/**
+ * Describes the message fencepost.v1.AcquireAllResponse.
+ * Use `create(AcquireAllResponseSchema)` to create a new message.
+ */
+export const AcquireAllResponseSchema: GenMessage<AcquireAllResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 11);
+
+/**
+ * @generated from message fencepost.v1.ReleaseAllRequest
+ */
+export type ReleaseAllRequest = Message<"fencepost.v1.ReleaseAllRequest"> & {
+  /**
+   * names: the names given to AcquireAll (any order).
+   *
+   * @generated from field: repeated string names = 1;
+   */
+  names: string[];
+
+  /**
+   * lease_id: the lease that holds them.
+   *
+   * @generated from field: int64 lease_id = 2;
+   */
+  leaseId: bigint;
+
+  /**
+   * token: the fencing token of the grant (AcquireAllResponse.tokens, all
+   * equal); 0 deletes whatever keys the lease has in those locks.
+   *
+   * @generated from field: int64 token = 3;
+   */
+  token: bigint;
+
+  /**
+   * request_id: see "Retries".
+   *
+   * @generated from field: string request_id = 4;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message fencepost.v1.ReleaseAllRequest.
+ * Use `create(ReleaseAllRequestSchema)` to create a new message.
+ */
+export const ReleaseAllRequestSchema: GenMessage<ReleaseAllRequest> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 12);
+
+/**
+ * @generated from message fencepost.v1.ReleaseAllResponse
+ */
+export type ReleaseAllResponse = Message<"fencepost.v1.ReleaseAllResponse"> & {
+  /**
+   * revision: the etcd revision of the release.
+   *
+   * @generated from field: int64 revision = 1;
+   */
+  revision: bigint;
+
+  /**
+   * found: with token 0, how many of the names the lease had a key in.
+   *
+   * @generated from field: int32 found = 2;
+   */
+  found: number;
+};
+
+/**
+ * Describes the message fencepost.v1.ReleaseAllResponse.
+ * Use `create(ReleaseAllResponseSchema)` to create a new message.
+ */
+export const ReleaseAllResponseSchema: GenMessage<ReleaseAllResponse> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 13);
+
+/**
  * @generated from message fencepost.v1.WithdrawRequest
  */
 export type WithdrawRequest = Message<"fencepost.v1.WithdrawRequest"> & {
@@ -441,7 +603,7 @@ export type WithdrawRequest = Message<"fencepost.v1.WithdrawRequest"> & {
  * Use `create(WithdrawRequestSchema)` to create a new message.
  */
 export const WithdrawRequestSchema: GenMessage<WithdrawRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 10);
+  messageDesc(file_fencepost_v1_lock, 14);
 
 /**
  * @generated from message fencepost.v1.WithdrawResponse
@@ -474,7 +636,7 @@ export type WithdrawResponse = Message<"fencepost.v1.WithdrawResponse"> & {
  * Use `create(WithdrawResponseSchema)` to create a new message.
  */
 export const WithdrawResponseSchema: GenMessage<WithdrawResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 11);
+  messageDesc(file_fencepost_v1_lock, 15);
 
 /**
  * Holder describes the current holder of a lock.
@@ -502,7 +664,7 @@ export type Holder = Message<"fencepost.v1.Holder"> & {
  * Use `create(HolderSchema)` to create a new message.
  */
 export const HolderSchema: GenMessage<Holder> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 12);
+  messageDesc(file_fencepost_v1_lock, 16);
 
 /**
  * @generated from message fencepost.v1.KeepAliveRequest
@@ -661,7 +823,7 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
  * Use `create(KeepAliveRequestSchema)` to create a new message.
  */
 export const KeepAliveRequestSchema: GenMessage<KeepAliveRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 13);
+  messageDesc(file_fencepost_v1_lock, 17);
 
 /**
  * @generated from message fencepost.v1.CancelCall
@@ -680,7 +842,7 @@ export type CancelCall = Message<"fencepost.v1.CancelCall"> & {
  * Use `create(CancelCallSchema)` to create a new message.
  */
 export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 14);
+  messageDesc(file_fencepost_v1_lock, 18);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAlive
@@ -717,7 +879,7 @@ export type LeaseKeepAlive = Message<"fencepost.v1.LeaseKeepAlive"> & {
  * Use `create(LeaseKeepAliveSchema)` to create a new message.
  */
 export const LeaseKeepAliveSchema: GenMessage<LeaseKeepAlive> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 15);
+  messageDesc(file_fencepost_v1_lock, 19);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAlives
@@ -741,7 +903,7 @@ export type LeaseKeepAlives = Message<"fencepost.v1.LeaseKeepAlives"> & {
  * Use `create(LeaseKeepAlivesSchema)` to create a new message.
  */
 export const LeaseKeepAlivesSchema: GenMessage<LeaseKeepAlives> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 16);
+  messageDesc(file_fencepost_v1_lock, 20);
 
 /**
  * @generated from message fencepost.v1.WatchHold
@@ -788,7 +950,7 @@ export type WatchHold = Message<"fencepost.v1.WatchHold"> & {
  * Use `create(WatchHoldSchema)` to create a new message.
  */
 export const WatchHoldSchema: GenMessage<WatchHold> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 17);
+  messageDesc(file_fencepost_v1_lock, 21);
 
 /**
  * @generated from message fencepost.v1.KeepAliveResponse
@@ -874,7 +1036,7 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
  * Use `create(KeepAliveResponseSchema)` to create a new message.
  */
 export const KeepAliveResponseSchema: GenMessage<KeepAliveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 18);
+  messageDesc(file_fencepost_v1_lock, 22);
 
 /**
  * @generated from message fencepost.v1.CallFailed
@@ -909,7 +1071,7 @@ export type CallFailed = Message<"fencepost.v1.CallFailed"> & {
  * Use `create(CallFailedSchema)` to create a new message.
  */
 export const CallFailedSchema: GenMessage<CallFailed> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 19);
+  messageDesc(file_fencepost_v1_lock, 23);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAck
@@ -943,7 +1105,7 @@ export type LeaseKeepAliveAck = Message<"fencepost.v1.LeaseKeepAliveAck"> & {
  * Use `create(LeaseKeepAliveAckSchema)` to create a new message.
  */
 export const LeaseKeepAliveAckSchema: GenMessage<LeaseKeepAliveAck> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 20);
+  messageDesc(file_fencepost_v1_lock, 24);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAcks
@@ -962,7 +1124,7 @@ export type LeaseKeepAliveAcks = Message<"fencepost.v1.LeaseKeepAliveAcks"> & {
  * Use `create(LeaseKeepAliveAcksSchema)` to create a new message.
  */
 export const LeaseKeepAliveAcksSchema: GenMessage<LeaseKeepAliveAcks> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 21);
+  messageDesc(file_fencepost_v1_lock, 25);
 
 /**
  * @generated from message fencepost.v1.HoldEnded
@@ -1015,7 +1177,7 @@ export type HoldEnded = Message<"fencepost.v1.HoldEnded"> & {
  * Use `create(HoldEndedSchema)` to create a new message.
  */
 export const HoldEndedSchema: GenMessage<HoldEnded> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 22);
+  messageDesc(file_fencepost_v1_lock, 26);
 
 /**
  * @generated from message fencepost.v1.DescribeRequest
@@ -1034,7 +1196,7 @@ export type DescribeRequest = Message<"fencepost.v1.DescribeRequest"> & {
  * Use `create(DescribeRequestSchema)` to create a new message.
  */
 export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 23);
+  messageDesc(file_fencepost_v1_lock, 27);
 
 /**
  * @generated from message fencepost.v1.DescribeResponse
@@ -1116,7 +1278,7 @@ export type DescribeResponse = Message<"fencepost.v1.DescribeResponse"> & {
  * Use `create(DescribeResponseSchema)` to create a new message.
  */
 export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 24);
+  messageDesc(file_fencepost_v1_lock, 28);
 
 /**
  * @generated from message fencepost.v1.ListLocksRequest
@@ -1151,7 +1313,7 @@ export type ListLocksRequest = Message<"fencepost.v1.ListLocksRequest"> & {
  * Use `create(ListLocksRequestSchema)` to create a new message.
  */
 export const ListLocksRequestSchema: GenMessage<ListLocksRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 25);
+  messageDesc(file_fencepost_v1_lock, 29);
 
 /**
  * LockInfo is one lock in a ListLocks page: held, or held back by a
@@ -1236,7 +1398,7 @@ export type LockInfo = Message<"fencepost.v1.LockInfo"> & {
  * Use `create(LockInfoSchema)` to create a new message.
  */
 export const LockInfoSchema: GenMessage<LockInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 26);
+  messageDesc(file_fencepost_v1_lock, 30);
 
 /**
  * @generated from message fencepost.v1.ListLocksResponse
@@ -1272,7 +1434,7 @@ export type ListLocksResponse = Message<"fencepost.v1.ListLocksResponse"> & {
  * Use `create(ListLocksResponseSchema)` to create a new message.
  */
 export const ListLocksResponseSchema: GenMessage<ListLocksResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 27);
+  messageDesc(file_fencepost_v1_lock, 31);
 
 /**
  * @generated from message fencepost.v1.ServerInfoRequest
@@ -1285,7 +1447,7 @@ export type ServerInfoRequest = Message<"fencepost.v1.ServerInfoRequest"> & {
  * Use `create(ServerInfoRequestSchema)` to create a new message.
  */
 export const ServerInfoRequestSchema: GenMessage<ServerInfoRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 28);
+  messageDesc(file_fencepost_v1_lock, 32);
 
 /**
  * EtcdInfo is the etcd a coordinator uses, as that coordinator sees it.
@@ -1392,7 +1554,7 @@ export type EtcdInfo = Message<"fencepost.v1.EtcdInfo"> & {
  * Use `create(EtcdInfoSchema)` to create a new message.
  */
 export const EtcdInfoSchema: GenMessage<EtcdInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 29);
+  messageDesc(file_fencepost_v1_lock, 33);
 
 /**
  * @generated from message fencepost.v1.ServerInfoResponse
@@ -1546,7 +1708,7 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
  * Use `create(ServerInfoResponseSchema)` to create a new message.
  */
 export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 30);
+  messageDesc(file_fencepost_v1_lock, 34);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeRequest
@@ -1600,7 +1762,7 @@ export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
  * Use `create(AdminRevokeRequestSchema)` to create a new message.
  */
 export const AdminRevokeRequestSchema: GenMessage<AdminRevokeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 31);
+  messageDesc(file_fencepost_v1_lock, 35);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeResponse
@@ -1634,7 +1796,7 @@ export type AdminRevokeResponse = Message<"fencepost.v1.AdminRevokeResponse"> & 
  * Use `create(AdminRevokeResponseSchema)` to create a new message.
  */
 export const AdminRevokeResponseSchema: GenMessage<AdminRevokeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 32);
+  messageDesc(file_fencepost_v1_lock, 36);
 
 /**
  * @generated from message fencepost.v1.ListSessionsRequest
@@ -1661,7 +1823,7 @@ export type ListSessionsRequest = Message<"fencepost.v1.ListSessionsRequest"> & 
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 33);
+  messageDesc(file_fencepost_v1_lock, 37);
 
 /**
  * SessionInfo is one live lease in a ListSessions page.
@@ -1724,7 +1886,7 @@ export type SessionInfo = Message<"fencepost.v1.SessionInfo"> & {
  * Use `create(SessionInfoSchema)` to create a new message.
  */
 export const SessionInfoSchema: GenMessage<SessionInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 34);
+  messageDesc(file_fencepost_v1_lock, 38);
 
 /**
  * @generated from message fencepost.v1.ListSessionsResponse
@@ -1759,7 +1921,7 @@ export type ListSessionsResponse = Message<"fencepost.v1.ListSessionsResponse"> 
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 35);
+  messageDesc(file_fencepost_v1_lock, 39);
 
 /**
  * LeaderInfo is one leadership of an election.
@@ -1794,7 +1956,7 @@ export type LeaderInfo = Message<"fencepost.v1.LeaderInfo"> & {
  * Use `create(LeaderInfoSchema)` to create a new message.
  */
 export const LeaderInfoSchema: GenMessage<LeaderInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 36);
+  messageDesc(file_fencepost_v1_lock, 40);
 
 /**
  * @generated from message fencepost.v1.CampaignRequest
@@ -1847,7 +2009,7 @@ export type CampaignRequest = Message<"fencepost.v1.CampaignRequest"> & {
  * Use `create(CampaignRequestSchema)` to create a new message.
  */
 export const CampaignRequestSchema: GenMessage<CampaignRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 37);
+  messageDesc(file_fencepost_v1_lock, 41);
 
 /**
  * @generated from message fencepost.v1.CampaignResponse
@@ -1881,7 +2043,7 @@ export type CampaignResponse = Message<"fencepost.v1.CampaignResponse"> & {
  * Use `create(CampaignResponseSchema)` to create a new message.
  */
 export const CampaignResponseSchema: GenMessage<CampaignResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 38);
+  messageDesc(file_fencepost_v1_lock, 42);
 
 /**
  * @generated from message fencepost.v1.ProclaimRequest
@@ -1917,7 +2079,7 @@ export type ProclaimRequest = Message<"fencepost.v1.ProclaimRequest"> & {
  * Use `create(ProclaimRequestSchema)` to create a new message.
  */
 export const ProclaimRequestSchema: GenMessage<ProclaimRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 39);
+  messageDesc(file_fencepost_v1_lock, 43);
 
 /**
  * @generated from message fencepost.v1.ProclaimResponse
@@ -1936,7 +2098,7 @@ export type ProclaimResponse = Message<"fencepost.v1.ProclaimResponse"> & {
  * Use `create(ProclaimResponseSchema)` to create a new message.
  */
 export const ProclaimResponseSchema: GenMessage<ProclaimResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 40);
+  messageDesc(file_fencepost_v1_lock, 44);
 
 /**
  * @generated from message fencepost.v1.ResignRequest
@@ -1972,7 +2134,7 @@ export type ResignRequest = Message<"fencepost.v1.ResignRequest"> & {
  * Use `create(ResignRequestSchema)` to create a new message.
  */
 export const ResignRequestSchema: GenMessage<ResignRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 41);
+  messageDesc(file_fencepost_v1_lock, 45);
 
 /**
  * @generated from message fencepost.v1.ResignResponse
@@ -1998,7 +2160,7 @@ export type ResignResponse = Message<"fencepost.v1.ResignResponse"> & {
  * Use `create(ResignResponseSchema)` to create a new message.
  */
 export const ResignResponseSchema: GenMessage<ResignResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 42);
+  messageDesc(file_fencepost_v1_lock, 46);
 
 /**
  * @generated from message fencepost.v1.LeaderRequest
@@ -2015,7 +2177,7 @@ export type LeaderRequest = Message<"fencepost.v1.LeaderRequest"> & {
  * Use `create(LeaderRequestSchema)` to create a new message.
  */
 export const LeaderRequestSchema: GenMessage<LeaderRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 43);
+  messageDesc(file_fencepost_v1_lock, 47);
 
 /**
  * @generated from message fencepost.v1.LeaderResponse
@@ -2041,7 +2203,7 @@ export type LeaderResponse = Message<"fencepost.v1.LeaderResponse"> & {
  * Use `create(LeaderResponseSchema)` to create a new message.
  */
 export const LeaderResponseSchema: GenMessage<LeaderResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 44);
+  messageDesc(file_fencepost_v1_lock, 48);
 
 /**
  * @generated from message fencepost.v1.ObserveRequest
@@ -2066,7 +2228,7 @@ export type ObserveRequest = Message<"fencepost.v1.ObserveRequest"> & {
  * Use `create(ObserveRequestSchema)` to create a new message.
  */
 export const ObserveRequestSchema: GenMessage<ObserveRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 45);
+  messageDesc(file_fencepost_v1_lock, 49);
 
 /**
  * @generated from message fencepost.v1.ObserveResponse
@@ -2101,7 +2263,7 @@ export type ObserveResponse = Message<"fencepost.v1.ObserveResponse"> & {
  * Use `create(ObserveResponseSchema)` to create a new message.
  */
 export const ObserveResponseSchema: GenMessage<ObserveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 46);
+  messageDesc(file_fencepost_v1_lock, 50);
 
 /**
  * PermitHolder is one granted permit of a semaphore.
@@ -2134,7 +2296,7 @@ export type PermitHolder = Message<"fencepost.v1.PermitHolder"> & {
  * Use `create(PermitHolderSchema)` to create a new message.
  */
 export const PermitHolderSchema: GenMessage<PermitHolder> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 47);
+  messageDesc(file_fencepost_v1_lock, 51);
 
 /**
  * @generated from message fencepost.v1.AcquirePermitRequest
@@ -2184,7 +2346,7 @@ export type AcquirePermitRequest = Message<"fencepost.v1.AcquirePermitRequest"> 
  * Use `create(AcquirePermitRequestSchema)` to create a new message.
  */
 export const AcquirePermitRequestSchema: GenMessage<AcquirePermitRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 48);
+  messageDesc(file_fencepost_v1_lock, 52);
 
 /**
  * @generated from message fencepost.v1.AcquirePermitResponse
@@ -2222,7 +2384,7 @@ export type AcquirePermitResponse = Message<"fencepost.v1.AcquirePermitResponse"
  * Use `create(AcquirePermitResponseSchema)` to create a new message.
  */
 export const AcquirePermitResponseSchema: GenMessage<AcquirePermitResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 49);
+  messageDesc(file_fencepost_v1_lock, 53);
 
 /**
  * @generated from message fencepost.v1.ReleasePermitRequest
@@ -2263,7 +2425,7 @@ export type ReleasePermitRequest = Message<"fencepost.v1.ReleasePermitRequest"> 
  * Use `create(ReleasePermitRequestSchema)` to create a new message.
  */
 export const ReleasePermitRequestSchema: GenMessage<ReleasePermitRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 50);
+  messageDesc(file_fencepost_v1_lock, 54);
 
 /**
  * @generated from message fencepost.v1.ReleasePermitResponse
@@ -2289,7 +2451,7 @@ export type ReleasePermitResponse = Message<"fencepost.v1.ReleasePermitResponse"
  * Use `create(ReleasePermitResponseSchema)` to create a new message.
  */
 export const ReleasePermitResponseSchema: GenMessage<ReleasePermitResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 51);
+  messageDesc(file_fencepost_v1_lock, 55);
 
 /**
  * @generated from message fencepost.v1.DescribeSemaphoreRequest
@@ -2306,7 +2468,7 @@ export type DescribeSemaphoreRequest = Message<"fencepost.v1.DescribeSemaphoreRe
  * Use `create(DescribeSemaphoreRequestSchema)` to create a new message.
  */
 export const DescribeSemaphoreRequestSchema: GenMessage<DescribeSemaphoreRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 52);
+  messageDesc(file_fencepost_v1_lock, 56);
 
 /**
  * @generated from message fencepost.v1.DescribeSemaphoreResponse
@@ -2346,7 +2508,7 @@ export type DescribeSemaphoreResponse = Message<"fencepost.v1.DescribeSemaphoreR
  * Use `create(DescribeSemaphoreResponseSchema)` to create a new message.
  */
 export const DescribeSemaphoreResponseSchema: GenMessage<DescribeSemaphoreResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 53);
+  messageDesc(file_fencepost_v1_lock, 57);
 
 /**
  * @generated from message fencepost.v1.AdminEndLockDelayRequest
@@ -2365,7 +2527,7 @@ export type AdminEndLockDelayRequest = Message<"fencepost.v1.AdminEndLockDelayRe
  * Use `create(AdminEndLockDelayRequestSchema)` to create a new message.
  */
 export const AdminEndLockDelayRequestSchema: GenMessage<AdminEndLockDelayRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 54);
+  messageDesc(file_fencepost_v1_lock, 58);
 
 /**
  * @generated from message fencepost.v1.AdminEndLockDelayResponse
@@ -2393,7 +2555,7 @@ export type AdminEndLockDelayResponse = Message<"fencepost.v1.AdminEndLockDelayR
  * Use `create(AdminEndLockDelayResponseSchema)` to create a new message.
  */
 export const AdminEndLockDelayResponseSchema: GenMessage<AdminEndLockDelayResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 55);
+  messageDesc(file_fencepost_v1_lock, 59);
 
 /**
  * @generated from message fencepost.v1.ReportStaleWriteRequest
@@ -2448,7 +2610,7 @@ export type ReportStaleWriteRequest = Message<"fencepost.v1.ReportStaleWriteRequ
  * Use `create(ReportStaleWriteRequestSchema)` to create a new message.
  */
 export const ReportStaleWriteRequestSchema: GenMessage<ReportStaleWriteRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 56);
+  messageDesc(file_fencepost_v1_lock, 60);
 
 /**
  * @generated from message fencepost.v1.ReportStaleWriteResponse
@@ -2461,7 +2623,7 @@ export type ReportStaleWriteResponse = Message<"fencepost.v1.ReportStaleWriteRes
  * Use `create(ReportStaleWriteResponseSchema)` to create a new message.
  */
 export const ReportStaleWriteResponseSchema: GenMessage<ReportStaleWriteResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 57);
+  messageDesc(file_fencepost_v1_lock, 61);
 
 /**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
@@ -3200,6 +3362,56 @@ export const LockService: GenService<{
     methodKind: "unary";
     input: typeof ReportStaleWriteRequestSchema;
     output: typeof ReportStaleWriteResponseSchema;
+  },
+  /**
+   * AcquireAll takes every lock of `names` for lease `lease_id`, or none
+   * (a multi-lock: a transfer between two accounts). One etcd transaction
+   * puts the contender keys of all names together, so every key gets the
+   * same create revision R; the call then waits until each key is first in
+   * its own lock's queue. No deadlock whatever order callers give the
+   * names: each queue is ordered by create revision and all of one call's
+   * keys share one, so any two AcquireAll calls are ordered the same way on
+   * every name they share. Every name's token is R + the token floor,
+   * strictly larger than that name's earlier tokens. Waiting and try once
+   * as Acquire; a try-once call that cannot take every name at once, a
+   * wait that times out, and a call that fails leave no key of any name
+   * (one transaction deletes them all). A call cancelled while it waits
+   * keeps its keys for 2 s, as Acquire does, then deletes them all; a
+   * caller that gives up calls ReleaseAll with token 0. Idempotent per
+   * (lease_id, names): a lease that holds them all gets the same tokens.
+   * Do not mix AcquireAll and Acquire of one name under one lease.
+   * Errors: INVALID_ARGUMENT (names: fewer than 2, more than 32, a
+   * duplicate, or a name that is not a lock name; lease_id, wait_ms,
+   * request_id), DEADLINE_EXCEEDED/ACQUIRE_TIMEOUT,
+   * FAILED_PRECONDITION/LEASE_EXPIRED (the lease is gone, or one of its
+   * keys was deleted while waiting), RESOURCE_EXHAUSTED (as Acquire),
+   * PERMISSION_DENIED (ACCESS_DENIED: not allowed `acquire` on one of the
+   * names; NOT_LEASE_OWNER), UNAVAILABLE.
+   *
+   * @generated from rpc fencepost.v1.LockService.AcquireAll
+   */
+  acquireAll: {
+    methodKind: "unary";
+    input: typeof AcquireAllRequestSchema;
+    output: typeof AcquireAllResponseSchema;
+  },
+  /**
+   * ReleaseAll ends the multi-lock of `names` by `lease_id` granted with
+   * `token`: one etcd transaction deletes every key, only if each was
+   * created at the token's revision (else nothing is deleted). A retry with
+   * the request_id of a ReleaseAll that succeeded answers as the first did.
+   * With token = 0 it deletes whatever keys the lease has in those locks (a
+   * hold or a wait: for a caller that gave up an AcquireAll) and is
+   * idempotent (as Withdraw).
+   * Errors: as Release (NOT_HOLDER, STALE_TOKEN, LEASE_EXPIRED name the
+   * first name not held), and INVALID_ARGUMENT (names as AcquireAll).
+   *
+   * @generated from rpc fencepost.v1.LockService.ReleaseAll
+   */
+  releaseAll: {
+    methodKind: "unary";
+    input: typeof ReleaseAllRequestSchema;
+    output: typeof ReleaseAllResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_fencepost_v1_lock, 0);
