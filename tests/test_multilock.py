@@ -284,3 +284,49 @@ async def test_transfers_conserve_balances(address: str, tmp_path: Path) -> None
     assert figures["total"] == figures["expected"]
     assert figures["transfers"] > 0 and figures["min_per_thread"] > 0
     assert figures["max_wait_s"] < 30.0
+
+
+async def test_each_name_is_listed_and_counted(address: str, coordinator: object) -> None:
+    """``list_locks`` (what ``fencepost locks`` prints) and ``describe`` (``fencepost status``) show each name of a
+    multi-lock held by its lease with its token; each name's grant is counted as a lock's."""
+    async with AsyncLockClient(address) as client:
+        handle = await client.acquire_all(["l/1", "l/2"], ttl=5)
+        listed = {lock.name: lock for lock in await client.list_locks("l/")}
+        assert set(listed) == {"l/1", "l/2"}
+        for name, lock in listed.items():
+            assert (lock.holder_lease_id, lock.token) == (handle.lease_id, handle.token_for(name))
+        described = await client.describe("l/2")
+        assert described.held and described.holder_token == handle.token_for("l/2")
+        await handle.release()
+        assert not (await client.describe("l/1")).held
+
+
+async def test_acquire_all_over_http(etcd: object, prefix: str) -> None:
+    """The HTTP rows: POST /v1/locks:acquireAll grants every name (one token each), /v1/locks:releaseAll releases
+    them; bad names are a 400 naming ``names``."""
+    import aiohttp
+
+    from fencepost.coordinator.process.coordinator import Coordinator
+
+    coordinator = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix,  # type: ignore[attr-defined]
+                              http_listen="127.0.0.1:0")
+    await asyncio.wait_for(coordinator.start(), 20)
+    try:
+        base = f"http://{coordinator.http_address}"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(base + "/v1/leases", json={"ttlSeconds": 10}) as answer:
+                lease = await answer.json()
+            headers = {"Fencepost-Lease-Secret": lease["leaseSecret"]}
+            body = {"names": ["h1", "h2"], "leaseId": lease["leaseId"], "waitMs": 1000}
+            async with session.post(base + "/v1/locks:acquireAll", json=body, headers=headers) as answer:
+                granted = await answer.json()
+            assert answer.status == 200 and granted["acquired"] is True and len(granted["tokens"]) == 2
+            release = {"names": ["h2", "h1"], "leaseId": lease["leaseId"], "token": granted["tokens"][0]}
+            async with session.post(base + "/v1/locks:releaseAll", json=release, headers=headers) as answer:
+                assert answer.status == 200, await answer.text()
+            bad = {"names": ["h1"], "leaseId": lease["leaseId"]}
+            async with session.post(base + "/v1/locks:acquireAll", json=bad, headers=headers) as answer:
+                refused = await answer.json()
+            assert answer.status == 400 and refused["details"][0]["metadata"]["field"] == "names"
+    finally:
+        await asyncio.wait_for(coordinator.stop(grace=0), 20)

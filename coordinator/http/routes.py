@@ -92,6 +92,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/locks", "ListLocks"),
     Route("POST", "/v1/locks/{name}:revoke", "AdminRevoke", {"kind": _LOCK}),
     Route("POST", "/v1/locks/{name}:endLockDelay", "AdminEndLockDelay"),
+    Route("POST", "/v1/locks:acquireAll", "AcquireAll", withdraw="ReleaseAll"),
+    Route("POST", "/v1/locks:releaseAll", "ReleaseAll"),
     Route("POST", "/v1/elections/{election}:campaign", "Campaign", withdraw="Resign"),
     Route("POST", "/v1/elections/{election}:proclaim", "Proclaim"),
     Route("POST", "/v1/elections/{election}:resign", "Resign"),
