@@ -163,7 +163,7 @@ async def test_no_deadlock_in_opposite_orders(address: str, etcd_client: Etcd3Cl
                 picked = rng.sample(names, rng.randint(2, 4))
                 if index % 2:
                     picked.reverse()
-                async with client.lock_all(picked, ttl=5, timeout=60) as handle:
+                async with client.lock_all(picked, ttl=5, timeout=20) as handle:
                     for name in picked:
                         if name in holding:
                             overlaps.append(name)
