@@ -53,7 +53,8 @@ async def test_try_once_takes_all_or_none(address: str, stub: object, etcd_clien
         assert len(await list_keys(etcd_client, prefix)) == 1
 
         waiting = asyncio.ensure_future(client.acquire_all(["acct:3", "acct:2", "acct:1"], ttl=5, timeout=30))
-        await wait_for(lambda: describe_waiters_is(stub, "acct:2", 1), 10, what="the multi-lock queued")  # type: ignore[arg-type]
+        await wait_for(lambda: describe_waiters_is(stub, "acct:2", 1), 10,  # type: ignore[arg-type]
+                       what="the multi-lock queued")
         assert not waiting.done()
         await held.release()
         handle = await asyncio.wait_for(waiting, 10)
@@ -78,10 +79,12 @@ async def test_timeout_and_cancel_leave_no_key(address: str, stub: object, etcd_
         held = await holder_client.acquire("b", ttl=5)
         with pytest.raises(LockTimeout):
             await client.acquire_all(["a", "b", "c"], ttl=5, timeout=0.3)
-        assert [k.rsplit(b"/", 1)[1] for k in await list_keys(etcd_client, prefix)] == [f"{held.lease_id:016x}".encode()]
+        owners = [k.rsplit(b"/", 1)[1] for k in await list_keys(etcd_client, prefix)]
+        assert owners == [f"{held.lease_id:016x}".encode()]
 
         waiting = asyncio.ensure_future(client.acquire_all(["c", "b", "a"], ttl=5, timeout=30))
-        await wait_for(lambda: describe_waiters_is(stub, "b", 1), 10, what="the multi-lock queued")  # type: ignore[arg-type]
+        await wait_for(lambda: describe_waiters_is(stub, "b", 1), 10,  # type: ignore[arg-type]
+                       what="the multi-lock queued")
         assert len(await list_keys(etcd_client, prefix)) == 4  # a, b (held + ours), c
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -103,24 +106,25 @@ async def test_server_deletes_every_key_of_an_abandoned_call(address: str, stub:
     await raw.Acquire(lock_pb2.AcquireRequest(name="y", lease_id=holder.lease_id))  # type: ignore[attr-defined]
     lease = await raw.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))  # type: ignore[attr-defined]
     request = lock_pb2.AcquireAllRequest(names=["x", "y", "z"], lease_id=lease.lease_id, wait_forever=True)
-    call = raw.AcquireAll(request, metadata=secret_metadata(lease.lease_id, None))  # type: ignore[attr-defined]
-    await wait_for(lambda: describe_waiters_is(stub, "y", 1), 10, what="AcquireAll queued")  # type: ignore[arg-type]
+    secret = secret_metadata(lease.lease_id, None)
+    call = raw.AcquireAll(request, metadata=secret)  # type: ignore[attr-defined]
+    await wait_for(lambda: describe_waiters_is(stub, "y", 1), 10, what="AcquireAll queued")  # type: ignore
     assert len(await _keys_of(etcd_client, prefix, lease.lease_id)) == 3
     call.cancel()
     await wait_for(lambda: _lease_has_no_key(etcd_client, prefix, lease.lease_id), 10, what="every key deleted")
 
     timed = lock_pb2.AcquireAllRequest(names=["x", "y", "z"], lease_id=lease.lease_id, wait_ms=200)
     with pytest.raises(grpc.RpcError) as caught:
-        await raw.AcquireAll(timed, metadata=secret_metadata(lease.lease_id, None), timeout=10)  # type: ignore[attr-defined]
+        await raw.AcquireAll(timed, metadata=secret, timeout=10)  # type: ignore[attr-defined]
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert await _keys_of(etcd_client, prefix, lease.lease_id) == []
     free = lock_pb2.AcquireAllRequest(names=["x", "z"], lease_id=lease.lease_id)
-    granted = await raw.AcquireAll(free, metadata=secret_metadata(lease.lease_id, None), timeout=10)  # type: ignore[attr-defined]
+    granted = await raw.AcquireAll(free, metadata=secret, timeout=10)  # type: ignore[attr-defined]
     assert granted.acquired and len(set(granted.tokens)) == 1
-    again = await raw.AcquireAll(free, metadata=secret_metadata(lease.lease_id, None), timeout=10)  # type: ignore[attr-defined]
+    again = await raw.AcquireAll(free, metadata=secret, timeout=10)  # type: ignore[attr-defined]
     assert list(again.tokens) == list(granted.tokens)  # idempotent per (lease, names)
-    withdrawn = await raw.ReleaseAll(lock_pb2.ReleaseAllRequest(names=["z", "x"], lease_id=lease.lease_id),  # type: ignore[attr-defined]
-                                     metadata=secret_metadata(lease.lease_id, None), timeout=10)
+    withdrawn = await raw.ReleaseAll(  # type: ignore[attr-defined]
+        lock_pb2.ReleaseAllRequest(names=["z", "x"], lease_id=lease.lease_id), metadata=secret, timeout=10)
     assert withdrawn.found == 2 and await _keys_of(etcd_client, prefix, lease.lease_id) == []
 
 
@@ -133,8 +137,9 @@ async def test_acquire_all_when_names_are_bad(stub: object, names: list[str]) ->
     """Fewer than 2 names, a duplicate, more than 32, or a bad name: INVALID_ARGUMENT naming ``names``."""
     lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=5))  # type: ignore[attr-defined]
     with pytest.raises(grpc.RpcError) as caught:
-        await stub.AcquireAll(lock_pb2.AcquireAllRequest(names=names, lease_id=lease.lease_id),  # type: ignore[attr-defined]
-                              metadata=secret_metadata(lease.lease_id, None), timeout=5)
+        await stub.AcquireAll(  # type: ignore[attr-defined]
+            lock_pb2.AcquireAllRequest(names=names, lease_id=lease.lease_id),
+            metadata=secret_metadata(lease.lease_id, None), timeout=5)
     assert_invalid_field(caught.value, "names")
 
 

@@ -32,19 +32,19 @@ from .._transport import wire
 from ..errors import REASON_DEADLINE, FencepostError, InvalidArgument, LeaseLost, LockHeld, LockTimeout, NotHolder
 from ..handle import AsyncLockHandle
 from ..v1 import lock_pb2 as pb
+from ..v1.keys import MAX_MULTILOCK_NAMES
+from ..v1.names import multilock_problem
 from .holds import Holds
 from .recipe import LEASE_EXPIRED, bounded, settled, wait_request
 
-__all__ = ["MAX_NAMES", "AsyncMultiLockHandle", "acquire_all", "check_names"]
+__all__ = ["AsyncMultiLockHandle", "acquire_all", "check_names"]
 
 log = logging.getLogger("fencepost.client")
 
-#: Most names of one multi-lock (the coordinator's limit).
-MAX_NAMES = 32
 
 
 def check_names(names: Sequence[str]) -> list[str]:
-    """Check the names of a multi-lock before any call: 2 to :data:`MAX_NAMES` distinct lock names.
+    """Check the names of a multi-lock before any call: 2 to :data:`MAX_MULTILOCK_NAMES` distinct lock names.
 
     Raises:
         InvalidArgument: field ``names``.
@@ -52,11 +52,9 @@ def check_names(names: Sequence[str]) -> list[str]:
     if isinstance(names, str):
         raise InvalidArgument("names must be a sequence of lock names, not one str", field="names")
     names = list(names)
-    if not 2 <= len(names) <= MAX_NAMES:
-        raise InvalidArgument(f"names has {len(names)} names; a multi-lock takes 2 to {MAX_NAMES}", field="names")
-    if len(set(names)) != len(names):
-        raise InvalidArgument(f"names has {next(n for n in names if names.count(n) > 1)!r} more than once",
-                              field="names")
+    problem = multilock_problem(names, MAX_MULTILOCK_NAMES)
+    if problem is not None:
+        raise InvalidArgument(problem, field="names")
     for name in names:
         try:
             wire.check_name(name)

@@ -50,6 +50,8 @@ MAX_TTL_SECONDS = 86_400
 MAX_WAIT_MS = 86_400_000
 #: Most permits of one semaphore (AcquirePermitRequest.permits).
 MAX_PERMITS = 1000
+#: Most names of one multi-lock (AcquireAll): its Txns stay well under etcd's default --max-txn-ops (128).
+MAX_MULTILOCK_NAMES = 32
 #: Longest value of an election's leader (CampaignRequest.value, ProclaimRequest.value), in bytes: well
 #: inside a coordinator's default --max-message-bytes (64 KiB) with the rest of the request.
 MAX_VALUE_BYTES = 32_768

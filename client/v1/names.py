@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["FORBIDDEN_CATEGORIES", "forbidden_character", "forbidden_problem"]
+__all__ = ["FORBIDDEN_CATEGORIES", "forbidden_character", "forbidden_problem", "multilock_problem"]
 
 #: The Unicode general categories no name may contain a character of.
 FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
@@ -74,3 +74,16 @@ def forbidden_problem(name: str) -> str | None:
     char = name[index]
     return (f"must not contain control characters (Unicode Cc), format characters (Cf) or line and paragraph "
             f"separators (Zl, Zp): character {index} is U+{ord(char):04X} ({unicodedata.category(char)})")
+
+
+def multilock_problem(names: list[str], most: int) -> str | None:
+    """What is wrong with the list of names of a multi-lock, if anything: fewer than 2 or more than ``most``
+    names, or a name given twice (each name is checked as a lock name besides)."""
+    if not 2 <= len(names) <= most:
+        return f"names has {len(names)} names; a multi-lock takes 2 to {most}"
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return f"names has {name!r} more than once"
+        seen.add(name)
+    return None

@@ -4,7 +4,7 @@ etcd says only that a key was deleted, never why. The board's timeline
 tells an ended hold's ``reason`` (with ``exact``: whether the coordinator
 knows it or infers it, and ``by``: the call, when known):
 
-- ``released`` (exact): a Release, ReleasePermit, Resign or Withdraw served
+- ``released`` (exact): a Release, ReleaseAll, ReleasePermit, Resign or Withdraw served
   here deleted the holder's key;
 - ``revoked`` (exact): a LeaseRevoke or AdminRevoke served here revoked the
   holder's lease; (inferred) the lease is gone and the board's estimate of

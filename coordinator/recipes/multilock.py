@@ -33,7 +33,7 @@ Costs with a lease granted beforehand, for k names: a try-once grant or an
 uncontended wait is one Txn (k puts and, for try once, 2k compares); a wait
 adds, per name that is held, the deletion watch and one read of a single
 lock's wait, plus one read at the end; a release is one Txn of k deletes.
-A Txn holds at most about 4k ops and compares: :data:`MAX_NAMES` keeps it
+A Txn holds at most about 4k ops and compares: :data:`MAX_MULTILOCK_NAMES` keeps it
 well under etcd's default ``--max-txn-ops`` of 128.
 """
 
@@ -47,7 +47,8 @@ from typing import Any
 
 from fencepost.client.errors import FencepostError, InvalidArgument, LeaseLost, LockTimeout
 from fencepost.client.v1 import etcdops
-from fencepost.client.v1.keys import Hold, Keys
+from fencepost.client.v1.keys import MAX_MULTILOCK_NAMES, Hold, Keys
+from fencepost.client.v1.names import multilock_problem
 
 from ..etcd import NOT_APPLIED, TxnPlan, unbounded
 from .floor_guard import under_floor
@@ -55,14 +56,12 @@ from .lock import Holder, LockManager, release_refusal
 from .validate import validate_lease_id, validate_lock_name, validate_name, validate_token
 from .waiters import finish_even_if_cancelled, lock_of
 
-__all__ = ["MAX_NAMES", "MultiLockResult", "MultiLocks", "validate_names"]
+__all__ = ["MultiLockResult", "MultiLocks", "validate_names"]
 
-#: Most names of one multi-lock.
-MAX_NAMES = 32
 
 
 def validate_names(names: Sequence[str], *, public: bool = False) -> list[str]:
-    """Check the names of a multi-lock: 2 to :data:`MAX_NAMES` distinct lock names.
+    """Check the names of a multi-lock: 2 to :data:`MAX_MULTILOCK_NAMES` distinct lock names.
 
     Args:
         names: the names.
@@ -75,11 +74,9 @@ def validate_names(names: Sequence[str], *, public: bool = False) -> list[str]:
         InvalidArgument: field ``names`` (too few, too many, a duplicate, or a bad name).
     """
     names = list(names)
-    if not 2 <= len(names) <= MAX_NAMES:
-        raise InvalidArgument(f"names has {len(names)} names; a multi-lock takes 2 to {MAX_NAMES}", field="names")
-    if len(set(names)) != len(names):
-        twice = next(n for n in names if names.count(n) > 1)
-        raise InvalidArgument(f"names has {twice!r} more than once", field="names")
+    problem = multilock_problem(names, MAX_MULTILOCK_NAMES)
+    if problem is not None:
+        raise InvalidArgument(problem, field="names")
     for name in names:
         try:
             (validate_name if public else validate_lock_name)(name)
@@ -123,7 +120,7 @@ class MultiLocks:
         """Take every lock of ``names`` for ``lease_id``, or none.
 
         Args:
-            names: 2 to :data:`MAX_NAMES` distinct lock names, any order (validated here).
+            names: 2 to :data:`MAX_MULTILOCK_NAMES` distinct lock names, any order (validated here).
             lease_id: the contender's lease.
             wait: 0.0 to try once, seconds to wait at most, or None to wait until granted or cancelled.
 
@@ -232,7 +229,8 @@ class MultiLocks:
             return 0, int(resp.header.revision)
 
         return await self._locks.etcd.txn(TxnPlan(
-            etcdops.txn([], [*(etcdops.get(key, keys_only=True) for key in keys), *self._deletes(keys, lease_id, None)]),
+            etcdops.txn([], [*(etcdops.get(key, keys_only=True) for key in keys),
+                             *self._deletes(keys, lease_id, None)]),
             lambda resp: (sum(bool(r.response_range.kvs) for r in resp.responses[:len(keys)]),
                           int(resp.header.revision)),
             [etcdops.get(key, keys_only=True) for key in keys], gone, name=names[0], lease_id=lease_id))
