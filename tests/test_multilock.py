@@ -187,7 +187,8 @@ async def test_no_deadlock_in_opposite_orders(address: str, etcd_client: Etcd3Cl
 
 async def test_losing_one_name_loses_the_multilock(address: str, etcd_client: Etcd3Client, prefix: str) -> None:
     """A key of one name deleted (an operator's act): the whole handle is lost (``lost``, its cancel_on_lost task
-    cancelled, release raises LeaseLost), and the other names' keys are released after."""
+    cancelled, its on_lost callback run, release raises LeaseLost), and the other names are released at once
+    (each by its own token), not left held until the lease ends."""
     async with AsyncLockClient(address) as client:
         handle = await client.acquire_all(["m1", "m2", "m3"], ttl=5)
         sleeper = asyncio.ensure_future(asyncio.Event().wait())

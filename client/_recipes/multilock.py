@@ -35,6 +35,7 @@ from ..v1 import lock_pb2 as pb
 from ..v1.keys import MAX_MULTILOCK_NAMES
 from ..v1.names import multilock_problem
 from .holds import Holds
+from .lock import LockRecipe
 from .recipe import LEASE_EXPIRED, bounded, settled, wait_request
 
 __all__ = ["AsyncMultiLockHandle", "acquire_all", "check_names"]
@@ -171,12 +172,8 @@ class AsyncMultiLockHandle:
         holds = self._holds
         if self._released:
             raise NotHolder("multi-lock was already released", name=self._names[0], lease_id=self.lease_id)
-        if self._lost_reason is not None:
+        if self._lost_reason is not None:  # the names still held are being released (_release_rest)
             self._released = True
-            for handle in self.handles.values():
-                holds.pool.finish_release(handle)
-                holds.stream.unwatch(handle)
-            holds.spawn(_withdraw(holds, self._names, self._lease), f"fencepost-release-{self._names[0]}")
             raise LeaseLost("multi-lock hold was lost before release", name=self._names[0], lease_id=self.lease_id,
                             reason=self._lost_reason)
         if self._release_call is None:
@@ -241,6 +238,18 @@ class AsyncMultiLockHandle:
         for task in tasks:
             if not task.done():
                 task.cancel(f"fencepost: multi-lock {self._names!r} lost ({self._lost_reason})")
+        self._holds.spawn(self._release_rest(), f"fencepost-release-{self._names[0]}")
+
+    async def _release_rest(self) -> None:
+        """Release the names still held once one is lost: each by its own token (a Release each), so that
+        nothing newer of the lease in those locks can be deleted; failures are logged (the keys end with the
+        lease)."""
+        for name, handle in self.handles.items():
+            if handle.lost_reason is None and not handle.released:
+                try:
+                    await self._holds.release(handle, LockRecipe(self._holds, name).release_call)
+                except FencepostError as err:
+                    log.debug("fencepost: release of %r after its multi-lock was lost: %r", name, err)
 
     def __repr__(self) -> str:
         state = "released" if self._released else f"lost:{self._lost_reason}" if self._lost_reason else "held"
@@ -301,7 +310,8 @@ async def acquire_all(holds: Holds, names: list[str], ttl: int, until: float | N
         except BaseException as err:
             if settled(err) or lease.lost or not holds.is_open:
                 raise
-            await holds.clean_up(_withdraw(holds, names, lease, taken), f"fencepost-withdraw-{names[0]}")
+            await holds.clean_up(_withdraw(holds, names, lease, [(n, s) for n, s in slots if s in taken]),
+                                 f"fencepost-withdraw-{names[0]}")
             taken = []  # the withdrawal frees them once done
             raise
         handle = AsyncMultiLockHandle(holds, names, lease, tokens)
@@ -344,7 +354,7 @@ async def _acquire_call(holds: Holds, names: list[str], lease: Lease, until: flo
     return [int(token) for token in resp.tokens]
 
 
-async def _withdraw(holds: Holds, names: list[str], lease: Lease, slots: Sequence[Slot] = ()) -> None:
+async def _withdraw(holds: Holds, names: list[str], lease: Lease, slots: Sequence[tuple[str, Slot]] = ()) -> None:
     """ReleaseAll with token 0: delete every key of ``lease`` in those locks (retried while the lease lives);
     then free ``slots``."""
     try:
@@ -365,5 +375,6 @@ async def _withdraw(holds: Holds, names: list[str], lease: Lease, slots: Sequenc
                             "lease): %s", names, lease.lease_id, err)
                 return
     finally:
-        for slot in slots:
+        for name, slot in slots:
             slot.lock.release()
+            holds.pool.drop_slot_if_idle(lease.lease_id, name)

@@ -279,8 +279,15 @@ class MultiLocks:
             decide, [etcdops.holder_of(lock) for lock in locks], resolve, name=names[0], lease_id=lease_id))
 
     async def _queue(self, names: list[str], lease_id: int) -> tuple[int, int]:
-        """One Txn puts every key (none there yet), else finds them all from an earlier call: (R, floor)."""
+        """One Txn puts every key (none there yet), else finds them all from an earlier call: (R, floor).
+
+        A withdrawal of these keys still in flight here (an earlier attempt of the same call, cancelled when
+        its connection broke) is awaited first, so that this attempt cannot adopt keys about to be deleted.
+        """
         keys = self._contenders(names, lease_id)
+        pending = {step for key in keys if (step := self._locks.pending_write(key)) is not None}
+        if pending:
+            await asyncio.wait(pending)
 
         def found(ranges: list[Any]) -> int:
             revisions = {int(r.kvs[0].create_revision) for r in ranges if r.kvs}
@@ -359,8 +366,12 @@ class MultiLocks:
 
         plan = TxnPlan(etcdops.txn([], deletes), lambda resp: None, [etcdops.get(key, keys_only=True) for key in keys],
                        gone, name=names[0], lease_id=lease_id)
-        with unbounded(), contextlib.suppress(FencepostError):
-            await finish_even_if_cancelled(self._locks.etcd.txn(plan))
+        with unbounded():
+            step = asyncio.ensure_future(self._locks.etcd.txn(plan))
+        for key in keys:  # a later attempt of the same call waits for it (_queue)
+            self._locks.waiters.writing(key, step)
+        with contextlib.suppress(FencepostError):
+            await finish_even_if_cancelled(step)
 
     async def _issued(self, names: list[str], lease_id: int, revision: int, floor: int,
                       freed_at: float | None) -> MultiLockResult:
