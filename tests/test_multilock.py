@@ -25,7 +25,7 @@ from fencepost.client.fencing import SqlGuard
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
 
-from .conftest import assert_invalid_field, describe_waiters_is, list_keys, wait_for
+from .conftest import assert_invalid_field, describe_waiters_is, error_info, list_keys, wait_for
 from .owned_stub import secret_metadata
 
 #: The transfers test's run, in seconds: a few in the suite; the issue's 60 s with FENCEPOST_SOAK=1.
@@ -336,3 +336,58 @@ async def test_acquire_all_over_http(etcd: object, prefix: str) -> None:
             assert answer.status == 400 and refused["details"][0]["metadata"]["field"] == "names"
     finally:
         await asyncio.wait_for(coordinator.stop(grace=0), 20)
+
+
+async def test_thirty_two_names_and_refused_releases(stub: object, etcd_client: Etcd3Client, prefix: str) -> None:
+    """32 names (the most) in one Txn, try once and waiting; a ReleaseAll with a token the lease does not hold
+    them under is refused (NOT_HOLDER / STALE_TOKEN) and deletes nothing; a lease with a key in only some of the
+    names (a single Acquire) is refused, INVALID_ARGUMENT naming ``names``."""
+    lease = await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10))  # type: ignore[attr-defined]
+    secret = secret_metadata(lease.lease_id, None)
+    names = [f"many/{i:02d}" for i in range(32)]
+    once = await stub.AcquireAll(lock_pb2.AcquireAllRequest(names=names, lease_id=lease.lease_id),  # type: ignore
+                                 metadata=secret, timeout=10)
+    assert once.acquired and len(once.tokens) == 32
+    waited = await stub.AcquireAll(lock_pb2.AcquireAllRequest(  # type: ignore[attr-defined]
+        names=list(reversed(names)), lease_id=lease.lease_id, wait_ms=5000), metadata=secret, timeout=10)
+    assert list(waited.tokens) == list(once.tokens)  # the same grant again
+    for token, reason in ((once.tokens[0] - 1, "STALE_TOKEN"), (once.tokens[0] + 1000, "NOT_HOLDER")):
+        with pytest.raises(grpc.RpcError) as caught:
+            await stub.ReleaseAll(lock_pb2.ReleaseAllRequest(  # type: ignore[attr-defined]
+                names=names, lease_id=lease.lease_id, token=token), metadata=secret, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        info = error_info(caught.value)
+        assert info is not None and info.reason == reason
+        assert len(await _keys_of(etcd_client, prefix, lease.lease_id)) == 32
+    await stub.ReleaseAll(lock_pb2.ReleaseAllRequest(  # type: ignore[attr-defined]
+        names=names, lease_id=lease.lease_id, token=once.tokens[0], request_id="rel-1"), metadata=secret, timeout=10)
+    assert await _keys_of(etcd_client, prefix, lease.lease_id) == []
+    await stub.ReleaseAll(lock_pb2.ReleaseAllRequest(  # type: ignore[attr-defined]
+        names=names, lease_id=lease.lease_id, token=once.tokens[0], request_id="rel-1"), metadata=secret, timeout=10)
+    await stub.Acquire(lock_pb2.AcquireRequest(name="many/00", lease_id=lease.lease_id))  # type: ignore
+    with pytest.raises(grpc.RpcError) as caught:
+        await stub.AcquireAll(lock_pb2.AcquireAllRequest(  # type: ignore[attr-defined]
+            names=["many/00", "many/01"], lease_id=lease.lease_id, wait_ms=1000), metadata=secret, timeout=10)
+    assert_invalid_field(caught.value, "names")
+    assert len(await _keys_of(etcd_client, prefix, lease.lease_id)) == 1
+
+
+async def test_release_after_close_and_lock_all_loss(address: str, etcd_client: Etcd3Client, prefix: str) -> None:
+    """A multi-lock's release after its client closed raises FencepostError ("client is closed"); inside
+    ``lock_all``, a cancellation by ``cancel_on_lost`` surfaces as LeaseLost."""
+    from fencepost.client import FencepostError
+
+    client = AsyncLockClient(address)
+    handle = await client.acquire_all(["c1", "c2"], ttl=5)
+    await client.close()
+    assert handle.released
+    with pytest.raises(FencepostError, match="closed"):
+        await handle.release()
+    async with AsyncLockClient(address) as client:
+        with pytest.raises(LeaseLost):
+            async with client.lock_all(["c3", "c4"], ttl=5) as held:
+                held.cancel_on_lost()
+                key = Keys(prefix).contender("c4", held.lease_id)
+                await etcd_client.kv.delete(key, timeout=5)  # type: ignore[union-attr]
+                await asyncio.Event().wait()  # cancelled by the loss
+        await wait_for(lambda: _count_is(etcd_client, prefix, 0), 10, what="c3 released")

@@ -131,8 +131,8 @@ class AsyncMultiLockHandle:
 
     @property
     def released(self) -> bool:
-        """Whether it was released."""
-        return self._released
+        """Whether it was released (or its client closed)."""
+        return self._released or all(handle.released for handle in self.handles.values())
 
     def valid_for(self) -> float:
         """Seconds the multi-lock is believed held, at most (0 once lost): the least of its names'."""
@@ -170,7 +170,9 @@ class AsyncMultiLockHandle:
             raise FencepostError("multi-lock handle inherited through fork", name=self._names[0],
                                  lease_id=self.lease_id, reason="FORKED")
         holds = self._holds
-        if self._released:
+        if not holds.is_open and self._lost_reason is None:
+            raise FencepostError("client is closed", name=self._names[0], lease_id=self.lease_id)
+        if self.released:
             raise NotHolder("multi-lock was already released", name=self._names[0], lease_id=self.lease_id)
         if self._lost_reason is not None:  # the names still held are being released (_release_rest)
             self._released = True
