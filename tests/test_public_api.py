@@ -21,6 +21,8 @@ _HOLD = {"check", "deadline", "is_valid", "lease_id", "lease_secret", "lost_reas
 _ASYNC = _HOLD | {"cancel_on_lost", "kind", "local_name", "what"}
 _SYNC = _HOLD | {"wait_lost"}
 _ELECTION = {"proclaim", "resign"}
+_MULTI = {"check", "is_valid", "lease_id", "lost_reason", "names", "on_lost", "release", "released", "token_for",
+          "tokens", "ttl", "valid_for"}
 
 PUBLIC = {
     "AsyncLockHandle": _ASYNC,
@@ -30,6 +32,8 @@ PUBLIC = {
     "AsyncSemaphore": {"acquire", "describe", "try_acquire"},
     "Semaphore": {"acquire", "describe", "try_acquire"},
     "LeaderObserver": {"stop"},
+    "AsyncMultiLockHandle": _MULTI | {"cancel_on_lost"},
+    "MultiLockHandle": _MULTI | {"wait_lost"},
 }
 
 

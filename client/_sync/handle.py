@@ -170,9 +170,18 @@ class MultiLockHandle:
         return self._hold.lease_id
 
     @property
+    def ttl(self) -> int:
+        """The lease's granted TTL in seconds."""
+        return self._hold.ttl
+
+    @property
     def lost_reason(self) -> str | None:
         """Why it was lost, None while held."""
         return self._hold.lost_reason
+
+    def valid_for(self) -> float:
+        """Seconds the multi-lock is believed held, at most (see :meth:`AsyncMultiLockHandle.valid_for`)."""
+        return self._hold.valid_for()
 
     @property
     def released(self) -> bool:
