@@ -391,3 +391,16 @@ async def test_release_after_close_and_lock_all_loss(address: str, etcd_client: 
                 await etcd_client.kv.delete(key, timeout=5)  # type: ignore[union-attr]
                 await asyncio.Event().wait()  # cancelled by the loss
         await wait_for(lambda: _count_is(etcd_client, prefix, 0), 10, what="c3 released")
+
+
+async def test_docs_example_runs(address: str, tmp_path: Path) -> None:
+    """The fenced transfer of docs/multilocks.md runs as written (address and file moved) and conserves money."""
+    page = (Path(__file__).parent.parent / "docs" / "multilocks.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    db = tmp_path / "bank.db"
+    code = code.replace("127.0.0.1:7420", address).replace('"bank.db"', repr(str(db)))
+    await asyncio.to_thread(exec, compile(code, "docs/multilocks.md", "exec"), {})
+    conn = sqlite3.connect(db)
+    rows = dict(conn.execute("SELECT id, balance FROM accounts").fetchall())
+    conn.close()
+    assert rows == {"acct:1": 995, "acct:2": 1005}
