@@ -373,15 +373,15 @@ async def test_thirty_two_names_and_refused_releases(stub: object, etcd_client: 
 
 
 async def test_release_after_close_and_lock_all_loss(address: str, etcd_client: Etcd3Client, prefix: str) -> None:
-    """A multi-lock's release after its client closed raises FencepostError ("client is closed"); inside
+    """A multi-lock's release after its client closed raises FencepostError; inside
     ``lock_all``, a cancellation by ``cancel_on_lost`` surfaces as LeaseLost."""
     from fencepost.client import FencepostError
 
     client = AsyncLockClient(address)
     handle = await client.acquire_all(["c1", "c2"], ttl=5)
     await client.close()
-    assert handle.released
-    with pytest.raises(FencepostError, match="closed"):
+    assert handle.released or handle.lost_reason is not None  # the close's revoke may be heard first
+    with pytest.raises(FencepostError):  # "client is closed" (or LeaseLost, when the revoke was heard)
         await handle.release()
     async with AsyncLockClient(address) as client:
         with pytest.raises(LeaseLost):

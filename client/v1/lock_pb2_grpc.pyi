@@ -500,9 +500,10 @@ class LockServiceStub:
     strictly larger than that name's earlier tokens. Waiting and try once
     as Acquire; a try-once call that cannot take every name at once, a
     wait that times out, and a call that fails leave no key of any name
-    (one transaction deletes them all). A call cancelled while it waits
-    keeps its keys for 2 s, as Acquire does, then deletes them all; a
-    caller that gives up calls ReleaseAll with token 0. Idempotent per
+    (one transaction deletes them all); so does a call cancelled while it
+    waits, at once (unlike Acquire, no place is kept for a caller that
+    reconnects: it queues again). A client that gives up a call whose
+    outcome it does not know calls ReleaseAll with token 0. Idempotent per
     (lease_id, names): a lease that holds them all gets the same tokens.
     Do not mix AcquireAll and Acquire of one name under one lease.
     Errors: INVALID_ARGUMENT (names: fewer than 2, more than 32, a
@@ -913,9 +914,10 @@ class LockServiceAsyncStub(LockServiceStub):
     strictly larger than that name's earlier tokens. Waiting and try once
     as Acquire; a try-once call that cannot take every name at once, a
     wait that times out, and a call that fails leave no key of any name
-    (one transaction deletes them all). A call cancelled while it waits
-    keeps its keys for 2 s, as Acquire does, then deletes them all; a
-    caller that gives up calls ReleaseAll with token 0. Idempotent per
+    (one transaction deletes them all); so does a call cancelled while it
+    waits, at once (unlike Acquire, no place is kept for a caller that
+    reconnects: it queues again). A client that gives up a call whose
+    outcome it does not know calls ReleaseAll with token 0. Idempotent per
     (lease_id, names): a lease that holds them all gets the same tokens.
     Do not mix AcquireAll and Acquire of one name under one lease.
     Errors: INVALID_ARGUMENT (names: fewer than 2, more than 32, a
@@ -1461,9 +1463,10 @@ class LockServiceServicer(metaclass=_abc_1.ABCMeta):
         strictly larger than that name's earlier tokens. Waiting and try once
         as Acquire; a try-once call that cannot take every name at once, a
         wait that times out, and a call that fails leave no key of any name
-        (one transaction deletes them all). A call cancelled while it waits
-        keeps its keys for 2 s, as Acquire does, then deletes them all; a
-        caller that gives up calls ReleaseAll with token 0. Idempotent per
+        (one transaction deletes them all); so does a call cancelled while it
+        waits, at once (unlike Acquire, no place is kept for a caller that
+        reconnects: it queues again). A client that gives up a call whose
+        outcome it does not know calls ReleaseAll with token 0. Idempotent per
         (lease_id, names): a lease that holds them all gets the same tokens.
         Do not mix AcquireAll and Acquire of one name under one lease.
         Errors: INVALID_ARGUMENT (names: fewer than 2, more than 32, a
