@@ -256,3 +256,16 @@ async def test_http_calls_are_counted_traced_and_logged_as_their_rpcs(etcd: Embe
     finally:
         await coordinator.stop(0)
         spans.shutdown()
+
+
+async def test_a_grpc_client_pointed_at_the_http_port_is_told_so(served: tuple[Coordinator, Http]) -> None:
+    """The Python client (and the CLI, which uses it) dialled at the HTTP port fails with Unavailable whose
+    message names the HTTP port, not only gRPC's "Trying to connect an http1.x server"."""
+    from fencepost.client import AsyncLockClient
+    from fencepost.client.errors import Unavailable
+
+    _, http = served
+    with pytest.raises(Unavailable) as raised:
+        async with AsyncLockClient(http.base.removeprefix("http://"), connect_timeout=1.0) as client:
+            await client.acquire("x", ttl=5, timeout=1.0)
+    assert "--http-listen" in str(raised.value), raised.value
