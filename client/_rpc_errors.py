@@ -95,6 +95,8 @@ def from_rpc_error(
     message = status.message
     if code == grpc.StatusCode.UNIMPLEMENTED and reason is None:
         message = not_served(address)
+    elif code == grpc.StatusCode.UNAVAILABLE and "http1.x server" in message:
+        message += " (is it a coordinator's HTTP port, --http-listen? this client speaks gRPC, to --listen)"
     server_lease = status.int_value(details.LEASE_ID)
     common: dict[str, Any] = {
         "name": status.metadata.get(details.NAME) or name,

@@ -129,6 +129,15 @@ async def test_refusals_of_the_request_itself_are_status_bodies(served: tuple[Co
     assert status == 413 and body["code"] == 8
     status, body, _ = await http.call("GET", "/v1/locks/x", headers={"Fencepost-Timeout-Ms": "soon"})
     assert status == 400 and body["details"][0]["metadata"]["field"] == "Fencepost-Timeout-Ms"
+    # A newline in a name is refused naming it, as every other control character is (it is not "no route").
+    status, body, _ = await http.call("GET", "/v1/locks/a%0Ab")
+    assert status == 400 and body["details"][0]["metadata"]["field"] == "name", body
+    # A member given twice is refused (not the last one taken); a body that is not an object says what it is.
+    status, body, _ = await http.call("POST", "/v1/leases", data=b'{"ttlSeconds": 10, "ttlSeconds": 20}',
+                                      headers={"Content-Type": "application/json"})
+    assert status == 400 and body["details"][0]["metadata"]["field"] == "ttlSeconds", body
+    status, body, _ = await http.call("POST", "/v1/leases", data=b"null", headers={"Content-Type": "application/json"})
+    assert status == 400 and body["message"].endswith("not null"), body
 
 
 async def test_every_kind_of_route_is_answered(served: tuple[Coordinator, Http]) -> None:
@@ -247,3 +256,16 @@ async def test_http_calls_are_counted_traced_and_logged_as_their_rpcs(etcd: Embe
     finally:
         await coordinator.stop(0)
         spans.shutdown()
+
+
+async def test_a_grpc_client_pointed_at_the_http_port_is_told_so(served: tuple[Coordinator, Http]) -> None:
+    """The Python client (and the CLI, which uses it) dialled at the HTTP port fails with Unavailable whose
+    message names the HTTP port, not only gRPC's "Trying to connect an http1.x server"."""
+    from fencepost.client import AsyncLockClient
+    from fencepost.client.errors import Unavailable
+
+    _, http = served
+    with pytest.raises(Unavailable) as raised:
+        async with AsyncLockClient(http.base.removeprefix("http://"), connect_timeout=1.0) as client:
+            await client.acquire("x", ttl=5, timeout=1.0)
+    assert "--http-listen" in str(raised.value), raised.value

@@ -93,6 +93,8 @@ class Connection:
         self._closing: set[asyncio.Task[None]] = set()
         # Connectivity watches still registered with gRPC (see _watch).
         self._watches: set[asyncio.Task[None]] = set()
+        # Addresses whose last connection attempt found an HTTP/1 server (gRPC's details said so).
+        self.http1: set[str] = set()
 
     @property
     def address(self) -> str:
@@ -161,7 +163,8 @@ class Connection:
                 return
             left = until - loop.time()
             if left <= 0:
-                raise Unavailable(and_tls(f"no coordinator reachable at {', '.join(self.addresses)}", tls_failed))
+                raise Unavailable(and_tls(self.unreachable(f"no coordinator reachable at {', '.join(self.addresses)}"),
+                                          tls_failed))
             try:
                 if await self._wait_ready(channel, address, min(left, per_try), once=False) == READY:
                     return
@@ -274,7 +277,16 @@ class Connection:
             details = await _connect_error(channel, timeout)
             if details is None:
                 return None
+        if HTTP1_SERVER in details:
+            self.http1.add(address)
         return await handshake.failure(self.security, details, address, timeout)
+
+    def unreachable(self, message: str) -> str:
+        """``message`` (no coordinator reachable), with a hint when an address answered as an HTTP/1 server."""
+        if not self.http1:
+            return message
+        return (f"{message} ({', '.join(sorted(self.http1))} answered HTTP/1: is it a coordinator's HTTP port, "
+                f"--http-listen? this client speaks gRPC, to --listen)")
 
     async def close(self) -> None:
         """Stop every call: close the channel and the ones being replaced. Idempotent.
@@ -313,6 +325,10 @@ async def _connect_error(channel: grpc.aio.Channel, timeout: float) -> str | Non
     except grpc.aio.AioRpcError as err:
         return (err.details() or "") if err.code() == grpc.StatusCode.UNAVAILABLE else None
     return None
+
+
+#: What gRPC's connection error says when the address answered as an HTTP/1.x server (an HTTP port).
+HTTP1_SERVER = "http1.x server"
 
 
 def and_tls(message: str, failures: dict[str, TlsError]) -> str:

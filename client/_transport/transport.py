@@ -215,7 +215,8 @@ class Transport(Connection):
                 if left <= 0:
                     if unsettled is not None:
                         raise unknown() from unsettled
-                    raise Unavailable(and_tls("no coordinator reachable", tls_failed), name=name, lease_id=lease_id)
+                    raise Unavailable(and_tls(self.unreachable("no coordinator reachable"), tls_failed), name=name,
+                                      lease_id=lease_id)
                 try:
                     wait = left if self.fail_fast else min(left, self.per_try)
                     outcome = await self._wait_ready(channel, address, wait, once=self.fail_fast)
@@ -241,7 +242,7 @@ class Transport(Connection):
                     unreachable += 1
                     self.rotate(channel, force=True)
                     if unreachable + len(tls_failed) >= len(self.addresses):
-                        raise Unavailable(and_tls("every connection attempt failed", tls_failed),
+                        raise Unavailable(and_tls(self.unreachable("every connection attempt failed"), tls_failed),
                                           name=name, lease_id=lease_id)
                     continue
             request, timeout = make(None if until is None else until - loop.time())

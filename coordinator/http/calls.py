@@ -103,7 +103,7 @@ class Api:
 
     def __call__(self, app: web.Application) -> None:
         """Add the routes to ``app`` (and, at its cleanup, wait for the withdrawals still running)."""
-        app.router.add_route("*", "/v1/{tail:.*}", self.dispatch)
+        app.router.add_route("*", r"/v1/{tail:[\s\S]*}", self.dispatch)  # "." would miss a newline
         app.on_cleanup.append(self._finish)
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -204,10 +204,33 @@ async def _data(request: web.Request, route: Route) -> dict[str, Any]:
     if not body.strip():
         return {}
     try:
-        data = json.loads(body)
+        data = json.loads(body, object_pairs_hook=_once_each)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"the body is not JSON: {exc}") from None
+        field = getattr(exc, "field", None)
+        raise InvalidArgument(f"the body is not JSON: {exc}" if field is None else str(exc), field=field) from None
     if not isinstance(data, dict):
         raise InvalidArgument(f"the body must be one JSON object (a {request_type(route).DESCRIPTOR.name}), "
-                              f"not {type(data).__name__}")
+                              f"not {_JSON_KINDS.get(type(data), 'a value')}")
+    return data
+
+
+#: How a JSON value that is not an object is named in a refusal.
+_JSON_KINDS: dict[type, str] = {list: "an array", str: "a string", int: "a number", float: "a number",
+                                bool: "a boolean", type(None): "null"}
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the body gives {key} twice")
+        self.field = key
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refusing a name given twice (RFC 8259 leaves it to the reader; gRPC's own JSON
+    mapping has one value per field)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(key)
+        data[key] = value
     return data
