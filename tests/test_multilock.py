@@ -20,7 +20,7 @@ import grpc
 import pytest
 from etcd3aio import Etcd3Client
 
-from fencepost.client import AsyncLockClient, InvalidArgument, LeaseLost, LockClient, LockHeld, LockTimeout
+from fencepost.client import AsyncLockClient, InvalidArgument, LeaseLost, LockClient, LockHeld, LockTimeout, NotHolder
 from fencepost.client.fencing import SqlGuard
 from fencepost.client.v1 import lock_pb2
 from fencepost.client.v1.keys import Keys
@@ -68,7 +68,7 @@ async def test_try_once_takes_all_or_none(address: str, stub: object, etcd_clien
         await again.release()
         await handle.release()
         assert handle.released and await list_keys(etcd_client, prefix) == []
-        with pytest.raises(Exception):
+        with pytest.raises(NotHolder):
             await handle.release()
 
 
