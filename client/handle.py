@@ -55,6 +55,8 @@ def hold_words(kind: int, name: str, slot: int = 0) -> str:
         return f"leadership of election {name!r}"
     if kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
         return f"permit {slot} of semaphore {name!r}"
+    if kind == kinds.HoldKind.HOLD_KIND_READ:
+        return "read lock"
     return "lock"
 
 
@@ -246,7 +248,7 @@ class AsyncLockHandle(HoldView):
 
     @property
     def kind(self) -> int:
-        """What this is a hold of: a ``HoldKind`` (``HOLD_KIND_LOCK``, ``_ELECTION``, ``_SEMAPHORE``)."""
+        """What this is a hold of: a ``HoldKind`` (``HOLD_KIND_LOCK``, ``_ELECTION``, ``_SEMAPHORE``, ``_READ``)."""
         return self._kind
 
     @property

@@ -24,7 +24,7 @@ from .._recipes.election import observe as observe_leader
 from .._recipes.lock import LockRecipe
 from .._recipes.semaphore import AsyncSemaphore, check_permits
 from .._transport import wire
-from ..errors import FencepostError, LeaseLost, Unavailable
+from ..errors import FencepostError, InvalidArgument, LeaseLost, Unavailable
 from ..handle import AsyncLockHandle
 from ..tracing import LEASE_ID, OUTCOME, TOKEN, failed
 from ..v1 import kinds
@@ -159,7 +159,7 @@ class AsyncLockClient(MultiLockCalls):
     # ------------------------------------------------------------------ acquire / release
 
     async def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None, *,
-                      lock_delay: float = 0) -> AsyncLockHandle:
+                      lock_delay: float = 0, read: bool = False) -> AsyncLockHandle:
         """Acquire the lock ``name``, waiting up to ``timeout`` seconds.
 
         Contenders are granted first come, first served. A second local
@@ -178,12 +178,17 @@ class AsyncLockClient(MultiLockCalls):
                 was revoked (not by a release), the lock's next grant waits this
                 long after the end (docs/fencing.md, "Lock-delay"). A mitigation for
                 storage that cannot check tokens, never a replacement for fencing.
+            read: Take a read hold (docs/rwlocks.md, after etcd's and Curator's read-write locks): shared
+                with other readers, excluded by a writer (any hold of ``name`` without ``read``), granted
+                first come, first served with the writers (a waiting writer blocks later readers). Its token
+                is its own; a later writer's token is larger than every earlier reader's. No lock_delay;
+                a lease that reads ``name`` and then asks to write it waits for itself (no upgrade).
 
         Returns:
             The handle of the grant, with its fencing token.
 
         Raises:
-            InvalidArgument: bad name, ttl, timeout or lock_delay (before any RPC).
+            InvalidArgument: bad name, ttl, timeout or lock_delay, or lock_delay with read (before any RPC).
             LockTimeout: not granted within ``timeout``.
             LeaseLost: the lease was lost while waiting, twice in a row.
             ResourceExhausted: too many waiters on the coordinator.
@@ -191,15 +196,17 @@ class AsyncLockClient(MultiLockCalls):
             FencepostError: the client is closed, or was inherited through
                 fork (reason "FORKED").
         """
-        return await self._acquire(name, ttl, timeout, try_once=False, lock_delay=lock_delay)
+        return await self._acquire(name, ttl, timeout, try_once=False, lock_delay=lock_delay, read=read)
 
-    async def try_acquire(self, name: str, ttl: float = 10.0, *, lock_delay: float = 0) -> AsyncLockHandle:
+    async def try_acquire(self, name: str, ttl: float = 10.0, *, lock_delay: float = 0,
+                          read: bool = False) -> AsyncLockHandle:
         """Acquire the lock ``name`` if it is free, without waiting.
 
         Args:
             name: The lock name.
             ttl: Lease TTL in seconds, as for :meth:`acquire`.
             lock_delay: As for :meth:`acquire`.
+            read: A read hold, as for :meth:`acquire` (refused while a writer holds or waits).
 
         Returns:
             The handle of the grant, with its fencing token.
@@ -214,11 +221,12 @@ class AsyncLockClient(MultiLockCalls):
             FencepostError: the client is closed, or was inherited through
                 fork (reason "FORKED").
         """
-        return await self._acquire(name, ttl, None, try_once=True, lock_delay=lock_delay)
+        return await self._acquire(name, ttl, None, try_once=True, lock_delay=lock_delay, read=read)
 
     @contextlib.asynccontextmanager
     async def lock(
-        self, name: str, ttl: float = 10.0, timeout: float | None = None, *, lock_delay: float = 0
+        self, name: str, ttl: float = 10.0, timeout: float | None = None, *, lock_delay: float = 0,
+        read: bool = False,
     ) -> AsyncIterator[AsyncLockHandle]:
         """Hold the lock ``name`` for the body of an ``async with`` block.
 
@@ -233,6 +241,7 @@ class AsyncLockClient(MultiLockCalls):
             ttl: Lease TTL in seconds.
             timeout: Seconds to wait for the lock; None waits forever.
             lock_delay: As for :meth:`acquire`.
+            read: A read hold, as for :meth:`acquire`.
 
         Yields:
             The handle of the grant.
@@ -241,7 +250,7 @@ class AsyncLockClient(MultiLockCalls):
             LeaseLost: the hold was lost before the block ended.
             (and everything :meth:`acquire` and :meth:`AsyncLockHandle.release` raise)
         """
-        handle = await self.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay)
+        handle = await self.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay, read=read)
         try:
             yield handle
         except asyncio.CancelledError as exc:
@@ -259,31 +268,33 @@ class AsyncLockClient(MultiLockCalls):
         await handle.release()
 
     async def _acquire(self, name: str, ttl: float, timeout: float | None, *, try_once: bool,
-                       lock_delay: float = 0) -> AsyncLockHandle:
+                       lock_delay: float = 0, read: bool = False) -> AsyncLockHandle:
         self._check_fork()
         wire.check_name(name)
         ttl_s = wire.ttl_to_wire(ttl)
         timeout = wire.check_timeout(timeout)
         delay_s = wire.lock_delay_to_wire(lock_delay)
+        if read and delay_s:
+            raise InvalidArgument("a read hold takes no lock_delay", field="lock_delay", name=name)
         with self._metrics.acquiring(self._leases.clock):
-            return await self._acquire_traced(name, ttl_s, timeout, try_once, delay_s)
+            return await self._acquire_traced(name, ttl_s, timeout, try_once, delay_s, read)
 
     async def _acquire_traced(self, name: str, ttl_s: int, timeout: float | None, try_once: bool,
-                              delay_s: int = 0) -> AsyncLockHandle:
+                              delay_s: int = 0, read: bool = False) -> AsyncLockHandle:
         await self._ensure_open(name)
         until = None if timeout is None else asyncio.get_running_loop().time() + timeout
         tracing = self._transport.tracing
         tracer = tracing.tracer()
         if tracer is None:
-            return await self._acquire_or_closed(name, ttl_s, until, try_once, delay_s)
+            return await self._acquire_or_closed(name, ttl_s, until, try_once, delay_s, read)
         attributes = tracing.lock_attributes(name)
-        attributes.update({"fencepost.ttl_seconds": ttl_s, "fencepost.try_once": try_once})
+        attributes.update({"fencepost.ttl_seconds": ttl_s, "fencepost.try_once": try_once, "fencepost.read": read})
         if timeout is not None:
             attributes["fencepost.timeout_seconds"] = timeout
         with tracer.start_as_current_span("fencepost.acquire", attributes=attributes, record_exception=False,
                                           set_status_on_exception=False) as span:
             try:
-                handle = await self._acquire_or_closed(name, ttl_s, until, try_once, delay_s)
+                handle = await self._acquire_or_closed(name, ttl_s, until, try_once, delay_s, read)
             except BaseException as exc:
                 failed(span, exc)
                 raise
@@ -291,9 +302,10 @@ class AsyncLockClient(MultiLockCalls):
             return handle
 
     async def _acquire_or_closed(self, name: str, ttl_s: int, until: float | None, try_once: bool,
-                                 delay_s: int = 0) -> AsyncLockHandle:
+                                 delay_s: int = 0, read: bool = False) -> AsyncLockHandle:
         try:
-            return await self._holds.acquire(LockRecipe(self._holds, name, delay_s), ttl_s, until, try_once=try_once)
+            return await self._holds.acquire(LockRecipe(self._holds, name, delay_s, read=read), ttl_s, until,
+                                             try_once=try_once)
         except FencepostError as exc:
             closed = self._closed_error(name)
             if closed is None:

@@ -1,4 +1,4 @@
-"""The lock recipe, client side: Acquire, Release and Withdraw of one lock.
+"""The lock recipe, client side: Acquire, Release and Withdraw of one lock, written or read.
 
 A :class:`LockRecipe` plugs the lock's calls into the acquire loop and the
 release of :class:`~.holds.Holds`. The three calls go as messages on the
@@ -14,6 +14,11 @@ else as unary calls; the same rules either way:
   every attempt, and a release called again after one that failed
   (Unavailable), is the same call, so a retry of a Release that committed
   answers OK; hence it is retried after UNAVAILABLE like an idempotent call.
+
+A read hold (``read=True``: a read-write lock's reader, docs/rwlocks.md)
+sends all three with ``mode`` LOCK_MODE_READ; its handle's kind is
+HOLD_KIND_READ, so its local exclusion and its hold watch are the reader's,
+apart from the same client's write hold of the name.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING
 from .._transport import wire
 from ..errors import LockHeld, LockTimeout
 from ..handle import AsyncLockHandle
+from ..v1 import kinds
 from ..v1 import lock_pb2 as pb
 from .recipe import Recipe, bounded, wait_request
 
@@ -40,11 +46,14 @@ class LockRecipe(Recipe):
         holds: The client's holds and leases.
         name: The lock name (checked).
         lock_delay: The hold's lock-delay in whole seconds (checked), 0 for none.
+        read: A read hold (shared with other readers), not a write hold.
     """
 
-    def __init__(self, holds: Holds, name: str, lock_delay: int = 0) -> None:
-        super().__init__(holds, name)
+    def __init__(self, holds: Holds, name: str, lock_delay: int = 0, *, read: bool = False) -> None:
+        super().__init__(holds, name, kinds.read_lock(name) if read else name)
         self.lock_delay = lock_delay
+        self.mode = pb.LOCK_MODE_READ if read else pb.LOCK_MODE_WRITE
+        self.kind = pb.HOLD_KIND_READ if read else pb.HOLD_KIND_LOCK
         self._withdraw_id = ""  # the request id of its Withdraw: the same on every retry
 
     def held_here(self, lease_id: int, *, waiting: bool) -> str:
@@ -61,7 +70,7 @@ class LockRecipe(Recipe):
         request_id = wire.new_request_id()  # the same on every attempt (only the wait left changes)
         make = wait_request(lambda wait_ms, forever: pb.AcquireRequest(
             name=name, lease_id=lease.lease_id, wait_ms=wait_ms, wait_forever=forever,
-            lock_delay_seconds=self.lock_delay, request_id=request_id), try_once=try_once,
+            lock_delay_seconds=self.lock_delay, request_id=request_id, mode=self.mode), try_once=try_once,
             call_timeout=holds.call_timeout)
         resp = await holds.transport.call("Acquire", make, until=until, idempotent=True, name=name,
                                           lease_id=lease.lease_id, secret=lease.secret, stream=holds.stream.calls)
@@ -77,12 +86,13 @@ class LockRecipe(Recipe):
                        "was lost has not passed yet")
             raise LockHeld(message, name=name, lease_id=lease.lease_id, holder_lease_id=holder_lease,
                            holder_token=holder_token)
-        return AsyncLockHandle(name, lease, int(resp.token), self.release)
+        return AsyncLockHandle(name, lease, int(resp.token), self.release, kind=self.kind)
 
     async def withdraw_call(self, lease: Lease) -> str | None:
         holds = self.holds
         self._withdraw_id = self._withdraw_id or wire.new_request_id()
-        request = pb.WithdrawRequest(name=self.name, lease_id=lease.lease_id, request_id=self._withdraw_id)
+        request = pb.WithdrawRequest(name=self.name, lease_id=lease.lease_id, request_id=self._withdraw_id,
+                                     mode=self.mode)
         resp = await holds.transport.call(
             "Withdraw", lambda _left: (request, holds.call_timeout), until=None, idempotent=True, name=self.name,
             lease_id=lease.lease_id, secret=lease.secret, stream=holds.stream.calls)
@@ -93,7 +103,7 @@ class LockRecipe(Recipe):
     async def release_call(self, handle: AsyncLockHandle, until: float) -> None:
         holds = self.holds
         request = pb.ReleaseRequest(name=handle.name, lease_id=handle.lease_id, token=handle.token,
-                                    request_id=handle._release_request_id())
+                                    request_id=handle._release_request_id(), mode=self.mode)
         await holds.transport.call("Release", lambda left: (request, bounded(holds.call_timeout, left)),
                                    until=until, idempotent=True, name=handle.name, lease_id=handle.lease_id,
                                    token=handle.token, secret=handle.lease_secret, stream=holds.stream.calls)

@@ -169,35 +169,36 @@ class LockClient:
 
     @twin(AsyncLockClient.acquire)
     def acquire(self, name: str, ttl: float = 10.0, timeout: float | None = None, *,
-                lock_delay: float = 0) -> LockHandle:
+                lock_delay: float = 0, read: bool = False) -> LockHandle:
         self._loop.check_fork()
         _check(name, ttl, timeout, lock_delay)
 
         async def run() -> LockHandle:
-            return LockHandle(await self._aio.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay),
-                              self._loop)
+            return LockHandle(await self._aio.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay,
+                                                      read=read), self._loop)
 
         return self._loop.run(run(), name)
 
     @twin(AsyncLockClient.try_acquire)
-    def try_acquire(self, name: str, ttl: float = 10.0, *, lock_delay: float = 0) -> LockHandle:
+    def try_acquire(self, name: str, ttl: float = 10.0, *, lock_delay: float = 0, read: bool = False) -> LockHandle:
         self._loop.check_fork()
         _check(name, ttl, None, lock_delay)
 
         async def run() -> LockHandle:
-            return LockHandle(await self._aio.try_acquire(name, ttl=ttl, lock_delay=lock_delay), self._loop)
+            return LockHandle(await self._aio.try_acquire(name, ttl=ttl, lock_delay=lock_delay, read=read),
+                              self._loop)
 
         return self._loop.run(run(), name)
 
     @contextlib.contextmanager
     def lock(self, name: str, ttl: float = 10.0, timeout: float | None = None, *,
-             lock_delay: float = 0) -> Iterator[LockHandle]:
+             lock_delay: float = 0, read: bool = False) -> Iterator[LockHandle]:
         """Hold the lock ``name`` for the body of a ``with`` block (see :meth:`AsyncLockClient.lock`).
 
         Acquires as :meth:`acquire`, releases on exit. If the hold was lost
         while the body ran and the body raised nothing, LeaseLost is raised on exit.
         """
-        handle = self.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay)
+        handle = self.acquire(name, ttl=ttl, timeout=timeout, lock_delay=lock_delay, read=read)
         try:
             yield handle
         except BaseException:

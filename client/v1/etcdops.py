@@ -139,21 +139,24 @@ def get(key: bytes, *, keys_only: bool = False) -> rpc_pb2.RequestOp:
     return RequestOp(request_range=RangeRequest(key=key, keys_only=keys_only))
 
 
-def holder_of(lock: bytes, *, limit: int = 1, keys_only: bool = True) -> rpc_pb2.RequestOp:
+def holder_of(lock: bytes, *, limit: int = 1, keys_only: bool = True,
+              range_end: bytes | None = None) -> rpc_pb2.RequestOp:
     """A read op of the lock's contenders in grant order: the first is the holder.
 
     Args:
         lock: The lock's key range prefix.
+        range_end: The end of the range read, when not the whole prefix (a read-write lock's writers).
         limit: How many contenders to return, lowest create revision first.
         keys_only: Leave the values out (False: an election's values too).
     """
     return RequestOp(request_range=RangeRequest(
-        key=lock, range_end=prefix_end(lock), sort_order=RangeRequest.ASCEND,
+        key=lock, range_end=range_end or prefix_end(lock), sort_order=RangeRequest.ASCEND,
         sort_target=RangeRequest.CREATE, limit=limit, keys_only=keys_only,
     ))
 
 
-def last_before(lock: bytes, create_revision: int, *, limit: int = 1) -> rpc_pb2.RequestOp:
+def last_before(lock: bytes, create_revision: int, *, limit: int = 1,
+                range_end: bytes | None = None) -> rpc_pb2.RequestOp:
     """A read op of the contender queued just before the one created at ``create_revision``.
 
     Args:
@@ -161,6 +164,7 @@ def last_before(lock: bytes, create_revision: int, *, limit: int = 1) -> rpc_pb2
         create_revision: The create revision of the contender's key.
         limit: How many contenders before it to return, nearest first (a
             semaphore's queue member watches its ``permits`` nearest ones).
+        range_end: The end of the range read, when not the whole prefix (a reader waits for writers only).
 
     Returns:
         The op whose response holds at most ``limit`` keys: the highest create
@@ -168,7 +172,7 @@ def last_before(lock: bytes, create_revision: int, *, limit: int = 1) -> rpc_pb2
         (empty when that contender is first, i.e. holds the lock).
     """
     return RequestOp(request_range=RangeRequest(
-        key=lock, range_end=prefix_end(lock), max_create_revision=create_revision - 1,
+        key=lock, range_end=range_end or prefix_end(lock), max_create_revision=create_revision - 1,
         sort_order=RangeRequest.DESCEND, sort_target=RangeRequest.CREATE, limit=limit, keys_only=True,
     ))
 

@@ -6,6 +6,12 @@ its lease. The name is percent-encoded with no safe characters, so ``/``
 becomes ``%2F``: no lock's range can contain another lock's keys (``a`` and
 ``a/b`` are independent locks).
 
+A reader of lock ``N`` (a read-write lock, ``kinds.read_lock(N)``) puts the
+key ``<prefix><encoded N>/r<lease id as 16 hex digits>`` in the same range:
+its contenders, readers and writers, queue in one order of create
+revisions, and a plain holder is a writer. Writers' keys (16 hex digits)
+all sort before ``r``, so they are the range :meth:`Keys.writers`.
+
 One more key lives under the prefix: the coordinators' token record
 ``<prefix>.tokens`` (no ``/`` after the name part, so no lock's range holds
 it), JSON with the token floor F: a fencing token is its key's create
@@ -40,6 +46,8 @@ import json
 from typing import NamedTuple
 import functools
 from urllib.parse import quote, unquote
+
+from .kinds import READ_TAG
 
 #: Longest lock name, in bytes of UTF-8.
 MAX_NAME_BYTES = 256
@@ -81,6 +89,8 @@ LEASE_RECORD_INFIX = b".lease."
 REQUEST_RECORD_INFIX = b".request."
 #: A records lease's marker key is the prefix, REQUEST_RECORD_INFIX, this and the lease id in 16 hex digits.
 RECORDS_LEASE_MARK = b"~"
+#: A reader's key is its lock's range, this, and its lease id in 16 hex digits (after every writer's key).
+READER_MARK = b"r"
 
 
 def token_floor(record: bytes | None) -> int:
@@ -133,8 +143,15 @@ class Keys:
         self.request_records = self.prefix + REQUEST_RECORD_INFIX
 
     def lock_prefix(self, name: str) -> bytes:
-        """The key range of lock ``name`` (every contender's key starts with it)."""
+        """The key range of lock ``name`` (every contender's key starts with it; a read hold's is its lock's)."""
+        if name.startswith(READ_TAG):
+            name = name[len(READ_TAG):]
         return self.prefix + _encoded(name) + b"/"
+
+    def writers(self, name: str) -> tuple[bytes, bytes]:
+        """The key range [start, end) of the writers' keys of lock ``name`` (its range without its readers)."""
+        lock = self.lock_prefix(name)
+        return lock, lock + READER_MARK
 
     def name_prefix(self, prefix: str) -> bytes:
         """The key range of every lock whose name starts with ``prefix`` ("" for every lock).
@@ -145,8 +162,9 @@ class Keys:
         return self.prefix + quote(prefix, safe="").encode()
 
     def contender(self, name: str, lease_id: int) -> bytes:
-        """The key of ``lease_id``'s hold or place in the queue for ``name``."""
-        return self.lock_prefix(name) + f"{lease_id:016x}".encode()
+        """The key of ``lease_id``'s hold or place in the queue for ``name`` (a reader's for a read hold's name)."""
+        mark = READER_MARK if name.startswith(READ_TAG) else b""
+        return self.lock_prefix(name) + mark + f"{lease_id:016x}".encode()
 
     def lease_record(self, lease_id: int) -> bytes:
         """The key of lease ``lease_id``'s ownership record (not a lock key: :meth:`parse` returns None for it)."""
@@ -166,19 +184,27 @@ class Keys:
         """
         return self.request_records + RECORDS_LEASE_MARK + f"{lease_id:016x}".encode()
 
+    @staticmethod
+    def is_reader(key: bytes) -> bool:
+        """Whether contender key ``key`` is a reader's (``.../r<16 hex>``)."""
+        return key[key.rfind(b"/") + 1:].startswith(READER_MARK)
+
     def is_record(self, key: bytes) -> bool:
         """Whether ``key`` is a lease's ownership record or a request record (not a lock key)."""
         return key.startswith(self.lease_records) or key.startswith(self.request_records)
 
     def parse(self, key: bytes) -> tuple[str, int] | None:
-        """Split a contender key into (lock name, lease id); None if it is not one."""
+        """Split a contender key into (lock name, lease id); None if it is not one.
+
+        A reader's key gives its lock's name: it is a contender of that lock (:meth:`is_reader` tells).
+        """
         if not key.startswith(self.prefix):
             return None
         encoded, sep, lease_hex = key[len(self.prefix):].rpartition(b"/")
         if not sep or not encoded:
             return None
         try:
-            return unquote(encoded.decode()), int(lease_hex, 16)
+            return unquote(encoded.decode()), int(lease_hex.removeprefix(READER_MARK), 16)
         except ValueError:
             return None
 

@@ -10,6 +10,9 @@ permits is a queue, the lock ``"\\x01q/" + S`` whose first N contenders may
 hold a permit, plus one lock per permit slot ``i``, ``"\\x01s/" + S +
 "\\x02" + str(i)``, held (try once) by the contender that got that slot: the
 slot's token is the create revision of its key, so it grows per slot.
+A read hold of lock ``N`` (a read-write lock's reader) is named ``"\\x01r/" +
+N``; its key is in ``N``'s own range (:meth:`fencepost.client.v1.keys.Keys.contender`),
+so that a plain holder of ``N`` is its writer.
 Internal names appear only inside the coordinator and inside the client's
 bookkeeping; on the wire a hold is (kind, public name, slot)
 (``WatchHold``/``HoldEnded`` in proto/fencepost/v1/lock.proto).
@@ -22,7 +25,8 @@ from typing import NamedTuple
 from .lock_pb2 import HoldKind
 
 __all__ = [
-    "HoldKind", "PublicHold", "describe", "election_lock", "internal_name", "is_internal", "public_hold",
+    "HoldKind", "PublicHold", "READ_TAG", "describe", "election_lock", "internal_name", "is_internal", "public_hold",
+    "read_lock",
     "semaphore_queue", "semaphore_slot", "semaphore_slots", "semaphore_permits_record",
 ]
 
@@ -31,6 +35,8 @@ INTERNAL = "\x01"
 ELECTION_TAG = "\x01e/"
 QUEUE_TAG = "\x01q/"
 SLOT_TAG = "\x01s/"
+#: A read hold's internal name is this and its lock's name.
+READ_TAG = "\x01r/"
 #: Separates a semaphore's name from its slot number in a slot lock's name.
 SLOT_SEPARATOR = "\x02"
 
@@ -51,6 +57,11 @@ def is_internal(name: str) -> bool:
 def election_lock(election: str) -> str:
     """The internal lock name of election ``election``."""
     return ELECTION_TAG + election
+
+
+def read_lock(name: str) -> str:
+    """The internal name of a read hold of lock ``name`` (its key lies in ``name``'s range)."""
+    return READ_TAG + name
 
 
 def semaphore_queue(name: str) -> str:
@@ -81,6 +92,8 @@ def describe(name: str) -> str:
         return f"election {public.name!r}"
     if public.kind == HoldKind.HOLD_KIND_SEMAPHORE:
         return f"semaphore {public.name!r}" + (f" slot {public.slot}" if public.slot >= 0 else "")
+    if public.kind == HoldKind.HOLD_KIND_READ:
+        return f"read lock {public.name!r}"
     return f"lock {public.name!r}"
 
 
@@ -96,6 +109,8 @@ def internal_name(kind: int, name: str, slot: int = 0) -> str:
         return election_lock(name)
     if kind == HoldKind.HOLD_KIND_SEMAPHORE:
         return semaphore_slot(name, slot)
+    if kind == HoldKind.HOLD_KIND_READ:
+        return read_lock(name)
     raise ValueError(f"unknown hold kind {kind}")
 
 
@@ -109,6 +124,8 @@ def public_hold(name: str) -> PublicHold:
     if name.startswith(SLOT_TAG):
         public, _, slot = name[len(SLOT_TAG):].rpartition(SLOT_SEPARATOR)
         return PublicHold(HoldKind.HOLD_KIND_SEMAPHORE, public, int(slot))
+    if name.startswith(READ_TAG):
+        return PublicHold(HoldKind.HOLD_KIND_READ, name[len(READ_TAG):], 0)
     if name.startswith(QUEUE_TAG):
         return PublicHold(HoldKind.HOLD_KIND_SEMAPHORE, name[len(QUEUE_TAG):], -1)
     return PublicHold(HoldKind.HOLD_KIND_LOCK, name, 0)

@@ -34,6 +34,12 @@ class HoldKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HOLD_KIND_LOCK: _ClassVar[HoldKind]
     HOLD_KIND_ELECTION: _ClassVar[HoldKind]
     HOLD_KIND_SEMAPHORE: _ClassVar[HoldKind]
+    HOLD_KIND_READ: _ClassVar[HoldKind]
+
+class LockMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOCK_MODE_WRITE: _ClassVar[LockMode]
+    LOCK_MODE_READ: _ClassVar[LockMode]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 NOT_HOLDER: ErrorReason
@@ -55,6 +61,9 @@ DRAINING: ErrorReason
 HOLD_KIND_LOCK: HoldKind
 HOLD_KIND_ELECTION: HoldKind
 HOLD_KIND_SEMAPHORE: HoldKind
+HOLD_KIND_READ: HoldKind
+LOCK_MODE_WRITE: LockMode
+LOCK_MODE_READ: LockMode
 
 class LeaseGrantRequest(_message.Message):
     __slots__ = ("ttl_seconds",)
@@ -99,20 +108,22 @@ class LeaseKeepAliveResponse(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("name", "lease_id", "wait_ms", "wait_forever", "lock_delay_seconds", "request_id")
+    __slots__ = ("name", "lease_id", "wait_ms", "wait_forever", "lock_delay_seconds", "request_id", "mode")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOREVER_FIELD_NUMBER: _ClassVar[int]
     LOCK_DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease_id: int
     wait_ms: int
     wait_forever: bool
     lock_delay_seconds: int
     request_id: str
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., wait_ms: _Optional[int] = ..., wait_forever: _Optional[bool] = ..., lock_delay_seconds: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    mode: LockMode
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., wait_ms: _Optional[int] = ..., wait_forever: _Optional[bool] = ..., lock_delay_seconds: _Optional[int] = ..., request_id: _Optional[str] = ..., mode: _Optional[_Union[LockMode, str]] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("acquired", "token", "holder")
@@ -125,16 +136,18 @@ class AcquireResponse(_message.Message):
     def __init__(self, acquired: _Optional[bool] = ..., token: _Optional[int] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("name", "lease_id", "token", "request_id")
+    __slots__ = ("name", "lease_id", "token", "request_id", "mode")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease_id: int
     token: int
     request_id: str
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    mode: LockMode
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., request_id: _Optional[str] = ..., mode: _Optional[_Union[LockMode, str]] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("revision",)
@@ -189,14 +202,16 @@ class ReleaseAllResponse(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., found: _Optional[int] = ...) -> None: ...
 
 class WithdrawRequest(_message.Message):
-    __slots__ = ("name", "lease_id", "request_id")
+    __slots__ = ("name", "lease_id", "request_id", "mode")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease_id: int
     request_id: str
-    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    mode: LockMode
+    def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., request_id: _Optional[str] = ..., mode: _Optional[_Union[LockMode, str]] = ...) -> None: ...
 
 class WithdrawResponse(_message.Message):
     __slots__ = ("found", "held", "revision")

@@ -58,6 +58,7 @@ from ..recipes.election import validate_election, validate_value
 from ..recipes.lock_delay import validate_lock_delay
 from ..recipes.multilock import validate_names
 from ..recipes.requests import validate_request_id
+from ..recipes.rwlock import validate_mode
 from ..recipes.semaphore import validate_permits, validate_slot
 from ..recipes.tokens import TokenFloor
 from ..recipes.validate import validate_lease_id, validate_name, validate_token, wait_seconds
@@ -104,6 +105,7 @@ VALIDATORS: dict[str, Callable[[Any], object]] = {
     "request_id": lambda r: validate_request_id(r.request_id),
     "wait": lambda r: wait_seconds(r.wait_ms, r.wait_forever),
     "lock_delay": lambda r: validate_lock_delay(r.lock_delay_seconds),
+    "mode": lambda r: validate_mode(r.mode),
     "permits": lambda r: validate_permits(r.permits),
     "slot": lambda r: validate_slot(r.slot),
     "election": lambda r: validate_election(r.election),
@@ -149,10 +151,10 @@ RPCS: dict[str, Rpc] = {
     # One keepalive (the HTTP API's, a script's): served as one on a stream is, past capacity and draining too.
     "LeaseKeepAlive": Rpc(("lease_id",), ACQUIRE, owner=True),
     "KeepAlive": Rpc(action=ACQUIRE, capacity=NEW, drained=True),
-    "Acquire": Rpc(("name", "lease_id", "request_id", "wait", "lock_delay"), ACQUIRE, "name", floor=READY, owner=True,
-                   capacity=WAIT, drained=True),
-    "Release": Rpc(("name", "lease_id", "token", "request_id"), RELEASE, "name", floor=READY, owner=True),
-    "Withdraw": Rpc(("name", "lease_id", "request_id"), ACQUIRE, "name", owner=True),
+    "Acquire": Rpc(("name", "lease_id", "request_id", "wait", "lock_delay", "mode"), ACQUIRE, "name", floor=READY,
+                   owner=True, capacity=WAIT, drained=True),
+    "Release": Rpc(("name", "lease_id", "token", "request_id", "mode"), RELEASE, "name", floor=READY, owner=True),
+    "Withdraw": Rpc(("name", "lease_id", "request_id", "mode"), ACQUIRE, "name", owner=True),
     # A caller's lock name: never an election's or a semaphore's internal one.
     "Describe": Rpc(("name",), DESCRIBE, "name", floor=READY),
     "ListLocks": Rpc(action=DESCRIBE, on="prefix", listing=True, floor=READY),

@@ -54,6 +54,7 @@ from ..recipes.listing import GrantTimes, list_locks
 from ..recipes.lock import Holder, LockManager
 from ..recipes.multilock import MultiLocks
 from ..recipes.requests import Call, RequestRecords
+from ..recipes.rwlock import ReadLocks, hold_name
 from ..recipes.semaphore import Semaphores
 from ..recipes.validate import wait_seconds
 from ..recipes.watch import DeleteWatcher
@@ -118,6 +119,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
         self._leases, self._locks, self._watcher, self._keys, self._metrics = leases, locks, watcher, keys, metrics
         self._records = records if records is not None else RequestRecords(locks.etcd, keys)
         self._semaphores = Semaphores(locks, keys)
+        self._reads = ReadLocks(locks, keys)
         self._elections = Elections(locks, keys)
         self._about = about if about is not None else About(prefix=keys.prefix.decode(), endpoints=())
         self._kept = KeptLeases(metrics)
@@ -235,10 +237,12 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     async def Acquire(self, request: lock_pb2.AcquireRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.AcquireResponse:
         started, wait = time.perf_counter(), wait_seconds(request.wait_ms, request.wait_forever)
+        take = self._reads.acquire if request.mode == lock_pb2.LOCK_MODE_READ else self._locks.acquire
         with self._grants.acquiring(context, request.name, request.lease_id, wait):
-            result = await self._locks.acquire(request.name, request.lease_id, wait, request.lock_delay_seconds)
+            result = await take(request.name, request.lease_id, wait, request.lock_delay_seconds)
         if result.acquired:
-            self._grants.granted(Hold(request.name, request.lease_id, result.token), request.name, result.freed_at,
+            held = Hold(hold_name(request.name, request.mode), request.lease_id, result.token)
+            self._grants.granted(held, request.name, result.freed_at,
                                  time.perf_counter() - started, context, f"{request.name!r} granted to lease "
                                  f"{request.lease_id:#x}, token {result.token}", name=request.name,
                                  request_id=request.request_id or None)
@@ -252,12 +256,13 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @served
     async def Release(self, request: lock_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
                       ) -> lock_pb2.ReleaseResponse:
-        with self._releases.releasing(Hold(request.name, request.lease_id, request.token)):
+        name = hold_name(request.name, request.mode)
+        with self._releases.releasing(Hold(name, request.lease_id, request.token)):
             # With a request_id, its record rides in the release's Txn; a retry of a Release that
             # succeeded is refused by etcd (the key is gone) and answered from that record.
             revision = await self._records.run(
                 request.request_id, Call("Release", request.name, request.lease_id, request.token),
-                lambda also: self._locks.release(request.name, request.lease_id, request.token, also=also))
+                lambda also: self._locks.release(name, request.lease_id, request.token, also=also))
         if _log.isEnabledFor(logging.DEBUG):  # not built otherwise: caller() reads the span, peer and metadata
             log_event(_log, logging.DEBUG, "release", f"{request.name!r} released by lease {request.lease_id:#x}, "
                       f"token {request.token}", name=request.name, lease_id=request.lease_id, token=request.token,
@@ -267,9 +272,9 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
     @served
     async def Withdraw(self, request: lock_pb2.WithdrawRequest, context: grpc.aio.ServicerContext
                        ) -> lock_pb2.WithdrawResponse:
-        with self._releases.releasing(Hold(request.name, request.lease_id, 0), by_token=False,
-                                     rpc="Withdraw") as ending:
-            found, ending.held, revision = await self._locks.withdraw(request.name, request.lease_id)
+        name = hold_name(request.name, request.mode)
+        with self._releases.releasing(Hold(name, request.lease_id, 0), by_token=False, rpc="Withdraw") as ending:
+            found, ending.held, revision = await self._locks.withdraw(name, request.lease_id)
         log_event(_log, logging.DEBUG, "withdraw", f"{request.name!r}: lease {request.lease_id:#x} withdrew its "
                   f"{'hold' if ending.held else 'wait' if found else 'key (there was none)'}", name=request.name,
                   lease_id=request.lease_id, found=found, held=ending.held, revision=revision,

@@ -55,6 +55,7 @@ from ..admission.identity import Caller
 from ..admission.ownership import Ownership
 from ..recipes.lease import KeptLeases, Leases
 from ..recipes.lock import LockManager
+from ..recipes.rwlock import hold_name
 from ..recipes.watch import DeleteWatcher
 from ..telemetry.events import log_event
 from ..telemetry.metrics import NO_METRICS, LockMetrics
@@ -283,7 +284,8 @@ class KeepAliveStream:
 
     async def _serve_call(self, kind: str, request_id: int, message: Any, context: Any) -> None:
         method, answer = CALLS[kind]
-        hold = Hold(message.name, message.lease_id, message.token) if kind == "release" else None
+        hold = Hold(hold_name(message.name, message.mode), message.lease_id, message.token) if kind == "release" \
+            else None
         if hold is not None:
             self._releasing[hold] = False
         try:
@@ -304,7 +306,7 @@ class KeepAliveStream:
             raise
         if kind == "acquire" and response.acquired:
             self._owned_here(message.lease_id)
-            self._watch(Hold(message.name, message.lease_id, response.token))
+            self._watch(Hold(hold_name(message.name, message.mode), message.lease_id, response.token))
         elif hold is not None:
             del self._releasing[hold]
             unsubscribe = self._holds.pop(hold, None)  # released: its end needs no HoldEnded

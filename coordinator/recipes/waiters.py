@@ -117,7 +117,7 @@ class Waiters:
             self._metrics.waiting_acquires(-1)
 
     async def wait(self, name: str, lease_id: int, wait: float | None, places: int = 1, value: bytes = b"",
-                   lock_delay: int = 0) -> tuple[int, float | None, int]:
+                   lock_delay: int = 0, ahead: tuple[bytes, bytes] | None = None) -> tuple[int, float | None, int]:
         """Queue ``lease_id``'s key in lock ``name`` and wait until fewer than ``places`` keys are before it.
 
         A key already there (this lease queued before, and its call ended: a
@@ -132,6 +132,8 @@ class Waiters:
             places: how many keys may be at the front (1: a lock's holder).
             value: the key's value (an election candidate's).
             lock_delay: this hold's lock-delay in seconds (a grant also waits out an earlier hold's).
+            ahead: the key range [start, end) whose earlier keys hold it back (a reader's: its lock's writers,
+                :mod:`.rwlock`); None: the lock's whole range.
 
         Returns:
             (the key's create revision, the monotonic clock reading when the deletion that let it through
@@ -145,6 +147,7 @@ class Waiters:
         """
         key = self._keys.contender(name, lease_id)
         lock = self._keys.lock_prefix(name)
+        start, end = ahead or (lock, None)
 
         # (our key's create revision, its mod revision, the create revisions of the first `places` keys,
         # the lock-delay range)
@@ -169,7 +172,8 @@ class Waiters:
             # Read back after a lost answer: our key is there, created or touched by this call or before it.
             return queued(*(r.response_range for r in resp.responses))
 
-        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(lock, limit=places), self._delays.read(lock)]
+        reads = [etcdops.get(key, keys_only=True), etcdops.holder_of(start, limit=places, range_end=end),
+                 self._delays.read(lock)]
         step = self.writing(key, under_floor(self._tokens, lambda plan: self._etcd.lock_txn(plan, lock), TxnPlan(
             etcdops.txn([etcdops.is_absent(key)], [etcdops.put(key, value, lease_id=lease_id), *reads[1:]],
                         [etcdops.put(key, value, lease_id=lease_id), *reads]),
@@ -182,11 +186,13 @@ class Waiters:
                 (my_rev, mod_rev, _, _), _ = await step
                 self.withdraw_later(key, my_rev, mod_rev)
             raise
-        if my_rev in firsts and self._delays.settled(delays, lease_id, my_rev, lock_delay):
+        if sum(first < my_rev for first in firsts) < places and self._delays.settled(delays, lease_id, my_rev,
+                                                                                       lock_delay):
             return my_rev, None, floor
         try:
             async with asyncio.timeout(wait):
-                return my_rev, await self._wait_turn(name, lease_id, key, lock, my_rev, places, lock_delay), floor
+                return my_rev, await self._wait_turn(name, lease_id, key, lock, my_rev, places, lock_delay,
+                                                     ahead), floor
         except TimeoutError as exc:
             await self.withdraw(key, my_rev)
             raise LockTimeout(f"lock {name!r} not granted within {wait:.3f} s", name=name, lease_id=lease_id) from exc
@@ -290,9 +296,10 @@ class Waiters:
         return await self._wait_turn(name, lease_id, key, lock_of(key), my_rev)
 
     async def _wait_turn(self, name: str, lease_id: int, key: bytes, lock: bytes, my_rev: int,
-                         places: int = 1, lock_delay: int = 0) -> float | None:
+                         places: int = 1, lock_delay: int = 0, ahead: tuple[bytes, bytes] | None = None
+                         ) -> float | None:
         """Wait until ``key`` (created at ``my_rev``) is the lowest in its range (fewer than ``places`` before
-        it), and any lock-delay has passed.
+        it), and any lock-delay has passed. With ``ahead``, only the keys of that range count (a reader's wait).
 
         With ``places`` > 1 (a semaphore's queue) it waits for the deletion of
         any of the ``places`` keys just before its own: a deletion further
@@ -308,9 +315,11 @@ class Waiters:
         """
         delays = ETCD_BACKOFF.delays()
         freed_at: float | None = None
+        start, end = ahead or (lock, None)
         while True:
             try:
-                resp = await self._etcd.read([etcdops.last_before(lock, my_rev, limit=places), self._delays.read(lock)],
+                resp = await self._etcd.read([etcdops.last_before(start, my_rev, limit=places, range_end=end),
+                                              self._delays.read(lock)],
                                              compare=[etcdops.is_owner(key, my_rev)], name=name, lease_id=lease_id)
                 if resp.succeeded and len(resp.responses[0].response_range.kvs) < places:
                     # First (among the first `places`) at this revision: granted, unless a lock-delay runs
