@@ -173,6 +173,29 @@ async def test_every_kind_of_route_is_answered(served: tuple[Coordinator, Http])
     assert (await http.ok("DELETE", f"/v1/leases/{lid}", None, secret))["found"] is True
 
 
+async def test_read_holds_over_http(served: tuple[Coordinator, Http]) -> None:
+    """Two leases read one lock at once with ``"mode": "LOCK_MODE_READ"``; a try-once writer is refused; a read
+    hold is released with its mode (without it: NOT_HOLDER), and ListLocks shows both readers."""
+    _, http = served
+    leases = [await http.ok("POST", "/v1/leases", {"ttlSeconds": 30}) for _ in range(3)]
+    reads = [await http.ok("POST", "/v1/locks/r:acquire", {"leaseId": lease["leaseId"], "mode": "LOCK_MODE_READ"},
+                           lease["leaseSecret"]) for lease in leases[:2]]
+    assert all(read["acquired"] for read in reads)
+    refused = await http.ok("POST", "/v1/locks/r:acquire", {"leaseId": leases[2]["leaseId"]},
+                            leases[2]["leaseSecret"])
+    assert refused["acquired"] is False
+    listed = await http.ok("GET", "/v1/locks?prefix=r")
+    assert [int(lock["waiterCount"]) + 1 for lock in listed["locks"]] == [2]
+    status, body, _ = await http.call("POST", "/v1/locks/r:release", {"leaseId": leases[0]["leaseId"],
+                                                                      "token": reads[0]["token"]},
+                                      leases[0]["leaseSecret"])
+    assert status == 400 and "NOT_HOLDER" in str(body)  # FAILED_PRECONDITION
+    for lease, read in zip(leases, reads):
+        await http.ok("POST", "/v1/locks/r:release", {"leaseId": lease["leaseId"], "token": read["token"],
+                                                      "mode": "LOCK_MODE_READ"}, lease["leaseSecret"])
+    assert (await http.ok("GET", "/v1/locks/r"))["held"] is False
+
+
 async def test_a_wait_in_flight_when_the_coordinator_stops_is_withdrawn(etcd: EmbeddedEtcd, prefix: str) -> None:
     """Stopping the coordinator ends an HTTP Acquire still waiting (its client sees the connection end) and
     withdraws its place: nothing of it is left in the queue."""
