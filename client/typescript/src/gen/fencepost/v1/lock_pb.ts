@@ -2878,7 +2878,8 @@ export enum HoldKind {
 
   /**
    * HOLD_KIND_READ: a read hold of a read-write lock (Acquire with mode
-   * LOCK_MODE_READ), named by the lock name.
+   * LOCK_MODE_READ), named by the lock name. WatchHold and HoldEnded only:
+   * AdminRevoke refuses it (INVALID_ARGUMENT, field kind).
    *
    * @generated from enum value: HOLD_KIND_READ = 3;
    */
