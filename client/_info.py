@@ -272,6 +272,8 @@ class LockInfo:
         waiters: The first (up to 100) queued contenders as
             ``(lease_id, queue revision)`` pairs, in grant order.
         revision: The etcd revision of the snapshot.
+        readers: The lease ids of the holder and listed waiters that read (a read-write lock's readers,
+            docs/rwlocks.md), in grant order; empty for a plain lock.
     """
 
     name: str
@@ -283,6 +285,7 @@ class LockInfo:
     waiter_count: int
     waiters: tuple[tuple[int, int], ...]
     revision: int
+    readers: tuple[int, ...] = ()
 
     @classmethod
     def from_response(cls, name: str, resp: pb.DescribeResponse) -> LockInfo:
@@ -297,6 +300,8 @@ class LockInfo:
             waiter_count=int(resp.waiter_count),
             waiters=tuple((int(w.lease_id), int(w.token)) for w in resp.waiters),
             revision=int(resp.revision),
+            readers=tuple(int(c.lease_id) for c in ([resp.holder] if resp.held else []) + list(resp.waiters)
+                          if c.read),
         )
 
 
@@ -318,6 +323,8 @@ class HeldLock:
         lock_delay: The lock-delay holding the lock back, in seconds; 0 for a held lock.
         lock_delay_remaining: Seconds left on that delay as etcd reported it; None when it starts at the next
             acquire (its holder was lost, nobody asked since), or for a held lock.
+        holder_reads: The holder is a reader of a read-write lock (docs/rwlocks.md): others may read beside it,
+            among the waiters counted.
     """
 
     name: str
@@ -330,6 +337,7 @@ class HeldLock:
     revision: int
     lock_delay: int = 0
     lock_delay_remaining: float | None = None
+    holder_reads: bool = False
 
     @property
     def held_back(self) -> bool:
@@ -348,6 +356,7 @@ class HeldLock:
             held_for=float(info.held_seconds) if info.held_seconds >= 0 else None,
             waiter_count=int(info.waiter_count),
             revision=int(revision),
+            holder_reads=bool(info.holder.read),
             lock_delay=int(info.lock_delay_seconds),
             lock_delay_remaining=info.lock_delay_remaining_ms / 1000 if info.lock_delay_remaining_ms >= 0
             and info.lock_delay_seconds else None,

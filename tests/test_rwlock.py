@@ -183,15 +183,29 @@ async def test_bad_mode_and_read_with_lock_delay(stub: OwnedStub, address: str) 
             await client.acquire("m", ttl=5, read=True, lock_delay=2)
 
 
-async def test_describe_shows_readers(address: str, stub: OwnedStub) -> None:
-    """Describe of a read-held lock lists its readers (the first as holder, the others after it)."""
-    async with AsyncLockClient(address) as a, AsyncLockClient(address) as b:
+async def test_describe_and_list_mark_readers(address: str, stub: OwnedStub) -> None:
+    """Describe of a read-held lock lists its readers marked ``read`` (the first as holder) and a waiting writer
+    unmarked; ListLocks marks the reading holder; a plain lock's holder is not marked."""
+    async with AsyncLockClient(address) as a, AsyncLockClient(address) as b, AsyncLockClient(address) as w:
         ra = await a.acquire("d", ttl=5, read=True)
         rb = await b.acquire("d", ttl=5, read=True)
+        writer = asyncio.ensure_future(w.acquire("d", ttl=5, timeout=30))
+        await wait_for(_queued(stub, "d", 2), 10, what="the writer queued")
         d = await describe(stub, "d")  # type: ignore[arg-type]
-        assert d.held and {d.holder.lease_id, *(w.lease_id for w in d.waiters)} == {ra.lease_id, rb.lease_id}
+        assert d.held and d.holder.read and d.holder.lease_id == ra.lease_id and d.holder.token == ra.token
+        assert [x.read for x in d.waiters] == [True, False] and d.waiters[0].lease_id == rb.lease_id
+        listed = await stub.ListLocks(lock_pb2.ListLocksRequest(prefix="d"), timeout=5)
+        assert [(lock.name, lock.holder.read, lock.waiter_count) for lock in listed.locks] == [("d", True, 2)]
+        info = await a.describe("d")
+        assert info.readers == (ra.lease_id, rb.lease_id)
+        assert [lock.holder_reads for lock in await a.list_locks("d")] == [True]
         await ra.release()
         await rb.release()
+        hw = await asyncio.wait_for(writer, 10)
+        assert (await a.describe("d")).readers == ()
+        d = await describe(stub, "d")  # type: ignore[arg-type]
+        assert d.holder.lease_id == hw.lease_id and not d.holder.read
+        await hw.release()
 
 
 async def test_sync_read_lock(address: str) -> None:

@@ -224,12 +224,14 @@ class WithdrawResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., held: _Optional[bool] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class Holder(_message.Message):
-    __slots__ = ("lease_id", "token")
+    __slots__ = ("lease_id", "token", "read")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     token: int
-    def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+    read: bool
+    def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ..., read: _Optional[bool] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "keepalives", "lease_secret", "request_id", "timeout_ms", "traceparent", "last_rtt_ms", "sent_ms")

@@ -80,7 +80,7 @@ _log = logging.getLogger(__name__)
 
 
 def _holder(holder: Holder | None) -> lock_pb2.Holder | None:
-    return lock_pb2.Holder(lease_id=holder.lease_id, token=holder.token) if holder else None
+    return lock_pb2.Holder(lease_id=holder.lease_id, token=holder.token, read=holder.read) if holder else None
 
 
 class LockService(lock_pb2_grpc.LockServiceServicer):

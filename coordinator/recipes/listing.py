@@ -253,7 +253,7 @@ async def list_locks(etcd: EtcdClient, keys: Keys, prefix: str, page_size: int, 
     end = prefix_end(first)
     idle = delayed_range(keys, prefix)
     revision, start = (0, first) if not page_token else decode_page_token(page_token, first, end, idle)
-    page: list[tuple[str, list[tuple[int, int]], list[Any]]] = []  # (name, contenders, delay keys)
+    page: list[tuple[str, list[tuple[int, int, bool]], list[Any]]] = []  # (name, contenders, delay keys)
     next_start = b""
     try:
         if not idle[0] <= start < idle[1]:  # the locks with contenders first
@@ -283,14 +283,14 @@ def delayed_range(keys: Keys, prefix: str) -> tuple[bytes, bytes]:
 
 
 async def _contended(etcd: EtcdClient, keys: Keys, start: bytes, end: bytes, revision: int, limit: int
-                     ) -> tuple[int, list[tuple[str, list[tuple[int, int]], list[Any]]], bytes]:
+                     ) -> tuple[int, list[tuple[str, list[tuple[int, int, bool]], list[Any]]], bytes]:
     """The locks with contenders in ``[start, end)`` at ``revision`` (0: now), at most ``limit``.
 
     Returns:
-        (the revision read at, [(name, [(create revision, lease id)], the delay keys when a lock-delay holds
-        it back, else [])], the start key of the next page or b"").
+        (the revision read at, [(name, [(create revision, lease id, reader?)], the delay keys when a lock-delay
+        holds it back, else [])], the start key of the next page or b"").
     """
-    locks: list[tuple[str, list[tuple[int, int]]]] = []  # (name, [(create revision, lease id)])
+    locks: list[tuple[str, list[tuple[int, int, bool]]]] = []  # (name, [(create revision, lease id, reader?)])
     next_start = b""
     while True:
         request = etcdops.RangeRequest(key=start, range_end=end, revision=revision, limit=RANGE_BATCH,
@@ -308,7 +308,7 @@ async def _contended(etcd: EtcdClient, keys: Keys, start: bytes, end: bytes, rev
                     next_start = keys.lock_prefix(name)
                     break
                 locks.append((name, []))
-            locks[-1][1].append((int(kv.create_revision), lease_id))
+            locks[-1][1].append((int(kv.create_revision), lease_id, keys.is_reader(key)))
         if next_start or not resp.more:
             break
         start = bytes(resp.kvs[-1].key) + b"\0"
@@ -316,7 +316,7 @@ async def _contended(etcd: EtcdClient, keys: Keys, start: bytes, end: bytes, rev
     return revision, [(name, contenders, held_back.get(name, [])) for name, contenders in locks], next_start
 
 
-async def _held_back(etcd: EtcdClient, keys: Keys, locks: list[tuple[str, list[tuple[int, int]]]],
+async def _held_back(etcd: EtcdClient, keys: Keys, locks: list[tuple[str, list[tuple[int, int, bool]]]],
                      revision: int) -> dict[str, list[Any]]:
     """The delay keys of each of ``locks`` that a lock-delay holds back (:mod:`.lock_delay`): nobody holds it.
 
@@ -337,14 +337,14 @@ async def _held_back(etcd: EtcdClient, keys: Keys, locks: list[tuple[str, list[t
     held_back = {}
     for name, contenders in locks:
         found = by_lock.get(delay_range(keys, keys.lock_prefix(name)))
-        revision_of_head, lease_id = min(contenders)
+        revision_of_head, lease_id, _ = min(contenders)
         if found is not None and held_back_by(found, lease_id, revision_of_head):
             held_back[name] = found
     return held_back
 
 
 async def _held_back_idle(etcd: EtcdClient, keys: Keys, start: bytes, end: bytes, revision: int, room: int
-                          ) -> tuple[int, list[tuple[str, list[tuple[int, int]], list[Any]]], bytes]:
+                          ) -> tuple[int, list[tuple[str, list[tuple[int, int, bool]], list[Any]]], bytes]:
     """The locks without contenders whose delay keys in ``[start, end)`` hold them back, at most ``room``.
 
     Their delay keys are read in key order at ``revision`` (0: now); each candidate's contender range is
@@ -353,7 +353,7 @@ async def _held_back_idle(etcd: EtcdClient, keys: Keys, start: bytes, end: bytes
     Returns:
         (the revision read at, [(name, [], delay keys)], the start key of the next page or b"").
     """
-    found: list[tuple[str, list[tuple[int, int]], list[Any]]] = []
+    found: list[tuple[str, list[tuple[int, int, bool]], list[Any]]] = []
     gate = asyncio.Semaphore(TTL_CONCURRENCY)
 
     async def contended(name: str) -> bool:
@@ -397,7 +397,7 @@ def _name_of(keys: Keys, start: bytes) -> str | None:
     return name
 
 
-async def _with_ttls(etcd: EtcdClient, page: list[tuple[str, list[tuple[int, int]], list[Any]]],
+async def _with_ttls(etcd: EtcdClient, page: list[tuple[str, list[tuple[int, int, bool]], list[Any]]],
                      grants: GrantTimes, to_token: Callable[[int], int]) -> list[ListedLock]:
     """Each lock of ``page`` with its holder lease's TTL left and granted TTL, or its lock-delay's time left
     (one LeaseTimeToLive per lease: holders' and delays' waits)."""
@@ -418,8 +418,9 @@ async def _with_ttls(etcd: EtcdClient, page: list[tuple[str, list[tuple[int, int
                 state = DelayState(delay_seconds(delays), 0)
             listed.append(ListedLock(name, None, len(contenders), lock_delay=state))
             continue
-        revision, lease_id = min(contenders)
+        revision, lease_id, read = min(contenders)
         token = to_token(revision)
-        listed.append(ListedLock(name, Holder(lease_id, token), len(contenders) - 1, *ttls[lease_id],
-                                 held_seconds=grants.held_seconds(Hold(name, lease_id, token))))
+        held = Hold(kinds.read_lock(name) if read else name, lease_id, token)
+        listed.append(ListedLock(name, Holder(lease_id, token, read), len(contenders) - 1, *ttls[lease_id],
+                                 held_seconds=grants.held_seconds(held)))
     return listed

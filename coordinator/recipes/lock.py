@@ -54,10 +54,11 @@ DESCRIBE_WAITERS = 100
 
 @dataclass(frozen=True)
 class Holder:
-    """A contender: its lease and the fencing token of its key (the token it holds, or will hold, under)."""
+    """A contender: its lease, the fencing token of its key (the token it holds, or will hold, under), a reader?"""
 
     lease_id: int
     token: int
+    read: bool = False
 
 
 @dataclass(frozen=True)
@@ -487,13 +488,12 @@ class LockManager:
         ttl, _ = await self._etcd.lease_ttl(lease_id)
         return ttl > 0
 
-
     def _contender(self, kv: Any) -> Holder:
         """The contender of key ``kv`` with its create revision (not yet a token)."""
         parsed = self._keys.parse(bytes(kv.key))
-        return Holder(parsed[1] if parsed else 0, int(kv.create_revision))
+        return Holder(parsed[1] if parsed else 0, int(kv.create_revision), self._keys.is_reader(bytes(kv.key)))
 
     def _holder(self, kv: Any) -> Holder:
         """The contender of key ``kv`` with its fencing token, to report."""
         contender = self._contender(kv)
-        return Holder(contender.lease_id, self._tokens.reported(contender.token))
+        return replace(contender, token=self._tokens.reported(contender.token))

@@ -128,4 +128,4 @@ class ReadLocks:
         if not kvs:
             return None
         parsed = self._keys.parse(bytes(kvs[0].key))
-        return Holder(parsed[1] if parsed else 0, self._locks.tokens.reported(int(kvs[0].create_revision)))
+        return Holder(parsed[1] if parsed else 0, self._locks.tokens.reported(int(kvs[0].create_revision)), False)
