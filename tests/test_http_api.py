@@ -151,7 +151,7 @@ async def test_every_kind_of_route_is_answered(served: tuple[Coordinator, Http])
     held = await http.ok("POST", "/v1/locks/a%2Fb:acquire", {"leaseId": lid}, secret)
     assert held["acquired"] is True and int(held["token"]) > 0
     described = await http.ok("GET", "/v1/locks/a%2Fb")
-    assert described["holder"] == {"leaseId": lid, "token": held["token"]} and described["waiters"] == []
+    assert described["holder"] == {"leaseId": lid, "token": held["token"], "read": False} and described["waiters"] == []
     listed = await http.ok("GET", "/v1/locks?prefix=a%2F&pageSize=5")
     assert [lock["name"] for lock in listed["locks"]] == ["a/b"] and listed["nextPageToken"] == ""
     await http.ok("POST", "/v1/locks/a%2Fb:release", {"leaseId": lid, "token": held["token"]}, secret)

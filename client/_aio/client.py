@@ -182,7 +182,8 @@ class AsyncLockClient(MultiLockCalls):
                 with other readers, excluded by a writer (any hold of ``name`` without ``read``), granted
                 first come, first served with the writers (a waiting writer blocks later readers). Its token
                 is its own; a later writer's token is larger than every earlier reader's. No lock_delay;
-                a lease that reads ``name`` and then asks to write it waits for itself (no upgrade).
+                a client holding ``name`` in one mode under a TTL and asking for the other under the same
+                TTL (one lease) waits for itself until ``timeout`` (no upgrade or downgrade).
 
         Returns:
             The handle of the grant, with its fencing token.

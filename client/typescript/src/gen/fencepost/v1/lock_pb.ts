@@ -309,8 +309,9 @@ export type AcquireRequest = Message<"fencepost.v1.AcquireRequest"> & {
    * (shared by readers, FIFO with writers). Idempotent per (lease_id, name,
    * mode). A read Acquire takes no lock_delay_seconds (INVALID_ARGUMENT,
    * field lock_delay_seconds); an unknown mode is INVALID_ARGUMENT (field
-   * mode). A lease that reads a name and then asks to write it waits for
-   * itself until wait_ms runs out: there is no upgrade.
+   * mode). A lease that holds a name in one mode and asks for it in the
+   * other waits for itself until wait_ms runs out: there is no upgrade or
+   * downgrade.
    *
    * @generated from field: fencepost.v1.LockMode mode = 7;
    */
