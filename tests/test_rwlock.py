@@ -268,3 +268,19 @@ async def test_reader_stream_does_not_starve_a_writer(address: str) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         for c in clients:
             await c.close()
+
+
+async def test_withdraw_of_a_reader(stub: OwnedStub, etcd_client: Etcd3Client, prefix: str) -> None:
+    """Withdraw with LOCK_MODE_READ deletes a reader's key and says it held, also when it is not the first
+    contender; without the mode it finds no key of that lease (a writer's) and leaves the reader's."""
+    read = lock_pb2.LOCK_MODE_READ
+    leases = [(await stub.LeaseGrant(lock_pb2.LeaseGrantRequest(ttl_seconds=10), timeout=5)).lease_id
+              for _ in range(2)]
+    for lease_id in leases:
+        granted = await stub.Acquire(lock_pb2.AcquireRequest(name="wd", lease_id=lease_id, mode=read), timeout=5)
+        assert granted.acquired
+    plain = await stub.Withdraw(lock_pb2.WithdrawRequest(name="wd", lease_id=leases[1]), timeout=5)
+    assert not plain.found and len(await list_keys(etcd_client, prefix)) == 2
+    withdrawn = await stub.Withdraw(lock_pb2.WithdrawRequest(name="wd", lease_id=leases[1], mode=read), timeout=5)
+    assert withdrawn.found and withdrawn.held
+    assert [k.endswith(f"/r{leases[0]:016x}".encode()) for k in await list_keys(etcd_client, prefix)] == [True]

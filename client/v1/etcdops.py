@@ -139,8 +139,8 @@ def get(key: bytes, *, keys_only: bool = False) -> rpc_pb2.RequestOp:
     return RequestOp(request_range=RangeRequest(key=key, keys_only=keys_only))
 
 
-def holder_of(lock: bytes, *, limit: int = 1, keys_only: bool = True,
-              range_end: bytes | None = None) -> rpc_pb2.RequestOp:
+def holder_of(lock: bytes, range_end: bytes | None = None, *, limit: int = 1,
+              keys_only: bool = True) -> rpc_pb2.RequestOp:
     """A read op of the lock's contenders in grant order: the first is the holder.
 
     Args:

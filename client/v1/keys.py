@@ -148,6 +148,14 @@ class Keys:
             name = name[len(READ_TAG):]
         return self.prefix + _encoded(name) + b"/"
 
+    def ahead(self, name: str) -> tuple[bytes, bytes]:
+        """The key range [start, end) whose keys before a contender's of ``name`` hold it back: the writers' for
+        a read hold's name (:func:`.kinds.read_lock`), the whole lock's range otherwise."""
+        if name.startswith(READ_TAG):
+            return self.writers(name)
+        lock = self.lock_prefix(name)
+        return lock, prefix_end(lock)
+
     def writers(self, name: str) -> tuple[bytes, bytes]:
         """The key range [start, end) of the writers' keys of lock ``name`` (its range without its readers)."""
         lock = self.lock_prefix(name)

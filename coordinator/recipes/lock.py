@@ -355,8 +355,8 @@ class LockManager:
 
         def decide(resp: Any) -> tuple[bool, bool, int]:
             mine, owners = resp.responses[0].response_range, resp.responses[1].response_range
-            found = bool(mine.kvs)
-            held = found and bool(owners.kvs) and bytes(owners.kvs[0].key) == key
+            found = bool(mine.kvs)  # held: no key that holds it back is before it (a reader's: no writer's)
+            held = found and (not owners.kvs or owners.kvs[0].create_revision >= mine.kvs[0].create_revision)
             return found, held, int(resp.header.revision)
 
         def resolve(resp: Any) -> tuple[bool, bool, int]:
@@ -365,8 +365,8 @@ class LockManager:
             return False, False, int(resp.header.revision)
 
         return await self._etcd.lock_txn(TxnPlan(
-            etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(lock), etcdops.delete(key),
-                             self._delays.forget(lock, lease_id, None)]),
+            etcdops.txn([], [etcdops.get(key, keys_only=True), etcdops.holder_of(*self._keys.ahead(name)),
+                             etcdops.delete(key), self._delays.forget(lock, lease_id, None)]),
             decide, [etcdops.get(key, keys_only=True)], resolve, name=name, lease_id=lease_id), lock)
 
     async def close(self) -> None:

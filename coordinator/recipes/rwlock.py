@@ -109,7 +109,7 @@ class ReadLocks:
         internal = kinds.read_lock(name)
         try:
             with waiters.counted(name, lease_id):
-                revision, freed_at, floor = await waiters.wait(internal, lease_id, wait, ahead=keys.writers(name))
+                revision, freed_at, floor = await waiters.wait(internal, lease_id, wait, ahead=keys.ahead(internal))
         except LockTimeout:
             if wait != 0:
                 raise
