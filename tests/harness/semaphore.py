@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import os
 import random
 import signal
@@ -52,7 +51,7 @@ from typing import Any
 
 from . import checker
 from . import history as hist
-from .nemesis import Control, Nemesis, Worker, kill_holder_nemesis, long_freeze_holder_nemesis
+from .nemesis import Control, Nemesis, Worker, in_turn, kill_holder_nemesis, long_freeze_holder_nemesis
 from .workload import REPO, open_store
 
 __all__ = ["SemaphoreReport", "check", "holder_nemesis", "per_slot", "run", "worker_main"]
@@ -60,12 +59,7 @@ __all__ = ["SemaphoreReport", "check", "holder_nemesis", "per_slot", "run", "wor
 def holder_nemesis() -> Nemesis:
     """The nemesis of the semaphore fault run: SIGSTOP a permit holder past its lease, then SIGKILL one, in turn
     (so that a short run has both)."""
-    turn = itertools.cycle([long_freeze_holder_nemesis, kill_holder_nemesis])
-
-    def nemesis(ctl: Control, rng: random.Random) -> None:
-        next(turn)(ctl, rng)
-
-    return nemesis
+    return in_turn(long_freeze_holder_nemesis, kill_holder_nemesis)
 
 
 def slot_record(name: str, slot: int) -> str:
