@@ -35,17 +35,18 @@ def test_multilock_every_name_held_once_and_fenced_under_faults(
         coordinator_process.start()
 
     links = client_nemeses(proxy, 2.0)
-    nemesis = in_turn(long_freeze_holder_nemesis, kill_holder_nemesis, restart_nemesis, links["client-cut"],
-                      links["client-blackhole"], long_freeze_holder_nemesis)
+    nemesis = in_turn(long_freeze_holder_nemesis, kill_holder_nemesis, restart_nemesis, long_freeze_holder_nemesis,
+                      links["client-cut"], links["client-blackhole"])
     result = workload.run(proxy.address, tmp_path / "multi", workers=6, records=4, seconds=120.0 if SOAK else 24.0,
-                          ttl=2.0, think=0.1, tag="multi", nemesis=nemesis, restart_coordinator=restart,
+                          ttl=2.0, think=0.3, tag="multi", nemesis=nemesis, restart_coordinator=restart,
                           module=MODULE)
     verdict = multilock.check(result.events, result.data, faults=result.faults)
     print(verdict.text())
     assert verdict.ok, verdict.text()
     faults = verdict.report.faults
-    for kind in ("freeze", "kill", "coordinator-restart", "client-cut"):
+    for kind in ("kill", "coordinator-restart"):
         assert faults.get(kind, 0) >= 1, verdict.text()
+    assert faults.get("freeze", 0) >= 2, verdict.text()
     assert verdict.holder_hits >= 2, verdict.text()
     assert verdict.grants > 20 and verdict.names_granted > 2 * verdict.grants, verdict.text()
     refused = verdict.report.writes["stale"] + verdict.report.writes["claims_stale"]
