@@ -215,7 +215,7 @@ def worker_parser(prog: str) -> argparse.ArgumentParser:
 
 @dataclasses.dataclass
 class WorkerRun:
-    """What one worker process works with, made by :func:`worker_run` from :func:`worker_parser`'s options."""
+    """What one worker process works with, made by :func:`worker_run`."""
 
     history: hist.History
     store: Store
@@ -232,6 +232,10 @@ class WorkerRun:
 @contextlib.contextmanager
 def worker_run(args: argparse.Namespace) -> Iterator[WorkerRun]:
     """Open a worker's history (with its ``start`` event), store and connected client; close them after.
+
+    Args:
+        args: The worker's options ``--address``, ``--store``, ``--tag``, ``--history``, ``--proc``,
+            ``--duration``, ``--seed`` (as :func:`worker_parser` makes them; every workload's worker has them).
 
     SIGTERM sets ``stop``. Raises what ``LockClient.connect`` raises.
     """
