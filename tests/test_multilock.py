@@ -208,8 +208,8 @@ async def test_losing_one_name_loses_the_multilock(address: str, etcd_client: Et
 
 
 async def test_sync_lock_all(address: str) -> None:
-    """The sync client: lock_all holds every name for the block and releases them all; try_acquire_all takes none
-    of a set with a held name."""
+    """The sync client: lock_all holds every name for the block and releases them all, its handle's deadline the
+    lease's (TTL - margin ahead at most); try_acquire_all takes none of a set with a held name."""
     await asyncio.to_thread(_sync_lock_all, address)
 
 
@@ -217,6 +217,8 @@ def _sync_lock_all(address: str) -> None:
     with LockClient(address) as client, LockClient(address) as other:
         with client.lock_all(["s1", "s2"], ttl=5, timeout=5) as handle:
             assert set(handle.tokens) == {"s1", "s2"} and handle.is_valid()
+            assert handle.margin == 0.5  # min(1, max(0.1, TTL / 10)), the lease's, as a lock handle's
+            assert time.monotonic() < handle.deadline <= time.monotonic() + 5 - handle.margin
             with pytest.raises(LockHeld):
                 other.try_acquire_all(["s2", "s3"], ttl=5)
         assert handle.released

@@ -21,8 +21,8 @@ _HOLD = {"check", "deadline", "is_valid", "lease_id", "lease_secret", "lost_reas
 _ASYNC = _HOLD | {"cancel_on_lost", "kind", "local_name", "what"}
 _SYNC = _HOLD | {"wait_lost"}
 _ELECTION = {"proclaim", "resign"}
-_MULTI = {"check", "is_valid", "lease_id", "lost_reason", "names", "on_lost", "release", "released", "token_for",
-          "tokens", "ttl", "valid_for"}
+_MULTI = {"check", "deadline", "is_valid", "lease_id", "lost_reason", "margin", "names", "on_lost", "release",
+          "released", "token_for", "tokens", "ttl", "valid_for"}
 
 PUBLIC = {
     "AsyncLockHandle": _ASYNC,

@@ -125,6 +125,21 @@ class AsyncMultiLockHandle:
         return self._lease.ttl
 
     @property
+    def deadline(self) -> float:
+        """The conservative local deadline of the lease, on ``time.monotonic()`` (see :attr:`AsyncLockHandle.deadline`).
+
+        Returns:
+            Seconds on the monotonic clock: send time of the last acknowledged keepalive + granted TTL
+            - :attr:`margin`; the same for every name (one lease).
+        """
+        return self._lease.deadline
+
+    @property
+    def margin(self) -> float:
+        """Seconds the local deadline keeps short of the granted TTL (as :attr:`AsyncLockHandle.margin`)."""
+        return self._lease.margin
+
+    @property
     def lost_reason(self) -> str | None:
         """Why the multi-lock was lost (the first lost name's reason), None while held or once released."""
         return self._lost_reason

@@ -175,6 +175,16 @@ class MultiLockHandle:
         return self._hold.ttl
 
     @property
+    def deadline(self) -> float:
+        """The lease's conservative local deadline, on ``time.monotonic()`` (see :attr:`LockHandle.deadline`)."""
+        return self._hold.deadline
+
+    @property
+    def margin(self) -> float:
+        """Seconds the local deadline keeps short of the granted TTL."""
+        return self._hold.margin
+
+    @property
     def lost_reason(self) -> str | None:
         """Why it was lost, None while held."""
         return self._hold.lost_reason

@@ -2,7 +2,8 @@
 
 Starts a 3-member etcd cluster (``--etcd-members``), one coordinator process
 that reaches each member through a proxy, and K workers that reach the
-coordinator through another proxy; runs the workload for M minutes with every
+coordinator through another proxy; runs the workload (``--workload``: lock, or
+multilock, tests/harness/multilock.py) for M minutes with every
 nemesis picked at random (worker freeze, freeze of a holder, worker kill,
 coordinator restart, etcd member kill/restart and pause (the leader
 included), etcd compaction, client-coordinator blackhole and cut,
@@ -26,8 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import checker, workload
+from . import checker, multilock, workload
+from .nemesis import client_nemeses
 from .workload import Control
+
+
+#: ``--workload`` -> the workers' module (``python -m MODULE worker``); each has a ``check`` of its history.
+WORKLOADS = {"lock": "tests.harness.workload", "multilock": "tests.harness.multilock"}
 
 
 def _etcd_nemeses(cluster: Any, etcd_proxies: list[Any], ttl: float) -> dict[str, Callable[[Control, random.Random], None]]:
@@ -80,33 +86,16 @@ def _etcd_nemeses(cluster: Any, etcd_proxies: list[Any], ttl: float) -> dict[str
             "coordinator-etcd-blackhole": etcd_link_cut}
 
 
-def _client_nemeses(proxy: Any, ttl: float) -> dict[str, Callable[[Control, random.Random], None]]:
-    """Nemeses between the workers and the coordinator (proxy.py of the harness)."""
-
-    def blackhole(ctl: Control, rng: random.Random) -> None:
-        seconds = rng.uniform(0.5, 3.0) * ttl
-        ctl.record("client-blackhole", target="client-links", seconds=seconds)
-        proxy.blackhole()
-        time.sleep(seconds)
-        proxy.forward()
-        ctl.history.record("nemesis", kind="client-healed", target="client-links")
-        ctl.sleep(ttl)
-
-    def cut(ctl: Control, rng: random.Random) -> None:
-        ctl.record("client-cut", target="client-links")
-        proxy.cut()
-        ctl.sleep(ttl)
-
-    return {"client-blackhole": blackhole, "client-cut": cut}
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the long profile; returns 0 when the checker found no violation."""
     parser = argparse.ArgumentParser(prog="python -m tests.harness", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, required=True)
     parser.add_argument("--report", required=True, help="text report path; the JSON goes to PATH.json")
     parser.add_argument("--workers", type=int, default=5)
-    parser.add_argument("--records", type=int, default=2)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="lock",
+                        help="lock: one lock per hold (tests/harness/workload.py); multilock: 2-3 names at once "
+                             "(tests/harness/multilock.py)")
+    parser.add_argument("--records", type=int, default=None, help="counter rows (default: 2, multilock 4)")
     parser.add_argument("--ttl", type=float, default=3.0)
     parser.add_argument("--etcd-members", type=int, default=3)
     parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: a SQLite file)")
@@ -117,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
+    if args.records is None:
+        args.records = 4 if args.workload == "multilock" else 2
 
     from fencepost.coordinator.process.embedded import EmbeddedEtcd  # noqa: F401 - fail early if missing
 
@@ -153,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             coordinator.terminate()
             coordinator.start()
 
-        extra = {**_etcd_nemeses(cluster, etcd_proxies, args.ttl), **_client_nemeses(client_proxy, args.ttl)}
+        extra = {**_etcd_nemeses(cluster, etcd_proxies, args.ttl), **client_nemeses(client_proxy, args.ttl)}
         kinds: dict[str, Any] = {"freeze": workload.freeze_nemesis, "freeze-holder": workload.freeze_holder_nemesis,
                                  "kill": workload.kill_nemesis, "restart": workload.restart_nemesis}
         if args.nemeses != "all":
@@ -165,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = {k: v for k, v in extra.items() if k in wanted}
         result = workload.run(
             client_proxy.address, workdir / "run", workers=args.workers, seconds=args.minutes * 60,
-            ttl=args.ttl, records=args.records, store=dsn, tag=f"long{seed}",
+            ttl=args.ttl, records=args.records, store=dsn, tag=f"long{seed}", module=WORKLOADS[args.workload],
             nemesis=workload.mixed_nemesis(kinds) if (kinds or extra) else None,
             restart_coordinator=restart, extra=extra, seed=seed,
         )
@@ -179,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         cluster.stop()
         if postgres is not None:
             postgres.stop()
-    report = checker.check(result.events, result.data, faults=result.faults)
+    check = multilock.check if args.workload == "multilock" else checker.check
+    report = check(result.events, result.data, faults=result.faults)
     header = [
         f"fencepost long profile, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}",
         f"command: {command}",
-        f"seed: {seed}; workers: {args.workers}; records: {args.records}; T: {args.ttl} s; "
+        f"seed: {seed}; workload: {args.workload}; workers: {args.workers}; records: {args.records}; "
+        f"T: {args.ttl} s; "
         f"etcd members: {args.etcd_members}; storage: {'PostgreSQL' if dsn else 'SQLite'}; "
         f"ran {result.seconds:.0f} s; workdir: {workdir}",
     ]
@@ -191,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.report).write_text(text)
     Path(args.report + ".json").write_text(json.dumps({
         "command": command, "seed": seed, "minutes": args.minutes, "workers": args.workers,
-        "records": args.records, "ttl": args.ttl, "etcd_members": args.etcd_members,
+        "workload": args.workload, "records": args.records, "ttl": args.ttl, "etcd_members": args.etcd_members,
         "storage": "postgresql" if dsn else "sqlite", "seconds": result.seconds, "workdir": str(workdir),
         **report.as_dict()}, indent=2))
     print(text, end="")

@@ -38,6 +38,10 @@ What it checks (each failure is a :class:`Violation` of one ``kind``):
     After a loss notice, ``is_valid()`` never again returns True for that
     handle (same process, same token).
 
+A hold is identified by (process, lock name, token) and a write by (process,
+record, token, value): the names of one multi-lock share a token, each is a
+hold of its own (tests/harness/multilock.py).
+
 Figures reported: operations by kind, accepted/stale/indeterminate writes,
 faults injected by kind, loss notices, violations (must be 0).
 """
@@ -177,12 +181,12 @@ def check(events: list[Event], data: dict[str, Any] | None, *, faults: dict[str,
     frozen = _frozen_intervals(events)
 
     # ---- writes: history outcomes
-    invoked: dict[tuple[str, int, int], Event] = {}  # (proc, token, value) -> invoke
-    outcome: dict[tuple[str, int, int], str] = {}
+    invoked: dict[tuple[str, str, int, int], Event] = {}  # (proc, record, token, value) -> invoke
+    outcome: dict[tuple[str, str, int, int], str] = {}
     for e in events:
         if e["op"] != "write":
             continue
-        key = (e["proc"], e["token"], e.get("value", -1))
+        key = (e["proc"], e.get("record", ""), e["token"], e.get("value", -1))
         if e["result"] == "invoke":
             invoked[key] = e
         else:
@@ -213,7 +217,7 @@ def check(events: list[Event], data: dict[str, Any] | None, *, faults: dict[str,
             if info["value"] != len(rows):
                 violations.append(Violation("counter", (
                     f"{record}: final value {info['value']} but {len(rows)} accepted increments")))
-        audit_keys = {(row["worker"], row["token"], row["new"]) for row in data["audit"]}
+        audit_keys = {(row["worker"], row["record"], row["token"], row["new"]) for row in data["audit"]}
         for key, result in outcome.items():
             if result == "accepted" and key not in audit_keys:
                 violations.append(Violation("unrecorded-write", f"accepted write {key} has no audit row"))
@@ -261,15 +265,15 @@ def check(events: list[Event], data: dict[str, Any] | None, *, faults: dict[str,
                         f"{name}: {proc} got token {token} in an acquire invoked after {who}'s grant of "
                         f"token {earlier} returned")))
 
-    # ---- holds: release/loss times per (proc, token)
-    ends: dict[tuple[str, int], float] = {}  # release invoked or loss notice
-    notices: dict[tuple[str, int], Event] = {}
-    born: dict[tuple[str, int], float] = {}  # when the holder got the handle (acquire returned)
+    # ---- holds: release/loss times per (proc, name, token): the names of one multi-lock share a token
+    ends: dict[tuple[str, str, int], float] = {}  # release invoked or loss notice
+    notices: dict[tuple[str, str, int], Event] = {}
+    born: dict[tuple[str, str, int], float] = {}  # when the holder got the handle (acquire returned)
     for e in events:
         if e["op"] == "acquire" and e["result"] == "ok":
-            born[(e["proc"], e["token"])] = e["t"]
+            born[_hold(e)] = e["t"]
         elif e["op"] == "lost":
-            key = (e["proc"], e["token"])
+            key = _hold(e)
             if key in notices:
                 violations.append(Violation("double-notice", f"second loss notice for {key}"))
                 continue
@@ -286,21 +290,21 @@ def check(events: list[Event], data: dict[str, Any] | None, *, faults: dict[str,
                         f"{e['proc']} told of the loss of {e['name']} token {e['token']} at {e['t']:.3f}, "
                         f"{e['t'] - expiry:.3f} s after its estimated expiry {expiry:.3f} (bound {bound:.3f})")))
         elif e["op"] == "release" and e["result"] == "invoke":
-            ends.setdefault((e["proc"], e["token"]), e["t"])
+            ends.setdefault(_hold(e), e["t"])
         elif e["op"] == "valid" and e.get("value") is True:
-            key = (e["proc"], e["token"])
+            key = _hold(e)
             if key in notices and e["t"] > notices[key]["t"]:
                 violations.append(Violation("valid-after-loss", (
                     f"{e['proc']} saw is_valid() True for token {e['token']} at {e['t']:.3f}, after the loss "
                     f"notice at {notices[key]['t']:.3f}")))
-    ttl_of: dict[tuple[str, int], float] = {}
+    ttl_of: dict[tuple[str, str, int], float] = {}
     for e in events:
         if e["op"] == "acquire" and e["result"] == "ok":
-            ttl_of[(e["proc"], e["token"])] = float(e.get("ttl", 0))
+            ttl_of[_hold(e)] = float(e.get("ttl", 0))
     for name, items in grants.items():
         ordered = sorted(items, key=lambda g: g[2])
         for prev, nxt in zip(ordered, ordered[1:]):
-            prev_key = (prev[3], prev[2])
+            prev_key = (prev[3], name, prev[2])
             end = ends.get(prev_key)
             k = ttl_of.get(prev_key, 0.0) / 3
             bound = _bound(nxt[1], prev[3], frozen, k, slack)
@@ -319,6 +323,11 @@ def check(events: list[Event], data: dict[str, Any] | None, *, faults: dict[str,
         for kind, n in faults.items():
             fault_counts[kind] = max(n, fault_counts.get(kind, 0))
     return Report(operations, writes, fault_counts, len(notices), total_grants, violations)
+
+
+def _hold(e: Event) -> tuple[str, str, int]:
+    """The hold an event is about: (proc, lock name, token)."""
+    return (e["proc"], e["name"], e["token"])
 
 
 def _dead_before(events: list[Event], proc: str, t: float) -> bool:

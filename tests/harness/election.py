@@ -41,7 +41,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,7 +49,7 @@ from typing import Any
 from . import checker
 from . import history as hist
 from .nemesis import Control, Nemesis, Worker
-from .workload import REPO, open_store
+from .workload import REPO, open_store, worker_run
 
 __all__ = ["ELECTION", "ElectionReport", "RECORD", "RunResult", "check", "leader_nemesis", "run"]
 
@@ -65,7 +64,7 @@ RECORD = "leader"
 
 def candidate_main(argv: Sequence[str] | None = None) -> int:
     """Run one candidate until SIGTERM or ``--duration`` seconds (see the module docstring)."""
-    from fencepost.client import FencepostError, LockClient, LockTimeout, StaleTokenError
+    from fencepost.client import FencepostError, LockTimeout, StaleTokenError
 
     parser = argparse.ArgumentParser(prog="python -m tests.harness.election candidate")
     parser.add_argument("--address", required=True)
@@ -81,23 +80,15 @@ def candidate_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    rng = random.Random(args.seed)
-    h = hist.History(args.history, args.proc)
-    h.record("start", pid=os.getpid())
-    store = open_store(args.store, args.tag)
-    end = time.monotonic() + args.duration
-    client = LockClient(args.address.split(","), connect_timeout=30.0)
+    with worker_run(args) as w:
+        h, store, client, rng = w.history, w.store, w.client, w.rng
 
-    def on_lost(handle: Any) -> None:
-        h.record("lost", name=ELECTION, token=handle.token, lease=handle.lease_id, reason=handle.lost_reason,
-                 expiry=handle.deadline + handle.margin, keepalive=handle.ttl / 3)
+        def on_lost(handle: Any) -> None:
+            h.record("lost", name=ELECTION, token=handle.token, lease=handle.lease_id, reason=handle.lost_reason,
+                     expiry=handle.deadline + handle.margin, keepalive=handle.ttl / 3)
 
-    try:
-        client.connect()
         turn = 0
-        while not stop.is_set() and time.monotonic() < end:
+        while w.running():
             turn += 1
             value = f"{args.proc}/{turn}"
             h.record("acquire", result="invoke", name=ELECTION, value=value)
@@ -117,7 +108,7 @@ def candidate_main(argv: Sequence[str] | None = None) -> int:
                 store.claim(RECORD, tok)
                 h.record("claim", result="accepted", name=ELECTION, record=RECORD, token=tok)
                 for i in range(rng.randint(1, args.writes)):
-                    if stop.is_set():
+                    if w.stop.is_set():
                         break
                     if i == 1:  # once per leadership: a new value, same token
                         try:
@@ -151,12 +142,6 @@ def candidate_main(argv: Sequence[str] | None = None) -> int:
                 h.record("release", result="error", name=ELECTION, token=tok, lease=lease_id,
                          error=type(err).__name__, reason=err.reason)
             h.record("valid", name=ELECTION, token=tok, lease=lease_id, value=lead.is_valid())
-    finally:
-        try:
-            client.close()
-        finally:
-            store.close()
-            h.close()
     return 0
 
 

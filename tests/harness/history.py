@@ -12,7 +12,10 @@ An event is one JSON object with at least:
 - ``op``: what happened, one of :data:`OPS`.
 
 and, where they apply, ``name`` (lock name), ``token``, ``lease``,
-``record`` (guarded row key), ``value``, ``result`` and ``error``.
+``record`` (guarded row key), ``value``, ``result`` and ``error``. A
+multi-lock's ``acquire``, ``release``, ``lost`` and ``valid`` events carry
+``names`` (invoke) and ``tokens`` (name -> token) instead of ``name`` and
+``token`` (tests/harness/multilock.py).
 
 Operations and their results:
 

@@ -2,13 +2,15 @@
 
 :func:`tests.harness.workload.run` calls a nemesis between pauses with a
 :class:`Control`, which records every fault in the driver's history. The
-cluster nemeses (etcd member kill, pause, compaction; proxy faults) are in
-``tests/harness/__main__.py`` and use :meth:`Control.record`.
+etcd nemeses (member kill, pause, compaction, coordinator-etcd cut) are in
+``tests/harness/__main__.py``; they and the proxy nemeses
+(:func:`client_nemeses`) use :meth:`Control.record`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import random
 import signal
@@ -21,8 +23,8 @@ from typing import Any
 from ..child_processes import freeze
 from . import history as hist
 
-__all__ = ["Control", "Nemesis", "Worker", "freeze_holder_nemesis", "freeze_nemesis", "kill_holder_nemesis",
-           "kill_nemesis", "long_freeze_holder_nemesis", "mixed_nemesis", "restart_nemesis"]
+__all__ = ["Control", "Nemesis", "Worker", "client_nemeses", "freeze_holder_nemesis", "freeze_nemesis", "in_turn",
+           "kill_holder_nemesis", "kill_nemesis", "long_freeze_holder_nemesis", "mixed_nemesis", "restart_nemesis"]
 
 
 @dataclasses.dataclass
@@ -200,3 +202,34 @@ def kill_holder_nemesis(ctl: Control, rng: random.Random) -> None:
     """SIGKILL a worker caught inside its hold (else a random one) and respawn it, then rest T."""
     ctl.kill(_caught_holding(ctl, rng))
     ctl.sleep(ctl.ttl)
+
+
+def client_nemeses(proxy: Any, ttl: float) -> dict[str, Nemesis]:
+    """Nemeses between the workers and the coordinator, through ``proxy`` (a :class:`.proxy.Proxy` they dial):
+    ``client-blackhole`` (0.5 T to 3 T) and ``client-cut`` (every connection reset)."""
+
+    def blackhole(ctl: Control, rng: random.Random) -> None:
+        seconds = rng.uniform(0.5, 3.0) * ttl
+        ctl.record("client-blackhole", target="client-links", seconds=seconds)
+        proxy.blackhole()
+        time.sleep(seconds)
+        proxy.forward()
+        ctl.history.record("nemesis", kind="client-healed", target="client-links")
+        ctl.sleep(ttl)
+
+    def cut(ctl: Control, rng: random.Random) -> None:
+        ctl.record("client-cut", target="client-links")
+        proxy.cut()
+        ctl.sleep(ttl)
+
+    return {"client-blackhole": blackhole, "client-cut": cut}
+
+
+def in_turn(*kinds: Nemesis) -> Nemesis:
+    """A nemesis that calls each of ``kinds`` in turn (so that a short run has every one)."""
+    turn = itertools.cycle(kinds)
+
+    def nemesis(ctl: Control, rng: random.Random) -> None:
+        next(turn)(ctl, rng)
+
+    return nemesis

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import os
 import random
 import signal
@@ -52,20 +51,15 @@ from typing import Any
 
 from . import checker
 from . import history as hist
-from .nemesis import Control, Nemesis, Worker, kill_holder_nemesis, long_freeze_holder_nemesis
-from .workload import REPO, open_store
+from .nemesis import Control, Nemesis, Worker, in_turn, kill_holder_nemesis, long_freeze_holder_nemesis
+from .workload import REPO, open_store, worker_run
 
 __all__ = ["SemaphoreReport", "check", "holder_nemesis", "per_slot", "run", "worker_main"]
 
 def holder_nemesis() -> Nemesis:
     """The nemesis of the semaphore fault run: SIGSTOP a permit holder past its lease, then SIGKILL one, in turn
     (so that a short run has both)."""
-    turn = itertools.cycle([long_freeze_holder_nemesis, kill_holder_nemesis])
-
-    def nemesis(ctl: Control, rng: random.Random) -> None:
-        next(turn)(ctl, rng)
-
-    return nemesis
+    return in_turn(long_freeze_holder_nemesis, kill_holder_nemesis)
 
 
 def slot_record(name: str, slot: int) -> str:
@@ -82,7 +76,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status (0).
     """
-    from fencepost.client import FencepostError, LockClient, LockTimeout, StaleTokenError
+    from fencepost.client import FencepostError, LockTimeout, StaleTokenError
 
     parser = argparse.ArgumentParser(prog="python -m tests.harness.semaphore worker")
     parser.add_argument("--address", required=True)
@@ -99,19 +93,11 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    rng = random.Random(args.seed)
-    h = hist.History(args.history, args.proc)
-    h.record("start", pid=os.getpid())
-    store = open_store(args.store, args.tag)
-    end = time.monotonic() + args.duration
-    client = LockClient(args.address.split(","), connect_timeout=30.0)
-    sem = client.semaphore(args.name, permits=args.permits, ttl=args.ttl)
     fraction = 1 / 3
-    try:
-        client.connect()
-        while not stop.is_set() and time.monotonic() < end:
+    with worker_run(args) as w:
+        h, store, client, rng = w.history, w.store, w.client, w.rng
+        sem = client.semaphore(args.name, permits=args.permits, ttl=args.ttl)
+        while w.running():
             h.record("acquire", result="invoke", name=args.name)
             try:
                 handle = sem.acquire(timeout=args.acquire_timeout)
@@ -158,12 +144,6 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
             except FencepostError as err:
                 h.record("release", result="error", name=rec, token=tok, lease=lease_id,
                          error=type(err).__name__, reason=err.reason)
-    finally:
-        try:
-            client.close()
-        finally:
-            store.close()
-            h.close()
     return 0
 
 

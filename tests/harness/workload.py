@@ -32,6 +32,7 @@ stops the workers, and returns the merged history and the final data.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import random
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,17 +135,33 @@ class Store:
         Raises:
             StaleTokenError: the row carries a higher token; nothing was written.
         """
+        self.write_all([(record, token, old, new)], worker)
+
+    def write_all(self, writes: Sequence[tuple[str, int, int, int]], worker: str) -> None:
+        """Fenced writes of several rows and their audit rows, in one transaction (all or none).
+
+        Args:
+            writes: ``(record, token, old, new)`` per row, each fenced by its own token.
+            worker: The writer's id, stored in the audit rows.
+
+        Raises:
+            StaleTokenError: a row carries a higher token than its write's; nothing was written.
+        """
         audit = (f"INSERT INTO {self.audit} (record, token, worker, old, new) "
                  f"VALUES ({self.p}, {self.p}, {self.p}, {self.p}, {self.p})")
-        if self.postgres:
-            with self.conn.transaction():
+
+        def apply() -> None:
+            for record, token, old, new in writes:
                 self.guard.update(record, token, {"value": new})
                 self.conn.execute(audit, (record, token, worker, old, new))
+
+        if self.postgres:
+            with self.conn.transaction():
+                apply()
             return
         self.conn.execute("BEGIN IMMEDIATE")
         try:
-            self.guard.update(record, token, {"value": new})
-            self.conn.execute(audit, (record, token, worker, old, new))
+            apply()
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
@@ -179,15 +196,9 @@ def open_store(target: str, tag: str = "run") -> Store:
 # ---------------------------------------------------------------- worker process
 
 
-def worker_main(argv: Sequence[str] | None = None) -> int:
-    """Run one worker until SIGTERM or ``--duration`` seconds (see the module docstring).
-
-    Returns:
-        The exit status (0).
-    """
-    from fencepost.client import FencepostError, LockClient, LockTimeout, StaleTokenError
-
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.workload worker")
+def worker_parser(prog: str) -> argparse.ArgumentParser:
+    """The options every worker of :func:`run` takes (a workload module's worker adds its own)."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--address", required=True, help="coordinator address(es), comma-separated")
     parser.add_argument("--store", required=True, help="SQLite file or PostgreSQL DSN")
     parser.add_argument("--tag", default="run")
@@ -199,29 +210,79 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--think", type=float, default=0.02, help="max seconds between read and write")
     parser.add_argument("--duration", type=float, default=3600.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--no-claim", action="store_true", help="skip the claim (to show the lost update)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@dataclasses.dataclass
+class WorkerRun:
+    """What one worker process works with, made by :func:`worker_run`."""
+
+    history: hist.History
+    store: Store
+    client: Any
+    rng: random.Random
+    stop: threading.Event
+    end: float
+
+    def running(self) -> bool:
+        """Whether to go on: no SIGTERM yet and ``--duration`` not over."""
+        return not self.stop.is_set() and time.monotonic() < self.end
+
+
+@contextlib.contextmanager
+def worker_run(args: argparse.Namespace) -> Iterator[WorkerRun]:
+    """Open a worker's history (with its ``start`` event), store and connected client; close them after.
+
+    Args:
+        args: The worker's options ``--address``, ``--store``, ``--tag``, ``--history``, ``--proc``,
+            ``--duration``, ``--seed`` (as :func:`worker_parser` makes them; every workload's worker has them).
+
+    SIGTERM sets ``stop``. Raises what ``LockClient.connect`` raises.
+    """
+    from fencepost.client import LockClient
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    rng = random.Random(args.seed)
     h = hist.History(args.history, args.proc)
     h.record("start", pid=os.getpid())
     store = open_store(args.store, args.tag)
-    names = [f"counter-{i}" for i in range(args.records)]
     end = time.monotonic() + args.duration
     client = LockClient(args.address.split(","), connect_timeout=30.0)
-    fraction = 1 / 3
-
-    def on_lost(handle: Any) -> None:
-        # The client's own deadline + margin: the server-side expiry it estimates.
-        h.record("lost", name=handle.name, token=handle.token, lease=handle.lease_id,
-                 reason=handle.lost_reason, expiry=handle.deadline + handle.margin,
-                 keepalive=handle.ttl * fraction)
-
     try:
         client.connect()
-        while not stop.is_set() and time.monotonic() < end:
+        yield WorkerRun(h, store, client, random.Random(args.seed), stop, end)
+    finally:
+        try:
+            client.close()
+        finally:
+            store.close()
+            h.close()
+
+
+def worker_main(argv: Sequence[str] | None = None) -> int:
+    """Run one worker until SIGTERM or ``--duration`` seconds (see the module docstring).
+
+    Returns:
+        The exit status (0).
+    """
+    from fencepost.client import FencepostError, LockTimeout, StaleTokenError
+
+    parser = worker_parser("python -m tests.harness.workload worker")
+    parser.add_argument("--no-claim", action="store_true", help="skip the claim (to show the lost update)")
+    args = parser.parse_args(argv)
+    names = [f"counter-{i}" for i in range(args.records)]
+    fraction = 1 / 3
+
+    with worker_run(args) as w:
+        h, store, client, rng = w.history, w.store, w.client, w.rng
+
+        def on_lost(handle: Any) -> None:
+            # The client's own deadline + margin: the server-side expiry it estimates.
+            h.record("lost", name=handle.name, token=handle.token, lease=handle.lease_id,
+                     reason=handle.lost_reason, expiry=handle.deadline + handle.margin,
+                     keepalive=handle.ttl * fraction)
+
+        while w.running():
             name = rng.choice(names)
             h.record("acquire", result="invoke", name=name)
             try:
@@ -270,12 +331,6 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
                 h.record("release", result="error", name=name, token=tok, lease=lease_id,
                          error=type(err).__name__, reason=err.reason)
             h.record("valid", name=name, token=tok, lease=lease_id, value=handle.is_valid())
-    finally:
-        try:
-            client.close()
-        finally:
-            store.close()
-            h.close()
     return 0
 
 
@@ -310,6 +365,8 @@ def run(
     think: float = 0.02,
     seed: int | None = None,
     no_claim: bool = False,
+    module: str = "tests.harness.workload",
+    worker_args: Sequence[str] = (),
 ) -> RunResult:
     """Run K workers for ``seconds`` with a nemesis, stop them, merge the histories.
 
@@ -328,6 +385,9 @@ def run(
         think: Max seconds a worker waits between its read and its write.
         seed: Seed of the nemesis and worker randomness.
         no_claim: Workers skip the claim (shows the lost update; for checker tests).
+        module: The workers' module (``python -m MODULE worker``, taking :func:`worker_parser`'s options),
+            e.g. ``tests.harness.multilock``.
+        worker_args: More options for every worker.
 
     Returns:
         The merged history, the final data and the fault counts.
@@ -351,7 +411,7 @@ def run(
         worker.incarnation += 1
         worker.history = workdir / f"{worker.proc_id}.jsonl"
         histories.append(worker.history)
-        argv = [sys.executable, "-m", "tests.harness.workload", "worker", "--address", addresses,
+        argv = [sys.executable, "-m", module, "worker", "--address", addresses,
                 "--store", target, "--tag", tag, "--history", str(worker.history), "--proc", worker.proc_id,
                 "--records", str(records), "--ttl", str(ttl), "--think", str(think),
                 "--duration", str(max(1.0, end - time.monotonic())),
@@ -359,6 +419,7 @@ def run(
                 "--seed", str(rng.randrange(2**31))]
         if no_claim:
             argv.append("--no-claim")
+        argv += worker_args
         with open(workdir / f"{worker.proc_id}.log", "ab") as log:
             worker.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=log, start_new_session=True)
