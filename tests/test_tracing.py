@@ -76,7 +76,7 @@ async def test_one_trace_from_a_client_acquire_through_the_coordinator_to_its_et
     assert acquire.parent is None and acquire.kind == SpanKind.INTERNAL
     assert dict(acquire.attributes or {}) == {
         "fencepost.lock.name": "inv:42", "fencepost.ttl_seconds": 10, "fencepost.try_once": False,
-        "fencepost.timeout_seconds": 5.0, "fencepost.lease_id": lease, "fencepost.token": token,
+        "fencepost.read": False, "fencepost.timeout_seconds": 5.0, "fencepost.lease_id": lease, "fencepost.token": token,
         "fencepost.outcome": "granted"}
     client_acquire = await client_spans.one(f"{LOCKS}/Acquire")
     assert client_acquire.kind == SpanKind.CLIENT and parent_of(client_acquire) == span_id(acquire)
