@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from fencepost.client.errors import FencepostError, LeaseLost, NotHolder, StaleTokenError
@@ -40,6 +40,7 @@ from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan
 from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .floor_guard import under_floor
 from .lock_delay import DelayState, HeldBack, LockDelays, validate_lock_delay
+from .snapshots import DESCRIBE_WAITERS, AcquireResult, Description, Holder, holding
 from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_lock_name, validate_token
 from .waiters import REATTACH_SECONDS, Waiters
@@ -47,47 +48,6 @@ from .watch import DeleteWatcher
 
 __all__ = ["DESCRIBE_WAITERS", "REATTACH_SECONDS", "AcquireResult", "Description", "Holder", "LockManager",
            "release_refusal"]
-
-#: Most queued contenders listed by describe().
-DESCRIBE_WAITERS = 100
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A contender: its lease, the fencing token of its key (the token it holds, or will hold, under), a reader?"""
-
-    lease_id: int
-    token: int
-    read: bool = False
-
-
-@dataclass(frozen=True)
-class AcquireResult:
-    """The outcome of acquire(): granted with ``token``, or (try once only) the current holder.
-
-    ``freed_at``: for a grant after a wait, the monotonic clock reading when the
-    deletion that made this contender the holder reached the lock watch (the
-    previous hold's end, for ``fencepost_handoff_seconds``); None otherwise.
-    """
-
-    acquired: bool
-    token: int = 0
-    holder: Holder | None = None
-    freed_at: float | None = None
-
-
-@dataclass(frozen=True)
-class Description:
-    """A snapshot of one lock at one etcd revision."""
-
-    holder: Holder | None
-    ttl_remaining_seconds: int
-    ttl_seconds: int
-    waiter_count: int
-    waiters: list[Holder] = field(default_factory=list)
-    revision: int = 0
-    lock_delay: DelayState = DelayState(0, 0)
-
 
 def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_alive: bool, *,
                     floor: int = 0) -> FencepostError:
@@ -426,7 +386,7 @@ class LockManager:
         raise release_refusal(hold, mine, holder, alive, floor=self._tokens.floor)
 
     async def describe(self, name: str) -> Description:
-        """Report the holder, token, waiters and TTL left of lock ``name``.
+        """Report the holder (the holders: readers together), tokens, waiters and TTL left of lock ``name``.
 
         Raises:
             InvalidArgument: bad name.
@@ -452,11 +412,12 @@ class LockManager:
             return Description(None, -1, 0, int(counted.count), contenders, int(resp.header.revision), delay)
         if not contenders:
             return Description(None, -1, 0, 0, [], int(resp.header.revision), delay)
-        holder = contenders[0]
+        holders = holding(contenders)
         ttl_left, granted = -1, 0
         with contextlib.suppress(FencepostError):
-            ttl_left, granted = await self._etcd.lease_ttl(holder.lease_id)
-        return Description(holder, ttl_left, granted, int(counted.count) - 1, contenders[1:], int(resp.header.revision))
+            ttl_left, granted = await self._etcd.lease_ttl(contenders[0].lease_id)
+        return Description(contenders[0], ttl_left, granted, int(counted.count) - holders, contenders[holders:],
+                           int(resp.header.revision), holders=contenders[:holders])
 
     async def end_lock_delay(self, name: str) -> DelayState:
         """End the lock-delay of lock ``name`` (:meth:`.lock_delay.LockDelays.end`): the delay that was ended.
