@@ -236,6 +236,8 @@ class Waiters:
             try:
                 if await self._etcd.lock_txn(plan, lock_of(key)):
                     _log.debug("withdrew %s: its Acquire ended without an answer", self._named(key))
+                else:
+                    _log.debug("kept %s: written again by an Acquire since (or gone)", self._named(key))
             except FencepostError as exc:
                 _log.warning("could not withdraw %s: %s", self._named(key), exc)
 
