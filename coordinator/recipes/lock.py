@@ -43,7 +43,7 @@ from .lock_delay import DelayState, HeldBack, LockDelays, validate_lock_delay
 from .snapshots import DESCRIBE_WAITERS, AcquireResult, Description, Holder, holding
 from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_lock_name, validate_token
-from .waiters import REATTACH_SECONDS, Waiters
+from .waiters import REATTACH_SECONDS, Waiters, mode_conflict
 from .watch import DeleteWatcher
 
 __all__ = ["DESCRIBE_WAITERS", "REATTACH_SECONDS", "AcquireResult", "Description", "Holder", "LockManager",
@@ -172,7 +172,8 @@ class LockManager:
             gets the same token again.
 
         Raises:
-            InvalidArgument: bad name, lease id or lock_delay.
+            InvalidArgument: bad name, lease id or lock_delay; field ``mode``: the lease holds or waits for
+                the lock as a reader (:func:`.waiters.mode_conflict`).
             LockTimeout: not granted within ``wait`` seconds (the waiter key is deleted).
             LeaseLost: the lease is gone, or the waiter key was deleted while waiting.
             ResourceExhausted: this coordinator's queue limit (TOO_MANY_WAITERS).
@@ -184,7 +185,10 @@ class LockManager:
         validate_lease_id(lease_id)
         validate_lock_delay(lock_delay)
         if wait == 0:
-            return await self._issued(name, lease_id, *await self._try_once(name, lease_id, lock_delay, value))
+            result, floor = await self._try_once(name, lease_id, lock_delay, value)
+            if not result.acquired and result.holder is not None and result.holder.lease_id == lease_id:
+                raise mode_conflict(name, lease_id)  # its own read hold (rwlock.py) holds it
+            return await self._issued(name, lease_id, result, floor)
         with self._waiters.counted(name, lease_id):
             token, freed_at, floor = await self._waiters.wait(name, lease_id, wait, lock_delay=lock_delay,
                                                               value=value or b"")
