@@ -309,9 +309,10 @@ export type AcquireRequest = Message<"fencepost.v1.AcquireRequest"> & {
    * (shared by readers, FIFO with writers). Idempotent per (lease_id, name,
    * mode). A read Acquire takes no lock_delay_seconds (INVALID_ARGUMENT,
    * field lock_delay_seconds); an unknown mode is INVALID_ARGUMENT (field
-   * mode). A lease that holds a name in one mode and asks for it in the
-   * other waits for itself until wait_ms runs out: there is no upgrade or
-   * downgrade.
+   * mode). There is no upgrade or downgrade: a lease that holds or waits
+   * for a name in one mode and asks for it in the other is refused with
+   * INVALID_ARGUMENT (field mode), at once when its own key is first, else
+   * when its own key is next before the new one; nothing is left queued.
    *
    * @generated from field: fencepost.v1.LockMode mode = 7;
    */
