@@ -11,8 +11,7 @@ from typing import Any
 
 from tests.harness import rwlock, workload
 from tests.harness.history import Event
-from tests.harness.nemesis import client_nemeses, in_turn, kill_holder_nemesis, long_freeze_holder_nemesis, \
-    restart_nemesis
+from tests.harness.nemesis import holders_and_links_nemesis
 from tests.harness.proxy import Proxy
 
 from .conftest import SOAK
@@ -27,17 +26,15 @@ def test_rwlock_no_writer_beside_another_holder_and_fenced_under_faults(
     increasing over every earlier grant (readers' included), no reader seeing a later writer's write while it
     held, no stale write accepted nor accepted write lost, while holders are frozen past their lease and killed,
     the coordinator restarts and the client links are blackholed and cut; readers must have held together, the
-    nemesis must have hit holders, a holder must have believed it held while a conflicting grant was made, and
-    a late write or claim must have been refused (so that this test could fail)."""
+    nemesis must have hit holders and a holder must have believed it held past its lease while a conflicting
+    hold operated (so that this test could fail)."""
     proxy = proxy_to(coordinator_process.start())
 
     def restart() -> None:
         coordinator_process.terminate()
         coordinator_process.start()
 
-    links = client_nemeses(proxy, 2.0)
-    nemesis = in_turn(long_freeze_holder_nemesis, kill_holder_nemesis, restart_nemesis, long_freeze_holder_nemesis,
-                      links["client-cut"], links["client-blackhole"])
+    nemesis = holders_and_links_nemesis(proxy, 2.0)
     result = workload.run(proxy.address, tmp_path / "rw", workers=6, records=2, seconds=120.0 if SOAK else 24.0,
                           ttl=2.0, think=0.3, tag="rw", nemesis=nemesis, restart_coordinator=restart, module=MODULE)
     verdict = rwlock.check(result.events, result.data, faults=result.faults)
@@ -50,10 +47,9 @@ def test_rwlock_no_writer_beside_another_holder_and_fenced_under_faults(
     assert figures["holder_hits"] >= 2, verdict.text()
     assert figures["read_grants"] > 40 and figures["write_grants"] > 10, verdict.text()
     assert figures["most_readers"] >= 2, verdict.text()
-    assert figures["uncertain_overlaps"] >= 1, verdict.text()  # a holder believed it held past its lease
-    refused = sum(figures[k] for k in ("writer_writes_stale", "writer_claims_stale",
-                                       "reader_claims_refused_by_writer"))
-    assert refused >= 1, verdict.text()
+    # A holder believed it held past its lease while a conflicting hold operated: the overlap the checker must
+    # not report (not certain), and would report if it took the workers' view for the keys'.
+    assert figures["uncertain_overlaps"] >= 1, verdict.text()
     assert verdict.report.writes["accepted"] > 10, verdict.text()
 
 

@@ -337,7 +337,8 @@ def check(events: list[hist.Event], data: dict[str, Any] | None, *, faults: dict
             1 for h in readers for e in h.reads if e["op"] == "claim" and e.get("result") == "stale"
             and (h.name, e.get("current")) in writers),
         "holder_hits": sum(1 for e in events if e["op"] == "nemesis" and e.get("kind") in ("freeze", "kill")
-                           and any(h.proc == e["target"] and h.start <= e["t"] < h.seen_end for h in every)),
+                           and any(h.proc == e["target"] and h.start <= e["t"] < h.end and e["t"] <= h.killed
+                                   for h in every)),
     }
     return RwLockReport(report, violations, figures)
 
