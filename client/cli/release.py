@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Run ``fencepost release NAME --lease-id ID --token T``; prints ``released``.
+    """Run ``fencepost release NAME... --lease-id ID --token T [--read]``; prints ``released``.
 
     Returns:
         0 once released.

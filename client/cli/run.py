@@ -224,7 +224,7 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Run ``fencepost run NAME --ttl S [...] -- CMD [ARGS...]`` (``args.argv`` is CMD [ARGS...]).
+    """Run ``fencepost run NAME... --ttl S [...] -- CMD [ARGS...]`` (``args.argv`` is CMD [ARGS...]).
 
     Returns:
         The command's exit status, or the code of :data:`RUN_EXIT_CODES` that applies.
