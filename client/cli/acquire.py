@@ -39,12 +39,12 @@ from .common import (
     lease_hex,
 )
 from .flags import (
+    READ_HELP,
     address_flag,
     addresses_of,
     lock_delay_flag,
     parse_timeout,
     parse_ttl,
-    READ_HELP,
     read_flag,
     refuse_read_flags,
     tls_flags,
