@@ -96,7 +96,7 @@ async def test_run_try_several_names_when_one_is_held_exits_5_naming_it_and_take
         await holder.read_token()
         result = await run(a, b, "--ttl", "5", "--try", "--address", address, "--", "sh", "-c", "echo ran")
         assert result.rc == 5, result
-        assert_one_line_error(result, "held", b, "command not run")
+        assert_one_line_error(result, f"held: {b} is held by lease", "command not run")
         assert "ran" not in result.out
         status = await status_json(address, a)
         assert (status["held"], status["waiter_count"]) == (False, 0)
