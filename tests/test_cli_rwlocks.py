@@ -61,10 +61,11 @@ async def test_run_read_two_readers_hold_together_a_writer_waits_and_gets_a_larg
             assert listing.rc == 0, listing.err
             [entry] = json.loads(listing.out)["locks"]
             assert entry["mode"] == "read" and entry["holder_lease_id"] in (lease1, lease2)
+            assert (entry["holder_count"], entry["waiter_count"]) == (2, 1)
             table = await run_cli("locks", name, "--address", address)
             assert table.rc == 0, table.err
             header, row = table.out.splitlines()[:2]
-            assert header.split()[-1] == "MODE" and row.split()[-1] == "read"
+            assert header.split()[-1] == "MODE" and row.split()[-1] == "read(2)"
 
             for r in (r1, r2):
                 r.proc.send_signal(signal.SIGTERM)
@@ -126,14 +127,19 @@ def _contender(lease_id: int, token: int, read: bool) -> lock_pb2.Holder:
 
 
 def test_split_when_holder_reads_makes_the_readers_before_the_first_writer_holders() -> None:
-    """The readers queued before the first writer hold with a reading holder; the writer and the reader after it
-    wait; a writing holder holds alone, and nobody holds a lock that is not held."""
+    """From a coordinator without DescribeResponse.holders: the readers queued before the first writer hold with
+    a reading holder; the writer and the reader after it wait; a writing holder holds alone, and nobody holds a
+    lock that is not held. With holders, they are the holders and the waiters are as answered."""
     waiters = [_contender(2, 11, True), _contender(3, 12, False), _contender(4, 13, True)]
     read = lock_pb2.DescribeResponse(held=True, holder=_contender(1, 10, True), waiters=waiters, waiter_count=3)
-    holders, queued = split(read)
-    assert [h.lease_id for h in holders] == [1, 2] and [w.lease_id for w in queued] == [3, 4]
+    holders, queued, count = split(read)
+    assert ([h.lease_id for h in holders], [w.lease_id for w in queued], count) == ([1, 2], [3, 4], 2)
     write = lock_pb2.DescribeResponse(held=True, holder=_contender(1, 10, False), waiters=waiters, waiter_count=3)
-    holders, queued = split(write)
-    assert [h.lease_id for h in holders] == [1] and [w.lease_id for w in queued] == [2, 3, 4]
+    holders, queued, count = split(write)
+    assert ([h.lease_id for h in holders], [w.lease_id for w in queued], count) == ([1], [2, 3, 4], 3)
     held_back = lock_pb2.DescribeResponse(held=False, waiters=waiters, waiter_count=3)
-    assert split(held_back) == ([], waiters)
+    assert split(held_back) == ([], waiters, 3)
+    both = [_contender(1, 10, True), _contender(2, 11, True)]
+    current = lock_pb2.DescribeResponse(held=True, holder=both[0], holders=both, waiters=waiters[1:], waiter_count=2)
+    holders, queued, count = split(current)
+    assert ([h.lease_id for h in holders], [w.lease_id for w in queued], count) == ([1, 2], [3, 4], 2)

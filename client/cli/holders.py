@@ -1,12 +1,14 @@
 """One lock's holders and waiters, as ``fencepost status NAME`` shows them; a read hold shown as one.
 
 A read-write lock (docs/rwlocks.md) held for reading has several holders:
-the readers granted together. A Describe answer lists the first contender
-as the lock's holder and the others as its waiters, each marked ``read``
-(``Holder.read``). A reader is granted when no writer is before it in the
-queue, so when the holder reads, the listed readers before the first writer
-hold too: :func:`split` makes them holders, and the rest waiters. A lock
-held by a writer (any plain hold) has one holder, as before.
+the readers granted together. A Describe answer lists them in ``holders``
+(``holder`` first), each marked ``read`` (``Holder.read``), and the
+contenders from the first writer on as its waiters. A coordinator that
+predates ``holders`` leaves it empty and lists the other readers among the
+waiters: a reader is granted when no writer is before it in the queue, so
+when the holder reads, the listed readers before the first writer hold too,
+and :func:`split` makes them holders. A lock held by a writer (any plain
+hold) has one holder, as before.
 
 Text: ``NAME: held`` for a writer, ``NAME: held for reading by N readers``
 and one line per reader (lease, fencing token) for readers; waiters are
@@ -14,7 +16,7 @@ marked ``read`` or ``write`` once the lock has a reader. JSON
 (``--json``): ``mode`` (``read``, ``write``, null when not held), the
 holder's ``mode``, ``readers`` (each granted reader, the holder first; ``[]``
 for a writer) and each waiter's ``mode``; ``waiter_count`` counts the
-contenders that do not hold.
+contenders that do not hold (from either coordinator).
 """
 
 from __future__ import annotations
@@ -45,22 +47,25 @@ def mode(read: bool) -> str:
     return MODE_READ if read else MODE_WRITE
 
 
-def split(resp: pb.DescribeResponse) -> tuple[list[pb.Holder], list[pb.Holder]]:
+def split(resp: pb.DescribeResponse) -> tuple[list[pb.Holder], list[pb.Holder], int]:
     """The holders and the waiters of a Describe answer.
 
     Returns:
-        ``(holders, waiters)``: no holder when the lock is not held; the holder alone when it writes; when it
-        reads, it and the listed readers before the first writer (all granted), in grant order. The waiters
-        are the other listed contenders, in grant order.
+        ``(holders, waiters, waiter_count)``: no holder when the lock is not held; the holder alone when it
+        writes; when it reads, every reader holding with it (``holders``; from an older coordinator, it and the
+        listed readers before the first writer), in grant order. The waiters are the other listed contenders,
+        in grant order, and ``waiter_count`` counts every contender that does not hold.
     """
     if not resp.held:
-        return [], list(resp.waiters)
+        return [], list(resp.waiters), resp.waiter_count
+    if resp.holders:
+        return list(resp.holders), list(resp.waiters), resp.waiter_count
     holders = [resp.holder]
     waiters = list(resp.waiters)
     if resp.holder.read:
         while waiters and waiters[0].read:
             holders.append(waiters.pop(0))
-    return holders, waiters
+    return holders, waiters, resp.waiter_count - (len(holders) - 1)
 
 
 def _entry(contender: pb.Holder, token: str) -> dict[str, Any]:
@@ -69,7 +74,7 @@ def _entry(contender: pb.Holder, token: str) -> dict[str, Any]:
 
 def describe_json(name: str, address: str, resp: pb.DescribeResponse) -> dict[str, Any]:
     """The JSON object of ``fencepost status NAME --json`` (see the module docstring)."""
-    holders, waiters = split(resp)
+    holders, waiters, waiter_count = split(resp)
     return {
         "name": name,
         "address": address,
@@ -80,7 +85,7 @@ def describe_json(name: str, address: str, resp: pb.DescribeResponse) -> dict[st
         "readers": [_entry(h, "token") for h in holders if h.read],
         "ttl_remaining_seconds": resp.ttl_remaining_seconds,
         "ttl_seconds": resp.ttl_seconds,
-        "waiter_count": resp.waiter_count - (len(holders) - 1 if holders else 0),
+        "waiter_count": waiter_count,
         "waiters": [{**_entry(w, "revision"), "mode": mode(w.read)} for w in waiters],
         "revision": resp.revision,
         "lock_delay_seconds": resp.lock_delay_seconds,
@@ -90,8 +95,7 @@ def describe_json(name: str, address: str, resp: pb.DescribeResponse) -> dict[st
 
 def describe_lines(name: str, resp: pb.DescribeResponse) -> list[str]:
     """The text of ``fencepost status NAME`` (see the module docstring)."""
-    holders, waiters = split(resp)
-    waiter_count = resp.waiter_count - (len(holders) - 1 if holders else 0)
+    holders, waiters, waiter_count = split(resp)
     lines = []
     if resp.held:
         lease = resp.holder.lease_id

@@ -5,10 +5,11 @@ with no holder (``-``) and the delay's time left (the table's
 ``LOCK-DELAY`` column, shown when a listed lock has one).
 
 A lock held for reading (a read-write lock's readers, docs/rwlocks.md) is
-marked ``read`` in the table's ``MODE`` column (shown when a listed lock is
-held for reading; the other holders are ``write``), and every lock carries
-``mode`` in JSON (``read``, ``write``, null when held back). ListLocks names
-one reader as the holder; ``fencepost status NAME`` lists each of them.
+marked ``read(N)`` in the table's ``MODE`` column, N readers holding it
+together (shown when a listed lock is held for reading; the other holders
+are ``write``), and every lock carries ``mode`` (``read``, ``write``, null
+when held back) and ``holder_count`` in JSON. ListLocks names one reader as
+the holder; ``fencepost status NAME`` lists each of them.
 
 ListLocks calls through the client's transport (the addresses in turn), one
 per page, until the last page; every page of one listing is read at the
@@ -116,6 +117,7 @@ def listing_json(address: str, revision: int, locks: list[Any]) -> dict[str, Any
             "holder_lease_id_hex": lease_hex(lock.holder.lease_id) if lock.HasField("holder") else None,
             "token": lock.holder.token if lock.HasField("holder") else None,
             "mode": mode(lock.holder.read) if lock.HasField("holder") else None,
+            "holder_count": lock.holder_count,
             "ttl_remaining_seconds": lock.ttl_remaining_seconds if lock.ttl_remaining_seconds >= 0 else None,
             "ttl_seconds": lock.ttl_seconds,
             "held_seconds": round(lock.held_seconds, 3) if lock.held_seconds >= 0 else None,
@@ -135,6 +137,16 @@ def _delay(lock: Any) -> str:
     if lock.lock_delay_remaining_ms < 0:
         return f"{lock.lock_delay_seconds}s from the next acquire"
     return "ended"
+
+
+def _mode(lock: Any) -> str:
+    """The MODE cell: ``read(N)`` for N readers holding together (``read`` from a coordinator that does not
+    count them), ``write``, or ``-`` for a lock held back by a lock-delay."""
+    if not lock.HasField("holder"):
+        return "-"
+    if lock.holder.read and lock.holder_count:
+        return f"read({lock.holder_count})"
+    return mode(lock.holder.read)
 
 
 def _duration(seconds: float) -> str:
@@ -162,7 +174,7 @@ def table(locks: list[Any]) -> str:
                       f"{lock.ttl_remaining_seconds}s/{lock.ttl_seconds}s" if lock.ttl_remaining_seconds >= 0
                       else "ended") if lock.HasField("holder") else ("-", "-", "-")),
         _duration(lock.held_seconds), str(lock.waiter_count),
-        *(((mode(lock.holder.read) if lock.HasField("holder") else "-"),) if modes else ()),
+        *((_mode(lock),) if modes else ()),
         *((_delay(lock),) if delays else ())) for lock in locks]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     right = {2, 3, 4, 5}
