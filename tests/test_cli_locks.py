@@ -50,7 +50,8 @@ async def test_locks_json_lists_two_held_locks_and_a_waiter(
     for entry, handle, waiters in ((first, one, 1), (second, two, 0)):
         assert set(entry) == {"name", "holder_lease_id", "holder_lease_id_hex", "token", "ttl_remaining_seconds",
                               "ttl_seconds", "held_seconds", "waiter_count", "lock_delay_seconds",
-                              "lock_delay_remaining_ms"}
+                              "lock_delay_remaining_ms", "mode", "holder_count"}
+        assert (entry["mode"], entry["holder_count"]) == ("write", 1)
         assert (entry["lock_delay_seconds"], entry["lock_delay_remaining_ms"]) == (0, 0)
         assert entry["name"] == handle.name
         assert entry["holder_lease_id"] == handle.lease_id

@@ -16,6 +16,10 @@
 - ``fencepost run NAME --ttl S -- CMD [ARGS...]`` (:mod:`.run`): run a
   command while holding a lock, with its fencing token in the command's
   environment.
+- ``--read`` on ``acquire``, ``run`` and ``release``: a read hold of a
+  read-write lock; several NAMEs on them: a multi-lock, every lock or none
+  (:mod:`.multilock`). ``status NAME`` and ``locks`` show a read hold's
+  mode and readers (:mod:`.holders`).
 - ``fencepost elect NAME --value V -- CMD [ARGS...]`` (:mod:`.elect`): run a
   command while leading an election, with the leadership's fencing token in
   its environment; ``fencepost leader NAME [--watch]`` (:mod:`.leader`): the

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from fencepost.client import AsyncLockHandle, FencepostError, LeaseLost, NotHolder, StaleTokenError
+from fencepost.client import AsyncLockHandle, AsyncMultiLockHandle, FencepostError, LeaseLost, NotHolder, StaleTokenError
 
 from .printable import shown_name
 
@@ -229,20 +229,25 @@ def note(text: str) -> None:
     print(f"{PROGRAM.get()}: {text}", file=sys.stderr, flush=True)
 
 
-async def supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, received: asyncio.Queue[int],
-                     *, grace: float, lost_exit_code: int) -> RunResult:
+async def supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle | AsyncMultiLockHandle,
+                    received: asyncio.Queue[int], *, grace: float, lost_exit_code: int,
+                    what: str | None = None) -> RunResult:
     """Wait for the child while forwarding signals; stop it if the hold is lost; release the hold after it.
 
     Args:
         proc: The child (leader of its process group).
-        handle: The hold it runs under.
+        handle: The hold it runs under (a multi-lock's is lost when any of its names is).
         received: The signals received, to forward to the group.
         grace: Seconds between SIGTERM and SIGKILL.
         lost_exit_code: The exit code when the hold is lost while the child runs.
+        what: The hold as the messages name it; None: ``NAME with token T`` (a lock handle's).
 
     Returns:
         How it ended; the child has exited and been reaped, its group is gone.
     """
+    if what is None:
+        assert isinstance(handle, AsyncLockHandle)
+        what = f"{shown_name(handle.name)} with token {handle.token}"
     exited = asyncio.ensure_future(proc.wait())
     lost = asyncio.ensure_future(handle.lost.wait())
     forwarding = asyncio.ensure_future(_forward(proc, received))
@@ -250,11 +255,9 @@ async def supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, r
         await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
         if not exited.done():
             reason = handle.lost_reason or "lost"
-            await end_group(proc, exited, grace, f"lost {shown_name(handle.name)} (token {handle.token}): {reason}")
+            await end_group(proc, exited, grace, f"lost {what}: {reason}")
             status = exit_status(exited.result())
-            return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {shown_name(handle.name)} token {handle.token}; "
-                             f"command stopped (status {status})")
+            return RunResult(lost_exit_code, status, reason, f"lost: {reason}: {what}; command stopped (status {status})")
         status = exit_status(exited.result())
         if _group_alive(proc):  # it left processes running: they go before the lock does
             await end_group(proc, exited, grace, f"pid {proc.pid} exited (status {status}) and left "
@@ -262,20 +265,18 @@ async def supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle, r
         if handle.lost.is_set():
             reason = handle.lost_reason or "lost"
             return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {shown_name(handle.name)} token {handle.token} was lost before "
-                             f"the command exited (status {status})")
+                             f"lost: {reason}: {what} was lost before the command exited (status {status})")
         try:
             await handle.release()
         except (LeaseLost, NotHolder, StaleTokenError) as err:
             reason = getattr(err, "reason", None) or type(err).__name__
             return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {shown_name(handle.name)} token {handle.token} was lost before "
-                             f"it was released (command status {status})")
+                             f"lost: {reason}: {what} was lost before it was released (command status {status})")
         except FencepostError as err:
             # Unreachable coordinator: the hold was not known to be lost while the
             # command ran; the lease expires one TTL after the last keepalive.
             return RunResult(status, status, None,
-                             f"could not release {shown_name(handle.name)} ({type(err).__name__}); it is "
+                             f"could not release {what} ({type(err).__name__}); it is "
                              f"freed when the lease expires, within {handle.ttl:g} s")
         return RunResult(status, status)
     finally:

@@ -38,6 +38,7 @@ from .common import (
 )
 
 __all__ = [
+    "READ_HELP",
     "address_flag",
     "addresses_of",
     "lease_secret",
@@ -52,6 +53,8 @@ __all__ = [
     "parse_tls",
     "parse_token",
     "parse_ttl",
+    "read_flag",
+    "refuse_read_flags",
     "tls_env",
     "tls_flags",
     "tls_of",
@@ -125,6 +128,34 @@ def lock_delay_flag(parser: argparse.ArgumentParser) -> None:
                         help="lock-delay in seconds, 0 to 3600: if this hold is lost (lease expired or revoked, "
                              "not released), the lock's next grant waits S seconds (docs/fencing.md, \"Lock-delay\"; "
                              "a mitigation for storage that cannot check tokens, not a replacement for fencing)")
+
+
+#: The help of ``--read`` where it takes a read hold (``acquire``, ``run``).
+READ_HELP = ("take a read hold (docs/rwlocks.md): shared with the other readers of NAME, excluded by any hold "
+             "without --read (a writer); no --lock-delay")
+
+
+def read_flag(parser: argparse.ArgumentParser, help: str) -> None:  # noqa: A002 (argparse's word)
+    """Add ``--read`` (a read hold of a read-write lock; ``args.read``, False by default) to ``parser``."""
+    parser.add_argument("--read", action="store_true", help=help)
+
+
+def refuse_read_flags(args: argparse.Namespace) -> None:
+    """Refuse what a read hold does not take (exit 2, naming the flag): ``--lock-delay``, ``--permits``.
+
+    Args:
+        args: The parsed command line: ``read``, ``lock_delay``, and ``permits`` where the command has it.
+
+    Raises:
+        CliError: ``--read`` with a lock-delay other than 0, or with ``--permits`` (exit 2).
+    """
+    if not args.read:
+        return
+    if args.lock_delay:
+        raise CliError("--read takes no --lock-delay: a reader has no lock-delay (docs/rwlocks.md); it waits "
+                       "out a lost writer's", EXIT_USAGE)
+    if getattr(args, "permits", None) is not None:
+        raise CliError("--read applies to locks, not to semaphores (--permits)", EXIT_USAGE)
 
 
 def parse_lease_id(text: str) -> int:

@@ -4,6 +4,13 @@ A lock that a lock-delay holds back (its holder was lost) is listed too,
 with no holder (``-``) and the delay's time left (the table's
 ``LOCK-DELAY`` column, shown when a listed lock has one).
 
+A lock held for reading (a read-write lock's readers, docs/rwlocks.md) is
+marked ``read(N)`` in the table's ``MODE`` column, N readers holding it
+together (shown when a listed lock is held for reading; the other holders
+are ``write``), and every lock carries ``mode`` (``read``, ``write``, null
+when held back) and ``holder_count`` in JSON. ListLocks names one reader as
+the holder; ``fencepost status NAME`` lists each of them.
+
 ListLocks calls through the client's transport (the addresses in turn), one
 per page, until the last page; every page of one listing is read at the
 first page's etcd revision. ``--watch`` lists again every ``--interval``
@@ -27,11 +34,13 @@ from fencepost.client.v1 import lock_pb2 as pb
 
 from .common import EXIT_OK, EXIT_USAGE, CallFailed, CliError, Formatter, call, call_error, epilog, lease_hex
 from .flags import address_flag, addresses_of, name_prefix, tls_flags, tls_of
+from .holders import mode
 from .printable import shown_name
 
 __all__ = ["COLUMNS", "add_parser", "execute", "listing_json", "table"]
 
-#: The table's column titles, in order (then ``LOCK-DELAY`` when a listed lock is held back by one).
+#: The table's column titles, in order (then ``MODE`` when a listed lock is held for reading, ``LOCK-DELAY`` when
+#: one is held back by a lock-delay).
 COLUMNS = ("NAME", "HOLDER LEASE", "TOKEN", "TTL LEFT", "HELD FOR", "WAITERS")
 #: Shortest --interval, seconds.
 MIN_INTERVAL_SECONDS = 0.1
@@ -107,6 +116,8 @@ def listing_json(address: str, revision: int, locks: list[Any]) -> dict[str, Any
             "holder_lease_id": lock.holder.lease_id if lock.HasField("holder") else None,
             "holder_lease_id_hex": lease_hex(lock.holder.lease_id) if lock.HasField("holder") else None,
             "token": lock.holder.token if lock.HasField("holder") else None,
+            "mode": mode(lock.holder.read) if lock.HasField("holder") else None,
+            "holder_count": lock.holder_count,
             "ttl_remaining_seconds": lock.ttl_remaining_seconds if lock.ttl_remaining_seconds >= 0 else None,
             "ttl_seconds": lock.ttl_seconds,
             "held_seconds": round(lock.held_seconds, 3) if lock.held_seconds >= 0 else None,
@@ -128,6 +139,16 @@ def _delay(lock: Any) -> str:
     return "ended"
 
 
+def _mode(lock: Any) -> str:
+    """The MODE cell: ``read(N)`` for N readers holding together (``read`` from a coordinator that does not
+    count them), ``write``, or ``-`` for a lock held back by a lock-delay."""
+    if not lock.HasField("holder"):
+        return "-"
+    if lock.holder.read and lock.holder_count:
+        return f"read({lock.holder_count})"
+    return mode(lock.holder.read)
+
+
 def _duration(seconds: float) -> str:
     if seconds < 0:
         return "-"
@@ -141,17 +162,20 @@ def _duration(seconds: float) -> str:
 
 
 def table(locks: list[Any]) -> str:
-    """The listing as an aligned text table (:data:`COLUMNS`, then ``LOCK-DELAY`` when a lock is held back by
-    one), or a line saying none is held."""
+    """The listing as an aligned text table (:data:`COLUMNS`, then ``MODE`` when a lock is held for reading,
+    ``LOCK-DELAY`` when a lock is held back by one), or a line saying none is held."""
     if not locks:
         return "no held locks"
     delays = any(lock.lock_delay_seconds for lock in locks)
-    columns = (*COLUMNS, "LOCK-DELAY") if delays else COLUMNS
+    modes = any(lock.holder.read for lock in locks)
+    columns = (*COLUMNS, *(("MODE",) if modes else ()), *(("LOCK-DELAY",) if delays else ()))
     rows = [columns] + [(
         shown_name(lock.name), *((lease_hex(lock.holder.lease_id), str(lock.holder.token),
                       f"{lock.ttl_remaining_seconds}s/{lock.ttl_seconds}s" if lock.ttl_remaining_seconds >= 0
                       else "ended") if lock.HasField("holder") else ("-", "-", "-")),
-        _duration(lock.held_seconds), str(lock.waiter_count), *((_delay(lock),) if delays else ())) for lock in locks]
+        _duration(lock.held_seconds), str(lock.waiter_count),
+        *((_mode(lock),) if modes else ()),
+        *((_delay(lock),) if delays else ())) for lock in locks]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     right = {2, 3, 4, 5}
     return "\n".join("  ".join(cell.rjust(w) if i in right else cell.ljust(w)

@@ -162,7 +162,8 @@ def lock_look(client: AsyncLockClient, name: str) -> Look:
         if not info.held:
             return "not held at the last look (granted next, or held back by a lock-delay)"
         ttl = f", TTL left {info.ttl_remaining:.0f} s" if info.ttl_remaining is not None else ""
-        words = f"held by {_lease(info.holder_lease_id)} (token {info.holder_token}{ttl})"
+        reading = " for reading" if info.holder_lease_id in info.readers else ""
+        words = f"held{reading} by {_lease(info.holder_lease_id)} (token {info.holder_token}{ttl})"
         ours = set(client.lease_ids)
         places = [i for i, (lease, _) in enumerate(info.waiters, 1) if lease in ours]
         if places:

@@ -2,7 +2,8 @@
 semaphore's permits, an election's leader, or each coordinator's state.
 
 With NAME: one Describe call through the client's transport (the addresses
-in turn), printed as text or one JSON object; with ``--semaphore`` one
+in turn), printed as text or one JSON object (:mod:`.holders`: a read hold's
+readers each shown); with ``--semaphore`` one
 DescribeSemaphore (its permits, each slot's holder with lease and token, its
 waiters; read as :class:`~fencepost.client.SemaphoreInfo`), with
 ``--election`` one Leader call, printed as ``fencepost leader`` prints it.
@@ -39,7 +40,7 @@ from fencepost.client.v1 import details
 from fencepost.client.v1 import lock_pb2 as pb
 from fencepost.client.v1 import lock_pb2_grpc as pb_grpc
 
-from . import leader
+from . import holders, leader
 from .common import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -110,61 +111,7 @@ def execute(args: argparse.Namespace) -> int:
         return _semaphore(addresses, name, args.json, tls)
     if args.election:
         return _election(addresses, name, args.json, tls)
-    return _describe(addresses, name, args.json, tls)
-
-
-# ---------------------------------------------------------------------------
-# One lock
-# ---------------------------------------------------------------------------
-
-
-def _describe(addresses: list[str], name: str, as_json: bool, tls: TlsConfig | None) -> int:
-    try:
-        address, resp = asyncio.run(call(addresses, "Describe", pb.DescribeRequest(name=name), idempotent=True,
-                                         name=name, tls=tls))
-    except CallFailed as failed:
-        raise call_error(failed.error, addresses, failed.address, "Describe") from None
-    waiters = [{"lease_id": w.lease_id, "lease_id_hex": lease_hex(w.lease_id), "revision": w.token}
-               for w in resp.waiters]
-    if as_json:
-        obj: dict[str, Any] = {
-            "name": name,
-            "address": address,
-            "held": resp.held,
-            "holder": ({"lease_id": resp.holder.lease_id,
-                        "lease_id_hex": lease_hex(resp.holder.lease_id),
-                        "token": resp.holder.token} if resp.held else None),
-            "token": resp.holder.token if resp.held else None,
-            "ttl_remaining_seconds": resp.ttl_remaining_seconds,
-            "ttl_seconds": resp.ttl_seconds,
-            "waiter_count": resp.waiter_count,
-            "waiters": waiters,
-            "revision": resp.revision,
-            "lock_delay_seconds": resp.lock_delay_seconds,
-            "lock_delay_remaining_ms": resp.lock_delay_remaining_ms,
-        }
-        print(json.dumps(obj))
-        return EXIT_OK
-    if resp.held:
-        lease = resp.holder.lease_id
-        print(f"{shown_name(name)}: held")
-        print(f"  holder lease   {lease_hex(lease)} ({lease})")
-        print(f"  fencing token  {resp.holder.token}")
-        print(f"  TTL left       {resp.ttl_remaining_seconds} s of {resp.ttl_seconds} s")
-    else:
-        print(f"{shown_name(name)}: not held")
-    if resp.lock_delay_remaining_ms > 0:
-        print(f"  lock-delay     {resp.lock_delay_remaining_ms / 1000:g} s left of {resp.lock_delay_seconds} s "
-              f"(held back; `fencepost admin end-lock-delay {shown_name(name)}` ends it)")
-    elif resp.lock_delay_remaining_ms < 0:
-        print(f"  lock-delay     {resp.lock_delay_seconds} s, starting at the next acquire (its holder was lost)")
-    print(f"  waiters        {resp.waiter_count}")
-    for i, w in enumerate(waiters[:10], 1):
-        print(f"    {i}. lease {w['lease_id_hex']} ({w['lease_id']}), queued at revision {w['revision']}")
-    if resp.waiter_count > 10:
-        print(f"    ... and {resp.waiter_count - 10} more")
-    print(f"  revision       {resp.revision}")
-    return EXIT_OK
+    return holders.show(addresses, name, args.json, tls)
 
 
 # ---------------------------------------------------------------------------
