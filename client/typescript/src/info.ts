@@ -26,6 +26,12 @@ export interface LockInfo {
   /** Seconds left on the holder's lease as etcd reports it (a lower bound), -1 when not held. */
   ttlRemaining: number;
   waiterCount: number;
+  /**
+   * The lease ids of the holder and listed waiters that read (a read-write
+   * lock's readers, docs/rwlocks.md: readers granted together are listed as
+   * the holder and its waiters), in grant order; empty for a plain lock.
+   */
+  readers: bigint[];
 }
 
 /** One held lock, from {@link LockClient.listLocks}, or one that a lock-delay holds back (no holder). */
@@ -35,6 +41,8 @@ export interface HeldLock {
   holderLeaseId: bigint;
   /** The holder's fencing token; 0n while a lock-delay holds the lock back. */
   token: bigint;
+  /** The holder is a reader of a read-write lock (docs/rwlocks.md): others may read beside it. */
+  holderReads: boolean;
   /** Seconds left on the holder's lease as etcd reported it (a lower bound only); undefined when the lease ended meanwhile. */
   ttlRemaining: number | undefined;
   /** The holder lease's granted TTL in seconds (0 when it ended). */
@@ -124,6 +132,9 @@ export function lockInfoFromResponse(name: string, resp: DescribeResponse): Lock
     token: resp.holder?.token ?? 0n,
     ttlRemaining: Number(resp.ttlRemainingSeconds),
     waiterCount: Number(resp.waiterCount),
+    readers: [...(resp.held && resp.holder ? [resp.holder] : []), ...resp.waiters]
+      .filter((c) => c.read)
+      .map((c) => c.leaseId),
   };
 }
 
@@ -133,6 +144,7 @@ export function heldLockFromMessage(info: LockInfoMessage, revision: bigint): He
     name: info.name,
     holderLeaseId: info.holder?.leaseId ?? 0n,
     token: info.holder?.token ?? 0n,
+    holderReads: info.holder?.read ?? false,
     ttlRemaining: info.ttlRemainingSeconds >= 0n ? Number(info.ttlRemainingSeconds) : undefined,
     ttl: Number(info.ttlSeconds),
     heldFor: info.heldSeconds >= 0 ? info.heldSeconds : undefined,
