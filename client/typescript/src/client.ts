@@ -13,7 +13,8 @@
  *   background tasks;
  * - {@link Leasing} (`leasing.ts`): LeaseGrant and LeaseRevoke, the deadline
  *   watcher;
- * - {@link Holds} (`holds.ts`): the acquire loop, withdrawal, release.
+ * - {@link Holds} (`holds.ts`): the acquire loop, withdrawal, release;
+ * - {@link MultiLocks} (`multilock.ts`): AcquireAll and ReleaseAll.
  *
  * The answers of the read calls are in `info.ts`.
  *
@@ -21,7 +22,7 @@
  */
 
 import { now } from "./backoff.js";
-import { InvalidArgument, type LeaseLost } from "./errors.js";
+import { InvalidArgument } from "./errors.js";
 import type { LockHandle } from "./handle.js";
 import { Holds } from "./holds.js";
 import {
@@ -35,18 +36,22 @@ import {
 import { LeasePool } from "./lease.js";
 import { Leasing } from "./leasing.js";
 import { Lifecycle } from "./lifecycle.js";
+import type { MultiLockHandle } from "./multihandle.js";
+import { MultiLocks, checkNames } from "./multilock.js";
+import { holdWhile } from "./scoped.js";
 import { KeepAliveStream } from "./stream.js";
 import { TlsFiles, type TlsOptions } from "./tls.js";
 import { Transport } from "./transport.js";
 import {
   DEFAULT_ADDRESS,
+  checkAcquireOptions,
   checkAddresses,
   checkFraction,
   checkName,
   checkPositiveSeconds,
-  checkTimeout,
+  checkRead,
   forbiddenProblem,
-  ttlToWire,
+  lockDelayToWire,
 } from "./validate.js";
 
 /** Longest time `close()` spends on the server, in seconds. */
@@ -76,7 +81,28 @@ export interface AcquireOptions {
    * background).
    */
   signal?: AbortSignal;
+  /**
+   * Take a read hold (docs/rwlocks.md): shared with other readers, excluded by
+   * a writer (any hold of the name without `read`), granted first come, first
+   * served with the writers (a waiting writer blocks later readers). Its token
+   * is its own; a later writer's token is larger than every earlier reader's.
+   * No upgrade or downgrade. False by default.
+   */
+  read?: boolean;
+  /**
+   * Lock-delay in seconds, finite, 0 to 3600, rounded up to whole seconds; 0
+   * (the default): none. If this hold ends because its lease expired or was
+   * revoked (not by a release), the lock's next grant waits this long after
+   * the end (docs/fencing.md, "Lock-delay"). A read hold takes none.
+   */
+  lockDelay?: number;
 }
+
+/** Options of {@link LockClient.tryAcquire}: those of {@link AcquireOptions} but the wait. */
+export type TryAcquireOptions = Omit<AcquireOptions, "timeout">;
+
+/** Options of {@link LockClient.acquireAll}: `ttl`, `timeout` and `signal` as for {@link LockClient.acquire}. */
+export type AcquireAllOptions = Pick<AcquireOptions, "ttl" | "timeout" | "signal">;
 
 /**
  * A client of Fencepost coordinators: locks with fencing tokens.
@@ -109,6 +135,7 @@ export class LockClient {
   private readonly life = new Lifecycle();
   private readonly leasing: Leasing;
   private readonly holds: Holds;
+  private readonly multiLocks: MultiLocks;
   private streamTask: Promise<void> | undefined;
   private closing: Promise<void> | undefined;
 
@@ -133,6 +160,7 @@ export class LockClient {
     this.stream = new KeepAliveStream(this.transport, this.pool, fraction);
     this.leasing = new Leasing(this.transport, this.pool, this.stream, this.life);
     this.holds = new Holds(this.transport, this.pool, this.stream, this.leasing, this.life);
+    this.multiLocks = new MultiLocks(this.transport, this.pool, this.stream, this.leasing, this.life, this.holds);
   }
 
   /** The coordinator addresses, in the order they are tried. */
@@ -154,9 +182,10 @@ export class LockClient {
    * holder to release it (within the same timeout).
    *
    * @param name - The lock name: 1 to 256 bytes of UTF-8, no character of the Unicode categories Cc, Cf, Zl, Zp.
-   * @returns The handle of the grant, with its fencing token (a bigint).
+   * @returns The handle of the grant, with its fencing token (a bigint); `handle.read` says its mode.
    * @throws {@link InvalidArgument} bad name (`name`), ttl (`ttl`), timeout
-   *   (`timeout`) or signal (`signal`), before any call.
+   *   (`timeout`), signal (`signal`), read (`read`) or lockDelay (`lockDelay`,
+   *   also when given with `read`), before any call.
    * @throws {@link LockTimeout} not granted within `timeout`.
    * @throws {@link LeaseLost} the lease was lost while waiting, twice in a row.
    * @throws {@link ResourceExhausted} too many waiters on the coordinator.
@@ -170,14 +199,15 @@ export class LockClient {
   /**
    * Acquire the lock `name` if it is free, without waiting.
    *
-   * @param options.ttl - Lease TTL in seconds, as for {@link acquire}.
+   * @param options - As for {@link acquire}, without `timeout`; with `read`,
+   *   refused while a writer holds or waits.
    * @returns The handle of the grant.
    * @throws {@link LockHeld} the lock is held (by another client, or by this
    *   one under the same TTL); carries the holder's lease id and token.
-   * @throws {@link InvalidArgument} bad name or ttl, before any call.
+   * @throws {@link InvalidArgument} bad name, ttl, read or lockDelay, before any call.
    * @throws {@link Unavailable} no coordinator reachable.
    */
-  tryAcquire(name: string, options: { ttl?: number; signal?: AbortSignal } = {}): Promise<LockHandle> {
+  tryAcquire(name: string, options: TryAcquireOptions = {}): Promise<LockHandle> {
     return this.acquireImpl(name, options, true);
   }
 
@@ -199,21 +229,62 @@ export class LockClient {
     fn: (handle: LockHandle, signal: AbortSignal) => Promise<T> | T,
   ): Promise<T> {
     if (typeof fn !== "function") throw new InvalidArgument("fn must be a function", { field: "fn" });
-    const handle = await this.acquire(name, options);
-    let result: T;
-    try {
-      result = await fn(handle, handle.signal);
-    } catch (err) {
-      await this.releaseQuietly(handle);
-      if (handle.lostReason !== undefined) throw handle.signal.reason as LeaseLost;
-      throw err;
-    }
-    if (handle.lostReason !== undefined) {
-      await this.releaseQuietly(handle);
-      throw handle.signal.reason as LeaseLost;
-    }
-    await handle.release();
-    return result;
+    return holdWhile(await this.acquire(name, options), fn);
+  }
+
+  // ------------------------------------------------------------------ multi-locks
+
+  /**
+   * Acquire every lock of `names` together, or none, waiting up to `timeout`
+   * seconds (docs/multilocks.md). One etcd transaction queues the caller in
+   * every lock at one revision, so no two callers deadlock whatever order
+   * they give the names; each name gets its own fencing token. A timeout, an
+   * abort or a failure leaves no key of any name.
+   *
+   * @param names - 2 to 32 distinct lock names, any order.
+   * @returns The multi-lock's handle: `tokens` (name -> bigint), `tokenFor(name)`, `release()`, `lost`, `signal`.
+   * @throws {@link InvalidArgument} bad names (field `names`), ttl, timeout or signal, before any call.
+   * @throws {@link LockTimeout} not every name granted within `timeout`.
+   * @throws {@link LeaseLost} the lease was lost, or a name's key was deleted, while waiting.
+   * @throws {@link ResourceExhausted}, {@link Unavailable}, the signal's reason: as {@link acquire}.
+   */
+  acquireAll(names: readonly string[], options: AcquireAllOptions = {}): Promise<MultiLockHandle> {
+    return this.acquireAllImpl(names, options, false);
+  }
+
+  /**
+   * Acquire every lock of `names` if all are free now, else none, without waiting.
+   *
+   * @throws {@link LockHeld} a name is held (`lockName`: the first found held, with its holder's lease and
+   *   token); nothing was taken.
+   * @throws {@link InvalidArgument}, {@link Unavailable}: as {@link acquireAll}.
+   */
+  tryAcquireAll(names: readonly string[], options: Omit<AcquireAllOptions, "timeout"> = {}): Promise<MultiLockHandle> {
+    return this.acquireAllImpl(names, options, true);
+  }
+
+  /**
+   * Run `fn` while holding every lock of `names` (see {@link acquireAll}),
+   * then release them all (one call). `handle.signal` (also the second
+   * argument) aborts with a {@link LeaseLost} if any name is lost while `fn`
+   * runs; `withLocks` then rejects with that LeaseLost, as {@link withLock}.
+   *
+   * @throws everything {@link acquireAll} and {@link MultiLockHandle.release} throw.
+   */
+  async withLocks<T>(
+    names: readonly string[],
+    options: AcquireAllOptions,
+    fn: (handle: MultiLockHandle, signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
+    if (typeof fn !== "function") throw new InvalidArgument("fn must be a function", { field: "fn" });
+    return holdWhile(await this.acquireAll(names, options), fn);
+  }
+
+  private async acquireAllImpl(names: readonly string[], options: AcquireAllOptions, tryOnce: boolean) {
+    const checked = checkNames(names);
+    const { ttl, until, signal } = checkAcquireOptions(options, tryOnce);
+    this.ensureOpen();
+    return this.multiLocks.acquire(checked, ttl, until, tryOnce, signal);
   }
 
   private async acquireImpl(
@@ -222,27 +293,11 @@ export class LockClient {
     tryOnce: boolean,
   ): Promise<LockHandle> {
     checkName(name);
-    if (typeof options !== "object" || options === null) {
-      throw new InvalidArgument("options must be an object", { field: "options" });
-    }
-    const ttl = ttlToWire(options.ttl ?? 10);
-    const timeout = tryOnce ? undefined : checkTimeout(options.timeout);
-    const signal = options.signal;
-    if (signal !== undefined && !(signal instanceof AbortSignal)) {
-      throw new InvalidArgument("signal must be an AbortSignal", { field: "signal" });
-    }
-    signal?.throwIfAborted();
+    const { ttl, until, signal } = checkAcquireOptions(options, tryOnce);
+    const lockDelay = lockDelayToWire(options.lockDelay ?? 0);
+    const read = checkRead(options.read ?? false, lockDelay, name);
     this.ensureOpen();
-    const until = timeout === undefined ? undefined : now() + timeout;
-    return this.holds.acquire(name, ttl, until, tryOnce, signal);
-  }
-
-  private async releaseQuietly(handle: LockHandle): Promise<void> {
-    try {
-      await handle.release();
-    } catch {
-      // released or lost either way
-    }
+    return this.holds.acquire({ name, read, lockDelay }, ttl, until, tryOnce, signal);
   }
 
   // ------------------------------------------------------------------ describe

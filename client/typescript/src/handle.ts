@@ -11,10 +11,22 @@
 import { LeaseLost } from "./errors.js";
 import type { Lease } from "./lease.js";
 
+/**
+ * The client's own key of a read hold of lock `name` (a read-write lock's
+ * reader): a control character starts it, so no lock name is one. A lease's
+ * holds and local slots are kept by this key, so that a read and a write hold
+ * of one name are apart (the Python client's `kinds.read_lock`).
+ */
+export function holdKey(name: string, read: boolean): string {
+  return read ? `\u0001r/${name}` : name;
+}
+
 /** One grant of a lock, held under a lease, with its fencing token. Made by {@link LockClient.acquire}. */
 export class LockHandle {
   /** The lock name. */
   readonly name: string;
+  /** Whether this is a read hold (`read: true`: shared with other readers; docs/rwlocks.md), not a write hold. */
+  readonly read: boolean;
   /** The fencing token of this grant (an etcd revision): send it with every write the lock protects. */
   readonly token: bigint;
   /** The lease holding the lock. */
@@ -47,8 +59,15 @@ export class LockHandle {
   private readonly releaseFn: (handle: LockHandle) => Promise<void>;
 
   /** @internal */
-  constructor(name: string, lease: Lease, token: bigint, release: (handle: LockHandle) => Promise<void>) {
+  constructor(
+    name: string,
+    lease: Lease,
+    token: bigint,
+    release: (handle: LockHandle) => Promise<void>,
+    read = false,
+  ) {
     this.name = name;
+    this.read = read;
     this._lease = lease;
     this.leaseId = lease.leaseId;
     this.leaseSecret = lease.secret;
@@ -112,6 +131,11 @@ export class LockHandle {
     } catch {
       // released or lost either way
     }
+  }
+
+  /** @internal the key of this hold among its lease's holds and slots ({@link holdKey}) */
+  get _key(): string {
+    return holdKey(this.name, this.read);
   }
 
   /** @internal */

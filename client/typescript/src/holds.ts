@@ -31,7 +31,8 @@ import {
   StaleTokenError,
   Unavailable,
 } from "./errors.js";
-import { LockHandle } from "./handle.js";
+import { LockMode } from "./gen/fencepost/v1/lock_pb.js";
+import { holdKey, LockHandle } from "./handle.js";
 import type { Lease, LeasePool, Slot } from "./lease.js";
 import type { Leasing } from "./leasing.js";
 import type { Lifecycle } from "./lifecycle.js";
@@ -60,6 +61,21 @@ const SETTLED_REASONS = new Set([
   "ACCESS_DENIED", "NOT_LEASE_OWNER",
 ]);
 
+/** What one acquire asks for (checked): the lock, its mode, its lock-delay. */
+export interface LockRequest {
+  /** The lock name. */
+  name: string;
+  /** A read hold (LOCK_MODE_READ), else a write hold. */
+  read: boolean;
+  /** The hold's lock-delay in whole seconds, 0 for none (always 0 for a read hold). */
+  lockDelay: number;
+}
+
+/** The wire mode of a hold. */
+function modeOf(read: boolean): LockMode {
+  return read ? LockMode.READ : LockMode.WRITE;
+}
+
 /** The acquires and releases of one client; the client owns one. */
 export class Holds {
   private readonly transport: Transport;
@@ -77,24 +93,27 @@ export class Holds {
   }
 
   /**
-   * Acquire the lock `name` under the lease of `ttl` (arguments already
-   * checked, the client open): wait for the local slot of (lease, name),
-   * then Acquire; retry once on a new lease when the lease is lost meanwhile.
+   * Acquire the lock `request.name` under the lease of `ttl` (arguments
+   * already checked, the client open): wait for the local slot of (lease,
+   * hold key: the name, or a read hold's), then Acquire; retry once on a new
+   * lease when the lease is lost meanwhile.
    *
    * @param until - Clock reading (seconds) after which the wait ends; undefined waits until granted.
    * @param tryOnce - Fail with {@link LockHeld} instead of waiting.
    */
   async acquire(
-    name: string,
+    request: LockRequest,
     ttl: number,
     until: number | undefined,
     tryOnce: boolean,
     signal: AbortSignal | undefined,
   ): Promise<LockHandle> {
+    const { name } = request;
+    const key = holdKey(name, request.read);
     let retriesOnLostLease = 1;
     for (;;) {
       const lease = await this.leasing.leaseFor(ttl, until, signal);
-      const slot = this.pool.slot(lease.leaseId, name);
+      const slot = this.pool.slot(lease.leaseId, key);
       slot.users++;
       try {
         if (tryOnce) {
@@ -116,7 +135,7 @@ export class Holds {
             slot.release();
             continue;
           }
-          handle = await this.acquireRpc(lease, name, until, tryOnce, signal);
+          handle = await this.acquireRpc(lease, request, until, tryOnce, signal);
         } catch (err) {
           if (err instanceof LeaseLost && !signal?.aborted) {
             slot.release();
@@ -133,7 +152,7 @@ export class Holds {
           // is done (a later local acquire of this name under this lease must
           // not be the one withdrawn). Wait for it a little, so that normally
           // nothing is left once we reject; it goes on in the background.
-          const withdrawal = this.withdraw(lease, name, slot);
+          const withdrawal = this.withdraw(lease, request, slot);
           this.life.spawn(withdrawal);
           await cleanUp(withdrawal);
           throw err;
@@ -142,17 +161,18 @@ export class Holds {
         return handle;
       } finally {
         slot.users--;
-        this.pool.dropSlotIfIdle(lease.leaseId, name);
+        this.pool.dropSlotIfIdle(lease.leaseId, key);
       }
     }
   }
 
   /**
-   * Delete this lease's key in lock `name` (Withdraw: a queued wait, or a
-   * grant that never reached its caller), retried with backoff while the
-   * lease lives and the client is open; then free `slot`.
+   * Delete this lease's key in lock `request.name` in its mode (Withdraw: a
+   * queued wait, or a grant that never reached its caller), retried with
+   * backoff while the lease lives and the client is open; then free `slot`.
    */
-  private async withdraw(lease: Lease, name: string, slot: Slot): Promise<void> {
+  private async withdraw(lease: Lease, request: LockRequest, slot: Slot): Promise<void> {
+    const { name } = request;
     const backoff = delays();
     let rechecked = false;
     try {
@@ -162,7 +182,7 @@ export class Holds {
             "Withdraw",
             (client) =>
               client.withdraw(
-                { name, leaseId: lease.leaseId },
+                { name, leaseId: lease.leaseId, mode: modeOf(request.read) },
                 { timeoutMs: this.transport.connectTimeout * 1000, headers: owner(lease.secret) },
               ),
             { until: undefined, idempotent: true, context: { lockName: name, leaseId: lease.leaseId } },
@@ -185,32 +205,24 @@ export class Holds {
       }
     } finally {
       slot.release();
-      this.pool.dropSlotIfIdle(lease.leaseId, name);
+      this.pool.dropSlotIfIdle(lease.leaseId, holdKey(name, request.read));
     }
   }
 
   private async acquireRpc(
     lease: Lease,
-    name: string,
+    request: LockRequest,
     until: number | undefined,
     tryOnce: boolean,
     signal: AbortSignal | undefined,
   ): Promise<LockHandle> {
+    const { name, read, lockDelay } = request;
     const resp = await this.transport.call(
       "Acquire",
       (client, left) => {
-        let waitMs = 0n;
-        let waitForever = false;
-        let timeoutMs: number | undefined;
-        if (tryOnce) timeoutMs = this.transport.connectTimeout * 1000;
-        else if (left === undefined) waitForever = true;
-        else {
-          const ms = Math.min(Math.round(Math.max(0, left) * 1000), MAX_WAIT_MS);
-          waitMs = BigInt(ms);
-          timeoutMs = ms + ACQUIRE_SLACK_SECONDS * 1000;
-        }
+        const { waitMs, waitForever, timeoutMs } = waitFields(left, tryOnce, this.transport.connectTimeout);
         return client.acquire(
-          { name, leaseId: lease.leaseId, waitMs, waitForever },
+          { name, leaseId: lease.leaseId, waitMs, waitForever, lockDelaySeconds: BigInt(lockDelay), mode: modeOf(read) },
           { timeoutMs, signal, headers: owner(lease.secret) },
         );
       },
@@ -227,7 +239,7 @@ export class Holds {
       }
       throw new LockHeld("lock is held", { lockName: name, leaseId: lease.leaseId, holderLeaseId, holderToken });
     }
-    const handle = new LockHandle(name, lease, resp.token, (h) => this.release(h));
+    const handle = new LockHandle(name, lease, resp.token, (h) => this.release(h), read);
     if (lease.lost) {
       // The lease was declared lost while the Acquire was in flight: give the
       // grant back in the background and retry on a new lease.
@@ -238,7 +250,7 @@ export class Holds {
         reason: lease.lostReason ?? "LEASE_EXPIRED",
       });
     }
-    lease.holds.set(name, handle);
+    lease.holds.set(handle._key, handle);
     this.stream.watch(handle);
     return handle;
   }
@@ -278,8 +290,8 @@ export class Holds {
     return task;
   }
 
-  /** Apply the outcome of a Release call to the hold; rethrows its error. */
-  private settleRelease(handle: LockHandle, err: unknown): void {
+  /** Apply the outcome of a Release (or ReleaseAll) call to the hold; rethrows its error. */
+  settleRelease(handle: LockHandle, err: unknown): void {
     const ended = handle._endRelease();
     if (err === undefined) {
       this.pool.finishRelease(handle);
@@ -302,7 +314,7 @@ export class Holds {
       "Release",
       (client) =>
         client.release(
-          { name: handle.name, leaseId: handle.leaseId, token: handle.token },
+          { name: handle.name, leaseId: handle.leaseId, token: handle.token, mode: modeOf(handle.read) },
           { timeoutMs: this.transport.connectTimeout * 1000, headers: owner(handle.leaseSecret) },
         ),
       {
@@ -314,8 +326,27 @@ export class Holds {
   }
 }
 
-/** Whether an Acquire that failed with `err` is known to have left nothing in etcd (no withdrawal needed). */
-function settled(err: unknown, signal: AbortSignal | undefined): boolean {
+/**
+ * The wait of an Acquire or AcquireAll attempt: `waitMs` and `waitForever` on
+ * the wire, and the call's own deadline (`timeoutMs`: the wait plus a slack,
+ * so that the coordinator's ACQUIRE_TIMEOUT answer comes first).
+ *
+ * @param left - Seconds left before the caller's deadline; undefined: none.
+ * @param tryOnce - One try: no wait, a call deadline of `connectTimeout` seconds.
+ */
+export function waitFields(
+  left: number | undefined,
+  tryOnce: boolean,
+  connectTimeout: number,
+): { waitMs: bigint; waitForever: boolean; timeoutMs: number | undefined } {
+  if (tryOnce) return { waitMs: 0n, waitForever: false, timeoutMs: connectTimeout * 1000 };
+  if (left === undefined) return { waitMs: 0n, waitForever: true, timeoutMs: undefined };
+  const ms = Math.min(Math.round(Math.max(0, left) * 1000), MAX_WAIT_MS);
+  return { waitMs: BigInt(ms), waitForever: false, timeoutMs: ms + ACQUIRE_SLACK_SECONDS * 1000 };
+}
+
+/** Whether an Acquire (or AcquireAll) that failed with `err` is known to have left nothing in etcd (no withdrawal needed). */
+export function settled(err: unknown, signal: AbortSignal | undefined): boolean {
   if (signal?.aborted) return false; // the call may have queued or been granted
   if (!(err instanceof FencepostError)) return false;
   if (err instanceof LockHeld || err instanceof InvalidArgument) return true;

@@ -5,9 +5,16 @@
  * @module
  */
 
-export { LockClient, type AcquireOptions, type ClientOptions } from "./client.js";
+export {
+  LockClient,
+  type AcquireAllOptions,
+  type AcquireOptions,
+  type ClientOptions,
+  type TryAcquireOptions,
+} from "./client.js";
 export type { EtcdInfo, HeldLock, LockInfo, ServerInfo } from "./info.js";
 export { LockHandle } from "./handle.js";
+export { MultiLockHandle } from "./multihandle.js";
 export type { TlsOptions } from "./tls.js";
 export {
   AccessDenied,

@@ -25,7 +25,16 @@ export interface LockInfo {
   token: bigint;
   /** Seconds left on the holder's lease as etcd reports it (a lower bound), -1 when not held. */
   ttlRemaining: number;
+  /** How many contenders are queued behind the holders. */
   waiterCount: number;
+  /**
+   * The lease ids of the readers holding the lock together (a read-write
+   * lock, docs/rwlocks.md), the holder first, in grant order; empty when a
+   * writer or a plain lock's holder holds it.
+   */
+  readers: bigint[];
+  /** The lease ids of the listed waiters that will read, in grant order. */
+  waitingReaders: bigint[];
 }
 
 /** One held lock, from {@link LockClient.listLocks}, or one that a lock-delay holds back (no holder). */
@@ -35,14 +44,18 @@ export interface HeldLock {
   holderLeaseId: bigint;
   /** The holder's fencing token; 0n while a lock-delay holds the lock back. */
   token: bigint;
+  /** The holder is a reader of a read-write lock (docs/rwlocks.md): others may read beside it. */
+  holderReads: boolean;
   /** Seconds left on the holder's lease as etcd reported it (a lower bound only); undefined when the lease ended meanwhile. */
   ttlRemaining: number | undefined;
   /** The holder lease's granted TTL in seconds (0 when it ended). */
   ttl: number;
   /** Seconds since the grant; undefined when the coordinator that answered did not make the grant. */
   heldFor: number | undefined;
-  /** How many contenders are queued behind the holder (all of them when held back). */
+  /** How many contenders are queued behind the holders (all of them when held back). */
   waiterCount: number;
+  /** How many contenders hold the lock together: 1, or the readers holding it; 0 while held back. */
+  holderCount: number;
   /** The etcd revision of the listing. */
   revision: bigint;
   /** The lock-delay holding the lock back, in seconds; 0 for a held lock. */
@@ -124,6 +137,8 @@ export function lockInfoFromResponse(name: string, resp: DescribeResponse): Lock
     token: resp.holder?.token ?? 0n,
     ttlRemaining: Number(resp.ttlRemainingSeconds),
     waiterCount: Number(resp.waiterCount),
+    readers: resp.holders.filter((c) => c.read).map((c) => c.leaseId),
+    waitingReaders: resp.waiters.filter((c) => c.read).map((c) => c.leaseId),
   };
 }
 
@@ -133,10 +148,12 @@ export function heldLockFromMessage(info: LockInfoMessage, revision: bigint): He
     name: info.name,
     holderLeaseId: info.holder?.leaseId ?? 0n,
     token: info.holder?.token ?? 0n,
+    holderReads: info.holder?.read ?? false,
     ttlRemaining: info.ttlRemainingSeconds >= 0n ? Number(info.ttlRemainingSeconds) : undefined,
     ttl: Number(info.ttlSeconds),
     heldFor: info.heldSeconds >= 0 ? info.heldSeconds : undefined,
     waiterCount: Number(info.waiterCount),
+    holderCount: Number(info.holderCount),
     revision,
     lockDelay: Number(info.lockDelaySeconds),
     lockDelayRemaining:

@@ -32,7 +32,7 @@ export class Lease {
   deadline: number;
   /** Why the lease was lost; undefined while live. */
   lostReason: string | undefined;
-  /** Lock name -> the live handle holding that lock under this lease. */
+  /** Hold key (the lock name, or a read hold's {@link holdKey}) -> the live handle of that hold under this lease. */
   readonly holds = new Map<string, LockHandle>();
   /** The keepalive timer, once started. */
   timer: NodeJS.Timeout | undefined;
@@ -190,9 +190,9 @@ export class LeasePool {
     return this.leases().flatMap((lease) => [...lease.holds.values()]);
   }
 
-  /** The live hold of `name` by `leaseId` under `token`, if any. */
-  findHold(leaseId: bigint, name: string, token: bigint): LockHandle | undefined {
-    const handle = this.byId.get(leaseId)?.holds.get(name);
+  /** The live hold of `key` (a lock name, or a read hold's {@link holdKey}) by `leaseId` under `token`, if any. */
+  findHold(leaseId: bigint, key: string, token: bigint): LockHandle | undefined {
+    const handle = this.byId.get(leaseId)?.holds.get(key);
     return handle !== undefined && handle.token === token ? handle : undefined;
   }
 
@@ -243,16 +243,16 @@ export class LeasePool {
 
   private dropHold(handle: LockHandle): void {
     const lease = handle._lease;
-    if (lease.holds.get(handle.name) === handle) lease.holds.delete(handle.name);
+    if (lease.holds.get(handle._key) === handle) lease.holds.delete(handle._key);
   }
 
   private key(leaseId: bigint, name: string): string {
     return `${leaseId}\u0000${name}`;
   }
 
-  /** The slot of (`leaseId`, `name`), made on first use. */
-  slot(leaseId: bigint, name: string): Slot {
-    const key = this.key(leaseId, name);
+  /** The slot of (`leaseId`, `hold`: a lock name or a read hold's {@link holdKey}), made on first use. */
+  slot(leaseId: bigint, hold: string): Slot {
+    const key = this.key(leaseId, hold);
     let slot = this.slots.get(key);
     if (slot === undefined) {
       slot = new Slot();
@@ -269,11 +269,11 @@ export class LeasePool {
 
   /** Let the next local contender of the handle's (lease, name) go, if the handle held it. */
   freeSlot(handle: LockHandle): void {
-    const slot = this.slots.get(this.key(handle.leaseId, handle.name));
+    const slot = this.slots.get(this.key(handle.leaseId, handle._key));
     if (slot !== undefined && slot.holder === handle) {
       slot.holder = undefined;
       slot.release();
-      this.dropSlotIfIdle(handle.leaseId, handle.name);
+      this.dropSlotIfIdle(handle.leaseId, handle._key);
     }
   }
 }

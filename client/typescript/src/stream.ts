@@ -21,11 +21,11 @@
  */
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { ErrorReason, type HoldEnded, type KeepAliveRequestSchema, type KeepAliveResponse, type LeaseKeepAliveAck } from "./gen/fencepost/v1/lock_pb.js";
+import { ErrorReason, HoldKind, type HoldEnded, type KeepAliveRequestSchema, type KeepAliveResponse, type LeaseKeepAliveAck } from "./gen/fencepost/v1/lock_pb.js";
 import { BACKOFF_BASE, BACKOFF_CAP, ceilings, now, sleep } from "./backoff.js";
 import { fromConnectError } from "./errors.js";
 import type { Lease, LeasePool } from "./lease.js";
-import type { LockHandle } from "./handle.js";
+import { holdKey, type LockHandle } from "./handle.js";
 import type { Transport } from "./transport.js";
 
 type Request = MessageInitShape<typeof KeepAliveRequestSchema>;
@@ -67,6 +67,12 @@ class Outbox implements AsyncIterable<Request> {
 export function reasonName(reason: ErrorReason): string {
   const name = ErrorReason[reason];
   return reason === ErrorReason.ERROR_REASON_UNSPECIFIED || name === undefined ? "NOT_HOLDER" : name;
+}
+
+/** The WatchHold of a hold: a read hold is watched as HOLD_KIND_READ, a write hold as HOLD_KIND_LOCK. */
+function watchOf(handle: LockHandle): { name: string; leaseId: bigint; token: bigint; kind: HoldKind } {
+  const kind = handle.read ? HoldKind.READ : HoldKind.LOCK;
+  return { name: handle.name, leaseId: handle.leaseId, token: handle.token, kind };
 }
 
 /** The client's KeepAlive stream: outbox, resend on reconnect, dispatch of what arrives. */
@@ -111,17 +117,12 @@ export class KeepAliveStream {
 
   /** Ask to be told (HoldEnded) when the hold ends. */
   watch(handle: LockHandle): void {
-    this.send({
-      request: { case: "watch", value: { name: handle.name, leaseId: handle.leaseId, token: handle.token } },
-      leaseSecret: handle.leaseSecret,
-    });
+    this.send({ request: { case: "watch", value: watchOf(handle) }, leaseSecret: handle.leaseSecret });
   }
 
   /** Stop hearing about a released hold. */
   unwatch(handle: LockHandle): void {
-    this.send({
-      request: { case: "unwatch", value: { name: handle.name, leaseId: handle.leaseId, token: handle.token } },
-    });
+    this.send({ request: { case: "unwatch", value: watchOf(handle) } });
   }
 
   private resendAll(): void {
@@ -159,7 +160,9 @@ export class KeepAliveStream {
   }
 
   private onHoldEnded(event: HoldEnded): void {
-    const handle = this.pool.findHold(event.leaseId, event.name, event.token);
+    if (event.kind !== HoldKind.LOCK && event.kind !== HoldKind.READ) return;
+    const key = holdKey(event.name, event.kind === HoldKind.READ);
+    const handle = this.pool.findHold(event.leaseId, key, event.token);
     if (handle === undefined) return;
     const reason = reasonName(event.reason);
     if (handle._holdEndedDuringRelease(reason)) return;

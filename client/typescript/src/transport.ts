@@ -238,7 +238,7 @@ export class Transport {
         if (opts.signal?.aborted) throw opts.signal.reason;
         const mapped = fromConnectError(err, context);
         const code = err instanceof ConnectError ? err.code : undefined;
-        if (code === Code.DeadlineExceeded && mapped.reason === undefined && method !== "Acquire") {
+        if (code === Code.DeadlineExceeded && mapped.reason === undefined && !method.startsWith("Acquire")) {
           throw new Unavailable(`${method}: no answer from ${address} in time`, { ...context, cause: err });
         }
         if (mapped.reason === "DRAINING") {

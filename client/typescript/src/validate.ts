@@ -6,6 +6,7 @@
  * @module
  */
 
+import { now } from "./backoff.js";
 import { InvalidArgument } from "./errors.js";
 
 /** Longest lock name, in bytes of UTF-8. */
@@ -105,6 +106,66 @@ export function checkTimeout(timeout: unknown): number | undefined {
     );
   }
   return timeout;
+}
+
+/**
+ * Check the options every acquire takes (`ttl`, `timeout` unless `tryOnce`, `signal`), the signal not aborted.
+ *
+ * @returns The TTL in whole seconds, the deadline (a clock reading in seconds; undefined: none), the signal.
+ * @throws {@link InvalidArgument} (field `options`, `ttl`, `timeout` or `signal`); the signal's reason if aborted.
+ */
+export function checkAcquireOptions(
+  options: { ttl?: number; timeout?: number; signal?: AbortSignal },
+  tryOnce: boolean,
+): { ttl: number; until: number | undefined; signal: AbortSignal | undefined } {
+  if (typeof options !== "object" || options === null) {
+    throw new InvalidArgument("options must be an object", { field: "options" });
+  }
+  const ttl = ttlToWire(options.ttl ?? 10);
+  const timeout = tryOnce ? undefined : checkTimeout(options.timeout);
+  const signal = options.signal;
+  if (signal !== undefined && !(signal instanceof AbortSignal)) {
+    throw new InvalidArgument("signal must be an AbortSignal", { field: "signal" });
+  }
+  signal?.throwIfAborted();
+  return { ttl, until: timeout === undefined ? undefined : now() + timeout, signal };
+}
+
+/** Longest lock-delay, in seconds. */
+export const MAX_LOCK_DELAY_SECONDS = 3600;
+
+/**
+ * Check a lock-delay and convert it to whole seconds, rounding up.
+ *
+ * @param lockDelay - Seconds, finite, 0 to 3600; 0 for none.
+ * @returns The lock-delay in whole seconds (`AcquireRequest.lock_delay_seconds`), never shorter than asked.
+ * @throws {@link InvalidArgument} (field `lockDelay`).
+ */
+export function lockDelayToWire(lockDelay: unknown): number {
+  if (!isFiniteNumber(lockDelay) || lockDelay < 0 || lockDelay > MAX_LOCK_DELAY_SECONDS) {
+    throw new InvalidArgument(
+      `lockDelay must be a finite number of seconds from 0 to ${MAX_LOCK_DELAY_SECONDS}, got ${String(lockDelay)}`,
+      { field: "lockDelay" },
+    );
+  }
+  return Math.ceil(lockDelay);
+}
+
+/**
+ * Check the `read` option of an acquire: a boolean, and no lock-delay with it (a reader takes none).
+ *
+ * @param name - The lock name, for the error.
+ * @param lockDelay - The lock-delay already checked, in whole seconds.
+ * @throws {@link InvalidArgument} (field `read`, or `lockDelay` when both are given).
+ */
+export function checkRead(read: unknown, lockDelay: number, name: string): boolean {
+  if (typeof read !== "boolean") {
+    throw new InvalidArgument(`read must be a boolean, got ${typeof read}`, { field: "read", lockName: name });
+  }
+  if (read && lockDelay > 0) {
+    throw new InvalidArgument("a read hold takes no lockDelay", { field: "lockDelay", lockName: name });
+  }
+  return read;
 }
 
 /**

@@ -132,3 +132,43 @@ export async function etcdLeaseIds(): Promise<Set<bigint>> {
   const body = (await resp.json()) as { leases?: { ID: string }[] };
   return new Set((body.leases ?? []).map((l) => BigInt(l.ID)));
 }
+
+/** Wait until `check()` holds, asking again every 20 ms (a coordinator state seen through Describe), 4 s at most. */
+export async function waitFor(check: () => Promise<boolean>, what: string): Promise<void> {
+  for (let i = 0; !(await check()); i++) {
+    if (i >= 200) throw new Error(`${what}: not seen within 4 s`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** Whether `promise` has settled (looked at after the pending callbacks ran). */
+export async function settledYet(promise: Promise<unknown>): Promise<boolean> {
+  let done = false;
+  promise.then(() => { done = true; }, () => { done = true; });
+  await new Promise((r) => setImmediate(r));
+  return done;
+}
+
+/** Delete every etcd key under `FENCEPOST_PREFIX + suffix` (its JSON gateway, POST /v3/kv/deleterange). */
+export async function etcdDeletePrefix(suffix: string): Promise<void> {
+  const key = Buffer.from(required("FENCEPOST_PREFIX") + suffix);
+  const end = Buffer.from(key);
+  end[end.length - 1]! += 1; // the range end of a prefix (its last byte is never 0xff here: ASCII keys)
+  const endpoint = required("FENCEPOST_ETCD_ENDPOINT");
+  const body = JSON.stringify({ key: key.toString("base64"), range_end: end.toString("base64") });
+  const resp = await fetch(`http://${endpoint}/v3/kv/deleterange`, { method: "POST", body });
+  if (!resp.ok) throw new Error(`etcd deleterange: HTTP ${resp.status} ${await resp.text()}`);
+}
+
+/** `promise`, or an Error naming `what` after `ms` milliseconds (a test fails rather than hangs). */
+export async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
