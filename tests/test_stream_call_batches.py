@@ -33,6 +33,7 @@ from fencepost.coordinator.process.embedded import EmbeddedEtcd
 from .conftest import assert_invalid_field, describe, describe_waiters_is, wait_for
 from .metrics_scrape import scrape
 from .owned_stub import SECRETS, OwnedStub
+from .test_keepalive_batches import read_by_request_id
 from .test_stream_calls import reason_of, unary_reason
 
 WITH_BATCHES = ((CALLS_METADATA, "acquire,release,withdraw,keepalives,calls"),)
@@ -63,15 +64,7 @@ def answers_of(response: pb.KeepAliveResponse) -> list[Any]:
 
 async def read_answers(stream: Any, count: int) -> tuple[dict[int, Any], list[str]]:
     """Read responses until ``count`` answers came: (request id -> answer, the kind of each response)."""
-    answers: dict[int, Any] = {}
-    kinds = []
-    while len(answers) < count:
-        response = await asyncio.wait_for(stream.read(), 10)
-        kinds.append(response.WhichOneof("response"))
-        for answer in answers_of(response):
-            assert answer.request_id not in answers, f"request id {answer.request_id} answered twice"
-            answers[answer.request_id] = answer
-    return answers, kinds
+    return await read_by_request_id(stream, count, answers_of)
 
 
 # ---------------------------------------------------------------- the coordinator
@@ -271,9 +264,18 @@ async def call_messages(coord: Coordinator) -> tuple[float, float]:
             metrics.value("fencepost_stream_call_batch_size_sum") or 0.0)
 
 
-async def concurrent_cycles(coord: Coordinator, n: int) -> tuple[float, float]:
-    """``n`` concurrent acquires, then their releases, through one AsyncLockClient: the messages of calls and
-    the calls the coordinator received for them."""
+async def concurrent_cycles(etcd: EmbeddedEtcd, prefix: str, n: int) -> tuple[float, float]:
+    """``n`` concurrent acquires, then their releases, through one AsyncLockClient on a coordinator of its own:
+    the messages of calls and the calls the coordinator received for them."""
+    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0")
+    await asyncio.wait_for(coord.start(), 20)
+    try:
+        return await _cycles(coord, n)
+    finally:
+        await asyncio.wait_for(coord.stop(grace=0), 20)
+
+
+async def _cycles(coord: Coordinator, n: int) -> tuple[float, float]:
     async with AsyncLockClient(coord.address) as client:
         async with client.lock("warm-up", ttl=10, timeout=5):
             pass
@@ -288,12 +290,7 @@ async def concurrent_cycles(coord: Coordinator, n: int) -> tuple[float, float]:
 
 async def test_concurrent_acquires_go_in_fewer_messages(etcd: EmbeddedEtcd, prefix: str) -> None:
     """64 concurrent acquires and their 64 releases reach the coordinator in fewer than 64 messages."""
-    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0")
-    await asyncio.wait_for(coord.start(), 20)
-    try:
-        messages, carried = await concurrent_cycles(coord, 64)
-    finally:
-        await asyncio.wait_for(coord.stop(grace=0), 20)
+    messages, carried = await concurrent_cycles(etcd, prefix, 64)
     assert carried >= 128 and messages < 64, (messages, carried)
 
 
@@ -301,12 +298,7 @@ async def test_concurrent_acquires_without_the_announcement_go_one_per_message(
         etcd: EmbeddedEtcd, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A coordinator that does not announce ``calls`` (as one before batches) gets one message per call."""
     monkeypatch.setattr(coordinator_keepalive, "CALLS_METADATA", WITHOUT_BATCHES[0])
-    coord = Coordinator([etcd.endpoint], listen="127.0.0.1:0", prefix=prefix, metrics_listen="127.0.0.1:0")
-    await asyncio.wait_for(coord.start(), 20)
-    try:
-        messages, carried = await concurrent_cycles(coord, 16)
-    finally:
-        await asyncio.wait_for(coord.stop(grace=0), 20)
+    messages, carried = await concurrent_cycles(etcd, prefix, 16)
     assert messages == carried >= 32, (messages, carried)
 
 
