@@ -268,12 +268,13 @@ class LockInfo:
         ttl_remaining: Seconds left on the holder's lease as etcd reports it
             (a lower bound only), None when not held.
         ttl: The holder lease's granted TTL in seconds (0 when not held).
-        waiter_count: How many contenders are queued behind the holder.
+        waiter_count: How many contenders are queued behind the holders.
         waiters: The first (up to 100) queued contenders as
             ``(lease_id, queue revision)`` pairs, in grant order.
         revision: The etcd revision of the snapshot.
-        readers: The lease ids of the holder and listed waiters that read (a read-write lock's readers,
-            docs/rwlocks.md), in grant order; empty for a plain lock.
+        readers: The lease ids of the readers holding the lock together (a read-write lock, docs/rwlocks.md),
+            the holder first, in grant order; empty when a writer or a plain lock's holder holds it.
+        waiting_readers: The lease ids of the listed waiters that will read, in grant order.
     """
 
     name: str
@@ -286,6 +287,7 @@ class LockInfo:
     waiters: tuple[tuple[int, int], ...]
     revision: int
     readers: tuple[int, ...] = ()
+    waiting_readers: tuple[int, ...] = ()
 
     @classmethod
     def from_response(cls, name: str, resp: pb.DescribeResponse) -> LockInfo:
@@ -300,8 +302,8 @@ class LockInfo:
             waiter_count=int(resp.waiter_count),
             waiters=tuple((int(w.lease_id), int(w.token)) for w in resp.waiters),
             revision=int(resp.revision),
-            readers=tuple(int(c.lease_id) for c in ([resp.holder] if resp.held else []) + list(resp.waiters)
-                          if c.read),
+            readers=tuple(int(c.lease_id) for c in resp.holders if c.read),
+            waiting_readers=tuple(int(c.lease_id) for c in resp.waiters if c.read),
         )
 
 
@@ -323,8 +325,9 @@ class HeldLock:
         lock_delay: The lock-delay holding the lock back, in seconds; 0 for a held lock.
         lock_delay_remaining: Seconds left on that delay as etcd reported it; None when it starts at the next
             acquire (its holder was lost, nobody asked since), or for a held lock.
-        holder_reads: The holder is a reader of a read-write lock (docs/rwlocks.md): others may read beside it,
-            among the waiters counted.
+        holder_reads: The holder is a reader of a read-write lock (docs/rwlocks.md): others may read beside it.
+        holder_count: How many contenders hold the lock together: 1, or the readers holding it (the holder
+            first, not among the waiters counted); 0 while a lock-delay holds it back.
     """
 
     name: str
@@ -338,6 +341,7 @@ class HeldLock:
     lock_delay: int = 0
     lock_delay_remaining: float | None = None
     holder_reads: bool = False
+    holder_count: int = 0
 
     @property
     def held_back(self) -> bool:
@@ -357,6 +361,7 @@ class HeldLock:
             waiter_count=int(info.waiter_count),
             revision=int(revision),
             holder_reads=bool(info.holder.read),
+            holder_count=int(info.holder_count),
             lock_delay=int(info.lock_delay_seconds),
             lock_delay_remaining=info.lock_delay_remaining_ms / 1000 if info.lock_delay_remaining_ms >= 0
             and info.lock_delay_seconds else None,

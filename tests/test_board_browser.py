@@ -170,3 +170,30 @@ async def test_an_operator_revokes_from_the_page(etcd: EmbeddedEtcd, prefix: str
             assert not described.HasField("holder")
     finally:
         await asyncio.wait_for(coordinator.stop(grace=0), 20)
+
+
+async def test_board_shows_readers_together(served: Coordinator, chromium: str) -> None:
+    """A read-write lock held by two readers shows both leases and tokens, marked (read), and a waiting writer
+    in its queue; a reader behind it is marked r."""
+    async with aiohttp.ClientSession() as session, Browser(chromium) as browser:
+        base = f"http://{served.http_address}"
+        call = HttpCaller(session, base)
+        a, b, w, late = [await grant(call, ttl=30) for _ in range(4)]
+        read = lock_pb2.LOCK_MODE_READ
+        ra, rb = [await call("Acquire", lock_pb2.AcquireRequest(name="ledger", lease_id=x.lease_id, mode=read),
+                             x.lease_secret) for x in (a, b)]
+        writer = asyncio.ensure_future(acquire(call, w, "ledger", wait_ms=60_000))
+        await browser.open(f"{base}/")
+        row = "document.querySelector('tr[data-key=\"ledger\"]')"
+        assert await shown(browser, f"{row}?.cells[5].textContent.startsWith('{w.lease_id}/')")
+        reader = asyncio.ensure_future(call("Acquire", lock_pb2.AcquireRequest(
+            name="ledger", lease_id=late.lease_id, mode=read, wait_ms=60_000), late.lease_secret))
+        assert await shown(browser, f"{row}?.cells[5].textContent.endsWith(' r')")
+        assert await browser.evaluate(f"{row}.cells[1].textContent") == f"{a.lease_id}, {b.lease_id} (read)"
+        assert await browser.evaluate(token_of("ledger")) == f"{ra.token}, {rb.token}"
+        await revoke(call, a, b)
+        taken = await writer
+        assert await shown(browser, f"{token_of('ledger')} === '{taken.token}'")
+        await revoke(call, w)
+        await reader
+        await revoke(call, late)

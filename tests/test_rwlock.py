@@ -32,6 +32,12 @@ def _queued(stub: OwnedStub, name: str, n: int):  # type: ignore[no-untyped-def]
     return lambda: describe_waiters_is(stub, name, n)  # type: ignore[arg-type]
 
 
+def _holding(stub: OwnedStub, name: str, n: int):  # type: ignore[no-untyped-def]
+    async def holders() -> bool:
+        return len((await describe(stub, name)).holders) == n  # type: ignore[arg-type]
+    return holders
+
+
 async def test_readers_share_a_writer_waits_and_blocks_later_readers(address: str, stub: OwnedStub,
                                                                      etcd_client: Etcd3Client, prefix: str) -> None:
     """Three readers hold at once; a writer waits for all of them; a reader after the waiting writer waits for
@@ -42,14 +48,14 @@ async def test_readers_share_a_writer_waits_and_blocks_later_readers(address: st
         assert len({r.token for r in readers}) == 3 and all(r.is_valid() for r in readers)
         assert len(await list_keys(etcd_client, prefix)) == 3
         writer = asyncio.ensure_future(clients[3].acquire("ledger", ttl=5, timeout=30))
-        await wait_for(_queued(stub, "ledger", 3), 10, what="the writer queued behind the readers")
+        await wait_for(_queued(stub, "ledger", 1), 10, what="the writer queued behind the readers")
         late = asyncio.ensure_future(clients[4].acquire("ledger", ttl=5, timeout=30, read=True))
-        await wait_for(_queued(stub, "ledger", 4), 10, what="the late reader queued")
+        await wait_for(_queued(stub, "ledger", 2), 10, what="the late reader queued")
         with pytest.raises(LockHeld):  # a try-once reader is refused too: the writer is waiting
             await clients[4].try_acquire("ledger", ttl=6, read=True)
         for r in readers[:2]:
             await r.release()
-        await wait_for(_queued(stub, "ledger", 2), 10, what="two readers gone")
+        await wait_for(_holding(stub, "ledger", 1), 10, what="two readers gone")
         assert not writer.done() and not late.done()  # one reader still holds
         await readers[2].release()
         w = await asyncio.wait_for(writer, 10)
@@ -184,28 +190,40 @@ async def test_bad_mode_and_read_with_lock_delay(stub: OwnedStub, address: str) 
 
 
 async def test_describe_and_list_mark_readers(address: str, stub: OwnedStub) -> None:
-    """Describe of a read-held lock lists its readers marked ``read`` (the first as holder) and a waiting writer
-    unmarked; ListLocks marks the reading holder; a plain lock's holder is not marked."""
-    async with AsyncLockClient(address) as a, AsyncLockClient(address) as b, AsyncLockClient(address) as w:
+    """Describe of a read-held lock lists every reader holding it as a holder, marked ``read`` (the first as
+    ``holder``), and a waiting writer and the reader behind it as waiters; ListLocks counts the readers as
+    holders, not waiters, and marks the reading holder; a plain lock's holder is not marked."""
+    async with AsyncLockClient(address) as a, AsyncLockClient(address) as b, AsyncLockClient(address) as w, \
+            AsyncLockClient(address) as c:
         ra = await a.acquire("d", ttl=5, read=True)
         rb = await b.acquire("d", ttl=5, read=True)
         writer = asyncio.ensure_future(w.acquire("d", ttl=5, timeout=30))
-        await wait_for(_queued(stub, "d", 2), 10, what="the writer queued")
+        await wait_for(_queued(stub, "d", 1), 10, what="the writer queued")
+        late = asyncio.ensure_future(c.acquire("d", ttl=5, timeout=30, read=True))
+        await wait_for(_queued(stub, "d", 2), 10, what="a reader queued behind the writer")
         d = await describe(stub, "d")  # type: ignore[arg-type]
         assert d.held and d.holder.read and d.holder.lease_id == ra.lease_id and d.holder.token == ra.token
-        assert [x.read for x in d.waiters] == [True, False] and d.waiters[0].lease_id == rb.lease_id
+        assert [(h.lease_id, h.token, h.read) for h in d.holders] == [(ra.lease_id, ra.token, True),
+                                                                       (rb.lease_id, rb.token, True)]
+        assert d.waiter_count == 2 and [x.read for x in d.waiters] == [False, True]
         listed = await stub.ListLocks(lock_pb2.ListLocksRequest(prefix="d"), timeout=5)
-        assert [(lock.name, lock.holder.read, lock.waiter_count) for lock in listed.locks] == [("d", True, 2)]
+        assert [(lock.name, lock.holder.read, lock.holder_count, lock.waiter_count)
+                for lock in listed.locks] == [("d", True, 2, 2)]
         info = await a.describe("d")
-        assert info.readers == (ra.lease_id, rb.lease_id)
-        assert [lock.holder_reads for lock in await a.list_locks("d")] == [True]
+        assert info.readers == (ra.lease_id, rb.lease_id) and info.waiter_count == 2
+        assert info.waiting_readers == (late_lease := info.waiting_readers[0],) and late_lease not in info.readers
+        assert [(lock.holder_reads, lock.holder_count) for lock in await a.list_locks("d")] == [(True, 2)]
+        server = await stub.ServerInfo(lock_pb2.ServerInfoRequest(), timeout=5)
+        assert (server.contender_keys, server.held_locks, server.waiters) == (4, 1, 2)
         await ra.release()
         await rb.release()
         hw = await asyncio.wait_for(writer, 10)
         assert (await a.describe("d")).readers == ()
         d = await describe(stub, "d")  # type: ignore[arg-type]
-        assert d.holder.lease_id == hw.lease_id and not d.holder.read
+        assert d.holder.lease_id == hw.lease_id and not d.holder.read and len(d.holders) == 1
+        assert [(lock.holder_count, lock.waiter_count) for lock in await a.list_locks("d")] == [(1, 1)]
         await hw.release()
+        await (await asyncio.wait_for(late, 10)).release()
 
 
 async def test_sync_read_lock(address: str) -> None:

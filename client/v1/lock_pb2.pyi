@@ -420,7 +420,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("held", "holder", "ttl_remaining_seconds", "ttl_seconds", "waiter_count", "waiters", "revision", "lock_delay_remaining_ms", "lock_delay_seconds")
+    __slots__ = ("held", "holder", "ttl_remaining_seconds", "ttl_seconds", "waiter_count", "waiters", "revision", "lock_delay_remaining_ms", "lock_delay_seconds", "holders")
     HELD_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     TTL_REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -430,6 +430,7 @@ class DescribeResponse(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     LOCK_DELAY_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
     LOCK_DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
     held: bool
     holder: Holder
     ttl_remaining_seconds: int
@@ -439,7 +440,8 @@ class DescribeResponse(_message.Message):
     revision: int
     lock_delay_remaining_ms: int
     lock_delay_seconds: int
-    def __init__(self, held: _Optional[bool] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., waiter_count: _Optional[int] = ..., waiters: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ..., revision: _Optional[int] = ..., lock_delay_remaining_ms: _Optional[int] = ..., lock_delay_seconds: _Optional[int] = ...) -> None: ...
+    holders: _containers.RepeatedCompositeFieldContainer[Holder]
+    def __init__(self, held: _Optional[bool] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., waiter_count: _Optional[int] = ..., waiters: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ..., revision: _Optional[int] = ..., lock_delay_remaining_ms: _Optional[int] = ..., lock_delay_seconds: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ...) -> None: ...
 
 class ListLocksRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")
@@ -452,7 +454,7 @@ class ListLocksRequest(_message.Message):
     def __init__(self, prefix: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class LockInfo(_message.Message):
-    __slots__ = ("name", "holder", "ttl_remaining_seconds", "ttl_seconds", "held_seconds", "waiter_count", "lock_delay_remaining_ms", "lock_delay_seconds")
+    __slots__ = ("name", "holder", "ttl_remaining_seconds", "ttl_seconds", "held_seconds", "waiter_count", "lock_delay_remaining_ms", "lock_delay_seconds", "holder_count")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     TTL_REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -461,6 +463,7 @@ class LockInfo(_message.Message):
     WAITER_COUNT_FIELD_NUMBER: _ClassVar[int]
     LOCK_DELAY_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
     LOCK_DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_COUNT_FIELD_NUMBER: _ClassVar[int]
     name: str
     holder: Holder
     ttl_remaining_seconds: int
@@ -469,7 +472,8 @@ class LockInfo(_message.Message):
     waiter_count: int
     lock_delay_remaining_ms: int
     lock_delay_seconds: int
-    def __init__(self, name: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., held_seconds: _Optional[float] = ..., waiter_count: _Optional[int] = ..., lock_delay_remaining_ms: _Optional[int] = ..., lock_delay_seconds: _Optional[int] = ...) -> None: ...
+    holder_count: int
+    def __init__(self, name: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., ttl_remaining_seconds: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., held_seconds: _Optional[float] = ..., waiter_count: _Optional[int] = ..., lock_delay_remaining_ms: _Optional[int] = ..., lock_delay_seconds: _Optional[int] = ..., holder_count: _Optional[int] = ...) -> None: ...
 
 class ListLocksResponse(_message.Message):
     __slots__ = ("locks", "next_page_token", "revision")

@@ -23,7 +23,7 @@ from ..admission.limit_tracker import LimitTracker
 from ..etcd import bounded
 from ..recipes.holds import HoldTracker
 from ..telemetry.events import caller, log_event
-from ..telemetry.metrics import NO_METRICS, LockMetrics
+from ..telemetry.metrics import NO_METRICS, LockMetrics, recipe_of
 from .rpcs import DEADLINE_MARGIN_SECONDS
 
 __all__ = ["Grants"]
@@ -62,7 +62,8 @@ class Grants:
             yield
 
     def granted(self, hold: Hold, counted_as: str, freed_at: float | None, waited: float, context: Any, message: str,
-                *, event: str = "grant", name: str, slot: int | None = None, request_id: str | None = None) -> None:
+                *, event: str = "grant", name: str, slot: int | None = None, request_id: str | None = None,
+                recipe: str = "") -> None:
         """A grant served here: counted, followed to its end, logged.
 
         Args:
@@ -74,8 +75,9 @@ class Grants:
             message: the log line.
             event: ``grant`` or ``elected``.
             name, slot, request_id: the event's fields (the public name).
+            recipe: the grant's recipe when its name does not tell it (``multilock``).
         """
-        self._metrics.granted(counted_as, waited)
+        self._metrics.granted(counted_as, waited, recipe or recipe_of(hold.name))
         self._holds.granted(hold, freed_at, time.monotonic() - waited)
         if _log.isEnabledFor(logging.DEBUG):  # not built otherwise: caller() reads the span, peer and metadata
             log_event(_log, logging.DEBUG, event, message, name=name, lease_id=hold.lease_id, token=hold.token,

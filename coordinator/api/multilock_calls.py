@@ -75,7 +75,7 @@ class MultiLockCalls:
             self._grants.granted(Hold(name, request.lease_id, token), name, result.freed_at, waited, context,
                                  f"{name!r} granted to lease {request.lease_id:#x} with {len(names) - 1} other "
                                  f"names (AcquireAll), token {token}", name=name,
-                                 request_id=request.request_id or None)
+                                 request_id=request.request_id or None, recipe="multilock")
         return lock_pb2.AcquireAllResponse(acquired=True, tokens=[result.tokens[name] for name in names])
 
     async def release(self, request: lock_pb2.ReleaseAllRequest, context: grpc.aio.ServicerContext

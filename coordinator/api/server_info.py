@@ -22,6 +22,7 @@ import re
 import secrets
 import time
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 from fencepost.client.errors import FencepostError
@@ -30,6 +31,7 @@ from fencepost.client.v1.keys import Keys
 
 from ..etcd import EtcdClient
 from ..recipes.listing import first_lock_key
+from ..recipes.snapshots import Holder, holding
 
 __all__ = ["ETCD_SECONDS", "SCAN_KEYS", "About", "EtcdView", "package_version", "read_etcd", "redact_endpoint",
            "server_info"]
@@ -165,8 +167,13 @@ async def read_etcd(etcd: EtcdClient, keys: Keys, *, scan_keys: int = SCAN_KEYS)
     total = int(ranged.count) - (len(ranged.kvs) - len(locks))
     held = waiters = -1
     if not ranged.more:
-        held = len({kv.key.rpartition(b"/")[0] for kv in locks})
-        waiters = total - held
+        by_lock: dict[bytes, list[Any]] = {}
+        for kv in locks:
+            by_lock.setdefault(bytes(kv.key).rpartition(b"/")[0], []).append(kv)
+        held = len(by_lock)
+        waiters = total - sum(holding([Holder(0, int(kv.create_revision), keys.is_reader(bytes(kv.key)))
+                                       for kv in sorted(group, key=lambda kv: kv.create_revision)])
+                              for group in by_lock.values())
     view = EtcdView(available=True, cluster_id=int(header.cluster_id), member_id=int(header.member_id),
                     revision=int(header.revision), raft_term=int(header.raft_term), contender_keys=total,
                     held_locks=held, waiters=waiters)

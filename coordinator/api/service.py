@@ -289,7 +289,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
             held=d.holder is not None, holder=_holder(d.holder), ttl_remaining_seconds=d.ttl_remaining_seconds,
             ttl_seconds=d.ttl_seconds, waiter_count=d.waiter_count, waiters=[_holder(w) for w in d.waiters],
             revision=d.revision, lock_delay_remaining_ms=d.lock_delay.remaining_ms,
-            lock_delay_seconds=d.lock_delay.seconds)
+            lock_delay_seconds=d.lock_delay.seconds, holders=[_holder(h) for h in d.holders])
 
     @served
     async def ListLocks(self, request: lock_pb2.ListLocksRequest, context: grpc.aio.ServicerContext
@@ -302,7 +302,7 @@ class LockService(lock_pb2_grpc.LockServiceServicer):
                                      ttl_remaining_seconds=lock.ttl_remaining_seconds, ttl_seconds=lock.ttl_seconds,
                                      held_seconds=lock.held_seconds, waiter_count=lock.waiter_count,
                                      lock_delay_remaining_ms=lock.lock_delay.remaining_ms,
-                                     lock_delay_seconds=lock.lock_delay.seconds)
+                                     lock_delay_seconds=lock.lock_delay.seconds, holder_count=lock.holder_count)
                    for lock in page.locks if visible is None or visible(lock.name)],
             next_page_token=page.next_page_token, revision=page.revision)
 

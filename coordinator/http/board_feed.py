@@ -49,6 +49,7 @@ from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from ..api.releases import ServedEnds
 from ..api.stale_writes import StaleWrite, StaleWrites
+from ..recipes.snapshots import Holder, holding
 from . import board_ends
 
 __all__ = ["BoardFeed", "Subscriber"]
@@ -66,7 +67,9 @@ MAX_QUEUED = 20
 #: Timeline items a newly opened board is given.
 TIMELINE_ITEMS = 200
 _KINDS = {kinds.HoldKind.HOLD_KIND_LOCK: "lock", kinds.HoldKind.HOLD_KIND_ELECTION: "election",
-          kinds.HoldKind.HOLD_KIND_SEMAPHORE: "semaphore"}
+          kinds.HoldKind.HOLD_KIND_SEMAPHORE: "semaphore", kinds.HoldKind.HOLD_KIND_READ: "lock"}
+#: A contender of one lock: (lease, reader?); a lease may have a reader's key and a writer's in one lock.
+_Contender = tuple[int, bool]
 
 
 @dataclass
@@ -110,7 +113,7 @@ class BoardFeed:
         self._reports = reports if reports is not None else StaleWrites()
         self._unlisten: Callable[[], None] = lambda: None
         self._flush = flush_seconds
-        self._locks: dict[str, dict[int, tuple[int, bytes]]] = {}  # internal name -> lease -> (token, value)
+        self._locks: dict[str, dict[_Contender, tuple[int, bytes]]] = {}  # internal name -> contender -> (token, value)
         self._since: dict[tuple[str, int, int], int] = {}  # hold -> monotonic ms it was first seen held
         self._leases: dict[int, _Lease] = {}
         self._marked: set[str] = set()
@@ -190,10 +193,12 @@ class BoardFeed:
                 _log.warning("the lock board's watch failed (%s); again in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
 
-    def _parse(self, key: bytes) -> tuple[str, int] | None:
+    def _parse(self, key: bytes) -> tuple[str, _Contender] | None:
+        """(the lock's internal name, (lease, reader?)) of a contender key; None for another key."""
         if self._keys.is_record(key) or key == self._keys.token_record:
             return None
-        return self._keys.parse(key)
+        parsed = self._keys.parse(key)
+        return None if parsed is None else (parsed[0], (parsed[1], self._keys.is_reader(key)))
 
     def _reset(self, kvs: Any) -> None:
         before = set(self._locks)
@@ -203,42 +208,43 @@ class BoardFeed:
             parsed = self._parse(bytes(kv.key))
             if parsed is not None:
                 self._locks.setdefault(parsed[0], {})[parsed[1]] = (int(kv.create_revision), bytes(kv.value))
-        holders = {(name, *h) for name, c in self._locks.items() if (h := _holder(c)) is not None}
-        self._since = {hold: at for hold, at in self._since.items() if hold in holders}
-        for name, contenders in self._locks.items():
-            lease, (token, _) = min(contenders.items(), key=lambda c: c[1][0])
-            granted = self._grant_times.granted_at(Hold(name, lease, token))
-            self._since.setdefault((name, lease, token), now if granted is None
-                                   else int(now - 1000 * (time.monotonic() - granted)))
+        holds = {_hold(name, h) for name, c in self._locks.items() for h in _holders(c)}
+        self._since = {hold: at for hold, at in self._since.items() if hold in holds}
+        for hold in holds:
+            granted = self._grant_times.granted_at(Hold(*hold))
+            self._since.setdefault(hold, now if granted is None else int(now - 1000 * (time.monotonic() - granted)))
         self._marked |= before | set(self._locks)  # a re-read: every board is told what changed
 
     def _apply(self, event: Any, recovered: bool = False) -> None:
         parsed = self._parse(bytes(event.kv.key))
         if parsed is None:
             return
-        name, lease = parsed
+        name, contender = parsed
         contenders = self._locks.setdefault(name, {})
-        holder = _holder(contenders)
+        before = _holders(contenders)
         if event.type == event.DELETE:
-            contenders.pop(lease, None)
+            contenders.pop(contender, None)
         else:
-            contenders[lease] = (int(event.kv.create_revision), bytes(event.kv.value))
-        after = _holder(contenders)
+            contenders[contender] = (int(event.kv.create_revision), bytes(event.kv.value))
+        after = _holders(contenders)
         if not contenders:
             del self._locks[name]
         self._marked.add(name)
-        if holder is not None and holder != after and holder[0] == lease and event.type == event.DELETE:
-            since = self._since.pop((name, *holder), None)
-            why = board_ends.served(self._ends, name, lease, since, recovered=recovered)
-            item = self._tell("ended", name, holder, why)
-            if why is None:
-                known = self._leases.get(lease)
-                task = asyncio.ensure_future(self._classify(item, lease, known.expires_ms if known else None))
-                self._pending.add(task)
-                task.add_done_callback(self._pending.discard)
-        if after is not None and after != holder:
-            self._since[(name, *after)] = _now_ms()
-            self._tell("granted", name, after, None)
+        for gone in before:
+            if gone[0] == contender and event.type == event.DELETE:
+                hold = _hold(name, gone)
+                why = board_ends.served(self._ends, hold[0], hold[1], self._since.pop(hold, None),
+                                        recovered=recovered)
+                item = self._tell("ended", hold, why)
+                if why is None:
+                    known = self._leases.get(hold[1])
+                    task = asyncio.ensure_future(self._classify(item, hold[1], known.expires_ms if known else None))
+                    self._pending.add(task)
+                    task.add_done_callback(self._pending.discard)
+        for new in after:
+            if new not in before:
+                self._since[_hold(name, new)] = _now_ms()
+                self._tell("granted", _hold(name, new), None)
 
     async def _classify(self, item: dict[str, Any], lease: int, expires_ms: int | None) -> None:
         """Fill in why a hold ended that no call served here explains (:func:`.board_ends.inferred`)."""
@@ -249,11 +255,14 @@ class BoardFeed:
             return
         item.update(_why(board_ends.inferred(left >= 0, expires_ms, item["atMs"])))
 
-    def _tell(self, what: str, name: str, hold: tuple[int, int], why: board_ends.Why | None) -> dict[str, Any]:
-        public = kinds.public_hold(name)
-        item = {"atMs": _now_ms(), "what": what, "reason": None, "exact": None, "by": None, "key": name,
-                "kind": _KINDS[public.kind], "name": public.name, "slot": public.slot, "lease": str(hold[0]),
-                "token": str(hold[1]), **(_why(why) if why is not None else {})}
+    def _tell(self, what: str, hold: tuple[str, int, int], why: board_ends.Why | None) -> dict[str, Any]:
+        """A timeline item about ``hold`` (internal name, lease, token): a reader's is its lock's, ``read``."""
+        public = kinds.public_hold(hold[0])
+        read = public.kind == kinds.HoldKind.HOLD_KIND_READ
+        key = public.name if read else hold[0]  # the row's key: a reader's lock
+        item = {"atMs": _now_ms(), "what": what, "reason": None, "exact": None, "by": None, "key": key,
+                "kind": _KINDS[public.kind], "name": public.name, "slot": public.slot, "lease": str(hold[1]),
+                "token": str(hold[2]), "read": read, **(_why(why) if why is not None else {})}
         self._timeline.append(item)
         self._told.append(item)
         return item
@@ -298,14 +307,11 @@ class BoardFeed:
         """Read the TTL of each holder lease not known yet, or whose estimate may be stale; mark what changed."""
         now, now_ms = time.monotonic(), _now_ms()
         due: set[int] = set()
-        for contenders in self._locks.values():
-            lease = _holder(contenders)
-            if lease is None:
-                continue
-            known = self._leases.get(lease[0])
+        for lease in {h[0][0] for c in self._locks.values() for h in _holders(c)}:
+            known = self._leases.get(lease)
             if known is None or now - known.read_at >= max(MIN_TTL_REFRESH_SECONDS, known.ttl / 2) or (
                     now_ms >= known.expires_ms and now - known.read_at >= 1.0):  # passed, yet still held: renewed
-                due.add(lease[0])
+                due.add(lease)
         if not due:
             return
         gate = asyncio.Semaphore(TTL_CONCURRENCY)
@@ -328,33 +334,53 @@ class BoardFeed:
             if before is None or abs(before.expires_ms - expires) > 1500:
                 changed.add(lease)
         if changed:
-            self._marked |= {n for n, c in self._locks.items() if (h := _holder(c)) is not None and h[0] in changed}
-        live = {h[0] for c in self._locks.values() if (h := _holder(c)) is not None}
+            self._marked |= {n for n, c in self._locks.items() if any(h[0][0] in changed for h in _holders(c))}
+        live = {h[0][0] for c in self._locks.values() for h in _holders(c)}
         for lease in [lease for lease in self._leases if lease not in live]:
             del self._leases[lease]
 
     def _entry(self, name: str) -> dict[str, Any] | None:
-        """The board's row of internal lock ``name``; None when it has no contender."""
+        """The board's row of internal lock ``name``; None when it has no contender.
+
+        ``holder`` is the first holder; ``readers`` the other readers holding with it (a read-write lock held
+        by readers: ``holder.read``); ``waiters`` the others, in queue order, each with ``read``.
+        """
         contenders = self._locks.get(name)
         if not contenders:
             return None
         public = kinds.public_hold(name)
+        holders = _holders(contenders)
         ordered = sorted(contenders.items(), key=lambda c: c[1][0])
-        (lease, (token, value)), waiters = ordered[0], ordered[1:]
-        known = self._leases.get(lease)
-        holder = {"lease": str(lease), "token": str(token), "sinceMs": self._since.get((name, lease, token)),
-                  "ttl": known.ttl if known else None, "expiresMs": known.expires_ms if known else None,
-                  "value": value.decode("utf-8", "replace") if public.kind != kinds.HoldKind.HOLD_KIND_LOCK else ""}
         return {"key": name, "kind": _KINDS[public.kind], "name": public.name, "slot": public.slot,
-                "holder": holder, "waiters": [{"lease": str(w), "token": str(t)} for w, (t, _) in waiters]}
+                "holder": self._shown(name, holders[0], contenders, public.kind),
+                "readers": [self._shown(name, h, contenders, public.kind) for h in holders[1:]],
+                "waiters": [{"lease": str(lease), "token": str(t), "read": read}
+                            for (lease, read), (t, _) in ordered[len(holders):]]}
+
+    def _shown(self, name: str, held: tuple[_Contender, int], contenders: dict[_Contender, tuple[int, bytes]],
+               kind: int) -> dict[str, Any]:
+        """One holder of lock ``name`` as the board shows it."""
+        (lease, read), token = held
+        known = self._leases.get(lease)
+        value = contenders[(lease, read)][1]
+        return {"lease": str(lease), "token": str(token), "read": read,
+                "sinceMs": self._since.get(_hold(name, held)), "ttl": known.ttl if known else None,
+                "expiresMs": known.expires_ms if known else None,
+                "value": value.decode("utf-8", "replace") if kind != kinds.HoldKind.HOLD_KIND_LOCK else ""}
 
 
-def _holder(contenders: dict[int, tuple[int, bytes]]) -> tuple[int, int] | None:
-    """(lease, token) of the contender with the lowest token; None for none."""
-    if not contenders:
-        return None
-    lease, (token, _) = min(contenders.items(), key=lambda c: c[1][0])
-    return lease, token
+def _holders(contenders: dict[_Contender, tuple[int, bytes]]) -> list[tuple[_Contender, int]]:
+    """The contenders holding, (contender, token) in queue order: the first alone, or, when it reads, every
+    reader before the first writer (:func:`..recipes.snapshots.holding`); [] for none."""
+    ordered = sorted(((token, contender) for contender, (token, _) in contenders.items()), key=lambda c: c[0])
+    count = holding([Holder(lease, token, read) for token, (lease, read) in ordered])
+    return [(contender, token) for token, contender in ordered[:count]]
+
+
+def _hold(name: str, held: tuple[_Contender, int]) -> tuple[str, int, int]:
+    """(internal name, lease, token) of a holder of lock ``name``: a reader's internal name is its own."""
+    (lease, read), token = held
+    return kinds.read_lock(name) if read else name, lease, token
 
 
 def _why(why: board_ends.Why) -> dict[str, Any]:

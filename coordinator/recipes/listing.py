@@ -54,7 +54,7 @@ from fencepost.client.v1.names import forbidden_problem
 
 from ..etcd import EtcdClient
 from ..etcd.failures import Failure, classify
-from .lock import Holder
+from .snapshots import Holder, holding
 from .lock_delay import (DELAY_INFIX, DelayState, delay_range, delay_seconds, delay_state, held_back_by,
                          wait_lease)
 from .tokens import TokenFloor
@@ -80,13 +80,15 @@ class ListedLock:
     Attributes:
         name: the lock name.
         holder: the holder's lease id and fencing token; None while a lock-delay holds the lock back.
-        waiter_count: contenders queued behind the holder (every contender when held back).
+        waiter_count: contenders queued behind the holders (every contender when held back).
         ttl_remaining_seconds: seconds left on the holder's lease; -1 when it ended or there is no holder.
         ttl_seconds: the holder lease's granted TTL in seconds; 0 when it ended or there is no holder.
         held_seconds: seconds since the grant on this coordinator's clock; -1 when unknown.
         lock_delay: the lock-delay holding it back (``remaining_ms`` > 0: running, that long left;
             :data:`~.lock_delay.PENDING`: starts at the next Acquire; 0 with ``seconds`` > 0: ended since the
             listing's revision); none (0, 0) for a held lock.
+        holder_count: the contenders holding together: 1, or a read-write lock's readers before its first
+            writer (:func:`.snapshots.holding`); 0 while held back.
     """
 
     name: str
@@ -96,6 +98,7 @@ class ListedLock:
     ttl_seconds: int = 0
     held_seconds: float = -1.0
     lock_delay: DelayState = DelayState(0, 0)
+    holder_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -421,6 +424,7 @@ async def _with_ttls(etcd: EtcdClient, page: list[tuple[str, list[tuple[int, int
         revision, lease_id, read = min(contenders)
         token = to_token(revision)
         held = Hold(kinds.read_lock(name) if read else name, lease_id, token)
-        listed.append(ListedLock(name, Holder(lease_id, token, read), len(contenders) - 1, *ttls[lease_id],
-                                 held_seconds=grants.held_seconds(held)))
+        holders = holding([Holder(lease, 0, reads) for _, lease, reads in sorted(contenders)])
+        listed.append(ListedLock(name, Holder(lease_id, token, read), len(contenders) - holders, *ttls[lease_id],
+                                 held_seconds=grants.held_seconds(held), holder_count=holders))
     return listed

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from fencepost.client.errors import FencepostError, LeaseLost, NotHolder, StaleTokenError
@@ -40,54 +40,14 @@ from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan
 from ..telemetry.metrics import NO_METRICS, LockMetrics
 from .floor_guard import under_floor
 from .lock_delay import DelayState, HeldBack, LockDelays, validate_lock_delay
+from .snapshots import DESCRIBE_WAITERS, AcquireResult, Description, Holder, holding
 from .tokens import TokenFloor
 from .validate import validate_lease_id, validate_lock_name, validate_token
-from .waiters import REATTACH_SECONDS, Waiters
+from .waiters import REATTACH_SECONDS, Waiters, mode_conflict
 from .watch import DeleteWatcher
 
 __all__ = ["DESCRIBE_WAITERS", "REATTACH_SECONDS", "AcquireResult", "Description", "Holder", "LockManager",
            "release_refusal"]
-
-#: Most queued contenders listed by describe().
-DESCRIBE_WAITERS = 100
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A contender: its lease, the fencing token of its key (the token it holds, or will hold, under), a reader?"""
-
-    lease_id: int
-    token: int
-    read: bool = False
-
-
-@dataclass(frozen=True)
-class AcquireResult:
-    """The outcome of acquire(): granted with ``token``, or (try once only) the current holder.
-
-    ``freed_at``: for a grant after a wait, the monotonic clock reading when the
-    deletion that made this contender the holder reached the lock watch (the
-    previous hold's end, for ``fencepost_handoff_seconds``); None otherwise.
-    """
-
-    acquired: bool
-    token: int = 0
-    holder: Holder | None = None
-    freed_at: float | None = None
-
-
-@dataclass(frozen=True)
-class Description:
-    """A snapshot of one lock at one etcd revision."""
-
-    holder: Holder | None
-    ttl_remaining_seconds: int
-    ttl_seconds: int
-    waiter_count: int
-    waiters: list[Holder] = field(default_factory=list)
-    revision: int = 0
-    lock_delay: DelayState = DelayState(0, 0)
-
 
 def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_alive: bool, *,
                     floor: int = 0) -> FencepostError:
@@ -212,7 +172,8 @@ class LockManager:
             gets the same token again.
 
         Raises:
-            InvalidArgument: bad name, lease id or lock_delay.
+            InvalidArgument: bad name, lease id or lock_delay; field ``mode``: the lease holds or waits for
+                the lock as a reader (:func:`.waiters.mode_conflict`).
             LockTimeout: not granted within ``wait`` seconds (the waiter key is deleted).
             LeaseLost: the lease is gone, or the waiter key was deleted while waiting.
             ResourceExhausted: this coordinator's queue limit (TOO_MANY_WAITERS).
@@ -224,7 +185,10 @@ class LockManager:
         validate_lease_id(lease_id)
         validate_lock_delay(lock_delay)
         if wait == 0:
-            return await self._issued(name, lease_id, *await self._try_once(name, lease_id, lock_delay, value))
+            result, floor = await self._try_once(name, lease_id, lock_delay, value)
+            if not result.acquired and result.holder is not None and result.holder.lease_id == lease_id:
+                raise mode_conflict(name, lease_id)  # its own read hold (rwlock.py) holds it
+            return await self._issued(name, lease_id, result, floor)
         with self._waiters.counted(name, lease_id):
             token, freed_at, floor = await self._waiters.wait(name, lease_id, wait, lock_delay=lock_delay,
                                                               value=value or b"")
@@ -426,7 +390,7 @@ class LockManager:
         raise release_refusal(hold, mine, holder, alive, floor=self._tokens.floor)
 
     async def describe(self, name: str) -> Description:
-        """Report the holder, token, waiters and TTL left of lock ``name``.
+        """Report the holder (the holders: readers together), tokens, waiters and TTL left of lock ``name``.
 
         Raises:
             InvalidArgument: bad name.
@@ -452,11 +416,12 @@ class LockManager:
             return Description(None, -1, 0, int(counted.count), contenders, int(resp.header.revision), delay)
         if not contenders:
             return Description(None, -1, 0, 0, [], int(resp.header.revision), delay)
-        holder = contenders[0]
+        holders = holding(contenders)
         ttl_left, granted = -1, 0
         with contextlib.suppress(FencepostError):
-            ttl_left, granted = await self._etcd.lease_ttl(holder.lease_id)
-        return Description(holder, ttl_left, granted, int(counted.count) - 1, contenders[1:], int(resp.header.revision))
+            ttl_left, granted = await self._etcd.lease_ttl(contenders[0].lease_id)
+        return Description(contenders[0], ttl_left, granted, int(counted.count) - holders, contenders[holders:],
+                           int(resp.header.revision), holders=contenders[:holders])
 
     async def end_lock_delay(self, name: str) -> DelayState:
         """End the lock-delay of lock ``name`` (:meth:`.lock_delay.LockDelays.end`): the delay that was ended.

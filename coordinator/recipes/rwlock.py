@@ -93,7 +93,8 @@ class ReadLocks:
             reads the lock already gets the same token again.
 
         Raises:
-            InvalidArgument: bad name, lease id, or a lock_delay (field ``lock_delay_seconds``).
+            InvalidArgument: bad name, lease id, or a lock_delay (field ``lock_delay_seconds``); field ``mode``:
+                the lease holds or waits for the lock as a writer (:func:`.waiters.mode_conflict`).
             LockTimeout: not granted within ``wait`` seconds (the reader's key is deleted).
             LeaseLost: the lease is gone, or the reader's key was deleted while waiting.
             ResourceExhausted: this coordinator's queue limit (TOO_MANY_WAITERS).

@@ -32,8 +32,9 @@ import time
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar
 
-from fencepost.client.errors import FencepostError, LeaseLost, LockTimeout, ResourceExhausted, Unavailable
-from fencepost.client.v1 import etcdops
+from fencepost.client.errors import (FencepostError, InvalidArgument, LeaseLost, LockTimeout, ResourceExhausted,
+                                     Unavailable)
+from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.details import ErrorReason, reason_name
 from fencepost.client.v1.keys import Keys
 from fencepost.client.v1.retry import ETCD_BACKOFF
@@ -45,7 +46,7 @@ from .lock_delay import LockDelays
 from .tokens import TokenFloor
 from .watch import DeleteWatcher
 
-__all__ = ["REATTACH_SECONDS", "Waiters", "finish_even_if_cancelled", "lock_of", "wait_any_deleted"]
+__all__ = ["REATTACH_SECONDS", "Waiters", "finish_even_if_cancelled", "lock_of", "mode_conflict", "wait_any_deleted"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,26 +150,24 @@ class Waiters:
         lock = self._keys.lock_prefix(name)
         start, end = ahead or (lock, None)
 
-        # (our key's create revision, its mod revision, the create revisions of the first `places` keys,
-        # the lock-delay range)
-        def queued(mine: Any, owners: Any, delays: Any) -> tuple[int, int, list[int], Any]:
+        # (our key's create revision, its mod revision, the first `places` keys, the lock-delay range)
+        def queued(mine: Any, owners: Any, delays: Any) -> tuple[int, int, Any, Any]:
             if not mine.kvs:
                 return NOT_APPLIED  # type: ignore[no-any-return]  # only from the read-back
-            firsts = [int(kv.create_revision) for kv in owners.kvs]
-            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), firsts, delays
+            return int(mine.kvs[0].create_revision), int(mine.kvs[0].mod_revision), owners.kvs, delays
 
-        def decide(resp: Any) -> tuple[int, int, list[int], Any]:
+        def decide(resp: Any) -> tuple[int, int, Any, Any]:
             if resp.succeeded:
                 owners, delays = resp.responses[1].response_range, resp.responses[2].response_range
                 revision = int(resp.header.revision)
-                return revision, revision, [int(kv.create_revision) for kv in owners.kvs], delays
+                return revision, revision, owners.kvs, delays
             _, mine, owners, delays = (r.response_range if r.WhichOneof("response") == "response_range" else None
                                        for r in resp.responses)
             if not mine.kvs:  # deleted between the compare and the read: cannot be, Txn is atomic
                 raise LeaseLost("the waiter key vanished", name=name, lease_id=lease_id)
             return queued(mine, owners, delays)
 
-        def resolve(resp: Any) -> tuple[int, int, list[int], Any]:
+        def resolve(resp: Any) -> tuple[int, int, Any, Any]:
             # Read back after a lost answer: our key is there, created or touched by this call or before it.
             return queued(*(r.response_range for r in resp.responses))
 
@@ -186,8 +185,11 @@ class Waiters:
                 (my_rev, mod_rev, _, _), _ = await step
                 self.withdraw_later(key, my_rev, mod_rev)
             raise
-        if sum(first < my_rev for first in firsts) < places and self._delays.settled(delays, lease_id, my_rev,
-                                                                                       lock_delay):
+        if self.own_ahead(firsts, key, lease_id):
+            await self.withdraw(key, my_rev)
+            raise mode_conflict(name, lease_id)
+        if sum(int(kv.create_revision) < my_rev for kv in firsts) < places and self._delays.settled(
+                delays, lease_id, my_rev, lock_delay):
             return my_rev, None, floor
         try:
             async with asyncio.timeout(wait):
@@ -236,6 +238,8 @@ class Waiters:
             try:
                 if await self._etcd.lock_txn(plan, lock_of(key)):
                     _log.debug("withdrew %s: its Acquire ended without an answer", self._named(key))
+                else:
+                    _log.debug("kept %s: written again by an Acquire since (or gone)", self._named(key))
             except FencepostError as exc:
                 _log.warning("could not withdraw %s: %s", self._named(key), exc)
 
@@ -262,6 +266,13 @@ class Waiters:
         except FencepostError as exc:
             # The key stays until its lease ends; log it so an operator can see it.
             _log.warning("could not withdraw %s: %s", self._named(key), exc)
+
+    def own_ahead(self, kvs: Any, key: bytes, lease_id: int) -> bool:
+        """Whether a key of ``kvs`` (keys before ``key`` in its queue) is another key of ``lease_id``: its hold
+        or wait of the same lock in the other mode of a read-write lock (:mod:`.rwlock`), which ``key`` would
+        wait for until its timeout."""
+        return any(bytes(kv.key) != key and (parsed := self._keys.parse(bytes(kv.key))) is not None
+                   and parsed[1] == lease_id for kv in kvs)
 
     def _named(self, key: bytes) -> str:
         """A contender key as the log names it: its lock name as text and its lease, never a bytes repr."""
@@ -338,6 +349,8 @@ class Waiters:
                 raise LeaseLost(f"lease {lease_id:#x} lost its place in the queue of {name!r}",
                                 name=name, lease_id=lease_id)
             predecessors = resp.responses[0].response_range.kvs
+            if self.own_ahead(predecessors, key, lease_id):
+                raise mode_conflict(name, lease_id)  # the caller withdraws our key
             seen = await wait_any_deleted(self._watcher, [bytes(kv.key) for kv in predecessors],
                                           int(resp.header.revision))
             freed_at = time.monotonic() if seen else None
@@ -358,6 +371,18 @@ async def wait_any_deleted(watcher: DeleteWatcher, keys: list[bytes], revision: 
     finally:
         for w in waits:
             w.cancel()
+
+
+def mode_conflict(name: str, lease_id: int) -> InvalidArgument:
+    """The refusal of a contender whose own lease holds or waits for the same lock in the other mode.
+
+    A read-write lock has no upgrade or downgrade (etcd's recipe has none): the second hold would wait for
+    the first, which its own lease keeps, until its timeout. INVALID_ARGUMENT naming field ``mode``.
+    """
+    public = kinds.public_hold(name).name
+    return InvalidArgument(f"lease {lease_id:#x} already holds or waits for lock {public!r} in the other mode "
+                           f"(read or write): no upgrade or downgrade; release that hold first", field="mode",
+                           name=public, lease_id=lease_id)
 
 
 def lock_of(key: bytes) -> bytes:

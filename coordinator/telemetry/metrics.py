@@ -15,6 +15,7 @@ a name.
 metric                              type       labels              meaning
 ==================================  =========  ==================  ==============================================
 fencepost_grants_total              counter    prefix              Acquire calls that granted the lock
+fencepost_recipe_grants_total       counter    recipe              the same grants by recipe (RECIPES)
 fencepost_acquire_wait_seconds      histogram  prefix              from an Acquire's start to its grant
 fencepost_hold_seconds              histogram  prefix              from a grant made here to the hold's end
 fencepost_handoff_seconds           histogram  queued              from a hold's end seen here to the next
@@ -74,7 +75,7 @@ from .interceptor import GO_CODE_NAMES
 
 __all__ = ["ACQUIRE_WAIT_BUCKETS", "BATCH_BUCKETS", "KEEPALIVE_BATCH_BUCKETS", "END_REASONS", "ETCD_BUCKETS", "ETCD_OPERATIONS", "HANDOFF_BUCKETS", "HOLD_BUCKETS",
            "LOCK_HELD", "MAX_NAME_PREFIXES", "NO_METRICS", "LockMetrics", "REFUSAL_REASONS", "STORAGE_KINDS",
-           "check_name_prefixes"]
+           "RECIPES", "check_name_prefixes", "recipe_of"]
 
 #: The refusal reason of a try-acquire (wait 0) that finds the lock held: not an
 #: ErrorReason (the call succeeds with ``acquired = false``); named after the
@@ -109,6 +110,17 @@ HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 #: its key was deleted while its lease lived (a Release through another
 #: coordinator, or someone deleting the key).
 END_REASONS = ("released", "expired", "revoked", "key_deleted")
+#: The ``recipe`` label values of ``fencepost_recipe_grants_total``: a lock (its writer), a read-write lock's
+#: reader, a multi-lock's name (one per name of an AcquireAll), a semaphore's permit, an election's leadership.
+RECIPES = ("lock", "read", "multilock", "semaphore", "election")
+_RECIPE_OF_KIND = {kinds.HoldKind.HOLD_KIND_LOCK: "lock", kinds.HoldKind.HOLD_KIND_READ: "read",
+                   kinds.HoldKind.HOLD_KIND_SEMAPHORE: "semaphore", kinds.HoldKind.HOLD_KIND_ELECTION: "election"}
+
+
+def recipe_of(internal_name: str) -> str:
+    """The :data:`RECIPES` value of a grant of lock ``internal_name`` (a reader's, a permit's, a leadership's
+    internal name tells its recipe; a plain name is a lock's; a multi-lock's grants are told by their caller)."""
+    return _RECIPE_OF_KIND.get(kinds.public_hold(internal_name).kind, "lock")
 #: ``storage`` labels of fencepost_stale_writes_reported_total: the guards' storage kinds; any other is "other".
 STORAGE_KINDS = ("sqlite", "postgresql", "mysql", "redis", "etcd", "dynamodb", "s3", "other")
 
@@ -183,6 +195,10 @@ class LockMetrics:
                          ["prefix"], buckets=HOLD_BUCKETS, registry=registry)
         labels = ("", *self._prefixes)
         self._grants = {p: grants.labels(p) for p in labels}
+        recipe_grants = Counter("fencepost_recipe_grants_total",
+                                "Grants made by this coordinator by recipe: lock, read (a read-write lock's reader), "
+                                "multilock (one per name), semaphore, election.", ["recipe"], registry=registry)
+        self._recipe_grants = {r: recipe_grants.labels(r) for r in RECIPES}
         self._wait = {p: wait.labels(p) for p in labels}
         self._hold = {p: hold.labels(p) for p in labels}
         handoff = Histogram("fencepost_handoff_seconds",
@@ -286,11 +302,13 @@ class LockMetrics:
                 return prefix
         return ""
 
-    def granted(self, name: str, wait_seconds: float) -> None:
-        """An Acquire granted lock ``name``, ``wait_seconds`` after the call started."""
+    def granted(self, name: str, wait_seconds: float, recipe: str = "lock") -> None:
+        """An Acquire granted lock ``name`` (the grant of ``recipe``, one of :data:`RECIPES`:
+        :func:`recipe_of`), ``wait_seconds`` after the call started."""
         prefix = self.prefix_of(name)
         self._grants[prefix].inc()
         self._wait[prefix].observe(wait_seconds)
+        self._recipe_grants[recipe].inc()
 
     def hold_ended(self, name: str, held_seconds: float, reason: str) -> None:
         """A hold of ``name`` granted here ended after ``held_seconds``; ``reason`` is one of :data:`END_REASONS`."""
@@ -405,7 +423,7 @@ class _NoMetrics(LockMetrics):
     def prefix_of(self, name: str) -> str:
         return ""
 
-    def granted(self, name: str, wait_seconds: float) -> None:
+    def granted(self, name: str, wait_seconds: float, recipe: str = "lock") -> None:
         pass
 
     def hold_ended(self, name: str, held_seconds: float, reason: str) -> None:

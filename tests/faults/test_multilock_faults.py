@@ -11,8 +11,7 @@ from typing import Any
 
 from tests.harness import multilock, workload
 from tests.harness.history import Event
-from tests.harness.nemesis import client_nemeses, in_turn, kill_holder_nemesis, long_freeze_holder_nemesis, \
-    restart_nemesis
+from tests.harness.nemesis import holders_and_links_nemesis
 from tests.harness.proxy import Proxy
 
 from .conftest import SOAK
@@ -34,9 +33,7 @@ def test_multilock_every_name_held_once_and_fenced_under_faults(
         coordinator_process.terminate()
         coordinator_process.start()
 
-    links = client_nemeses(proxy, 2.0)
-    nemesis = in_turn(long_freeze_holder_nemesis, kill_holder_nemesis, restart_nemesis, long_freeze_holder_nemesis,
-                      links["client-cut"], links["client-blackhole"])
+    nemesis = holders_and_links_nemesis(proxy, 2.0)
     result = workload.run(proxy.address, tmp_path / "multi", workers=6, records=4, seconds=120.0 if SOAK else 24.0,
                           ttl=2.0, think=0.3, tag="multi", nemesis=nemesis, restart_coordinator=restart,
                           module=MODULE)

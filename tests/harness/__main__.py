@@ -2,9 +2,9 @@
 
 Starts a 3-member etcd cluster (``--etcd-members``), one coordinator process
 that reaches each member through a proxy, and K workers that reach the
-coordinator through another proxy; runs the workload (``--workload``: lock, or
-multilock, tests/harness/multilock.py) for M minutes with every
-nemesis picked at random (worker freeze, freeze of a holder, worker kill,
+coordinator through another proxy; runs the workload (``--workload``: lock,
+multilock, tests/harness/multilock.py, rwlock, tests/harness/rwlock.py, or
+semaphore, tests/harness/semaphore.py, SQLite only) for M minutes with every nemesis picked at random (worker freeze, freeze of a holder, worker kill,
 coordinator restart, etcd member kill/restart and pause (the leader
 included), etcd compaction, client-coordinator blackhole and cut,
 coordinator-etcd cut); then checks the history and the data and writes
@@ -27,13 +27,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import checker, multilock, workload
+from . import checker, multilock, rwlock, semaphore, workload
 from .nemesis import client_nemeses
 from .workload import Control
 
 
-#: ``--workload`` -> the workers' module (``python -m MODULE worker``); each has a ``check`` of its history.
-WORKLOADS = {"lock": "tests.harness.workload", "multilock": "tests.harness.multilock"}
+#: ``--workload`` -> the workers' module (``python -m MODULE worker``), the check of its history and data, and
+#: its default number of counter rows (one lock name each).
+WORKLOADS: dict[str, tuple[str, Callable[..., Any], int]] = {
+    "lock": ("tests.harness.workload", checker.check, 2),
+    "multilock": ("tests.harness.multilock", multilock.check, 4),
+    "rwlock": ("tests.harness.rwlock", rwlock.check, 3),
+    "semaphore": ("tests.harness.semaphore", semaphore.check, 3),  # records: its permits, one row per slot
+}
 
 
 def _etcd_nemeses(cluster: Any, etcd_proxies: list[Any], ttl: float) -> dict[str, Callable[[Control, random.Random], None]]:
@@ -94,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="lock",
                         help="lock: one lock per hold (tests/harness/workload.py); multilock: 2-3 names at once "
-                             "(tests/harness/multilock.py)")
-    parser.add_argument("--records", type=int, default=None, help="counter rows (default: 2, multilock 4)")
+                             "(tests/harness/multilock.py); rwlock: readers and writers (tests/harness/rwlock.py); "
+                             "semaphore: permits of one semaphore (tests/harness/semaphore.py)")
+    parser.add_argument("--records", type=int, default=None,
+                        help="counter rows (default: 2, multilock 4, rwlock 3; semaphore: its permits, 3)")
     parser.add_argument("--ttl", type=float, default=3.0)
     parser.add_argument("--etcd-members", type=int, default=3)
     parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: a SQLite file)")
@@ -106,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
+    module, check, records = WORKLOADS[args.workload]
     if args.records is None:
-        args.records = 4 if args.workload == "multilock" else 2
+        args.records = records
+    if args.workload == "semaphore" and (args.dsn or args.postgres):
+        parser.error("the semaphore workload runs on SQLite only")
 
     from fencepost.coordinator.process.embedded import EmbeddedEtcd  # noqa: F401 - fail early if missing
 
@@ -154,12 +165,18 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"unknown nemeses: {sorted(unknown)}")
             kinds = {k: v for k, v in kinds.items() if k in wanted}
             extra = {k: v for k, v in extra.items() if k in wanted}
-        result = workload.run(
-            client_proxy.address, workdir / "run", workers=args.workers, seconds=args.minutes * 60,
-            ttl=args.ttl, records=args.records, store=dsn, tag=f"long{seed}", module=WORKLOADS[args.workload],
-            nemesis=workload.mixed_nemesis(kinds) if (kinds or extra) else None,
-            restart_coordinator=restart, extra=extra, seed=seed,
-        )
+        nemesis = workload.mixed_nemesis(kinds) if (kinds or extra) else None
+        if args.workload == "semaphore":
+            result: Any = semaphore.run(
+                client_proxy.address, workdir / "run", workers=args.workers, permits=args.records,
+                seconds=args.minutes * 60, ttl=args.ttl, nemesis=nemesis, restart_coordinator=restart, extra=extra,
+                seed=seed)
+        else:
+            result = workload.run(
+                client_proxy.address, workdir / "run", workers=args.workers, seconds=args.minutes * 60,
+                ttl=args.ttl, records=args.records, store=dsn, tag=f"long{seed}", module=module,
+                nemesis=nemesis, restart_coordinator=restart, extra=extra, seed=seed,
+            )
     finally:
         if client_proxy is not None:
             client_proxy.stop()
@@ -170,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster.stop()
         if postgres is not None:
             postgres.stop()
-    check = multilock.check if args.workload == "multilock" else checker.check
-    report = check(result.events, result.data, faults=result.faults)
+    options = {"name": "sem", "permits": args.records} if args.workload == "semaphore" else {}
+    report = check(result.events, result.data, faults=result.faults, **options)
     header = [
         f"fencepost long profile, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}",
         f"command: {command}",

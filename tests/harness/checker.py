@@ -154,7 +154,7 @@ def _bound(t: float, proc: str, frozen: dict[str, list[tuple[float, float]]], ke
 
 
 def check(events: list[Event], data: dict[str, Any] | None, *, faults: dict[str, int] | None = None,
-          slack: float = SLACK_SECONDS) -> Report:
+          slack: float = SLACK_SECONDS, exclusive: bool = True) -> Report:
     """Check a merged history and the final data.
 
     Args:
@@ -164,6 +164,8 @@ def check(events: list[Event], data: dict[str, Any] | None, *, faults: dict[str,
             history alone.
         faults: Fault counts by kind; default: counted from the history's nemesis events.
         slack: e, in seconds.
+        exclusive: Whether the holds of one name exclude each other (``overlap``); False for read-write
+            locks, whose readers share a name (tests/harness/rwlock.py checks who may hold together).
 
     Returns:
         The report; ``report.ok`` when nothing is violated.
@@ -301,7 +303,7 @@ def check(events: list[Event], data: dict[str, Any] | None, *, faults: dict[str,
     for e in events:
         if e["op"] == "acquire" and e["result"] == "ok":
             ttl_of[_hold(e)] = float(e.get("ttl", 0))
-    for name, items in grants.items():
+    for name, items in grants.items() if exclusive else ():
         ordered = sorted(items, key=lambda g: g[2])
         for prev, nxt in zip(ordered, ordered[1:]):
             prev_key = (prev[3], name, prev[2])

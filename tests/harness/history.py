@@ -15,7 +15,10 @@ and, where they apply, ``name`` (lock name), ``token``, ``lease``,
 ``record`` (guarded row key), ``value``, ``result`` and ``error``. A
 multi-lock's ``acquire``, ``release``, ``lost`` and ``valid`` events carry
 ``names`` (invoke) and ``tokens`` (name -> token) instead of ``name`` and
-``token`` (tests/harness/multilock.py).
+``token`` (tests/harness/multilock.py). The read-write lock workload's
+events carry ``mode`` (``read`` or ``write``), its reads ``stored`` (the
+row's token) and its operations ``expiry`` (the lowest time the lease can
+end, tests/harness/rwlock.py).
 
 Operations and their results:
 

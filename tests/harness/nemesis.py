@@ -23,8 +23,8 @@ from typing import Any
 from ..child_processes import freeze
 from . import history as hist
 
-__all__ = ["Control", "Nemesis", "Worker", "client_nemeses", "freeze_holder_nemesis", "freeze_nemesis", "in_turn",
-           "kill_holder_nemesis", "kill_nemesis", "long_freeze_holder_nemesis", "mixed_nemesis", "restart_nemesis"]
+__all__ = ["Control", "Nemesis", "Worker", "client_nemeses", "freeze_holder_nemesis", "freeze_nemesis",
+           "holders_and_links_nemesis", "in_turn", "kill_holder_nemesis", "kill_nemesis", "long_freeze_holder_nemesis", "mixed_nemesis", "restart_nemesis"]
 
 
 @dataclasses.dataclass
@@ -233,3 +233,12 @@ def in_turn(*kinds: Nemesis) -> Nemesis:
         next(turn)(ctl, rng)
 
     return nemesis
+
+
+def holders_and_links_nemesis(proxy: Any, ttl: float) -> Nemesis:
+    """The short fault runs' nemesis (multi-locks, read-write locks): in turn freeze a holder past its lease,
+    kill one, restart the coordinator, freeze a holder again, cut and blackhole the client links (``proxy``,
+    as :func:`client_nemeses`)."""
+    links = client_nemeses(proxy, ttl)
+    return in_turn(long_freeze_holder_nemesis, kill_holder_nemesis, restart_nemesis, long_freeze_holder_nemesis,
+                   links["client-cut"], links["client-blackhole"])

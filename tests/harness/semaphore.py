@@ -45,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,8 @@ class RunResult:
 
 def run(address: str | Sequence[str], workdir: Path, *, workers: int = 10, permits: int = 3,
         seconds: float = 20.0, ttl: float = 2.0, name: str = "sem", nemesis: Nemesis | None = None,
-        think: float = 0.05, seed: int | None = None, sample_every: float = 0.1) -> RunResult:
+        think: float = 0.05, seed: int | None = None, sample_every: float = 0.1,
+        restart_coordinator: Callable[[], None] | None = None, extra: dict[str, Nemesis] | None = None) -> RunResult:
     """Run K workers contending for ``permits`` permits for ``seconds`` with a nemesis; merge the histories.
 
     A sampler thread of the driver records DescribeSemaphore every ``sample_every`` seconds.
@@ -182,6 +183,8 @@ def run(address: str | Sequence[str], workdir: Path, *, workers: int = 10, permi
         think: Max seconds a worker waits between its read and its write.
         seed: Seed of the nemesis and worker randomness.
         sample_every: Seconds between DescribeSemaphore samples.
+        restart_coordinator: How to restart the coordinator, for the restart nemesis (None: no restarts).
+        extra: More nemeses by name, offered to :func:`~.nemesis.mixed_nemesis` (the long profile's).
 
     Returns:
         The merged history, the final data and the fault counts.
@@ -230,7 +233,7 @@ def run(address: str | Sequence[str], workdir: Path, *, workers: int = 10, permi
                               holders=[[h.slot, h.lease_id, h.token] for h in info.holders])
 
     sampler = threading.Thread(target=sample, name="semaphore-sampler", daemon=True)
-    ctl = Control(slots, spawn, driver, None, ttl, end)
+    ctl = Control(slots, spawn, driver, restart_coordinator, ttl, end, extra)
     try:
         for slot in slots:
             spawn(slot)
@@ -317,6 +320,13 @@ class SemaphoreReport:
     def ok(self) -> bool:
         """True when no invariant was broken."""
         return self.report.ok and not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain data (for JSON): the lock checker's, with every violation and the semaphore figures."""
+        return {**self.report.as_dict(),
+                "violations": [dataclasses.asdict(v) for v in self.report.violations + self.violations],
+                "semaphore": {"max_holders": self.max_holders, "samples": self.samples,
+                              "holder_hits": self.holder_hits}}
 
     def text(self) -> str:
         """A short human-readable summary."""

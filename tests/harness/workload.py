@@ -129,6 +129,12 @@ class Store:
         row = self.conn.execute(f"SELECT value FROM {self.counter} WHERE id = {self.p}", (record,)).fetchone()
         return int(row[0])
 
+    def read_row(self, record: str) -> tuple[int, int | None]:
+        """The counter's current value and the fencing token stored on its row (None before any)."""
+        row = self.conn.execute(f"SELECT value, fencing_token FROM {self.counter} WHERE id = {self.p}",
+                                (record,)).fetchone()
+        return int(row[0]), None if row[1] is None else int(row[1])
+
     def write(self, record: str, token: int, old: int, new: int, worker: str) -> None:
         """Fenced write of ``new`` and its audit row, in one transaction.
 

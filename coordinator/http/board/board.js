@@ -28,7 +28,10 @@
     const left = h.expiresMs - now();
     return cell(tr, seconds(left) + " / " + h.ttl + " s", left < 1000 * Math.min(3, h.ttl / 3) ? "low" : "");
   }
-  function queue(waiters) { return waiters.map((w) => w.lease + "/" + w.token).join(", "); }
+  function queue(waiters) { return waiters.map((w) => w.lease + "/" + w.token + (w.read ? " r" : "")).join(", "); }
+  // A lock held by readers: every reader's lease and token, marked "(read)".
+  function leases(e) { return [e.holder, ...(e.readers || [])].map((h) => h.lease).join(", ") + (e.holder.read ? " (read)" : ""); }
+  function tokens(e) { return [e.holder, ...(e.readers || [])].map((h) => h.token).join(", "); }
   function tbody(id) {
     const body = $(id).tBodies[0];
     body.textContent = "";
@@ -46,7 +49,7 @@
       if (e.kind === "lock") {
         counts.lock++;
         tr = locks.insertRow();
-        cell(tr, e.name); cell(tr, h.lease); cell(tr, h.token, "token"); cell(tr, heldFor(h)); ttlCell(tr, h);
+        cell(tr, e.name); cell(tr, leases(e)); cell(tr, tokens(e), "token"); cell(tr, heldFor(h)); ttlCell(tr, h);
         cell(tr, queue(e.waiters));
       } else if (e.kind === "election") {
         counts.election++;
@@ -113,7 +116,7 @@
         li.append(at, what, " " + t.storage + (t.record ? " record " + t.record : "") + (t.name ? " lock " + t.name : "") +
           " token " + t.token + " < " + (t.currentToken === "0" ? "?" : t.currentToken));
       } else {
-        li.append(at, what, " " + t.kind + " " + t.name + slot + " lease " + t.lease + " token " + t.token);
+        li.append(at, what, " " + t.kind + " " + t.name + slot + (t.read ? " (read)" : "") + " lease " + t.lease + " token " + t.token);
       }
       list.prepend(li);
       timeline.unshift(t);
