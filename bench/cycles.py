@@ -21,6 +21,11 @@ Runs in one process against one etcd (embedded, or --etcd-endpoints):
 - ``coordinator-client-unary``: ``coordinator-client`` with
   ``stream_calls=False``: Acquire and Release as unary calls. Only run when
   asked for with ``--kind``.
+- ``coordinator-client-shared``: ``coordinator-client`` with one
+  AsyncLockClient shared by the N clients (one process whose tasks take
+  locks, as a service does): their calls share its KeepAlive stream, where
+  calls queued together go as one message (batched calls). Only run when
+  asked for with ``--kind``.
 - ``coordinator-stub-metrics``: ``coordinator-stub`` on a second coordinator
   started with ``--metrics-listen`` (the gRPC metrics interceptor and the
   ``fencepost_*`` metrics on): the cost of metrics is its ratio to
@@ -41,6 +46,7 @@ Usage:
     python bench/cycles.py --kind coordinator-stub --kind coordinator-stub-metrics
     python bench/cycles.py --kind coordinator-stub --kind coordinator-stub-data-dir
     python bench/cycles.py --kind coordinator-client --kind coordinator-client-unary
+    python bench/cycles.py --kind coordinator-client --kind coordinator-client-shared --clients 64
 """
 
 from __future__ import annotations
@@ -122,7 +128,8 @@ def cpu_seconds(pid: int) -> float:
 #: The kinds run when ``--kind`` is not given.
 DEFAULT_KINDS = ["etcd-direct", "etcd3aio-direct", "etcd3aio-lock", "coordinator-stub", "coordinator-client"]
 #: The kinds run only when asked for with ``--kind``.
-ON_REQUEST_KINDS = ["coordinator-client-unary", "coordinator-stub-metrics", "coordinator-stub-data-dir"]
+ON_REQUEST_KINDS = ["coordinator-client-unary", "coordinator-client-shared", "coordinator-stub-metrics",
+                    "coordinator-stub-data-dir"]
 
 
 async def bench(endpoint: str, clients: list[int], seconds: float, only: list[str] | None = None,
@@ -237,6 +244,26 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
     async def client_unary(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
         return await client(i, stream_calls=False)
 
+    shared: list[AsyncLockClient] = []  # the one client of coordinator-client-shared, while it runs
+
+    async def client_shared(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+        if not shared:
+            shared.append(AsyncLockClient(address))
+            await shared[0].__aenter__()
+        c = shared[0]
+        name = f"client-shared/{i}"
+
+        async def cycle(_: int) -> None:
+            async with c.lock(name, ttl=30):
+                pass
+
+        async def close() -> None:
+            if shared and shared[0] is c:
+                shared.clear()
+                await c.close()
+
+        return cycle, close
+
     async def stub_metrics(i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
         return await stub(i, metered_address, "stub-metrics")
 
@@ -245,11 +272,12 @@ async def bench(endpoint: str, clients: list[int], seconds: float, only: list[st
 
     kinds = {"etcd-direct": direct, "etcd3aio-direct": direct_etcd3aio, "etcd3aio-lock": recipe,
              "coordinator-stub": stub, "coordinator-client": client, "coordinator-client-unary": client_unary,
+             "coordinator-client-shared": client_shared,
              "coordinator-stub-metrics": stub_metrics, "coordinator-stub-data-dir": stub_data_dir}
     # etcd-direct first: the baseline of every ratio.
     chosen = ["etcd-direct", *(k for k in (only or DEFAULT_KINDS) if k != "etcd-direct")]
     serving = {"coordinator-stub": coordinator, "coordinator-client": coordinator,
-               "coordinator-client-unary": coordinator,
+               "coordinator-client-unary": coordinator, "coordinator-client-shared": coordinator,
                "coordinator-stub-metrics": metered, "coordinator-stub-data-dir": kept}
     cpu: dict[str, dict[str, float]] = {}
     for n in clients:

@@ -13,6 +13,7 @@ MAX_KEEPALIVES_PER_BATCH entries refuse the stream (INVALID_ARGUMENT naming
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -45,17 +46,23 @@ def acks_of(response: lock_pb2.KeepAliveResponse) -> list[lock_pb2.LeaseKeepAliv
     return [response.keepalive] if kind == "keepalive" else list(response.keepalives.acks)
 
 
-async def read_acks(stream: Any, count: int) -> tuple[dict[int, lock_pb2.LeaseKeepAliveAck], list[str]]:
-    """Read responses until ``count`` acks came: (request id -> ack, the kind of each response)."""
-    acks: dict[int, lock_pb2.LeaseKeepAliveAck] = {}
+async def read_by_request_id(stream: Any, count: int, items_of: Callable[[lock_pb2.KeepAliveResponse], list[Any]]
+                             ) -> tuple[dict[int, Any], list[str]]:
+    """Read responses until ``count`` items (``items_of`` each) came: (request id -> item, each response's kind)."""
+    items: dict[int, Any] = {}
     kinds = []
-    while len(acks) < count:
+    while len(items) < count:
         response = await asyncio.wait_for(stream.read(), 10)
         kinds.append(response.WhichOneof("response"))
-        for ack in acks_of(response):
-            assert ack.request_id not in acks, f"request id {ack.request_id} answered twice"
-            acks[ack.request_id] = ack
-    return acks, kinds
+        for item in items_of(response):
+            assert item.request_id not in items, f"request id {item.request_id} answered twice"
+            items[item.request_id] = item
+    return items, kinds
+
+
+async def read_acks(stream: Any, count: int) -> tuple[dict[int, lock_pb2.LeaseKeepAliveAck], list[str]]:
+    """Read responses until ``count`` acks came: (request id -> ack, the kind of each response)."""
+    return await read_by_request_id(stream, count, acks_of)
 
 
 async def test_a_batch_is_answered_one_ack_per_lease(stub: OwnedStub) -> None:

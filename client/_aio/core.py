@@ -33,6 +33,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
 from .. import _fork
+from .._leases.calls import Outbox
 from .._leases.deadlines import DeadlineWatcher
 from .._leases.lease import IDLE_LEASE_TIMEOUT, MAX_IDLE_LEASES, Lease, LeasePool
 from .._leases.stream import KeepAliveStream
@@ -287,7 +288,7 @@ class ClientCore:
         self._stream.send_keepalives(leases)
 
     @property
-    def _outbox(self) -> asyncio.Queue[pb.KeepAliveRequest | None] | None:
+    def _outbox(self) -> Outbox | None:
         return self._stream.outbox
 
     @property

@@ -25,8 +25,10 @@ a lease is lost when its deadline passes, even if no message arrives.
 
 Calls on the stream: when the coordinator announces them (initial metadata,
 see :mod:`fencepost.client._leases.calls`), Acquire, Release and Withdraw go as
-messages on the stream (:attr:`KeepAliveStream.calls`) and their answers are
-dispatched here. A grant answered on the stream is watched there by the
+messages on the stream (:attr:`KeepAliveStream.calls`; several queued
+together go as one ``calls`` message when the coordinator announces it) and
+their answers, alone or several in one ``answers`` message, are dispatched
+here. A grant answered on the stream is watched there by the
 coordinator, and a release answered there drops that watch: :meth:`watch`
 and :meth:`unwatch` then send nothing for that hold (until the next stream,
 on which :meth:`resend_all` watches every hold again).
@@ -43,13 +45,13 @@ import asyncio
 import itertools
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from .calls import KEEPALIVES, Outbox, StreamCalls
+from .calls import KEEPALIVES, Answer, Outbox, StreamCalls, drain
 from .lease import Lease, LeasePool
 from .renewals import EARLY, Renewals
 from .._metrics import NO_CLIENT_METRICS, ClientMetrics
@@ -241,8 +243,11 @@ class KeepAliveStream:
             self._on_hold_ended(response.hold_ended)
         elif kind in ("acquired", "released", "withdrawn", "failed"):
             self._on_answer(response, kind)
+        elif kind == "answers":  # several answers ready together (a stream on which batches of calls were sent)
+            for answer in response.answers.answers:
+                self._on_answer(answer, answer.WhichOneof("response"))
 
-    def _on_answer(self, response: pb.KeepAliveResponse, kind: str) -> None:
+    def _on_answer(self, response: Answer, kind: str | None) -> None:
         call = self.calls.answer(response)
         if call is None:
             return
@@ -335,7 +340,7 @@ class KeepAliveStream:
             answered = False
             unreachable: str | None = None  # gRPC's details when the stream found no connection
             try:
-                call = stub.KeepAlive(_drain(outbox))
+                call = stub.KeepAlive(drain(outbox))
                 self.calls.opened(outbox)
                 listening = self._spawn(self.calls.listen(call, outbox), "fencepost-stream-calls-metadata")
                 # What it serves (calls, batches of keepalives) before the keepalives of every lease go again.
@@ -394,14 +399,6 @@ class KeepAliveStream:
         if failure is not None and failure.message not in self._tls_told:
             self._tls_told.add(failure.message)
             log.warning("fencepost: keepalive stream cannot be opened: %s; retrying until it can", failure.message)
-
-
-async def _drain(outbox: Outbox) -> AsyncIterator[pb.KeepAliveRequest]:
-    while True:
-        message = await outbox.get()
-        if message is None:
-            return
-        yield message
 
 
 def _key(handle: AsyncLockHandle) -> HoldKey:

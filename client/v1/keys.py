@@ -70,6 +70,12 @@ MAX_REQUEST_ID_CHARS = 64
 #: Most entries of one batch of keepalives (KeepAliveRequest.keepalives): about 60 bytes each with its lease's
 #: secret, so a full batch stays well inside a coordinator's default --max-message-bytes (64 KiB).
 MAX_KEEPALIVES_PER_BATCH = 500
+#: Most entries of one batch of calls (KeepAliveRequest.calls; a coordinator refuses more).
+MAX_CALLS_PER_BATCH = 500
+#: Largest batch of calls a client sends, in bytes of its entries: a call is up to about 450 bytes (a 256-byte
+#: name, a lease secret, a traceparent), so a batch stays well inside a coordinator's --max-message-bytes
+#: (64 KiB by default); more calls go in the next message.
+MAX_CALLS_BATCH_BYTES = 16_384
 #: Largest lease id and fencing token (etcd's int64).
 MAX_LEASE_ID = 2**63 - 1
 MAX_TOKEN = 2**63 - 1

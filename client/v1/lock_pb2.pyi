@@ -234,7 +234,7 @@ class Holder(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., token: _Optional[int] = ..., read: _Optional[bool] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "keepalives", "lease_secret", "request_id", "timeout_ms", "traceparent", "last_rtt_ms", "sent_ms")
+    __slots__ = ("keepalive", "watch", "unwatch", "acquire", "release", "withdraw", "cancel", "keepalives", "calls", "lease_secret", "request_id", "timeout_ms", "traceparent", "last_rtt_ms", "sent_ms")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
     UNWATCH_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +243,7 @@ class KeepAliveRequest(_message.Message):
     WITHDRAW_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVES_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -257,19 +258,66 @@ class KeepAliveRequest(_message.Message):
     withdraw: WithdrawRequest
     cancel: CancelCall
     keepalives: LeaseKeepAlives
+    calls: StreamCalls
     lease_secret: str
     request_id: int
     timeout_ms: int
     traceparent: str
     last_rtt_ms: int
     sent_ms: int
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAlives, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., last_rtt_ms: _Optional[int] = ..., sent_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAlive, _Mapping]] = ..., watch: _Optional[_Union[WatchHold, _Mapping]] = ..., unwatch: _Optional[_Union[WatchHold, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAlives, _Mapping]] = ..., calls: _Optional[_Union[StreamCalls, _Mapping]] = ..., lease_secret: _Optional[str] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., last_rtt_ms: _Optional[int] = ..., sent_ms: _Optional[int] = ...) -> None: ...
 
 class CancelCall(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
+
+class StreamCall(_message.Message):
+    __slots__ = ("acquire", "release", "withdraw", "cancel", "request_id", "timeout_ms", "traceparent", "lease_secret")
+    ACQUIRE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
+    acquire: AcquireRequest
+    release: ReleaseRequest
+    withdraw: WithdrawRequest
+    cancel: CancelCall
+    request_id: int
+    timeout_ms: int
+    traceparent: str
+    lease_secret: str
+    def __init__(self, acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., withdraw: _Optional[_Union[WithdrawRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelCall, _Mapping]] = ..., request_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., lease_secret: _Optional[str] = ...) -> None: ...
+
+class StreamCalls(_message.Message):
+    __slots__ = ("calls",)
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[StreamCall]
+    def __init__(self, calls: _Optional[_Iterable[_Union[StreamCall, _Mapping]]] = ...) -> None: ...
+
+class StreamAnswer(_message.Message):
+    __slots__ = ("acquired", "released", "withdrawn", "failed", "request_id")
+    ACQUIRED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    acquired: AcquireResponse
+    released: ReleaseResponse
+    withdrawn: WithdrawResponse
+    failed: CallFailed
+    request_id: int
+    def __init__(self, acquired: _Optional[_Union[AcquireResponse, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., withdrawn: _Optional[_Union[WithdrawResponse, _Mapping]] = ..., failed: _Optional[_Union[CallFailed, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
+
+class StreamAnswers(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[StreamAnswer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[StreamAnswer, _Mapping]]] = ...) -> None: ...
 
 class LeaseKeepAlive(_message.Message):
     __slots__ = ("lease_id", "request_id", "lease_secret")
@@ -302,7 +350,7 @@ class WatchHold(_message.Message):
     def __init__(self, name: _Optional[str] = ..., lease_id: _Optional[int] = ..., token: _Optional[int] = ..., kind: _Optional[_Union[HoldKind, str]] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
-    __slots__ = ("keepalive", "hold_ended", "acquired", "released", "withdrawn", "failed", "keepalives", "request_id")
+    __slots__ = ("keepalive", "hold_ended", "acquired", "released", "withdrawn", "failed", "keepalives", "answers", "request_id")
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     HOLD_ENDED_FIELD_NUMBER: _ClassVar[int]
     ACQUIRED_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +358,7 @@ class KeepAliveResponse(_message.Message):
     WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVES_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     keepalive: LeaseKeepAliveAck
     hold_ended: HoldEnded
@@ -318,8 +367,9 @@ class KeepAliveResponse(_message.Message):
     withdrawn: WithdrawResponse
     failed: CallFailed
     keepalives: LeaseKeepAliveAcks
+    answers: StreamAnswers
     request_id: int
-    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAliveAck, _Mapping]] = ..., hold_ended: _Optional[_Union[HoldEnded, _Mapping]] = ..., acquired: _Optional[_Union[AcquireResponse, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., withdrawn: _Optional[_Union[WithdrawResponse, _Mapping]] = ..., failed: _Optional[_Union[CallFailed, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAliveAcks, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, keepalive: _Optional[_Union[LeaseKeepAliveAck, _Mapping]] = ..., hold_ended: _Optional[_Union[HoldEnded, _Mapping]] = ..., acquired: _Optional[_Union[AcquireResponse, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., withdrawn: _Optional[_Union[WithdrawResponse, _Mapping]] = ..., failed: _Optional[_Union[CallFailed, _Mapping]] = ..., keepalives: _Optional[_Union[LeaseKeepAliveAcks, _Mapping]] = ..., answers: _Optional[_Union[StreamAnswers, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class CallFailed(_message.Message):
     __slots__ = ("code", "message", "status")

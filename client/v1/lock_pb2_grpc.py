@@ -293,8 +293,8 @@ class LockServiceServicer:
         this coordinator is past its capacity, an open one is served on),
         INVALID_ARGUMENT (name: a
         watch or unwatch whose name is not valid UTF-8; no field: a message
-        that is no KeepAliveRequest at all; keepalives: a batch of more than
-        500 entries; the stream ends),
+        that is no KeepAliveRequest at all; keepalives, calls: a batch of more
+        than 500 entries; the stream ends),
         PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive, an entry of a batch or
         a watch for a live lease the caller does not own; the stream ends,
         nothing is renewed for that lease).
@@ -307,7 +307,7 @@ class LockServiceServicer:
         (access policy, ownership, limits) and errors as the unary calls, one
         gRPC message each way instead of a call: the fast path under load. A
         coordinator that serves them says so in the stream's initial metadata
-        (`fencepost-stream-calls: acquire,release,withdraw,keepalives`: the
+        (`fencepost-stream-calls: acquire,release,withdraw,keepalives,calls`: the
         KeepAliveRequest fields it serves beyond keepalive, watch and unwatch,
         comma-separated; ignore words you do not know); a client that does not
         see a call there uses the unary call. Answers come in any order.
@@ -340,6 +340,26 @@ class LockServiceServicer:
         of a keepalive), and between 1 and N answers; etcd still gets one
         keepalive per lease, each way, on the coordinator's shared
         LeaseKeepAlive stream.
+
+        Batched calls: `calls` carries several calls in one message
+        (StreamCalls, at most 500 entries), each entry (StreamCall) an
+        acquire, release, withdraw or cancel with the request_id, timeout_ms,
+        traceparent and lease_secret that KeepAliveRequest carries for a single
+        call, and served exactly as that single call would be (same checks,
+        access policy, ownership, limits, errors, logs, metrics and trace
+        spans; an invalid entry is answered `failed`, the others go on). A
+        coordinator that serves them lists `calls` in `fencepost-stream-calls`;
+        a client that does not see it sends one message per call. Answers that
+        are ready at the same time go together, as one StreamAnswers
+        (KeepAliveResponse.answers), but only on a stream that has sent at
+        least one `calls` message; elsewhere each answer is a message of its
+        own, as above. Answers come in any order, whichever message carried
+        the call: match each by its request_id. No call or answer is held back
+        to wait for another. Cost: a batch of N calls is one client message
+        instead of N, and between 1 and N answers (each gRPC message costs the
+        coordinator about as much CPU as the rest of a call's work); etcd
+        still gets one Txn per call (concurrent ones share an etcd Txn as
+        single calls do).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

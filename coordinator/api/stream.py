@@ -31,7 +31,13 @@ request id (``failed`` carrying the unary call's status). A grant on the
 stream is watched on it at once; a release on it that succeeds drops the
 watch without a HoldEnded (a deletion seen while the release runs is told
 only if the release then fails). ``cancel`` cancels a running acquire; the
-end of the stream cancels every call still running.
+end of the stream cancels every call still running. A ``calls`` message
+carries several of these (``StreamCall`` entries, each with its own request
+id, timeout, secret and traceparent), each served as if it had come alone;
+past :data:`~fencepost.client.v1.keys.MAX_CALLS_PER_BATCH` entries the
+stream ends with INVALID_ARGUMENT (field ``calls``). Once a client has sent
+one, answers ready together go to it as one ``answers`` message
+(:mod:`.outbox`). Each message of calls is counted (``fencepost_stream_call_batch_size``).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ import grpc
 from fencepost.client.errors import FencepostError, InvalidArgument, PermissionDenied
 from fencepost.client.v1 import kinds, lock_pb2
 from fencepost.client.v1.details import ErrorReason, reason_name
-from fencepost.client.v1.keys import MAX_KEEPALIVES_PER_BATCH, MAX_PERMITS, Hold
+from fencepost.client.v1.keys import MAX_CALLS_PER_BATCH, MAX_KEEPALIVES_PER_BATCH, MAX_PERMITS, Hold
 from fencepost.client.v1.retry import ETCD_BACKOFF
 
 from ..admission.identity import Caller
@@ -66,6 +72,9 @@ from .renewals import StreamRenewals
 from .stream_calls import CALLS, CallAborted, call_context, failed, invalid
 
 _log = logging.getLogger(__name__)
+
+#: The answer to an acquire cancelled by its client (``cancel``).
+_CANCELLED = lock_pb2.CallFailed(code=grpc.StatusCode.CANCELLED.value[0], message="cancelled by the client")
 
 
 class KeepAliveStream:
@@ -173,10 +182,6 @@ class KeepAliveStream:
                 task.cancel()
             self.close()
 
-    def _send(self, response: lock_pb2.KeepAliveResponse) -> None:
-        """Queue ``response`` for the client."""
-        self._out.put(response)
-
     @property
     def lease_count(self) -> int:
         """The different leases kept alive on this stream so far."""
@@ -230,12 +235,19 @@ class KeepAliveStream:
                 else:
                     self._watching.add(hold)
                     self._spawn(self._watch_when_owned(hold, check))
-            elif kind in CALLS:
-                self._start_call(kind, request)
-            elif kind == "cancel":
-                running = self._running.get(request.cancel.request_id)
-                if running is not None and running[0] == "acquire":
-                    running[1].cancel()
+            elif kind in CALLS or kind == "cancel":
+                self._metrics.stream_calls(1)
+                self._call(kind, request)
+            elif kind == "calls":
+                entries = request.calls.calls
+                if len(entries) > MAX_CALLS_PER_BATCH:  # the stream is refused, as for too many keepalives
+                    raise InvalidArgument(f"calls holds {len(entries)} entries; at most {MAX_CALLS_PER_BATCH} "
+                                          "in one message", field="calls")
+                self._out.calls_batched = True
+                if entries:
+                    self._metrics.stream_calls(len(entries))
+                for entry in entries:
+                    self._call(entry.WhichOneof("call"), entry)
             elif kind == "unwatch":
                 w = request.unwatch
                 hold = Hold(_internal(w), w.lease_id, w.token)
@@ -256,13 +268,25 @@ class KeepAliveStream:
                 self._least_delay = delay
             self._on_wait(int(delay - self._least_delay))
 
-    def _start_call(self, kind: str, request: lock_pb2.KeepAliveRequest) -> None:
+    def _call(self, kind: str | None, request: lock_pb2.KeepAliveRequest | lock_pb2.StreamCall) -> None:
+        """Serve one call: a single call message, or an entry of a ``calls`` batch (same fields)."""
+        if kind == "cancel":
+            running = self._running.get(request.cancel.request_id)
+            if running is not None and running[0] == "acquire":
+                running[1].cancel()
+        elif kind is not None:
+            self._start_call(kind, request)
+        elif self._calls is not None:  # an entry of a batch that carries no call
+            self._out.put_answer(request.request_id, "failed", invalid(InvalidArgument(
+                "a calls entry carries no acquire, release, withdraw or cancel", field="call")))
+
+    def _start_call(self, kind: str, request: lock_pb2.KeepAliveRequest | lock_pb2.StreamCall) -> None:
         """Serve the call ``request`` carries in a task of its own (its answer goes on the stream)."""
         request_id = request.request_id
         if self._calls is None:
             return
         if request_id in self._running:
-            self._send(invalid(request_id, InvalidArgument(
+            self._out.put_answer(request_id, "failed", invalid(InvalidArgument(
                 f"request_id {request_id} is in use by a call still running on this stream", field="request_id")))
             return
         if self._auth is None:
@@ -270,7 +294,7 @@ class KeepAliveStream:
         try:
             context = call_context(self._auth, self._peer, request)
         except InvalidArgument as exc:
-            self._send(invalid(request_id, exc))
+            self._out.put_answer(request_id, "failed", invalid(exc))
             return
         task = asyncio.ensure_future(self._serve_call(kind, request_id, getattr(request, kind), context))
         self._running[request_id] = (kind, task)
@@ -279,6 +303,8 @@ class KeepAliveStream:
             running = self._running.get(request_id)
             if running is not None and running[1] is finished:
                 del self._running[request_id]
+            if finished.cancelled() and not self._ending:  # cancelled before it started (in the same batch)
+                self._out.put_answer(request_id, "failed", _CANCELLED)
 
         task.add_done_callback(done)
 
@@ -292,14 +318,13 @@ class KeepAliveStream:
             response = await self._calls[method](message, context)
         except CallAborted as exc:
             self._release_failed(hold)
-            self._send(failed(request_id, exc.status))
+            self._out.put_answer(request_id, "failed", failed(exc.status))
             return
         except asyncio.CancelledError:
             self._release_failed(hold)
             if self._ending:
                 raise  # the stream ended: nobody to answer
-            self._send(lock_pb2.KeepAliveResponse(request_id=request_id, failed=lock_pb2.CallFailed(
-                code=grpc.StatusCode.CANCELLED.value[0], message="cancelled by the client")))
+            self._out.put_answer(request_id, "failed", _CANCELLED)
             return
         except BaseException:
             self._release_failed(hold)
@@ -314,7 +339,7 @@ class KeepAliveStream:
                 self._metrics.watched_holds(-1)
                 unsubscribe()
                 self._released.discard(hold)
-        self._send(lock_pb2.KeepAliveResponse(request_id=request_id, **{answer: response}))
+        self._out.put_answer(request_id, answer, response)
 
     def _release_failed(self, hold: Hold | None) -> None:
         """A release on the stream failed: a deletion of its hold seen meanwhile is told now."""
@@ -430,7 +455,7 @@ class KeepAliveStream:
             log_event(_log, logging.INFO, "hold_ended", f"hold of {kinds.describe(hold.name)} by lease "
                       f"{hold.lease_id:#x} ended: {reason_name(reason)}", name=public.name, lease_id=hold.lease_id,
                       token=hold.token, reason=reason_name(reason), **_kind_fields(public), **self._caller)
-        self._send(lock_pb2.KeepAliveResponse(hold_ended=lock_pb2.HoldEnded(
+        self._out.put(lock_pb2.KeepAliveResponse(hold_ended=lock_pb2.HoldEnded(
             name=public.name, lease_id=hold.lease_id, token=hold.token, reason=reason, kind=public.kind,
             slot=max(public.slot, 0))))
 

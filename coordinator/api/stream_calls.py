@@ -39,8 +39,9 @@ __all__ = ["CALLS", "CALLS_METADATA", "CallAborted", "StreamCallContext", "call_
 SERVICE = "fencepost.v1.LockService"
 
 #: The initial metadata entry by which a coordinator announces what it serves on the stream beyond keepalive,
-#: watch and unwatch: the calls, and batches of keepalives (``keepalives``, see :mod:`.renewals`).
-CALLS_METADATA = ("fencepost-stream-calls", "acquire,release,withdraw,keepalives")
+#: watch and unwatch: the calls, batches of keepalives (``keepalives``, see :mod:`.renewals`) and batches of
+#: calls (``calls``: KeepAliveRequest.calls, each entry served as the call it carries).
+CALLS_METADATA = ("fencepost-stream-calls", "acquire,release,withdraw,keepalives,calls")
 
 #: KeepAliveRequest field -> (servicer method name, KeepAliveResponse field of its answer).
 CALLS: dict[str, tuple[str, str]] = {
@@ -149,14 +150,16 @@ def wrapped_calls(service: Any, interceptors: Sequence[Any]) -> dict[str, Handle
     return calls
 
 
-def call_context(auth: Any, peer: str, request: lock_pb2.KeepAliveRequest) -> StreamCallContext:
+def call_context(auth: Any, peer: str, request: lock_pb2.KeepAliveRequest | lock_pb2.StreamCall
+                 ) -> StreamCallContext:
     """The context of the call carried by ``request`` on a KeepAlive stream.
 
     Args:
         auth: the stream's ``context.auth_context()`` (its client certificate:
             the same for every call of the stream, read once per stream).
         peer: the stream's peer address.
-        request: the message (its ``lease_secret``, ``traceparent``, ``timeout_ms``).
+        request: the message, or the entry of a batch of calls (its
+            ``lease_secret``, ``traceparent``, ``timeout_ms``).
 
     Raises:
         InvalidArgument: ``timeout_ms`` below 0 (field ``timeout_ms``).
@@ -172,18 +175,17 @@ def call_context(auth: Any, peer: str, request: lock_pb2.KeepAliveRequest) -> St
     return StreamCallContext(peer, auth, metadata, deadline)
 
 
-def failed(request_id: int, status: grpc.Status) -> lock_pb2.KeepAliveResponse:
-    """The ``failed`` answer to call ``request_id`` that ended with ``status``."""
+def failed(status: grpc.Status) -> lock_pb2.CallFailed:
+    """The ``failed`` answer to a call that ended with ``status``."""
     details = b""
     for key, value in status.trailing_metadata or ():
         if key == "grpc-status-details-bin":
             details = bytes(value)
-    return lock_pb2.KeepAliveResponse(request_id=request_id, failed=lock_pb2.CallFailed(
-        code=status.code.value[0], message=status.details or "", status=details))
+    return lock_pb2.CallFailed(code=status.code.value[0], message=status.details or "", status=details)
 
 
-def invalid(request_id: int, exc: InvalidArgument) -> lock_pb2.KeepAliveResponse:
+def invalid(exc: InvalidArgument) -> lock_pb2.CallFailed:
     """The ``failed`` answer (INVALID_ARGUMENT naming the field) to a call message the stream refuses itself."""
     from .status import to_status
 
-    return failed(request_id, to_status(exc))
+    return failed(to_status(exc))

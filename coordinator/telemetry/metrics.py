@@ -35,6 +35,8 @@ fencepost_keepalives_total          counter                        keepalives re
                                                                    (one per lease, batched or not)
 fencepost_keepalive_batch_size      histogram                      leases per keepalive message received (1: a
                                                                    single keepalive; more: a batch)
+fencepost_stream_call_batch_size    histogram                      calls per message of calls received on
+                                                                   KeepAlive streams (1: a single call)
 fencepost_etcd_request_seconds      histogram  operation           each etcd request, answered or failed
 fencepost_etcd_errors_total         counter    operation, code     etcd requests that failed, by gRPC code
 fencepost_etcd_batch_size           histogram                      lock Txns per etcd Txn sent for them (1:
@@ -134,6 +136,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: ``fencepost_keepalive_batch_size`` buckets: leases per keepalive message, up to a full batch
 #: (``fencepost.client.v1.keys.MAX_KEEPALIVES_PER_BATCH``, 500).
 KEEPALIVE_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 500)
+#: ``fencepost_stream_call_batch_size`` buckets: calls per message, up to a full batch
+#: (``fencepost.client.v1.keys.MAX_CALLS_PER_BATCH``, 500).
+CALL_BATCH_BUCKETS = KEEPALIVE_BATCH_BUCKETS
 
 
 def check_name_prefixes(prefixes: Iterable[str]) -> tuple[str, ...]:
@@ -231,6 +236,10 @@ class LockMetrics:
                                           "Leases per keepalive message received on KeepAlive streams: 1 for a "
                                           "single keepalive, N for a batch of N.", buckets=KEEPALIVE_BATCH_BUCKETS,
                                           registry=registry)
+        self._call_batch = Histogram("fencepost_stream_call_batch_size",
+                                     "Calls (acquire, release, withdraw, cancel) per message of calls received on "
+                                     "KeepAlive streams: 1 for a single call, N for a batch of N.",
+                                     buckets=CALL_BATCH_BUCKETS, registry=registry)
         seconds = Histogram("fencepost_etcd_request_seconds",
                             "Seconds of each etcd request until its answer or failure, by operation.",
                             ["operation"], buckets=ETCD_BUCKETS, registry=registry)
@@ -352,6 +361,10 @@ class LockMetrics:
         self._keepalives.inc(leases)
         self._keepalive_batch.observe(leases)
 
+    def stream_calls(self, calls: int) -> None:
+        """A message of calls arrived on a KeepAlive stream, with ``calls`` calls (1: a single call)."""
+        self._call_batch.observe(calls)
+
     def etcd_request(self, operation: str, seconds: float, code: object = None) -> None:
         """An etcd request ended after ``seconds``; ``code`` is its gRPC status code when it failed.
 
@@ -441,6 +454,9 @@ class _NoMetrics(LockMetrics):
         pass
 
     def keepalives(self, leases: int) -> None:
+        pass
+
+    def stream_calls(self, calls: int) -> None:
         pass
 
     def etcd_request(self, operation: str, seconds: float, code: object = None) -> None:

@@ -94,7 +94,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fencepost/v1/lock.proto.
  */
 export const file_fencepost_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiKQoVTGVhc2VLZWVwQWxpdmVSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIj8KFkxlYXNlS2VlcEFsaXZlUmVzcG9uc2USEAoIbGVhc2VfaWQYASABKAMSEwoLdHRsX3NlY29uZHMYAiABKAMirQEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkSJAoEbW9kZRgHIAEoDjIWLmZlbmNlcG9zdC52MS5Mb2NrTW9kZSJYCg9BY3F1aXJlUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDQoFdG9rZW4YAiABKAMSJAoGaG9sZGVyGAMgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlciJ5Cg5SZWxlYXNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEhIKCnJlcXVlc3RfaWQYBCABKAkSJAoEbW9kZRgFIAEoDjIWLmZlbmNlcG9zdC52MS5Mb2NrTW9kZSIjCg9SZWxlYXNlUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMibwoRQWNxdWlyZUFsbFJlcXVlc3QSDQoFbmFtZXMYASADKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSEgoKcmVxdWVzdF9pZBgFIAEoCSJvChJBY3F1aXJlQWxsUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDgoGdG9rZW5zGAIgAygDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEQoJaGVsZF9uYW1lGAQgASgJIlcKEVJlbGVhc2VBbGxSZXF1ZXN0Eg0KBW5hbWVzGAEgAygJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEhIKCnJlcXVlc3RfaWQYBCABKAkiNQoSUmVsZWFzZUFsbFJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDEg0KBWZvdW5kGAIgASgFImsKD1dpdGhkcmF3UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEhIKCnJlcXVlc3RfaWQYAyABKAkSJAoEbW9kZRgEIAEoDjIWLmZlbmNlcG9zdC52MS5Mb2NrTW9kZSJBChBXaXRoZHJhd1Jlc3BvbnNlEg0KBWZvdW5kGAEgASgIEgwKBGhlbGQYAiABKAgSEAoIcmV2aXNpb24YAyABKAMiNwoGSG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDEgwKBHJlYWQYAyABKAgilQQKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIvCgdhY3F1aXJlGAUgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgGIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAcgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgIIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASMwoKa2VlcGFsaXZlcxgMIAEoCzIdLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZXNIABIUCgxsZWFzZV9zZWNyZXQYBCABKAkSEgoKcmVxdWVzdF9pZBgJIAEoBBISCgp0aW1lb3V0X21zGAogASgDEhMKC3RyYWNlcGFyZW50GAsgASgJEhMKC2xhc3RfcnR0X21zGA0gASgNEg8KB3NlbnRfbXMYDiABKARCCQoHcmVxdWVzdCIgCgpDYW5jZWxDYWxsEhIKCnJlcXVlc3RfaWQYASABKAQiTAoOTGVhc2VLZWVwQWxpdmUSEAoIbGVhc2VfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoBBIUCgxsZWFzZV9zZWNyZXQYAyABKAkiQwoPTGVhc2VLZWVwQWxpdmVzEjAKCmtlZXBhbGl2ZXMYASADKAsyHC5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmUibgoJV2F0Y2hIb2xkEgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSJAoEa2luZBgEIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAUgASgFIpcDChFLZWVwQWxpdmVSZXNwb25zZRI0CglrZWVwYWxpdmUYASABKAsyHy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVBY2tIABItCgpob2xkX2VuZGVkGAIgASgLMhcuZmVuY2Vwb3N0LnYxLkhvbGRFbmRlZEgAEjEKCGFjcXVpcmVkGAMgASgLMh0uZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXNwb25zZUgAEjEKCHJlbGVhc2VkGAQgASgLMh0uZmVuY2Vwb3N0LnYxLlJlbGVhc2VSZXNwb25zZUgAEjMKCXdpdGhkcmF3bhgFIAEoCzIeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlSAASKgoGZmFpbGVkGAYgASgLMhguZmVuY2Vwb3N0LnYxLkNhbGxGYWlsZWRIABI2CgprZWVwYWxpdmVzGAggASgLMiAuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrc0gAEhIKCnJlcXVlc3RfaWQYByABKARCCgoIcmVzcG9uc2UiOwoKQ2FsbEZhaWxlZBIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGc3RhdHVzGAMgASgMIk4KEUxlYXNlS2VlcEFsaXZlQWNrEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQSEwoLdHRsX3NlY29uZHMYAyABKAMiQwoSTGVhc2VLZWVwQWxpdmVBY2tzEi0KBGFja3MYASADKAsyHy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVBY2sinwEKCUhvbGRFbmRlZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEikKBnJlYXNvbhgFIAEoDjIZLmZlbmNlcG9zdC52MS5FcnJvclJlYXNvbhIkCgRraW5kGAYgASgOMhYuZmVuY2Vwb3N0LnYxLkhvbGRLaW5kEgwKBHNsb3QYByABKAVKBAgEEAUiHwoPRGVzY3JpYmVSZXF1ZXN0EgwKBG5hbWUYASABKAkirQIKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgx3YWl0ZXJfY291bnQYBSABKAMSJQoHd2FpdGVycxgGIAMoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEAoIcmV2aXNpb24YByABKAMSHwoXbG9ja19kZWxheV9yZW1haW5pbmdfbXMYCCABKAMSGgoSbG9ja19kZWxheV9zZWNvbmRzGAkgASgDEiUKB2hvbGRlcnMYCiADKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyIkkKEExpc3RMb2Nrc1JlcXVlc3QSDgoGcHJlZml4GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIvEBCghMb2NrSW5mbxIMCgRuYW1lGAEgASgJEiQKBmhvbGRlchgCIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAMgASgDEhMKC3R0bF9zZWNvbmRzGAQgASgDEhQKDGhlbGRfc2Vjb25kcxgFIAEoARIUCgx3YWl0ZXJfY291bnQYBiABKAMSHwoXbG9ja19kZWxheV9yZW1haW5pbmdfbXMYByABKAMSGgoSbG9ja19kZWxheV9zZWNvbmRzGAggASgDEhQKDGhvbGRlcl9jb3VudBgJIAEoAyJlChFMaXN0TG9ja3NSZXNwb25zZRIlCgVsb2NrcxgBIAMoCzIWLmZlbmNlcG9zdC52MS5Mb2NrSW5mbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSEAoIcmV2aXNpb24YAyABKAMiEwoRU2VydmVySW5mb1JlcXVlc3Qi8AEKCEV0Y2RJbmZvEhEKCWVuZHBvaW50cxgBIAMoCRIQCghlbWJlZGRlZBgCIAEoCBIRCglhdmFpbGFibGUYAyABKAgSDQoFZXJyb3IYBCABKAkSFgoOc2VydmVyX3ZlcnNpb24YBSABKAkSEgoKY2x1c3Rlcl9pZBgGIAEoBBIRCgltZW1iZXJfaWQYByABKAQSEAoIcmV2aXNpb24YCCABKAMSEQoJcmFmdF90ZXJtGAkgASgEEg4KBmxlYWRlchgKIAEoBBISCgpyYWZ0X2luZGV4GAsgASgEEhUKDWRiX3NpemVfYnl0ZXMYDCABKAMinwMKElNlcnZlckluZm9SZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEhMKC2luc3RhbmNlX2lkGAIgASgJEhYKDnVwdGltZV9zZWNvbmRzGAMgASgBEhYKDmxpc3Rlbl9hZGRyZXNzGAQgASgJEhYKDmhlYWx0aF9hZGRyZXNzGAUgASgJEhcKD21ldHJpY3NfYWRkcmVzcxgGIAEoCRIUCgxodHRwX2FkZHJlc3MYESABKAkSEgoKa2V5X3ByZWZpeBgHIAEoCRIPCgdzZXJ2aW5nGAggASgIEiQKBGV0Y2QYCSABKAsyFi5mZW5jZXBvc3QudjEuRXRjZEluZm8SGQoRa2VlcGFsaXZlX3N0cmVhbXMYCiABKAMSGAoQa2VlcGFsaXZlX2xlYXNlcxgLIAEoAxIVCg13YXRjaGVkX2hvbGRzGAwgASgDEhgKEHdhaXRpbmdfYWNxdWlyZXMYDSABKAMSFgoOY29udGVuZGVyX2tleXMYDiABKAMSEgoKaGVsZF9sb2NrcxgPIAEoAxIPCgd3YWl0ZXJzGBAgASgDImoKEkFkbWluUmV2b2tlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAIgASgJEgwKBG5hbWUYASABKAkSJAoEa2luZBgDIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAQgASgFIkcKE0FkbWluUmV2b2tlUmVzcG9uc2USDwoHcmV2b2tlZBgBIAEoCBIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAyI8ChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIokBCgtTZXNzaW9uSW5mbxIQCghsZWFzZV9pZBgBIAEoAxIWCg5vd25lcl9pZGVudGl0eRgCIAEoCRITCgt0dGxfc2Vjb25kcxgDIAEoAxIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYBCABKAMSDQoFaG9sZHMYBSADKAkSDQoFd2FpdHMYBiADKAkibgoUTGlzdFNlc3Npb25zUmVzcG9uc2USKwoIc2Vzc2lvbnMYASADKAsyGS5mZW5jZXBvc3QudjEuU2Vzc2lvbkluZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIjwKCkxlYWRlckluZm8SEAoIbGVhc2VfaWQYASABKAMSDQoFdG9rZW4YAiABKAMSDQoFdmFsdWUYAyABKAwifwoPQ2FtcGFpZ25SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXZhbHVlGAMgASgMEg8KB3dhaXRfbXMYBCABKAMSFAoMd2FpdF9mb3JldmVyGAUgASgIEhIKCnJlcXVlc3RfaWQYBiABKAkiXAoQQ2FtcGFpZ25SZXNwb25zZRIPCgdlbGVjdGVkGAEgASgIEg0KBXRva2VuGAIgASgDEigKBmxlYWRlchgDIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvIlMKD1Byb2NsYWltUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxINCgV2YWx1ZRgEIAEoDCIkChBQcm9jbGFpbVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDIlYKDVJlc2lnblJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSEgoKcmVxdWVzdF9pZBgEIAEoCSIxCg5SZXNpZ25SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIhCg1MZWFkZXJSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJIkwKDkxlYWRlclJlc3BvbnNlEigKBmxlYWRlchgBIAEoCzIYLmZlbmNlcG9zdC52MS5MZWFkZXJJbmZvEhAKCHJldmlzaW9uGAIgASgDIjoKDk9ic2VydmVSZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhYKDmFmdGVyX3JldmlzaW9uGAIgASgDImAKD09ic2VydmVSZXNwb25zZRIoCgZsZWFkZXIYASABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbxIQCghyZXZpc2lvbhgCIAEoAxIRCgljb21wYWN0ZWQYAyABKAgiPQoMUGVybWl0SG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEgwKBHNsb3QYAiABKAUSDQoFdG9rZW4YAyABKAMiggEKFEFjcXVpcmVQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHcGVybWl0cxgDIAEoBRIPCgd3YWl0X21zGAQgASgDEhQKDHdhaXRfZm9yZXZlchgFIAEoCBISCgpyZXF1ZXN0X2lkGAYgASgJInMKFUFjcXVpcmVQZXJtaXRSZXNwb25zZRIQCghhY3F1aXJlZBgBIAEoCBIMCgRzbG90GAIgASgFEg0KBXRva2VuGAMgASgDEisKB2hvbGRlcnMYBCADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyImcKFFJlbGVhc2VQZXJtaXRSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDAoEc2xvdBgDIAEoBRINCgV0b2tlbhgEIAEoAxISCgpyZXF1ZXN0X2lkGAUgASgJIjgKFVJlbGVhc2VQZXJtaXRSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxINCgVmb3VuZBgCIAEoCCIoChhEZXNjcmliZVNlbWFwaG9yZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSKBAQoZRGVzY3JpYmVTZW1hcGhvcmVSZXNwb25zZRIPCgdwZXJtaXRzGAEgASgFEisKB2hvbGRlcnMYAiADKAsyGi5mZW5jZXBvc3QudjEuUGVybWl0SG9sZGVyEhQKDHdhaXRlcl9jb3VudBgDIAEoAxIQCghyZXZpc2lvbhgEIAEoAyIoChhBZG1pbkVuZExvY2tEZWxheVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJLChlBZG1pbkVuZExvY2tEZWxheVJlc3BvbnNlEg0KBWVuZGVkGAEgASgIEh8KF2xvY2tfZGVsYXlfcmVtYWluaW5nX21zGAIgASgDIm4KF1JlcG9ydFN0YWxlV3JpdGVSZXF1ZXN0EgwKBG5hbWUYASABKAkSDQoFdG9rZW4YAiABKAMSFQoNY3VycmVudF90b2tlbhgDIAEoAxIPCgdzdG9yYWdlGAQgASgJEg4KBnJlY29yZBgFIAEoCSIaChhSZXBvcnRTdGFsZVdyaXRlUmVzcG9uc2Uq8gIKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDUlOVkFMSURfRklFTEQQARIOCgpOT1RfSE9MREVSEAISDwoLU1RBTEVfVE9LRU4QAxIRCg1MRUFTRV9FWFBJUkVEEAQSEwoPQUNRVUlSRV9USU1FT1VUEAUSFAoQRVRDRF9VTkFWQUlMQUJMRRAGEhQKEFRPT19NQU5ZX1dBSVRFUlMQBxIRCg1TSFVUVElOR19ET1dOEAgSFAoQVE9PX01BTllfU1RSRUFNUxAJEg0KCURBVEFfTE9TUxAKEhEKDUFDQ0VTU19ERU5JRUQQCxISCg5MSU1JVF9FWENFRURFRBAMEhMKD05PVF9MRUFTRV9PV05FUhANEhQKEFBFUk1JVFNfTUlTTUFUQ0gQDhIVChFSRVFVRVNUX0lEX1JFVVNFRBAPEg4KCk9WRVJMT0FERUQQEBIMCghEUkFJTklORxARKmMKCEhvbGRLaW5kEhIKDkhPTERfS0lORF9MT0NLEAASFgoSSE9MRF9LSU5EX0VMRUNUSU9OEAESFwoTSE9MRF9LSU5EX1NFTUFQSE9SRRACEhIKDkhPTERfS0lORF9SRUFEEAMqMwoITG9ja01vZGUSEwoPTE9DS19NT0RFX1dSSVRFEAASEgoOTE9DS19NT0RFX1JFQUQQATLADwoLTG9ja1NlcnZpY2USTwoKTGVhc2VHcmFudBIfLmZlbmNlcG9zdC52MS5MZWFzZUdyYW50UmVxdWVzdBogLmZlbmNlcG9zdC52MS5MZWFzZUdyYW50UmVzcG9uc2USUgoLTGVhc2VSZXZva2USIC5mZW5jZXBvc3QudjEuTGVhc2VSZXZva2VSZXF1ZXN0GiEuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVzcG9uc2USWwoOTGVhc2VLZWVwQWxpdmUSIy5mZW5jZXBvc3QudjEuTGVhc2VLZWVwQWxpdmVSZXF1ZXN0GiQuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlUmVzcG9uc2USRgoHQWNxdWlyZRIcLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVxdWVzdBodLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2USRgoHUmVsZWFzZRIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdBodLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2USSQoIV2l0aGRyYXcSHS5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXF1ZXN0Gh4uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVzcG9uc2USUAoJS2VlcEFsaXZlEh4uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlcXVlc3QaHy5mZW5jZXBvc3QudjEuS2VlcEFsaXZlUmVzcG9uc2UoATABEkkKCERlc2NyaWJlEh0uZmVuY2Vwb3N0LnYxLkRlc2NyaWJlUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlc3BvbnNlEkwKCUxpc3RMb2NrcxIeLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLkxpc3RMb2Nrc1Jlc3BvbnNlEk8KClNlcnZlckluZm8SHy5mZW5jZXBvc3QudjEuU2VydmVySW5mb1JlcXVlc3QaIC5mZW5jZXBvc3QudjEuU2VydmVySW5mb1Jlc3BvbnNlElIKC0FkbWluUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkFkbWluUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlc3BvbnNlElUKDExpc3RTZXNzaW9ucxIhLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GiIuZmVuY2Vwb3N0LnYxLkxpc3RTZXNzaW9uc1Jlc3BvbnNlEkkKCENhbXBhaWduEh0uZmVuY2Vwb3N0LnYxLkNhbXBhaWduUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5DYW1wYWlnblJlc3BvbnNlEkkKCFByb2NsYWltEh0uZmVuY2Vwb3N0LnYxLlByb2NsYWltUmVxdWVzdBoeLmZlbmNlcG9zdC52MS5Qcm9jbGFpbVJlc3BvbnNlEkMKBlJlc2lnbhIbLmZlbmNlcG9zdC52MS5SZXNpZ25SZXF1ZXN0GhwuZmVuY2Vwb3N0LnYxLlJlc2lnblJlc3BvbnNlEkMKBkxlYWRlchIbLmZlbmNlcG9zdC52MS5MZWFkZXJSZXF1ZXN0GhwuZmVuY2Vwb3N0LnYxLkxlYWRlclJlc3BvbnNlEkgKB09ic2VydmUSHC5mZW5jZXBvc3QudjEuT2JzZXJ2ZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuT2JzZXJ2ZVJlc3BvbnNlMAESWAoNQWNxdWlyZVBlcm1pdBIiLmZlbmNlcG9zdC52MS5BY3F1aXJlUGVybWl0UmVxdWVzdBojLmZlbmNlcG9zdC52MS5BY3F1aXJlUGVybWl0UmVzcG9uc2USWAoNUmVsZWFzZVBlcm1pdBIiLmZlbmNlcG9zdC52MS5SZWxlYXNlUGVybWl0UmVxdWVzdBojLmZlbmNlcG9zdC52MS5SZWxlYXNlUGVybWl0UmVzcG9uc2USZAoRRGVzY3JpYmVTZW1hcGhvcmUSJi5mZW5jZXBvc3QudjEuRGVzY3JpYmVTZW1hcGhvcmVSZXF1ZXN0GicuZmVuY2Vwb3N0LnYxLkRlc2NyaWJlU2VtYXBob3JlUmVzcG9uc2USZAoRQWRtaW5FbmRMb2NrRGVsYXkSJi5mZW5jZXBvc3QudjEuQWRtaW5FbmRMb2NrRGVsYXlSZXF1ZXN0GicuZmVuY2Vwb3N0LnYxLkFkbWluRW5kTG9ja0RlbGF5UmVzcG9uc2USYQoQUmVwb3J0U3RhbGVXcml0ZRIlLmZlbmNlcG9zdC52MS5SZXBvcnRTdGFsZVdyaXRlUmVxdWVzdBomLmZlbmNlcG9zdC52MS5SZXBvcnRTdGFsZVdyaXRlUmVzcG9uc2USTwoKQWNxdWlyZUFsbBIfLmZlbmNlcG9zdC52MS5BY3F1aXJlQWxsUmVxdWVzdBogLmZlbmNlcG9zdC52MS5BY3F1aXJlQWxsUmVzcG9uc2USTwoKUmVsZWFzZUFsbBIfLmZlbmNlcG9zdC52MS5SZWxlYXNlQWxsUmVxdWVzdBogLmZlbmNlcG9zdC52MS5SZWxlYXNlQWxsUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChdmZW5jZXBvc3QvdjEvbG9jay5wcm90bxIMZmVuY2Vwb3N0LnYxIigKEUxlYXNlR3JhbnRSZXF1ZXN0EhMKC3R0bF9zZWNvbmRzGAEgASgDIlEKEkxlYXNlR3JhbnRSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoAxITCgt0dGxfc2Vjb25kcxgCIAEoAxIUCgxsZWFzZV9zZWNyZXQYAyABKAkiJgoSTGVhc2VSZXZva2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIiQKE0xlYXNlUmV2b2tlUmVzcG9uc2USDQoFZm91bmQYASABKAgiKQoVTGVhc2VLZWVwQWxpdmVSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgDIj8KFkxlYXNlS2VlcEFsaXZlUmVzcG9uc2USEAoIbGVhc2VfaWQYASABKAMSEwoLdHRsX3NlY29uZHMYAiABKAMirQEKDkFjcXVpcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSGgoSbG9ja19kZWxheV9zZWNvbmRzGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkSJAoEbW9kZRgHIAEoDjIWLmZlbmNlcG9zdC52MS5Mb2NrTW9kZSJYCg9BY3F1aXJlUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDQoFdG9rZW4YAiABKAMSJAoGaG9sZGVyGAMgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlciJ5Cg5SZWxlYXNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEhIKCnJlcXVlc3RfaWQYBCABKAkSJAoEbW9kZRgFIAEoDjIWLmZlbmNlcG9zdC52MS5Mb2NrTW9kZSIjCg9SZWxlYXNlUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMibwoRQWNxdWlyZUFsbFJlcXVlc3QSDQoFbmFtZXMYASADKAkSEAoIbGVhc2VfaWQYAiABKAMSDwoHd2FpdF9tcxgDIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBCABKAgSEgoKcmVxdWVzdF9pZBgFIAEoCSJvChJBY3F1aXJlQWxsUmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDgoGdG9rZW5zGAIgAygDEiQKBmhvbGRlchgDIAEoCzIULmZlbmNlcG9zdC52MS5Ib2xkZXISEQoJaGVsZF9uYW1lGAQgASgJIlcKEVJlbGVhc2VBbGxSZXF1ZXN0Eg0KBW5hbWVzGAEgAygJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEhIKCnJlcXVlc3RfaWQYBCABKAkiNQoSUmVsZWFzZUFsbFJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDEg0KBWZvdW5kGAIgASgFImsKD1dpdGhkcmF3UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEhIKCnJlcXVlc3RfaWQYAyABKAkSJAoEbW9kZRgEIAEoDjIWLmZlbmNlcG9zdC52MS5Mb2NrTW9kZSJBChBXaXRoZHJhd1Jlc3BvbnNlEg0KBWZvdW5kGAEgASgIEgwKBGhlbGQYAiABKAgSEAoIcmV2aXNpb24YAyABKAMiNwoGSG9sZGVyEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDEgwKBHJlYWQYAyABKAgiwQQKEEtlZXBBbGl2ZVJlcXVlc3QSMQoJa2VlcGFsaXZlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlSAASKAoFd2F0Y2gYAiABKAsyFy5mZW5jZXBvc3QudjEuV2F0Y2hIb2xkSAASKgoHdW53YXRjaBgDIAEoCzIXLmZlbmNlcG9zdC52MS5XYXRjaEhvbGRIABIvCgdhY3F1aXJlGAUgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgGIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAcgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgIIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASMwoKa2VlcGFsaXZlcxgMIAEoCzIdLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZXNIABIqCgVjYWxscxgPIAEoCzIZLmZlbmNlcG9zdC52MS5TdHJlYW1DYWxsc0gAEhQKDGxlYXNlX3NlY3JldBgEIAEoCRISCgpyZXF1ZXN0X2lkGAkgASgEEhIKCnRpbWVvdXRfbXMYCiABKAMSEwoLdHJhY2VwYXJlbnQYCyABKAkSEwoLbGFzdF9ydHRfbXMYDSABKA0SDwoHc2VudF9tcxgOIAEoBEIJCgdyZXF1ZXN0IiAKCkNhbmNlbENhbGwSEgoKcmVxdWVzdF9pZBgBIAEoBCKoAgoKU3RyZWFtQ2FsbBIvCgdhY3F1aXJlGAEgASgLMhwuZmVuY2Vwb3N0LnYxLkFjcXVpcmVSZXF1ZXN0SAASLwoHcmVsZWFzZRgCIAEoCzIcLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVxdWVzdEgAEjEKCHdpdGhkcmF3GAMgASgLMh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdEgAEioKBmNhbmNlbBgEIAEoCzIYLmZlbmNlcG9zdC52MS5DYW5jZWxDYWxsSAASEgoKcmVxdWVzdF9pZBgFIAEoBBISCgp0aW1lb3V0X21zGAYgASgDEhMKC3RyYWNlcGFyZW50GAcgASgJEhQKDGxlYXNlX3NlY3JldBgIIAEoCUIGCgRjYWxsIjYKC1N0cmVhbUNhbGxzEicKBWNhbGxzGAEgAygLMhguZmVuY2Vwb3N0LnYxLlN0cmVhbUNhbGwi9QEKDFN0cmVhbUFuc3dlchIxCghhY3F1aXJlZBgBIAEoCzIdLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2VIABIxCghyZWxlYXNlZBgCIAEoCzIdLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2VIABIzCgl3aXRoZHJhd24YAyABKAsyHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZUgAEioKBmZhaWxlZBgEIAEoCzIYLmZlbmNlcG9zdC52MS5DYWxsRmFpbGVkSAASEgoKcmVxdWVzdF9pZBgFIAEoBEIKCghyZXNwb25zZSI8Cg1TdHJlYW1BbnN3ZXJzEisKB2Fuc3dlcnMYASADKAsyGi5mZW5jZXBvc3QudjEuU3RyZWFtQW5zd2VyIkwKDkxlYXNlS2VlcEFsaXZlEhAKCGxlYXNlX2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAQSFAoMbGVhc2Vfc2VjcmV0GAMgASgJIkMKD0xlYXNlS2VlcEFsaXZlcxIwCgprZWVwYWxpdmVzGAEgAygLMhwuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlIm4KCVdhdGNoSG9sZBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEiQKBGtpbmQYBCABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgFIAEoBSLHAwoRS2VlcEFsaXZlUmVzcG9uc2USNAoJa2VlcGFsaXZlGAEgASgLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrSAASLQoKaG9sZF9lbmRlZBgCIAEoCzIXLmZlbmNlcG9zdC52MS5Ib2xkRW5kZWRIABIxCghhY3F1aXJlZBgDIAEoCzIdLmZlbmNlcG9zdC52MS5BY3F1aXJlUmVzcG9uc2VIABIxCghyZWxlYXNlZBgEIAEoCzIdLmZlbmNlcG9zdC52MS5SZWxlYXNlUmVzcG9uc2VIABIzCgl3aXRoZHJhd24YBSABKAsyHi5mZW5jZXBvc3QudjEuV2l0aGRyYXdSZXNwb25zZUgAEioKBmZhaWxlZBgGIAEoCzIYLmZlbmNlcG9zdC52MS5DYWxsRmFpbGVkSAASNgoKa2VlcGFsaXZlcxgIIAEoCzIgLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZUFja3NIABIuCgdhbnN3ZXJzGAkgASgLMhsuZmVuY2Vwb3N0LnYxLlN0cmVhbUFuc3dlcnNIABISCgpyZXF1ZXN0X2lkGAcgASgEQgoKCHJlc3BvbnNlIjsKCkNhbGxGYWlsZWQSDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEg4KBnN0YXR1cxgDIAEoDCJOChFMZWFzZUtlZXBBbGl2ZUFjaxIQCghsZWFzZV9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgEEhMKC3R0bF9zZWNvbmRzGAMgASgDIkMKEkxlYXNlS2VlcEFsaXZlQWNrcxItCgRhY2tzGAEgAygLMh8uZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlQWNrIp8BCglIb2xkRW5kZWQSDAoEbmFtZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV0b2tlbhgDIAEoAxIpCgZyZWFzb24YBSABKA4yGS5mZW5jZXBvc3QudjEuRXJyb3JSZWFzb24SJAoEa2luZBgGIAEoDjIWLmZlbmNlcG9zdC52MS5Ib2xkS2luZBIMCgRzbG90GAcgASgFSgQIBBAFIh8KD0Rlc2NyaWJlUmVxdWVzdBIMCgRuYW1lGAEgASgJIq0CChBEZXNjcmliZVJlc3BvbnNlEgwKBGhlbGQYASABKAgSJAoGaG9sZGVyGAIgASgLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlchIdChV0dGxfcmVtYWluaW5nX3NlY29uZHMYAyABKAMSEwoLdHRsX3NlY29uZHMYBCABKAMSFAoMd2FpdGVyX2NvdW50GAUgASgDEiUKB3dhaXRlcnMYBiADKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEhAKCHJldmlzaW9uGAcgASgDEh8KF2xvY2tfZGVsYXlfcmVtYWluaW5nX21zGAggASgDEhoKEmxvY2tfZGVsYXlfc2Vjb25kcxgJIAEoAxIlCgdob2xkZXJzGAogAygLMhQuZmVuY2Vwb3N0LnYxLkhvbGRlciJJChBMaXN0TG9ja3NSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSLxAQoITG9ja0luZm8SDAoEbmFtZRgBIAEoCRIkCgZob2xkZXIYAiABKAsyFC5mZW5jZXBvc3QudjEuSG9sZGVyEh0KFXR0bF9yZW1haW5pbmdfc2Vjb25kcxgDIAEoAxITCgt0dGxfc2Vjb25kcxgEIAEoAxIUCgxoZWxkX3NlY29uZHMYBSABKAESFAoMd2FpdGVyX2NvdW50GAYgASgDEh8KF2xvY2tfZGVsYXlfcmVtYWluaW5nX21zGAcgASgDEhoKEmxvY2tfZGVsYXlfc2Vjb25kcxgIIAEoAxIUCgxob2xkZXJfY291bnQYCSABKAMiZQoRTGlzdExvY2tzUmVzcG9uc2USJQoFbG9ja3MYASADKAsyFi5mZW5jZXBvc3QudjEuTG9ja0luZm8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhAKCHJldmlzaW9uGAMgASgDIhMKEVNlcnZlckluZm9SZXF1ZXN0IvABCghFdGNkSW5mbxIRCgllbmRwb2ludHMYASADKAkSEAoIZW1iZWRkZWQYAiABKAgSEQoJYXZhaWxhYmxlGAMgASgIEg0KBWVycm9yGAQgASgJEhYKDnNlcnZlcl92ZXJzaW9uGAUgASgJEhIKCmNsdXN0ZXJfaWQYBiABKAQSEQoJbWVtYmVyX2lkGAcgASgEEhAKCHJldmlzaW9uGAggASgDEhEKCXJhZnRfdGVybRgJIAEoBBIOCgZsZWFkZXIYCiABKAQSEgoKcmFmdF9pbmRleBgLIAEoBBIVCg1kYl9zaXplX2J5dGVzGAwgASgDIp8DChJTZXJ2ZXJJbmZvUmVzcG9uc2USDwoHdmVyc2lvbhgBIAEoCRITCgtpbnN0YW5jZV9pZBgCIAEoCRIWCg51cHRpbWVfc2Vjb25kcxgDIAEoARIWCg5saXN0ZW5fYWRkcmVzcxgEIAEoCRIWCg5oZWFsdGhfYWRkcmVzcxgFIAEoCRIXCg9tZXRyaWNzX2FkZHJlc3MYBiABKAkSFAoMaHR0cF9hZGRyZXNzGBEgASgJEhIKCmtleV9wcmVmaXgYByABKAkSDwoHc2VydmluZxgIIAEoCBIkCgRldGNkGAkgASgLMhYuZmVuY2Vwb3N0LnYxLkV0Y2RJbmZvEhkKEWtlZXBhbGl2ZV9zdHJlYW1zGAogASgDEhgKEGtlZXBhbGl2ZV9sZWFzZXMYCyABKAMSFQoNd2F0Y2hlZF9ob2xkcxgMIAEoAxIYChB3YWl0aW5nX2FjcXVpcmVzGA0gASgDEhYKDmNvbnRlbmRlcl9rZXlzGA4gASgDEhIKCmhlbGRfbG9ja3MYDyABKAMSDwoHd2FpdGVycxgQIAEoAyJqChJBZG1pblJldm9rZVJlcXVlc3QSEgoKcmVxdWVzdF9pZBgCIAEoCRIMCgRuYW1lGAEgASgJEiQKBGtpbmQYAyABKA4yFi5mZW5jZXBvc3QudjEuSG9sZEtpbmQSDAoEc2xvdBgEIAEoBSJHChNBZG1pblJldm9rZVJlc3BvbnNlEg8KB3Jldm9rZWQYASABKAgSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMiPAoTTGlzdFNlc3Npb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSKJAQoLU2Vzc2lvbkluZm8SEAoIbGVhc2VfaWQYASABKAMSFgoOb3duZXJfaWRlbnRpdHkYAiABKAkSEwoLdHRsX3NlY29uZHMYAyABKAMSHQoVdHRsX3JlbWFpbmluZ19zZWNvbmRzGAQgASgDEg0KBWhvbGRzGAUgAygJEg0KBXdhaXRzGAYgAygJIm4KFExpc3RTZXNzaW9uc1Jlc3BvbnNlEisKCHNlc3Npb25zGAEgAygLMhkuZmVuY2Vwb3N0LnYxLlNlc3Npb25JbmZvEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIQCghyZXZpc2lvbhgDIAEoAyI8CgpMZWFkZXJJbmZvEhAKCGxlYXNlX2lkGAEgASgDEg0KBXRva2VuGAIgASgDEg0KBXZhbHVlGAMgASgMIn8KD0NhbXBhaWduUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIQCghsZWFzZV9pZBgCIAEoAxINCgV2YWx1ZRgDIAEoDBIPCgd3YWl0X21zGAQgASgDEhQKDHdhaXRfZm9yZXZlchgFIAEoCBISCgpyZXF1ZXN0X2lkGAYgASgJIlwKEENhbXBhaWduUmVzcG9uc2USDwoHZWxlY3RlZBgBIAEoCBINCgV0b2tlbhgCIAEoAxIoCgZsZWFkZXIYAyABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbyJTCg9Qcm9jbGFpbVJlcXVlc3QSEAoIZWxlY3Rpb24YASABKAkSEAoIbGVhc2VfaWQYAiABKAMSDQoFdG9rZW4YAyABKAMSDQoFdmFsdWUYBCABKAwiJAoQUHJvY2xhaW1SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAyJWCg1SZXNpZ25SZXF1ZXN0EhAKCGVsZWN0aW9uGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg0KBXRva2VuGAMgASgDEhIKCnJlcXVlc3RfaWQYBCABKAkiMQoOUmVzaWduUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMSDQoFZm91bmQYAiABKAgiIQoNTGVhZGVyUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCSJMCg5MZWFkZXJSZXNwb25zZRIoCgZsZWFkZXIYASABKAsyGC5mZW5jZXBvc3QudjEuTGVhZGVySW5mbxIQCghyZXZpc2lvbhgCIAEoAyI6Cg5PYnNlcnZlUmVxdWVzdBIQCghlbGVjdGlvbhgBIAEoCRIWCg5hZnRlcl9yZXZpc2lvbhgCIAEoAyJgCg9PYnNlcnZlUmVzcG9uc2USKAoGbGVhZGVyGAEgASgLMhguZmVuY2Vwb3N0LnYxLkxlYWRlckluZm8SEAoIcmV2aXNpb24YAiABKAMSEQoJY29tcGFjdGVkGAMgASgIIj0KDFBlcm1pdEhvbGRlchIQCghsZWFzZV9pZBgBIAEoAxIMCgRzbG90GAIgASgFEg0KBXRva2VuGAMgASgDIoIBChRBY3F1aXJlUGVybWl0UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEg8KB3Blcm1pdHMYAyABKAUSDwoHd2FpdF9tcxgEIAEoAxIUCgx3YWl0X2ZvcmV2ZXIYBSABKAgSEgoKcmVxdWVzdF9pZBgGIAEoCSJzChVBY3F1aXJlUGVybWl0UmVzcG9uc2USEAoIYWNxdWlyZWQYASABKAgSDAoEc2xvdBgCIAEoBRINCgV0b2tlbhgDIAEoAxIrCgdob2xkZXJzGAQgAygLMhouZmVuY2Vwb3N0LnYxLlBlcm1pdEhvbGRlciJnChRSZWxlYXNlUGVybWl0UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCGxlYXNlX2lkGAIgASgDEgwKBHNsb3QYAyABKAUSDQoFdG9rZW4YBCABKAMSEgoKcmVxdWVzdF9pZBgFIAEoCSI4ChVSZWxlYXNlUGVybWl0UmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMSDQoFZm91bmQYAiABKAgiKAoYRGVzY3JpYmVTZW1hcGhvcmVSZXF1ZXN0EgwKBG5hbWUYASABKAkigQEKGURlc2NyaWJlU2VtYXBob3JlUmVzcG9uc2USDwoHcGVybWl0cxgBIAEoBRIrCgdob2xkZXJzGAIgAygLMhouZmVuY2Vwb3N0LnYxLlBlcm1pdEhvbGRlchIUCgx3YWl0ZXJfY291bnQYAyABKAMSEAoIcmV2aXNpb24YBCABKAMiKAoYQWRtaW5FbmRMb2NrRGVsYXlSZXF1ZXN0EgwKBG5hbWUYASABKAkiSwoZQWRtaW5FbmRMb2NrRGVsYXlSZXNwb25zZRINCgVlbmRlZBgBIAEoCBIfChdsb2NrX2RlbGF5X3JlbWFpbmluZ19tcxgCIAEoAyJuChdSZXBvcnRTdGFsZVdyaXRlUmVxdWVzdBIMCgRuYW1lGAEgASgJEg0KBXRva2VuGAIgASgDEhUKDWN1cnJlbnRfdG9rZW4YAyABKAMSDwoHc3RvcmFnZRgEIAEoCRIOCgZyZWNvcmQYBSABKAkiGgoYUmVwb3J0U3RhbGVXcml0ZVJlc3BvbnNlKvICCgtFcnJvclJlYXNvbhIcChhFUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIRCg1JTlZBTElEX0ZJRUxEEAESDgoKTk9UX0hPTERFUhACEg8KC1NUQUxFX1RPS0VOEAMSEQoNTEVBU0VfRVhQSVJFRBAEEhMKD0FDUVVJUkVfVElNRU9VVBAFEhQKEEVUQ0RfVU5BVkFJTEFCTEUQBhIUChBUT09fTUFOWV9XQUlURVJTEAcSEQoNU0hVVFRJTkdfRE9XThAIEhQKEFRPT19NQU5ZX1NUUkVBTVMQCRINCglEQVRBX0xPU1MQChIRCg1BQ0NFU1NfREVOSUVEEAsSEgoOTElNSVRfRVhDRUVERUQQDBITCg9OT1RfTEVBU0VfT1dORVIQDRIUChBQRVJNSVRTX01JU01BVENIEA4SFQoRUkVRVUVTVF9JRF9SRVVTRUQQDxIOCgpPVkVSTE9BREVEEBASDAoIRFJBSU5JTkcQESpjCghIb2xkS2luZBISCg5IT0xEX0tJTkRfTE9DSxAAEhYKEkhPTERfS0lORF9FTEVDVElPThABEhcKE0hPTERfS0lORF9TRU1BUEhPUkUQAhISCg5IT0xEX0tJTkRfUkVBRBADKjMKCExvY2tNb2RlEhMKD0xPQ0tfTU9ERV9XUklURRAAEhIKDkxPQ0tfTU9ERV9SRUFEEAEywA8KC0xvY2tTZXJ2aWNlEk8KCkxlYXNlR3JhbnQSHy5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuTGVhc2VHcmFudFJlc3BvbnNlElIKC0xlYXNlUmV2b2tlEiAuZmVuY2Vwb3N0LnYxLkxlYXNlUmV2b2tlUmVxdWVzdBohLmZlbmNlcG9zdC52MS5MZWFzZVJldm9rZVJlc3BvbnNlElsKDkxlYXNlS2VlcEFsaXZlEiMuZmVuY2Vwb3N0LnYxLkxlYXNlS2VlcEFsaXZlUmVxdWVzdBokLmZlbmNlcG9zdC52MS5MZWFzZUtlZXBBbGl2ZVJlc3BvbnNlEkYKB0FjcXVpcmUSHC5mZW5jZXBvc3QudjEuQWNxdWlyZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuQWNxdWlyZVJlc3BvbnNlEkYKB1JlbGVhc2USHC5mZW5jZXBvc3QudjEuUmVsZWFzZVJlcXVlc3QaHS5mZW5jZXBvc3QudjEuUmVsZWFzZVJlc3BvbnNlEkkKCFdpdGhkcmF3Eh0uZmVuY2Vwb3N0LnYxLldpdGhkcmF3UmVxdWVzdBoeLmZlbmNlcG9zdC52MS5XaXRoZHJhd1Jlc3BvbnNlElAKCUtlZXBBbGl2ZRIeLmZlbmNlcG9zdC52MS5LZWVwQWxpdmVSZXF1ZXN0Gh8uZmVuY2Vwb3N0LnYxLktlZXBBbGl2ZVJlc3BvbnNlKAEwARJJCghEZXNjcmliZRIdLmZlbmNlcG9zdC52MS5EZXNjcmliZVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuRGVzY3JpYmVSZXNwb25zZRJMCglMaXN0TG9ja3MSHi5mZW5jZXBvc3QudjEuTGlzdExvY2tzUmVxdWVzdBofLmZlbmNlcG9zdC52MS5MaXN0TG9ja3NSZXNwb25zZRJPCgpTZXJ2ZXJJbmZvEh8uZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXF1ZXN0GiAuZmVuY2Vwb3N0LnYxLlNlcnZlckluZm9SZXNwb25zZRJSCgtBZG1pblJldm9rZRIgLmZlbmNlcG9zdC52MS5BZG1pblJldm9rZVJlcXVlc3QaIS5mZW5jZXBvc3QudjEuQWRtaW5SZXZva2VSZXNwb25zZRJVCgxMaXN0U2Vzc2lvbnMSIS5mZW5jZXBvc3QudjEuTGlzdFNlc3Npb25zUmVxdWVzdBoiLmZlbmNlcG9zdC52MS5MaXN0U2Vzc2lvbnNSZXNwb25zZRJJCghDYW1wYWlnbhIdLmZlbmNlcG9zdC52MS5DYW1wYWlnblJlcXVlc3QaHi5mZW5jZXBvc3QudjEuQ2FtcGFpZ25SZXNwb25zZRJJCghQcm9jbGFpbRIdLmZlbmNlcG9zdC52MS5Qcm9jbGFpbVJlcXVlc3QaHi5mZW5jZXBvc3QudjEuUHJvY2xhaW1SZXNwb25zZRJDCgZSZXNpZ24SGy5mZW5jZXBvc3QudjEuUmVzaWduUmVxdWVzdBocLmZlbmNlcG9zdC52MS5SZXNpZ25SZXNwb25zZRJDCgZMZWFkZXISGy5mZW5jZXBvc3QudjEuTGVhZGVyUmVxdWVzdBocLmZlbmNlcG9zdC52MS5MZWFkZXJSZXNwb25zZRJICgdPYnNlcnZlEhwuZmVuY2Vwb3N0LnYxLk9ic2VydmVSZXF1ZXN0Gh0uZmVuY2Vwb3N0LnYxLk9ic2VydmVSZXNwb25zZTABElgKDUFjcXVpcmVQZXJtaXQSIi5mZW5jZXBvc3QudjEuQWNxdWlyZVBlcm1pdFJlcXVlc3QaIy5mZW5jZXBvc3QudjEuQWNxdWlyZVBlcm1pdFJlc3BvbnNlElgKDVJlbGVhc2VQZXJtaXQSIi5mZW5jZXBvc3QudjEuUmVsZWFzZVBlcm1pdFJlcXVlc3QaIy5mZW5jZXBvc3QudjEuUmVsZWFzZVBlcm1pdFJlc3BvbnNlEmQKEURlc2NyaWJlU2VtYXBob3JlEiYuZmVuY2Vwb3N0LnYxLkRlc2NyaWJlU2VtYXBob3JlUmVxdWVzdBonLmZlbmNlcG9zdC52MS5EZXNjcmliZVNlbWFwaG9yZVJlc3BvbnNlEmQKEUFkbWluRW5kTG9ja0RlbGF5EiYuZmVuY2Vwb3N0LnYxLkFkbWluRW5kTG9ja0RlbGF5UmVxdWVzdBonLmZlbmNlcG9zdC52MS5BZG1pbkVuZExvY2tEZWxheVJlc3BvbnNlEmEKEFJlcG9ydFN0YWxlV3JpdGUSJS5mZW5jZXBvc3QudjEuUmVwb3J0U3RhbGVXcml0ZVJlcXVlc3QaJi5mZW5jZXBvc3QudjEuUmVwb3J0U3RhbGVXcml0ZVJlc3BvbnNlEk8KCkFjcXVpcmVBbGwSHy5mZW5jZXBvc3QudjEuQWNxdWlyZUFsbFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuQWNxdWlyZUFsbFJlc3BvbnNlEk8KClJlbGVhc2VBbGwSHy5mZW5jZXBvc3QudjEuUmVsZWFzZUFsbFJlcXVlc3QaIC5mZW5jZXBvc3QudjEuUmVsZWFzZUFsbFJlc3BvbnNlYgZwcm90bzM");
 
 /**
  * @generated from message fencepost.v1.LeaseGrantRequest
@@ -784,6 +784,21 @@ export type KeepAliveRequest = Message<"fencepost.v1.KeepAliveRequest"> & {
      */
     value: LeaseKeepAlives;
     case: "keepalives";
+  } | {
+    /**
+     * calls: several calls in one message, each entry as the single call
+     * message it carries would be (see KeepAlive, "Batched calls"); the
+     * fields below (lease_secret, request_id, timeout_ms, traceparent) are
+     * ignored: each entry carries its own. Send it only to a coordinator
+     * that lists `calls` in `fencepost-stream-calls`: an older one ignores
+     * the message and answers nothing. More than 500 entries end the stream
+     * with INVALID_ARGUMENT (field `calls`), as a message that does not
+     * decode does; an empty batch is answered with nothing.
+     *
+     * @generated from field: fencepost.v1.StreamCalls calls = 15;
+     */
+    value: StreamCalls;
+    case: "calls";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -882,6 +897,172 @@ export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
   messageDesc(file_fencepost_v1_lock, 18);
 
 /**
+ * @generated from message fencepost.v1.StreamCall
+ */
+export type StreamCall = Message<"fencepost.v1.StreamCall"> & {
+  /**
+   * @generated from oneof fencepost.v1.StreamCall.call
+   */
+  call: {
+    /**
+     * acquire, release, withdraw: the call, as KeepAliveRequest.acquire/
+     * .release/.withdraw; answered by a StreamAnswer (or a single
+     * KeepAliveResponse) with this entry's request_id.
+     *
+     * @generated from field: fencepost.v1.AcquireRequest acquire = 1;
+     */
+    value: AcquireRequest;
+    case: "acquire";
+  } | {
+    /**
+     * @generated from field: fencepost.v1.ReleaseRequest release = 2;
+     */
+    value: ReleaseRequest;
+    case: "release";
+  } | {
+    /**
+     * @generated from field: fencepost.v1.WithdrawRequest withdraw = 3;
+     */
+    value: WithdrawRequest;
+    case: "withdraw";
+  } | {
+    /**
+     * cancel: abandon the acquire sent with cancel.request_id, still
+     * waiting, as KeepAliveRequest.cancel (unanswered; the entry's own
+     * request_id is ignored). It may follow that acquire in the same batch.
+     *
+     * @generated from field: fencepost.v1.CancelCall cancel = 4;
+     */
+    value: CancelCall;
+    case: "cancel";
+  } | { case: undefined; value?: undefined };
+
+  /**
+   * request_id, timeout_ms, traceparent, lease_secret: this call's, as
+   * KeepAliveRequest's fields of the same names are for a single call.
+   * An entry with no call is answered `failed` (INVALID_ARGUMENT, field
+   * `call`).
+   *
+   * @generated from field: uint64 request_id = 5;
+   */
+  requestId: bigint;
+
+  /**
+   * @generated from field: int64 timeout_ms = 6;
+   */
+  timeoutMs: bigint;
+
+  /**
+   * @generated from field: string traceparent = 7;
+   */
+  traceparent: string;
+
+  /**
+   * @generated from field: string lease_secret = 8;
+   */
+  leaseSecret: string;
+};
+
+/**
+ * Describes the message fencepost.v1.StreamCall.
+ * Use `create(StreamCallSchema)` to create a new message.
+ */
+export const StreamCallSchema: GenMessage<StreamCall> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 19);
+
+/**
+ * @generated from message fencepost.v1.StreamCalls
+ */
+export type StreamCalls = Message<"fencepost.v1.StreamCalls"> & {
+  /**
+   * calls: the calls, at most 500 entries, served in this order (each
+   * started as if sent alone; their answers come in any order). Each
+   * request_id must be unique among the calls running on the stream, as
+   * for single calls.
+   *
+   * @generated from field: repeated fencepost.v1.StreamCall calls = 1;
+   */
+  calls: StreamCall[];
+};
+
+/**
+ * Describes the message fencepost.v1.StreamCalls.
+ * Use `create(StreamCallsSchema)` to create a new message.
+ */
+export const StreamCallsSchema: GenMessage<StreamCalls> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 20);
+
+/**
+ * @generated from message fencepost.v1.StreamAnswer
+ */
+export type StreamAnswer = Message<"fencepost.v1.StreamAnswer"> & {
+  /**
+   * @generated from oneof fencepost.v1.StreamAnswer.response
+   */
+  response: {
+    /**
+     * acquired, released, withdrawn, failed: as the KeepAliveResponse
+     * fields of the same names.
+     *
+     * @generated from field: fencepost.v1.AcquireResponse acquired = 1;
+     */
+    value: AcquireResponse;
+    case: "acquired";
+  } | {
+    /**
+     * @generated from field: fencepost.v1.ReleaseResponse released = 2;
+     */
+    value: ReleaseResponse;
+    case: "released";
+  } | {
+    /**
+     * @generated from field: fencepost.v1.WithdrawResponse withdrawn = 3;
+     */
+    value: WithdrawResponse;
+    case: "withdrawn";
+  } | {
+    /**
+     * @generated from field: fencepost.v1.CallFailed failed = 4;
+     */
+    value: CallFailed;
+    case: "failed";
+  } | { case: undefined; value?: undefined };
+
+  /**
+   * request_id: the request_id of the call answered.
+   *
+   * @generated from field: uint64 request_id = 5;
+   */
+  requestId: bigint;
+};
+
+/**
+ * Describes the message fencepost.v1.StreamAnswer.
+ * Use `create(StreamAnswerSchema)` to create a new message.
+ */
+export const StreamAnswerSchema: GenMessage<StreamAnswer> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 21);
+
+/**
+ * @generated from message fencepost.v1.StreamAnswers
+ */
+export type StreamAnswers = Message<"fencepost.v1.StreamAnswers"> & {
+  /**
+   * answers: two or more answers, in the order they became ready.
+   *
+   * @generated from field: repeated fencepost.v1.StreamAnswer answers = 1;
+   */
+  answers: StreamAnswer[];
+};
+
+/**
+ * Describes the message fencepost.v1.StreamAnswers.
+ * Use `create(StreamAnswersSchema)` to create a new message.
+ */
+export const StreamAnswersSchema: GenMessage<StreamAnswers> = /*@__PURE__*/
+  messageDesc(file_fencepost_v1_lock, 22);
+
+/**
  * @generated from message fencepost.v1.LeaseKeepAlive
  */
 export type LeaseKeepAlive = Message<"fencepost.v1.LeaseKeepAlive"> & {
@@ -916,7 +1097,7 @@ export type LeaseKeepAlive = Message<"fencepost.v1.LeaseKeepAlive"> & {
  * Use `create(LeaseKeepAliveSchema)` to create a new message.
  */
 export const LeaseKeepAliveSchema: GenMessage<LeaseKeepAlive> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 19);
+  messageDesc(file_fencepost_v1_lock, 23);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAlives
@@ -940,7 +1121,7 @@ export type LeaseKeepAlives = Message<"fencepost.v1.LeaseKeepAlives"> & {
  * Use `create(LeaseKeepAlivesSchema)` to create a new message.
  */
 export const LeaseKeepAlivesSchema: GenMessage<LeaseKeepAlives> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 20);
+  messageDesc(file_fencepost_v1_lock, 24);
 
 /**
  * @generated from message fencepost.v1.WatchHold
@@ -987,7 +1168,7 @@ export type WatchHold = Message<"fencepost.v1.WatchHold"> & {
  * Use `create(WatchHoldSchema)` to create a new message.
  */
 export const WatchHoldSchema: GenMessage<WatchHold> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 21);
+  messageDesc(file_fencepost_v1_lock, 25);
 
 /**
  * @generated from message fencepost.v1.KeepAliveResponse
@@ -1057,6 +1238,17 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
      */
     value: LeaseKeepAliveAcks;
     case: "keepalives";
+  } | {
+    /**
+     * answers: the answers of several calls that were ready to be sent at
+     * the same time, each what its KeepAliveResponse would have said alone.
+     * Only on a stream that has sent at least one `calls` message (see
+     * KeepAlive, "Batched calls"); match each answer by its request_id.
+     *
+     * @generated from field: fencepost.v1.StreamAnswers answers = 9;
+     */
+    value: StreamAnswers;
+    case: "answers";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -1073,7 +1265,7 @@ export type KeepAliveResponse = Message<"fencepost.v1.KeepAliveResponse"> & {
  * Use `create(KeepAliveResponseSchema)` to create a new message.
  */
 export const KeepAliveResponseSchema: GenMessage<KeepAliveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 22);
+  messageDesc(file_fencepost_v1_lock, 26);
 
 /**
  * @generated from message fencepost.v1.CallFailed
@@ -1108,7 +1300,7 @@ export type CallFailed = Message<"fencepost.v1.CallFailed"> & {
  * Use `create(CallFailedSchema)` to create a new message.
  */
 export const CallFailedSchema: GenMessage<CallFailed> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 23);
+  messageDesc(file_fencepost_v1_lock, 27);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAck
@@ -1142,7 +1334,7 @@ export type LeaseKeepAliveAck = Message<"fencepost.v1.LeaseKeepAliveAck"> & {
  * Use `create(LeaseKeepAliveAckSchema)` to create a new message.
  */
 export const LeaseKeepAliveAckSchema: GenMessage<LeaseKeepAliveAck> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 24);
+  messageDesc(file_fencepost_v1_lock, 28);
 
 /**
  * @generated from message fencepost.v1.LeaseKeepAliveAcks
@@ -1161,7 +1353,7 @@ export type LeaseKeepAliveAcks = Message<"fencepost.v1.LeaseKeepAliveAcks"> & {
  * Use `create(LeaseKeepAliveAcksSchema)` to create a new message.
  */
 export const LeaseKeepAliveAcksSchema: GenMessage<LeaseKeepAliveAcks> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 25);
+  messageDesc(file_fencepost_v1_lock, 29);
 
 /**
  * @generated from message fencepost.v1.HoldEnded
@@ -1214,7 +1406,7 @@ export type HoldEnded = Message<"fencepost.v1.HoldEnded"> & {
  * Use `create(HoldEndedSchema)` to create a new message.
  */
 export const HoldEndedSchema: GenMessage<HoldEnded> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 26);
+  messageDesc(file_fencepost_v1_lock, 30);
 
 /**
  * @generated from message fencepost.v1.DescribeRequest
@@ -1233,7 +1425,7 @@ export type DescribeRequest = Message<"fencepost.v1.DescribeRequest"> & {
  * Use `create(DescribeRequestSchema)` to create a new message.
  */
 export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 27);
+  messageDesc(file_fencepost_v1_lock, 31);
 
 /**
  * @generated from message fencepost.v1.DescribeResponse
@@ -1326,7 +1518,7 @@ export type DescribeResponse = Message<"fencepost.v1.DescribeResponse"> & {
  * Use `create(DescribeResponseSchema)` to create a new message.
  */
 export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 28);
+  messageDesc(file_fencepost_v1_lock, 32);
 
 /**
  * @generated from message fencepost.v1.ListLocksRequest
@@ -1361,7 +1553,7 @@ export type ListLocksRequest = Message<"fencepost.v1.ListLocksRequest"> & {
  * Use `create(ListLocksRequestSchema)` to create a new message.
  */
 export const ListLocksRequestSchema: GenMessage<ListLocksRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 29);
+  messageDesc(file_fencepost_v1_lock, 33);
 
 /**
  * LockInfo is one lock in a ListLocks page: held, or held back by a
@@ -1456,7 +1648,7 @@ export type LockInfo = Message<"fencepost.v1.LockInfo"> & {
  * Use `create(LockInfoSchema)` to create a new message.
  */
 export const LockInfoSchema: GenMessage<LockInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 30);
+  messageDesc(file_fencepost_v1_lock, 34);
 
 /**
  * @generated from message fencepost.v1.ListLocksResponse
@@ -1492,7 +1684,7 @@ export type ListLocksResponse = Message<"fencepost.v1.ListLocksResponse"> & {
  * Use `create(ListLocksResponseSchema)` to create a new message.
  */
 export const ListLocksResponseSchema: GenMessage<ListLocksResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 31);
+  messageDesc(file_fencepost_v1_lock, 35);
 
 /**
  * @generated from message fencepost.v1.ServerInfoRequest
@@ -1505,7 +1697,7 @@ export type ServerInfoRequest = Message<"fencepost.v1.ServerInfoRequest"> & {
  * Use `create(ServerInfoRequestSchema)` to create a new message.
  */
 export const ServerInfoRequestSchema: GenMessage<ServerInfoRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 32);
+  messageDesc(file_fencepost_v1_lock, 36);
 
 /**
  * EtcdInfo is the etcd a coordinator uses, as that coordinator sees it.
@@ -1612,7 +1804,7 @@ export type EtcdInfo = Message<"fencepost.v1.EtcdInfo"> & {
  * Use `create(EtcdInfoSchema)` to create a new message.
  */
 export const EtcdInfoSchema: GenMessage<EtcdInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 33);
+  messageDesc(file_fencepost_v1_lock, 37);
 
 /**
  * @generated from message fencepost.v1.ServerInfoResponse
@@ -1767,7 +1959,7 @@ export type ServerInfoResponse = Message<"fencepost.v1.ServerInfoResponse"> & {
  * Use `create(ServerInfoResponseSchema)` to create a new message.
  */
 export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 34);
+  messageDesc(file_fencepost_v1_lock, 38);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeRequest
@@ -1823,7 +2015,7 @@ export type AdminRevokeRequest = Message<"fencepost.v1.AdminRevokeRequest"> & {
  * Use `create(AdminRevokeRequestSchema)` to create a new message.
  */
 export const AdminRevokeRequestSchema: GenMessage<AdminRevokeRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 35);
+  messageDesc(file_fencepost_v1_lock, 39);
 
 /**
  * @generated from message fencepost.v1.AdminRevokeResponse
@@ -1857,7 +2049,7 @@ export type AdminRevokeResponse = Message<"fencepost.v1.AdminRevokeResponse"> & 
  * Use `create(AdminRevokeResponseSchema)` to create a new message.
  */
 export const AdminRevokeResponseSchema: GenMessage<AdminRevokeResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 36);
+  messageDesc(file_fencepost_v1_lock, 40);
 
 /**
  * @generated from message fencepost.v1.ListSessionsRequest
@@ -1884,7 +2076,7 @@ export type ListSessionsRequest = Message<"fencepost.v1.ListSessionsRequest"> & 
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 37);
+  messageDesc(file_fencepost_v1_lock, 41);
 
 /**
  * SessionInfo is one live lease in a ListSessions page.
@@ -1947,7 +2139,7 @@ export type SessionInfo = Message<"fencepost.v1.SessionInfo"> & {
  * Use `create(SessionInfoSchema)` to create a new message.
  */
 export const SessionInfoSchema: GenMessage<SessionInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 38);
+  messageDesc(file_fencepost_v1_lock, 42);
 
 /**
  * @generated from message fencepost.v1.ListSessionsResponse
@@ -1982,7 +2174,7 @@ export type ListSessionsResponse = Message<"fencepost.v1.ListSessionsResponse"> 
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 39);
+  messageDesc(file_fencepost_v1_lock, 43);
 
 /**
  * LeaderInfo is one leadership of an election.
@@ -2017,7 +2209,7 @@ export type LeaderInfo = Message<"fencepost.v1.LeaderInfo"> & {
  * Use `create(LeaderInfoSchema)` to create a new message.
  */
 export const LeaderInfoSchema: GenMessage<LeaderInfo> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 40);
+  messageDesc(file_fencepost_v1_lock, 44);
 
 /**
  * @generated from message fencepost.v1.CampaignRequest
@@ -2070,7 +2262,7 @@ export type CampaignRequest = Message<"fencepost.v1.CampaignRequest"> & {
  * Use `create(CampaignRequestSchema)` to create a new message.
  */
 export const CampaignRequestSchema: GenMessage<CampaignRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 41);
+  messageDesc(file_fencepost_v1_lock, 45);
 
 /**
  * @generated from message fencepost.v1.CampaignResponse
@@ -2104,7 +2296,7 @@ export type CampaignResponse = Message<"fencepost.v1.CampaignResponse"> & {
  * Use `create(CampaignResponseSchema)` to create a new message.
  */
 export const CampaignResponseSchema: GenMessage<CampaignResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 42);
+  messageDesc(file_fencepost_v1_lock, 46);
 
 /**
  * @generated from message fencepost.v1.ProclaimRequest
@@ -2140,7 +2332,7 @@ export type ProclaimRequest = Message<"fencepost.v1.ProclaimRequest"> & {
  * Use `create(ProclaimRequestSchema)` to create a new message.
  */
 export const ProclaimRequestSchema: GenMessage<ProclaimRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 43);
+  messageDesc(file_fencepost_v1_lock, 47);
 
 /**
  * @generated from message fencepost.v1.ProclaimResponse
@@ -2159,7 +2351,7 @@ export type ProclaimResponse = Message<"fencepost.v1.ProclaimResponse"> & {
  * Use `create(ProclaimResponseSchema)` to create a new message.
  */
 export const ProclaimResponseSchema: GenMessage<ProclaimResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 44);
+  messageDesc(file_fencepost_v1_lock, 48);
 
 /**
  * @generated from message fencepost.v1.ResignRequest
@@ -2195,7 +2387,7 @@ export type ResignRequest = Message<"fencepost.v1.ResignRequest"> & {
  * Use `create(ResignRequestSchema)` to create a new message.
  */
 export const ResignRequestSchema: GenMessage<ResignRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 45);
+  messageDesc(file_fencepost_v1_lock, 49);
 
 /**
  * @generated from message fencepost.v1.ResignResponse
@@ -2221,7 +2413,7 @@ export type ResignResponse = Message<"fencepost.v1.ResignResponse"> & {
  * Use `create(ResignResponseSchema)` to create a new message.
  */
 export const ResignResponseSchema: GenMessage<ResignResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 46);
+  messageDesc(file_fencepost_v1_lock, 50);
 
 /**
  * @generated from message fencepost.v1.LeaderRequest
@@ -2238,7 +2430,7 @@ export type LeaderRequest = Message<"fencepost.v1.LeaderRequest"> & {
  * Use `create(LeaderRequestSchema)` to create a new message.
  */
 export const LeaderRequestSchema: GenMessage<LeaderRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 47);
+  messageDesc(file_fencepost_v1_lock, 51);
 
 /**
  * @generated from message fencepost.v1.LeaderResponse
@@ -2264,7 +2456,7 @@ export type LeaderResponse = Message<"fencepost.v1.LeaderResponse"> & {
  * Use `create(LeaderResponseSchema)` to create a new message.
  */
 export const LeaderResponseSchema: GenMessage<LeaderResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 48);
+  messageDesc(file_fencepost_v1_lock, 52);
 
 /**
  * @generated from message fencepost.v1.ObserveRequest
@@ -2289,7 +2481,7 @@ export type ObserveRequest = Message<"fencepost.v1.ObserveRequest"> & {
  * Use `create(ObserveRequestSchema)` to create a new message.
  */
 export const ObserveRequestSchema: GenMessage<ObserveRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 49);
+  messageDesc(file_fencepost_v1_lock, 53);
 
 /**
  * @generated from message fencepost.v1.ObserveResponse
@@ -2324,7 +2516,7 @@ export type ObserveResponse = Message<"fencepost.v1.ObserveResponse"> & {
  * Use `create(ObserveResponseSchema)` to create a new message.
  */
 export const ObserveResponseSchema: GenMessage<ObserveResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 50);
+  messageDesc(file_fencepost_v1_lock, 54);
 
 /**
  * PermitHolder is one granted permit of a semaphore.
@@ -2357,7 +2549,7 @@ export type PermitHolder = Message<"fencepost.v1.PermitHolder"> & {
  * Use `create(PermitHolderSchema)` to create a new message.
  */
 export const PermitHolderSchema: GenMessage<PermitHolder> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 51);
+  messageDesc(file_fencepost_v1_lock, 55);
 
 /**
  * @generated from message fencepost.v1.AcquirePermitRequest
@@ -2407,7 +2599,7 @@ export type AcquirePermitRequest = Message<"fencepost.v1.AcquirePermitRequest"> 
  * Use `create(AcquirePermitRequestSchema)` to create a new message.
  */
 export const AcquirePermitRequestSchema: GenMessage<AcquirePermitRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 52);
+  messageDesc(file_fencepost_v1_lock, 56);
 
 /**
  * @generated from message fencepost.v1.AcquirePermitResponse
@@ -2445,7 +2637,7 @@ export type AcquirePermitResponse = Message<"fencepost.v1.AcquirePermitResponse"
  * Use `create(AcquirePermitResponseSchema)` to create a new message.
  */
 export const AcquirePermitResponseSchema: GenMessage<AcquirePermitResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 53);
+  messageDesc(file_fencepost_v1_lock, 57);
 
 /**
  * @generated from message fencepost.v1.ReleasePermitRequest
@@ -2486,7 +2678,7 @@ export type ReleasePermitRequest = Message<"fencepost.v1.ReleasePermitRequest"> 
  * Use `create(ReleasePermitRequestSchema)` to create a new message.
  */
 export const ReleasePermitRequestSchema: GenMessage<ReleasePermitRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 54);
+  messageDesc(file_fencepost_v1_lock, 58);
 
 /**
  * @generated from message fencepost.v1.ReleasePermitResponse
@@ -2512,7 +2704,7 @@ export type ReleasePermitResponse = Message<"fencepost.v1.ReleasePermitResponse"
  * Use `create(ReleasePermitResponseSchema)` to create a new message.
  */
 export const ReleasePermitResponseSchema: GenMessage<ReleasePermitResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 55);
+  messageDesc(file_fencepost_v1_lock, 59);
 
 /**
  * @generated from message fencepost.v1.DescribeSemaphoreRequest
@@ -2529,7 +2721,7 @@ export type DescribeSemaphoreRequest = Message<"fencepost.v1.DescribeSemaphoreRe
  * Use `create(DescribeSemaphoreRequestSchema)` to create a new message.
  */
 export const DescribeSemaphoreRequestSchema: GenMessage<DescribeSemaphoreRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 56);
+  messageDesc(file_fencepost_v1_lock, 60);
 
 /**
  * @generated from message fencepost.v1.DescribeSemaphoreResponse
@@ -2569,7 +2761,7 @@ export type DescribeSemaphoreResponse = Message<"fencepost.v1.DescribeSemaphoreR
  * Use `create(DescribeSemaphoreResponseSchema)` to create a new message.
  */
 export const DescribeSemaphoreResponseSchema: GenMessage<DescribeSemaphoreResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 57);
+  messageDesc(file_fencepost_v1_lock, 61);
 
 /**
  * @generated from message fencepost.v1.AdminEndLockDelayRequest
@@ -2588,7 +2780,7 @@ export type AdminEndLockDelayRequest = Message<"fencepost.v1.AdminEndLockDelayRe
  * Use `create(AdminEndLockDelayRequestSchema)` to create a new message.
  */
 export const AdminEndLockDelayRequestSchema: GenMessage<AdminEndLockDelayRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 58);
+  messageDesc(file_fencepost_v1_lock, 62);
 
 /**
  * @generated from message fencepost.v1.AdminEndLockDelayResponse
@@ -2616,7 +2808,7 @@ export type AdminEndLockDelayResponse = Message<"fencepost.v1.AdminEndLockDelayR
  * Use `create(AdminEndLockDelayResponseSchema)` to create a new message.
  */
 export const AdminEndLockDelayResponseSchema: GenMessage<AdminEndLockDelayResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 59);
+  messageDesc(file_fencepost_v1_lock, 63);
 
 /**
  * @generated from message fencepost.v1.ReportStaleWriteRequest
@@ -2671,7 +2863,7 @@ export type ReportStaleWriteRequest = Message<"fencepost.v1.ReportStaleWriteRequ
  * Use `create(ReportStaleWriteRequestSchema)` to create a new message.
  */
 export const ReportStaleWriteRequestSchema: GenMessage<ReportStaleWriteRequest> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 60);
+  messageDesc(file_fencepost_v1_lock, 64);
 
 /**
  * @generated from message fencepost.v1.ReportStaleWriteResponse
@@ -2684,7 +2876,7 @@ export type ReportStaleWriteResponse = Message<"fencepost.v1.ReportStaleWriteRes
  * Use `create(ReportStaleWriteResponseSchema)` to create a new message.
  */
 export const ReportStaleWriteResponseSchema: GenMessage<ReportStaleWriteResponse> = /*@__PURE__*/
-  messageDesc(file_fencepost_v1_lock, 61);
+  messageDesc(file_fencepost_v1_lock, 65);
 
 /**
  * ErrorReason is why a call failed (its name is the ErrorInfo.reason of the
@@ -3112,8 +3304,8 @@ export const LockService: GenService<{
    * this coordinator is past its capacity, an open one is served on),
    * INVALID_ARGUMENT (name: a
    * watch or unwatch whose name is not valid UTF-8; no field: a message
-   * that is no KeepAliveRequest at all; keepalives: a batch of more than
-   * 500 entries; the stream ends),
+   * that is no KeepAliveRequest at all; keepalives, calls: a batch of more
+   * than 500 entries; the stream ends),
    * PERMISSION_DENIED/NOT_LEASE_OWNER (a keepalive, an entry of a batch or
    * a watch for a live lease the caller does not own; the stream ends,
    * nothing is renewed for that lease).
@@ -3126,7 +3318,7 @@ export const LockService: GenService<{
    * (access policy, ownership, limits) and errors as the unary calls, one
    * gRPC message each way instead of a call: the fast path under load. A
    * coordinator that serves them says so in the stream's initial metadata
-   * (`fencepost-stream-calls: acquire,release,withdraw,keepalives`: the
+   * (`fencepost-stream-calls: acquire,release,withdraw,keepalives,calls`: the
    * KeepAliveRequest fields it serves beyond keepalive, watch and unwatch,
    * comma-separated; ignore words you do not know); a client that does not
    * see a call there uses the unary call. Answers come in any order.
@@ -3159,6 +3351,26 @@ export const LockService: GenService<{
    * of a keepalive), and between 1 and N answers; etcd still gets one
    * keepalive per lease, each way, on the coordinator's shared
    * LeaseKeepAlive stream.
+   *
+   * Batched calls: `calls` carries several calls in one message
+   * (StreamCalls, at most 500 entries), each entry (StreamCall) an
+   * acquire, release, withdraw or cancel with the request_id, timeout_ms,
+   * traceparent and lease_secret that KeepAliveRequest carries for a single
+   * call, and served exactly as that single call would be (same checks,
+   * access policy, ownership, limits, errors, logs, metrics and trace
+   * spans; an invalid entry is answered `failed`, the others go on). A
+   * coordinator that serves them lists `calls` in `fencepost-stream-calls`;
+   * a client that does not see it sends one message per call. Answers that
+   * are ready at the same time go together, as one StreamAnswers
+   * (KeepAliveResponse.answers), but only on a stream that has sent at
+   * least one `calls` message; elsewhere each answer is a message of its
+   * own, as above. Answers come in any order, whichever message carried
+   * the call: match each by its request_id. No call or answer is held back
+   * to wait for another. Cost: a batch of N calls is one client message
+   * instead of N, and between 1 and N answers (each gRPC message costs the
+   * coordinator about as much CPU as the rest of a call's work); etcd
+   * still gets one Txn per call (concurrent ones share an etcd Txn as
+   * single calls do).
    *
    * @generated from rpc fencepost.v1.LockService.KeepAlive
    */
