@@ -28,6 +28,9 @@ in threads of the bench process, so they share its GIL.
   generated grpc.aio stub, one channel and one lease per user.
 - ``fencepost-sync``: ``LockClient`` (sync; on the loop thread all LockClients share), one per user.
 - ``fencepost-async``: ``AsyncLockClient``, one per user.
+- ``fencepost-async-shared``: one ``AsyncLockClient`` shared by every user (the tasks of one process: one
+  channel, one lease, one KeepAlive stream, the calls of tasks that ask at once sent as one message,
+  ``KeepAliveRequest.calls``); P1 and P2 only (its users' holds of one name queue in the client itself).
 """
 
 from __future__ import annotations
@@ -336,6 +339,41 @@ class FencepostAsync(_Described):
                 await client.close()
 
         return User()
+
+
+class FencepostAsyncShared(_Described):
+    """One ``AsyncLockClient`` shared by every user: the tasks of one process (see the module docstring)."""
+
+    kind = "fencepost-async-shared"
+    sync = False
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._client: AsyncLockClient | None = None
+
+    async def user(self, i: int) -> Any:
+        if self._client is None:
+            self._client = AsyncLockClient(self.address)
+            await self._client.connect()
+        client = self._client
+
+        class User:
+            async def acquire(self, name: str) -> Any:
+                return await client.acquire(name, ttl=TTL)
+
+            async def release(self, name: str, grant: Any) -> None:
+                await grant.release()
+
+            async def close(self) -> None:
+                pass  # the peer's close() closes the shared client
+
+        return User()
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        await super().close()
 
 
 class FencepostSync(_Described):

@@ -62,6 +62,7 @@ from _peers import (  # noqa: E402
     EtcdDirect,
     Etcd3aioLock,
     FencepostAsync,
+    FencepostAsyncShared,
     FencepostStub,
     FencepostSync,
     KazooLock,
@@ -75,7 +76,9 @@ from fencepost.coordinator.process.embedded import EmbeddedEtcd  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ["P1", "P2", "P3", "P4", "P5"]
 PEERS = ["etcd-direct", "etcd3aio-lock", "redis-lock", "kazoo-lock", "fencepost-stub", "fencepost-sync",
-         "fencepost-async"]
+         "fencepost-async", "fencepost-async-shared"]
+#: Peers measured in P1 and P2 only (the shared client's users would hand a lock over inside the client in P3).
+P1_ONLY = {"fencepost-async-shared"}
 #: Users per lock name in P1's contended variant.
 PER_NAME = 8
 
@@ -168,8 +171,8 @@ class Suite:
             proc, port = await asyncio.to_thread(_procs.start_zookeeper, self.workdir / "zk")
             self.children.add(proc)
             return KazooLock(port, self.prefix)
-        return {"fencepost-stub": FencepostStub, "fencepost-sync": FencepostSync,
-                "fencepost-async": FencepostAsync}[kind](address)
+        return {"fencepost-stub": FencepostStub, "fencepost-sync": FencepostSync, "fencepost-async": FencepostAsync,
+                "fencepost-async-shared": FencepostAsyncShared}[kind](address)
 
     async def close(self) -> None:
         """Close the peers and stop every server this suite started (idempotent)."""
@@ -277,6 +280,8 @@ class Suite:
 
     async def p3(self) -> None:
         for kind, peer in self.peers.items():
+            if kind in P1_ONLY:
+                continue
             started = time.monotonic()
             try:
                 samples = await asyncio.wait_for(handoffs(peer, self.s["handoffs"], f"{kind}/handoff"),
