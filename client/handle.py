@@ -98,6 +98,11 @@ class HoldView:
         return self._hold._slot
 
     @property
+    def read(self) -> bool:
+        """Whether this is a read hold of a read-write lock (``read=True``, docs/rwlocks.md), shared with readers."""
+        return self._hold._kind == kinds.HoldKind.HOLD_KIND_READ
+
+    @property
     def lease_id(self) -> int:
         """The id of the lease holding the lock."""
         return self._hold._lease.lease_id
@@ -423,6 +428,7 @@ class AsyncLockHandle(HoldView):
     def __repr__(self) -> str:
         state = "released" if self._released else f"lost:{self._lost_reason}" if self._lost_reason else "held"
         slot = f" slot={self._slot}" if self._kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE else ""
+        slot += " read" if self._kind == kinds.HoldKind.HOLD_KIND_READ else ""
         return (
             f"<AsyncLockHandle name={self._name!r}{slot} lease_id={self.lease_id} token={self._token} "
             f"ttl={self.ttl} {state}>"

@@ -71,6 +71,13 @@ def test_request_when_fields_come_from_body_query_and_path() -> None:
         with pytest.raises(InvalidArgument) as raised:
             request_of(found.route, data, found.fields, query="waitForever" in data)
         assert raised.value.field == field, data
+    # An enum is a name or a JSON integer (protobuf's parser took these: 1.5 and true read, 0.9 wrote).
+    for mode in (1.5, True, "1", 0.9, "LOCK_MODE_READX"):
+        with pytest.raises(InvalidArgument) as raised:
+            request_of(found.route, {"leaseId": "7", "mode": mode}, found.fields, query=False)
+        assert raised.value.field == "mode", mode
+    for mode, want in (("LOCK_MODE_READ", 1), (1, 1), (0, 0), ("LOCK_MODE_WRITE", 0), (None, 0)):
+        assert request_of(found.route, {"leaseId": "7", "mode": mode}, found.fields, query=False).mode == want
 
 
 def test_every_rpc_has_a_route() -> None:

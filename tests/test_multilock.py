@@ -141,15 +141,16 @@ async def test_acquire_all_when_names_are_bad(stub: object, names: list[str]) ->
             lock_pb2.AcquireAllRequest(names=names, lease_id=lease.lease_id),
             metadata=secret_metadata(lease.lease_id, None), timeout=5)
     assert_invalid_field(caught.value, "names")
+    assert "reason=" not in (caught.value.details() or ""), caught.value.details()  # an inner error's words
 
 
 async def test_client_checks_names_before_any_call(address: str) -> None:
     """The client refuses bad names with InvalidArgument (field ``names``) before it connects."""
     client = AsyncLockClient(address)
-    for names in (["a"], ["a", "a"], "ab", [f"n{i}" for i in range(33)]):
+    for names in (["a"], ["a", "a"], "ab", [f"n{i}" for i in range(33)], ["p", ""]):
         with pytest.raises(InvalidArgument) as caught:
             await client.acquire_all(names, ttl=5)
-        assert caught.value.field == "names"
+        assert caught.value.field == "names" and str(caught.value).count("reason=") == 1, str(caught.value)
     await client.close()
 
 
@@ -198,12 +199,13 @@ async def test_losing_one_name_loses_the_multilock(address: str, etcd_client: Et
         key = Keys(prefix).contender("m2", handle.lease_id)
         await etcd_client.kv.delete(key, timeout=5)  # type: ignore[union-attr]
         await asyncio.wait_for(handle.lost.wait(), 10)
-        assert handle.lost_reason is not None and not handle.is_valid()
+        assert handle.lost_reason is not None and not handle.is_valid() and handle.lost_name == "m2"
         with pytest.raises(asyncio.CancelledError):
             await sleeper
         assert await asyncio.to_thread(told.wait, 10)
-        with pytest.raises(LeaseLost):
+        with pytest.raises(LeaseLost) as lost:
             await handle.release()
+        assert lost.value.name == "m2", lost.value  # the name that went, not the first one
         await wait_for(lambda: _count_is(etcd_client, prefix, 0), 10, what="the other names released")
 
 
@@ -386,13 +388,15 @@ async def test_release_after_close_and_lock_all_loss(address: str, etcd_client: 
     with pytest.raises(FencepostError):  # "client is closed" (or LeaseLost, when the revoke was heard)
         await handle.release()
     async with AsyncLockClient(address) as client:
-        with pytest.raises(LeaseLost):
+        with pytest.raises(LeaseLost) as lost:
             async with client.lock_all(["c3", "c4"], ttl=5) as held:
+                assert held.lease_secret and held.lease_secret == (await client.acquire("c5", ttl=5)).lease_secret
                 held.cancel_on_lost()
                 key = Keys(prefix).contender("c4", held.lease_id)
                 await etcd_client.kv.delete(key, timeout=5)  # type: ignore[union-attr]
                 await asyncio.Event().wait()  # cancelled by the loss
-        await wait_for(lambda: _count_is(etcd_client, prefix, 0), 10, what="c3 released")
+        assert lost.value.name == "c4", lost.value
+        await wait_for(lambda: _count_is(etcd_client, prefix, 1), 10, what="c3 released (c5 held)")
 
 
 async def test_docs_example_runs(address: str, tmp_path: Path) -> None:

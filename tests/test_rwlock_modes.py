@@ -69,9 +69,32 @@ async def test_one_client_asking_for_both_modes_under_one_ttl(address: str) -> N
     (field ``mode``) at once, not at its timeout."""
     async with AsyncLockClient(address) as client:
         w = await client.acquire("both", ttl=10)
+        r = await client.acquire("other", ttl=10, read=True)
+        assert (w.read, r.read) == (False, True) and " read " in repr(r) and " read " not in repr(w)
+        await r.release()
         started = time.monotonic()
         with pytest.raises(InvalidArgument) as err:
             await client.acquire("both", ttl=10, timeout=20, read=True)
         assert err.value.field == "mode" and time.monotonic() - started < 10
         assert w.is_valid()
         await w.release()
+
+
+async def test_release_in_the_wrong_mode_says_which_mode_it_holds(stub: OwnedStub) -> None:
+    """A read hold released without mode READ (and a write hold with it) is NOT_HOLDER, its message naming the
+    lock as the caller did (never the reader's internal name) and the mode the lease holds it in."""
+    lease = await _lease(stub)
+    for held, asked, words in ((READ, WRITE, "it holds it for reading"), (WRITE, READ, "it holds it for writing")):
+        got = await stub.Acquire(lock_pb2.AcquireRequest(name="w", lease_id=lease, wait_ms=0, mode=held), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Release(lock_pb2.ReleaseRequest(name="w", lease_id=lease, token=got.token, mode=asked),
+                               timeout=5)
+        details = err.value.details() or ""
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and words in details, details
+        assert "\\x01" not in details and "'w'" in details, details
+        await stub.Release(lock_pb2.ReleaseRequest(name="w", lease_id=lease, token=got.token, mode=held), timeout=5)
+    got = await stub.Acquire(lock_pb2.AcquireRequest(name="w", lease_id=lease, wait_ms=0, mode=READ), timeout=5)
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # a token it was not granted, of its read hold
+        await stub.Release(lock_pb2.ReleaseRequest(name="w", lease_id=lease, token=got.token + 1, mode=READ),
+                           timeout=5)
+    assert "'w' for reading" in (err.value.details() or ""), err.value.details()

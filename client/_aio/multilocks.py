@@ -83,8 +83,8 @@ class MultiLockCalls(QueryCalls):
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and handle.lost_reason is not None and task is not None \
                     and task.uncancel() == 0:
-                raise LeaseLost("multi-lock hold was lost", name=handle.names[0], lease_id=handle.lease_id,
-                                reason=handle.lost_reason) from exc
+                raise LeaseLost(f"multi-lock hold was lost: {handle.lost_name!r} first", name=handle.lost_name,
+                                lease_id=handle.lease_id, reason=handle.lost_reason) from exc
             raise
         await handle.release()
 

@@ -60,7 +60,7 @@ def check_names(names: Sequence[str]) -> list[str]:
         try:
             wire.check_name(name)
         except InvalidArgument as exc:
-            raise InvalidArgument(f"names: {exc}", field="names") from exc
+            raise InvalidArgument(f"names: {exc.message}", field="names") from exc
     return names
 
 
@@ -87,6 +87,7 @@ class AsyncMultiLockHandle:
             name: AsyncLockHandle(name, lease, token, self._release_member) for name, token in zip(names, tokens)}
         self.lost = asyncio.Event()
         self._lost_reason: str | None = None
+        self._lost_name: str | None = None
         self._released = False
         self._request_id = ""
         self._release_call: asyncio.Future[None] | None = None
@@ -120,6 +121,11 @@ class AsyncMultiLockHandle:
         return self._lease.lease_id
 
     @property
+    def lease_secret(self) -> str:
+        """The lease's secret, as :attr:`AsyncLockHandle.lease_secret` (a credential: never log it)."""
+        return self._lease.secret
+
+    @property
     def ttl(self) -> int:
         """The lease's granted TTL in seconds."""
         return self._lease.ttl
@@ -143,6 +149,11 @@ class AsyncMultiLockHandle:
     def lost_reason(self) -> str | None:
         """Why the multi-lock was lost (the first lost name's reason), None while held or once released."""
         return self._lost_reason
+
+    @property
+    def lost_name(self) -> str | None:
+        """The name whose hold was lost first (the multi-lock was lost with it), None while held."""
+        return self._lost_name
 
     @property
     def released(self) -> bool:
@@ -191,8 +202,8 @@ class AsyncMultiLockHandle:
             raise NotHolder("multi-lock was already released", name=self._names[0], lease_id=self.lease_id)
         if self._lost_reason is not None:  # the names still held are being released (_release_rest)
             self._released = True
-            raise LeaseLost("multi-lock hold was lost before release", name=self._names[0], lease_id=self.lease_id,
-                            reason=self._lost_reason)
+            raise LeaseLost(f"multi-lock hold was lost before release: {self._lost_name!r} first",
+                            name=self._lost_name, lease_id=self.lease_id, reason=self._lost_reason)
         if self._release_call is None:
             deadline = asyncio.get_running_loop().time() + holds.call_timeout
             call = self._release_call = asyncio.ensure_future(self._release_all(deadline))
@@ -247,6 +258,7 @@ class AsyncMultiLockHandle:
         if self._lost_reason is not None or self._released:
             return
         self._lost_reason = handle.lost_reason or LEASE_EXPIRED
+        self._lost_name = handle.name
         self.lost.set()
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:

@@ -189,6 +189,16 @@ class MultiLockHandle:
         """Why it was lost, None while held."""
         return self._hold.lost_reason
 
+    @property
+    def lost_name(self) -> str | None:
+        """The name whose hold was lost first, None while held."""
+        return self._hold.lost_name
+
+    @property
+    def lease_secret(self) -> str:
+        """The lease's secret (a credential: never log it)."""
+        return self._hold.lease_secret
+
     def valid_for(self) -> float:
         """Seconds the multi-lock is believed held, at most (see :meth:`AsyncMultiLockHandle.valid_for`)."""
         return self._hold.valid_for()

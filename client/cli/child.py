@@ -229,6 +229,13 @@ def note(text: str) -> None:
     print(f"{PROGRAM.get()}: {text}", file=sys.stderr, flush=True)
 
 
+def lost_words(handle: AsyncLockHandle | AsyncMultiLockHandle) -> str:
+    """Why ``handle`` was lost, and for a multi-lock which of its names went first."""
+    reason = handle.lost_reason or "lost"
+    name = handle.lost_name if isinstance(handle, AsyncMultiLockHandle) else None
+    return f"{reason} ({shown_name(name)} first)" if name else reason
+
+
 async def supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle | AsyncMultiLockHandle,
                     received: asyncio.Queue[int], *, grace: float, lost_exit_code: int,
                     what: str | None = None) -> RunResult:
@@ -254,18 +261,18 @@ async def supervise(proc: asyncio.subprocess.Process, handle: AsyncLockHandle | 
     try:
         await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
         if not exited.done():
-            reason = handle.lost_reason or "lost"
-            await end_group(proc, exited, grace, f"lost {what}: {reason}")
+            reason, why = handle.lost_reason or "lost", lost_words(handle)
+            await end_group(proc, exited, grace, f"lost {what}: {why}")
             status = exit_status(exited.result())
-            return RunResult(lost_exit_code, status, reason, f"lost: {reason}: {what}; command stopped (status {status})")
+            return RunResult(lost_exit_code, status, reason, f"lost: {why}: {what}; command stopped (status {status})")
         status = exit_status(exited.result())
         if _group_alive(proc):  # it left processes running: they go before the lock does
             await end_group(proc, exited, grace, f"pid {proc.pid} exited (status {status}) and left "
                                                   f"processes running in its group")
         if handle.lost.is_set():
-            reason = handle.lost_reason or "lost"
+            reason, why = handle.lost_reason or "lost", lost_words(handle)
             return RunResult(lost_exit_code, status, reason,
-                             f"lost: {reason}: {what} was lost before the command exited (status {status})")
+                             f"lost: {why}: {what} was lost before the command exited (status {status})")
         try:
             await handle.release()
         except (LeaseLost, NotHolder, StaleTokenError) as err:

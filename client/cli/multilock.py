@@ -97,7 +97,7 @@ def hold_words(handle: AsyncMultiLockHandle) -> str:
 
 def lease_secret(handle: AsyncMultiLockHandle) -> str:
     """The secret of the lease that holds every name ("" when the coordinator gave none)."""
-    return handle.handles[handle.names[0]].lease_secret
+    return handle.lease_secret
 
 
 def tokens_env(tokens: Mapping[str, int]) -> dict[str, str]:

@@ -236,6 +236,8 @@ def request_of(route: Route, data: Mapping[str, Any], path: Mapping[str, str], *
             if value not in ("true", "false"):
                 raise InvalidArgument(f"{found.name} is {value!r}; must be true or false", field=found.name)
             value = value == "true"
+        if found.enum_type is not None:
+            _check_enum(found, value, query)
         if found.name in given and given[found.name] != value:
             raise InvalidArgument(f"{found.name} is given twice", field=found.name)
         given[found.name] = value
@@ -249,6 +251,22 @@ def request_of(route: Route, data: Mapping[str, Any], path: Mapping[str, str], *
         except json_format.ParseError as exc:
             raise InvalidArgument(f"{name}: {exc}", field=name) from None
     return message
+
+
+def _check_enum(found: FieldDescriptor, value: Any, query: bool) -> None:
+    """An enum field is one of its names, or its number as a JSON integer (a query's as decimal digits):
+    protobuf's parser would take ``true``, ``1.5`` or ``"1"`` too (proto3 JSON allows neither).
+
+    Raises:
+        InvalidArgument: INVALID_FIELD naming the field.
+    """
+    names = found.enum_type.values_by_name
+    if isinstance(value, str) and (value in names or (query and value.isdigit())):
+        return
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):  # null: the default (proto3 JSON)
+        return
+    raise InvalidArgument(f"{found.name} is {value!r}; must be one of {', '.join(names)} or its number",
+                          field=found.name)
 
 
 def _same_enum(message: Message, name: str, given: Any, value: Any) -> bool:

@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from fencepost.client.errors import FencepostError, LeaseLost, NotHolder, StaleTokenError
-from fencepost.client.v1 import etcdops
+from fencepost.client.v1 import etcdops, kinds
 from fencepost.client.v1.keys import Hold, Keys
 
 from ..etcd import NOT_APPLIED, EtcdClient, TxnPlan
@@ -47,7 +47,7 @@ from .waiters import REATTACH_SECONDS, Waiters, mode_conflict
 from .watch import DeleteWatcher
 
 __all__ = ["DESCRIBE_WAITERS", "REATTACH_SECONDS", "AcquireResult", "Description", "Holder", "LockManager",
-           "release_refusal"]
+           "release_refusal", "shown_hold"]
 
 def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_alive: bool, *,
                     floor: int = 0) -> FencepostError:
@@ -68,17 +68,36 @@ def release_refusal(hold: Hold, mine: Any | None, holder: Holder | None, lease_a
     """
     name, lease_id, token = hold
     current = holder.token if holder is not None else None
+    shown = shown_hold(name)
     if mine is not None:
         created = int(mine.create_revision) + floor
         if created > token:
-            return StaleTokenError(f"token {token} of {name!r} is stale: the lease holds it under {created}",
+            return StaleTokenError(f"token {token} of {shown} is stale: the lease holds it under {created}",
                                    name=name, lease_id=lease_id, token=token, current_token=created)
-        return NotHolder(f"token {token} was not granted to lease {lease_id:#x} for {name!r} (its key there "
+        return NotHolder(f"token {token} was not granted to lease {lease_id:#x} for {shown} (its key there "
                          f"has token {created})", name=name, lease_id=lease_id, token=token, current_token=current)
     if not lease_alive:
         return LeaseLost(f"lease {lease_id:#x} has expired or was revoked", name=name, lease_id=lease_id)
-    return NotHolder(f"lease {lease_id:#x} does not hold {name!r}", name=name, lease_id=lease_id, token=token,
+    other = ""
+    if holder is not None and holder.lease_id == lease_id:  # it holds the lock, in the other mode (rwlock.py)
+        other = ": it holds it for reading (release with mode LOCK_MODE_READ)" if holder.read else \
+            ": it holds it for writing (release without mode LOCK_MODE_READ)"
+    return NotHolder(f"lease {lease_id:#x} does not hold {shown}{other}", name=name, lease_id=lease_id, token=token,
                      current_token=current)
+
+
+def shown_hold(name: str) -> str:
+    """An internal lock name as error messages show it: ``'n'``, ``'n' for reading``, ``election 'e'``,
+    ``permit 2 of semaphore 's'`` (never the internal name's control characters)."""
+    public = kinds.public_hold(name)
+    if public.kind == kinds.HoldKind.HOLD_KIND_READ:
+        return f"{public.name!r} for reading"
+    if public.kind == kinds.HoldKind.HOLD_KIND_ELECTION:
+        return f"election {public.name!r}"
+    if public.kind == kinds.HoldKind.HOLD_KIND_SEMAPHORE:
+        return f"permit {public.slot} of semaphore {public.name!r}" if public.slot >= 0 else \
+            f"the queue of semaphore {public.name!r}"
+    return repr(name)
 
 
 class LockManager:

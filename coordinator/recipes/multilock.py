@@ -81,7 +81,7 @@ def validate_names(names: Sequence[str], *, public: bool = False) -> list[str]:
         try:
             (validate_name if public else validate_lock_name)(name)
         except InvalidArgument as exc:
-            raise InvalidArgument(f"names: {exc}", field="names") from exc
+            raise InvalidArgument(f"names: {exc.message}", field="names") from exc
     return names
 
 
