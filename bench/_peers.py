@@ -259,7 +259,7 @@ class Etcd3aioLock:
 # ---------------------------------------------------------------------------------------------- Fencepost
 
 
-class _Described:
+class Described:
     """A Describe stub on the coordinator: whether a waiter is queued (for the hand-off figure)."""
 
     address: str
@@ -278,7 +278,7 @@ class _Described:
             await self._channel.close()
 
 
-class FencepostStub(_Described):
+class FencepostStub(Described):
     """Acquire + Release over the generated grpc.aio stub (unary calls): one connection and one session lease
     per user."""
 
@@ -315,7 +315,7 @@ class FencepostStub(_Described):
         return User()
 
 
-class FencepostAsync(_Described):
+class FencepostAsync(Described):
     """``AsyncLockClient``, one per user (its own channel, lease and KeepAlive stream)."""
 
     kind = "fencepost-async"
@@ -341,42 +341,7 @@ class FencepostAsync(_Described):
         return User()
 
 
-class FencepostAsyncShared(_Described):
-    """One ``AsyncLockClient`` shared by every user: the tasks of one process (see the module docstring)."""
-
-    kind = "fencepost-async-shared"
-    sync = False
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self._client: AsyncLockClient | None = None
-
-    async def user(self, i: int) -> Any:
-        if self._client is None:
-            self._client = AsyncLockClient(self.address)
-            await self._client.connect()
-        client = self._client
-
-        class User:
-            async def acquire(self, name: str) -> Any:
-                return await client.acquire(name, ttl=TTL)
-
-            async def release(self, name: str, grant: Any) -> None:
-                await grant.release()
-
-            async def close(self) -> None:
-                pass  # the peer's close() closes the shared client
-
-        return User()
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-        await super().close()
-
-
-class FencepostSync(_Described):
+class FencepostSync(Described):
     """``LockClient`` (sync, on the shared loop thread), one per user, run from one thread each."""
 
     kind = "fencepost-sync"

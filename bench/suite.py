@@ -62,13 +62,13 @@ from _peers import (  # noqa: E402
     EtcdDirect,
     Etcd3aioLock,
     FencepostAsync,
-    FencepostAsyncShared,
     FencepostStub,
     FencepostSync,
     KazooLock,
     RedisLock,
 )
 from _report import render, plot  # noqa: E402
+from _shared_peer import FencepostAsyncShared  # noqa: E402
 from _takeover import takeovers  # noqa: E402
 
 from fencepost.coordinator.process.embedded import EmbeddedEtcd  # noqa: E402
