@@ -17,12 +17,12 @@ import pytest
 import fencepost.client as client
 
 _HOLD = {"check", "deadline", "is_valid", "lease_id", "lease_secret", "lost_reason", "margin", "name", "on_lost",
-         "release", "released", "slot", "token", "ttl", "valid_for"}
+         "read", "release", "released", "slot", "token", "ttl", "valid_for"}
 _ASYNC = _HOLD | {"cancel_on_lost", "kind", "local_name", "what"}
 _SYNC = _HOLD | {"wait_lost"}
 _ELECTION = {"proclaim", "resign"}
-_MULTI = {"check", "deadline", "is_valid", "lease_id", "lost_reason", "margin", "names", "on_lost", "release",
-          "released", "token_for", "tokens", "ttl", "valid_for"}
+_MULTI = {"check", "deadline", "is_valid", "lease_id", "lease_secret", "lost_name", "lost_reason", "margin", "names",
+          "on_lost", "release", "released", "token_for", "tokens", "ttl", "valid_for"}
 
 PUBLIC = {
     "AsyncLockHandle": _ASYNC,
