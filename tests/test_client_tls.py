@@ -28,6 +28,8 @@ import fencepost.client as fc
 from fencepost.client import TlsConfig
 from fencepost.client._transport import handshake as _handshake
 from fencepost.client._transport import tls as _tls
+from fencepost.client._transport import transport as _transport
+from fencepost.client.v1 import lock_pb2 as pb
 
 from . import lock_servers, tls_pki
 from .lock_servers import LockServer, Start
@@ -314,6 +316,52 @@ async def test_connect_when_tls_fails_and_another_address_is_down_is_unavailable
     await client.close()
     assert not isinstance(info.value, fc.TlsError)
     assert f"TLS handshake with {bad.address} failed: the coordinator's certificate has expired" in str(info.value)
+
+
+class RacedTransport(_transport.Transport):
+    """A fail-fast transport whose first connection to ``late`` fails before its wait begins.
+
+    The race a loaded machine makes: gRPC finishes (and fails) the handshake
+    between the channel's creation and the wait's first look at it, so the
+    wait sees a failure it cannot tell from a stale one.
+    """
+
+    def __init__(self, *args: Any, late: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.late = late
+        self.raced = False
+
+    async def _wait_ready(self, channel: grpc.aio.Channel, address: str, timeout: float, *, once: bool) -> str:
+        if address == self.late and not self.raced:
+            self.raced = True
+            state = channel.get_state(try_to_connect=True)
+            async with asyncio.timeout(PROMPT):
+                while state != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                    await channel.wait_for_state_change(state)
+                    state = channel.get_state(try_to_connect=True)
+        return await super()._wait_ready(channel, address, timeout, once=once)
+
+
+async def test_fail_fast_call_when_a_handshake_failed_before_its_wait_names_the_tls_cause(pki: Pki,
+                                                                                            serve: Start) -> None:
+    """One address down, the other's handshake failed early: the down one counts once, the TLS cause is said.
+
+    Before, the early failure sent the rotation back to the down address, which counted as a second address
+    failed: "every connection attempt failed", the TLS cause lost (a CLI test failed so in a fresh-clone CI run).
+    """
+    mtls = await serve(pki.server(client_ca=pki.ca))
+    transport = RacedTransport([refused_address(), mtls.address], connect_timeout=PATIENT, fail_fast=True,
+                               security=_tls.security(TlsConfig(ca=pki.ca_file)), late=mtls.address)
+    transport.open()
+    request = pb.DescribeRequest(name=_name())
+    try:
+        with pytest.raises(fc.FencepostError) as info:
+            await asyncio.wait_for(transport.call("Describe", lambda left: (request, PROMPT), until=None,
+                                                  idempotent=True), 2 * PROMPT)
+    finally:
+        await transport.close()
+    assert transport.raced
+    assert "requires a client certificate, and none was given" in str(info.value), info.value
 
 
 # ---------------------------------------------------------------- the keepalive stream

@@ -162,11 +162,11 @@ async def _probe(security: Security, context: ssl.SSLContext, address: str, name
             return "the coordinator speaks TLS, and this client connects without it"
         try:
             first = await reader.read(1)
+        except (ConnectionError, ssl.SSLEOFError):  # closed, with or without a TCP reset or TLS close_notify
+            first = b""
         except ssl.SSLError as err:
             reason = err.reason or ""
             return _refused(security, reason) if "ALERT" in reason else None
-        except ConnectionResetError:
-            first = b""
         ssl_object = writer.get_extra_info("ssl_object")
         version = ssl_object.version() if ssl_object is not None else None
         if first or version != "TLSv1.3":

@@ -198,7 +198,7 @@ class Transport(Connection):
                                   f"request id {request_id} until the call's time ran out)", method=method,
                                   request_id=request_id, name=name, lease_id=lease_id)
 
-        unreachable = 0  # addresses that could not be connected to (fail_fast)
+        unreachable: set[str] = set()  # addresses that could not be connected to (fail_fast)
         overloaded = 0  # refusals of coordinators past their capacity
         tls_failed: dict[str, TlsError] = {}  # address -> its failed handshake
         # The last retried UNAVAILABLE answer (e.g. ETCD_UNAVAILABLE: a coordinator
@@ -239,9 +239,10 @@ class Transport(Connection):
                     self.rotate(channel, force=True)  # try a fresh connection
                     continue
                 if outcome == FAILED:  # fail_fast: this address's connection attempt failed, not for TLS
-                    unreachable += 1
+                    # Each address counts once: after a STALE answer the rotation comes back to a failed one.
+                    unreachable.add(address)
                     self.rotate(channel, force=True)
-                    if unreachable + len(tls_failed) >= len(self.addresses):
+                    if len(unreachable | tls_failed.keys()) >= len(self.addresses):
                         raise Unavailable(and_tls(self.unreachable("every connection attempt failed"), tls_failed),
                                           name=name, lease_id=lease_id)
                     continue

@@ -21,7 +21,7 @@ def test_election_survives_a_frozen_or_killed_leader(coordinator_process: Any, t
     """With the leader frozen (0.5 T to 2 T) or killed again and again, the election's history is clean."""
     address = coordinator_process.start()
     result = election.run(address, tmp_path / "election", candidates=5, observers=2,
-                          seconds=120.0 if SOAK else 13.0, ttl=2.0)
+                          seconds=120.0 if SOAK else 13.0, ttl=2.0, leader_faults=4)
     verdict = election.check(result.events, result.data, faults=result.faults)
     print(verdict.text())
     print("election figures: " + json.dumps({"leaderships": verdict.leaderships, "leader hits": verdict.leader_hits,

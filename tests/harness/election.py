@@ -42,7 +42,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ from . import history as hist
 from .nemesis import Control, Nemesis, Worker
 from .workload import REPO, open_store, worker_run
 
-__all__ = ["ELECTION", "ElectionReport", "RECORD", "RunResult", "check", "leader_nemesis", "run"]
+__all__ = ["ELECTION", "ElectionReport", "LeaderNemesis", "RECORD", "RunResult", "check", "leader_nemesis", "run"]
 
 #: The election every candidate campaigns in.
 ELECTION = "leader"
@@ -199,8 +199,12 @@ def _leading(worker: Worker) -> bool:
     return inside and '"result":"stale"' not in last
 
 
-def leader_nemesis(ctl: Control, rng: random.Random) -> None:
-    """Wait (up to T) for the candidate that leads, then SIGSTOP it for 0.5 T to 2 T or SIGKILL it; rest 0.5 T."""
+def leader_nemesis(ctl: Control, rng: random.Random) -> bool:
+    """Wait (up to T) for the candidate that leads, then SIGSTOP it for 0.5 T to 2 T or SIGKILL it; rest 0.5 T.
+
+    Returns:
+        Whether the fault hit a candidate leading at that moment (else one chosen at random: none led within T).
+    """
     deadline = time.monotonic() + ctl.ttl
     target = None
     while target is None and time.monotonic() < deadline:
@@ -208,12 +212,18 @@ def leader_nemesis(ctl: Control, rng: random.Random) -> None:
         target = leading[0] if leading else None
         if target is None:
             time.sleep(0.005)
+    hit = target is not None
     target = target or rng.choice(ctl.workers)
     if rng.random() < 0.5:
         ctl.freeze(target, rng.uniform(0.5 * ctl.ttl, 2.0 * ctl.ttl))
     else:
         ctl.kill(target)
     ctl.sleep(0.5 * ctl.ttl)
+    return hit
+
+
+#: A nemesis of the election: one fault; True when it hit the leader (run() counts those), None when it cannot tell.
+LeaderNemesis = Callable[[Control, random.Random], "bool | None"]
 
 
 # ---------------------------------------------------------------- driver
@@ -232,8 +242,9 @@ class RunResult:
 
 
 def run(address: str | Sequence[str], workdir: Path, *, candidates: int = 5, observers: int = 2,
-        seconds: float = 20.0, ttl: float = 2.0, nemesis: Nemesis | None = leader_nemesis,
-        restart_coordinator: Any = None, seed: int | None = None, settle_seconds: float = 30.0) -> RunResult:
+        seconds: float = 20.0, ttl: float = 2.0, nemesis: LeaderNemesis | Nemesis | None = leader_nemesis,
+        restart_coordinator: Any = None, seed: int | None = None, settle_seconds: float = 30.0,
+        leader_faults: int = 0) -> RunResult:
     """Run the candidates for ``seconds`` with a nemesis, the observers around them; merge the histories.
 
     Args:
@@ -247,6 +258,9 @@ def run(address: str | Sequence[str], workdir: Path, *, candidates: int = 5, obs
         restart_coordinator: How to restart the coordinator (for a nemesis that does), or None.
         seed: Seed of the nemesis and candidate randomness.
         settle_seconds: Longest wait, after the candidates stopped, for every observer to see no leader.
+        leader_faults: Keep campaigning past ``seconds`` (up to three times as
+            long) until the nemesis has hit a leader this many times: a short
+            run on a loaded machine may otherwise end after a fault or two.
 
     Returns:
         The merged history, the store's final data and the fault counts.
@@ -270,7 +284,7 @@ def run(address: str | Sequence[str], workdir: Path, *, candidates: int = 5, obs
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
 
     start_t = time.monotonic()
-    end = start_t + seconds  # set again once the observers are up
+    end = last = start_t + seconds  # set again once the observers are up
     faults: dict[str, int] = {}
 
     def spawn(worker: Worker) -> None:
@@ -279,7 +293,7 @@ def run(address: str | Sequence[str], workdir: Path, *, candidates: int = 5, obs
         histories.append(worker.history)
         worker.proc = start(["candidate", "--address", addresses, "--store", target, "--history",
                              str(worker.history), "--proc", worker.proc_id, "--ttl", str(ttl),
-                             "--duration", str(max(1.0, end - time.monotonic())),
+                             "--duration", str(max(1.0, last - time.monotonic())),
                              "--campaign-timeout", str(max(2.0, 4 * ttl)), "--seed", str(rng.randrange(2**31))],
                             f"{worker.proc_id}.log")
 
@@ -293,16 +307,18 @@ def run(address: str | Sequence[str], workdir: Path, *, candidates: int = 5, obs
             _wait_for_line(proc, path, '"op":"observe"', 30.0)
         start_t = time.monotonic()
         end = start_t + seconds
-        ctl = Control(slots, spawn, driver, restart_coordinator, ttl, end)
+        last = start_t + (3 * seconds if leader_faults > 0 else seconds)  # the latest end leader_faults allows
+        ctl = Control(slots, spawn, driver, restart_coordinator, ttl, last)
         faults = ctl.faults
         for slot in slots:
             spawn(slot)
-        while time.monotonic() < end:
+        hits = 0
+        while time.monotonic() < end or (hits < leader_faults and time.monotonic() < last):
             if nemesis is None:
                 ctl.sleep(end - time.monotonic())
             else:
                 try:
-                    nemesis(ctl, rng)
+                    hits += 1 if nemesis(ctl, rng) else 0
                 except Exception as exc:  # a nemesis that fails is recorded, not fatal to the run
                     ctl.history.record("nemesis", kind="nemesis-error", error=repr(exc))
         for slot in slots:
