@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from fencepost.client import AsyncLockClient
 from fencepost.client.cli import common
+from fencepost.client.cli.acquire import acquire_unless
 
 from .cli_helpers import assert_one_line_error, cli_argv, free_port, holding, lock_name, run_cli, status_json
 from .conftest import cli_env, wait_for
@@ -155,6 +157,23 @@ async def test_acquire_when_interrupted_while_waiting_leaves_no_waiter(address: 
         assert (await status_json(address, name))["waiter_count"] == 0
         rc, _, err = await holder.finish(signal.SIGINT)
         assert rc == 0, err
+
+
+async def test_acquire_unless_when_the_signal_and_the_grant_come_together_the_signal_wins(address: str) -> None:
+    """A grant and a signal seen in the same wake-up: the grant is released and None returned.
+
+    Before, the grant won and the signal, already taken from the queue, was lost: ``fencepost run`` then ran
+    its command and ignored the SIGTERM (a lock-delay CLI test waited 15 s for it in a full run).
+    """
+    name = lock_name()
+    async with AsyncLockClient([address]) as client:
+        granted = asyncio.ensure_future(client.acquire(name, ttl=5))
+        await asyncio.wait_for(asyncio.shield(granted), 10)
+        signalled: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        signalled.set_result(signal.SIGTERM)
+        assert await acquire_unless(client, name, ttl=5, timeout=None, try_once=False, interrupt=signalled,
+                                    acquiring=granted) is None
+        assert (await client.describe(name)).held is False
 
 
 async def test_status_without_name_reports_serving(address: str) -> None:

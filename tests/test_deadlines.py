@@ -194,6 +194,10 @@ def test_cli_status_tells_etcd_down_from_coordinator_down(frozen_process: str, f
     """`fencepost status NAME` with etcd frozen: the coordinator answered; etcd did not."""
     freezer.freeze()
     result, took = _cli("status", "u6", "--address", frozen_process)
+    if "no answer from the coordinator" in result.stderr:
+        # Its answer leaves 0.5 s before the CLI's deadline: a coordinator starved that long by a loaded machine
+        # misses it (seen once in a full run). One that never tells etcd's silence fails this second look too.
+        result, took = _cli("status", "u6", "--address", frozen_process)
     assert result.returncode == 1, result
     assert "cannot reach the coordinator" not in result.stderr, result.stderr
     assert "the coordinator at" in result.stderr and "its etcd did not" in result.stderr, result.stderr

@@ -153,8 +153,10 @@ async def acquire_unless(client: AsyncLockClient, name: str, *, ttl: float, time
         async with progress.showing(progress.Waiting(what, look)):
             await asyncio.wait({acquiring, interrupted}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        # Both may be done: the signal was taken from the queue, so it wins (else nothing would act on it).
+        signalled = interrupted.done() and not interrupted.cancelled()
         interrupted.cancel()
-    if acquiring.done():
+    if acquiring.done() and not signalled:
         return acquiring.result()
     acquiring.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
