@@ -258,7 +258,7 @@ export class Transport {
     // The last UNAVAILABLE answer a coordinator gave with a reason (ETCD_UNAVAILABLE): what a call whose
     // retries then run out of time throws, a better account than "no answer".
     let answered: FencepostError | undefined;
-    const unknown = (cause: unknown): Unavailable => new Unavailable(
+    const outcomeUnknown = (cause: unknown): Unavailable => new Unavailable(
       `${method} was sent but no answer said whether it was applied (retried with request id ` +
         `${opts.requestId} until the call's time ran out)`,
       { ...context, reason: REASON_OUTCOME_UNKNOWN, cause },
@@ -285,7 +285,7 @@ export class Transport {
         this.rotate(position);
         const left = budget();
         if (left <= 0) {
-          if (unsettled !== undefined) throw unknown(unsettled);
+          if (unsettled !== undefined) throw outcomeUnknown(unsettled);
           throw new Unavailable(`no coordinator reachable (${lastProblem})`, { ...context, cause: failure });
         }
         await sleep(Math.min(backoff.next().value, left), opts.signal);
@@ -304,7 +304,7 @@ export class Transport {
           lastProblem = `${address}: ${mapped.message}`;
           this.rotate(position);
           const remaining = budget();
-          if (remaining <= 0) throw answered ?? unknown(err);
+          if (remaining <= 0) throw answered ?? outcomeUnknown(err);
           await sleep(Math.min(backoff.next().value, remaining), opts.signal);
           continue;
         }
