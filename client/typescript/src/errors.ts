@@ -14,7 +14,8 @@
  *  │                             newer token, or a fencing guard refused a write
  *  │                             (.token, .currentToken, .record)
  *  ├── MissingRecordError        a guard's update found no such record (.record)
- *  ├── Unavailable               no coordinator, or etcd without quorum (.retryDelay)
+ *  ├── Unavailable               no coordinator, or etcd without quorum (.retryDelay); reason
+ *  │                             OUTCOME_UNKNOWN: a Release was sent and no answer settled it in time
  *  │   ├── TlsError              the TLS handshake with every coordinator failed (.address, .cause)
  *  │   └── DataLoss              etcd's revisions went back (restored from an older snapshot)
  *  ├── ResourceExhausted         too many waiters, streams or calls
@@ -36,6 +37,11 @@ import { BinaryReader } from "@bufbuild/protobuf/wire";
 export const REASON_DEADLINE = "DEADLINE";
 /** The client-local reason of a hold that ended because its client was closed. */
 export const REASON_CLOSED = "CLOSED";
+/**
+ * The client-local reason of an {@link Unavailable} thrown by a call that changes state (Release) when it was
+ * sent, retried with its request id, and no answer said whether it was applied before its time ran out.
+ */
+export const REASON_OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN";
 
 /** ErrorInfo domain of the coordinator's errors. */
 export const ERROR_DOMAIN = "fencepost.dev";

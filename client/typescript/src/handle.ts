@@ -8,6 +8,7 @@
  * @module
  */
 
+import { randomUUID } from "node:crypto";
 import { LeaseLost } from "./errors.js";
 import type { Lease } from "./lease.js";
 
@@ -54,6 +55,8 @@ export class LockHandle {
   private releaseTask: Promise<void> | undefined;
   /** The reason of a HoldEnded that arrived while the Release was in flight. */
   private endedDuringRelease: string | undefined;
+  /** The request id of this hold's Release, made at its first use. */
+  private releaseRequestId: string | undefined;
   private readonly abort = new AbortController();
   private resolveLost!: (err: LeaseLost) => void;
   private readonly releaseFn: (handle: LockHandle) => Promise<void>;
@@ -117,7 +120,10 @@ export class LockHandle {
    * @throws {@link NotHolder} already released, or the lease no longer holds the lock.
    * @throws {@link StaleTokenError} the lease holds the lock under a newer token.
    * @throws {@link LeaseLost} the hold was lost before the release (it is then forgotten).
-   * @throws {@link Unavailable} no coordinator answered within `connectTimeout`.
+   * @throws {@link Unavailable} no coordinator answered within `connectTimeout`; reason `OUTCOME_UNKNOWN`:
+   *   the Release was sent (and sent again, with its request id, after each lost answer) and no answer
+   *   said whether it was applied. The hold is then kept as held; calling `release()` again settles it
+   *   (the same request id: a Release that was applied answers OK).
    */
   release(): Promise<void> {
     return this.releaseFn(this);
@@ -155,6 +161,15 @@ export class LockHandle {
   /** @internal */
   _markReleased(): void {
     this.released = true;
+  }
+
+  /**
+   * @internal the request id of this hold's Release: made at first use, the same on every attempt and on a
+   * release called again after one that failed, so that a retry of a Release that was applied answers OK
+   */
+  _releaseRequestId(): string {
+    this.releaseRequestId ??= randomUUID().replaceAll("-", "");
+    return this.releaseRequestId;
   }
 
   /** @internal the Release in flight, if any (concurrent release() calls share it) */

@@ -14,7 +14,8 @@
  *   failed) is withdrawn, the caller's slot kept taken until that is done;
  * - a release keeps the hold until the server confirms, and classifies a
  *   refusal: NOT_HOLDER and STALE_TOKEN lose the hold, LEASE_EXPIRED loses
- *   the lease.
+ *   the lease; it carries the hold's request id, so that an attempt whose
+ *   answer was lost is sent again and answered as the first was.
  *
  * @module
  */
@@ -309,17 +310,23 @@ export class Holds {
     throw err;
   }
 
+  /**
+   * One Release of a hold (a read hold's too) with the hold's request id, so that an attempt whose answer
+   * was lost is sent again and answered as the first was (see {@link Transport.call}).
+   */
   private async releaseRpc(handle: LockHandle, until: number): Promise<void> {
+    const requestId = handle._releaseRequestId();
     await this.transport.call(
       "Release",
-      (client) =>
+      (client, left) =>
         client.release(
-          { name: handle.name, leaseId: handle.leaseId, token: handle.token, mode: modeOf(handle.read) },
-          { timeoutMs: this.transport.connectTimeout * 1000, headers: owner(handle.leaseSecret) },
+          { name: handle.name, leaseId: handle.leaseId, token: handle.token, mode: modeOf(handle.read), requestId },
+          { timeoutMs: this.transport.attemptTimeoutMs(left), headers: owner(handle.leaseSecret) },
         ),
       {
         until,
-        idempotent: false,
+        idempotent: true,
+        requestId,
         context: { lockName: handle.name, leaseId: handle.leaseId, token: handle.token },
       },
     );

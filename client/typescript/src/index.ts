@@ -29,6 +29,7 @@ export {
   PermissionDenied,
   REASON_CLOSED,
   REASON_DEADLINE,
+  REASON_OUTCOME_UNKNOWN,
   ResourceExhausted,
   StaleTokenError,
   TlsError,

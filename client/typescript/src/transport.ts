@@ -5,9 +5,18 @@
  *
  * - idempotent calls (Acquire, LeaseRevoke, Withdraw, Describe, ListLocks) that fail with
  *   UNAVAILABLE are retried on the next address;
- * - LeaseGrant and Release are retried only while no connection could be
- *   made (the request cannot have reached a server); once sent, an
- *   UNAVAILABLE answer is thrown;
+ * - LeaseGrant is retried only while no connection could be made (the
+ *   request cannot have reached a server); once sent, an UNAVAILABLE answer
+ *   is thrown;
+ * - a call given a request id (Release: the coordinator answers a retry of
+ *   an applied request id as the first attempt was answered) gets at most a
+ *   third of `connectTimeout` (at least {@link MIN_ATTEMPT_SECONDS}) per
+ *   attempt, and an attempt whose answer is lost (UNAVAILABLE,
+ *   DEADLINE_EXCEEDED, or Connect-ES's ABORTED, INTERNAL or CANCELED of a
+ *   broken connection, with no reason from a coordinator) is sent again with
+ *   the same request id within the call's time; when none is answered,
+ *   {@link Unavailable} with reason `OUTCOME_UNKNOWN` (it may have been
+ *   applied) is thrown;
  * - a call refused by a coordinator that drains before it stops (UNAVAILABLE /
  *   DRAINING: a new lease or stream, an acquire; nothing was done) goes to the
  *   next address, idempotent or not;
@@ -29,7 +38,14 @@ import { Code, ConnectError, createClient, type Client } from "@connectrpc/conne
 import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 import { LockService } from "./gen/fencepost/v1/lock_pb.js";
 import { delays, now, sleep } from "./backoff.js";
-import { FencepostError, TlsError, Unavailable, fromConnectError, type CallContext } from "./errors.js";
+import {
+  FencepostError,
+  REASON_OUTCOME_UNKNOWN,
+  TlsError,
+  Unavailable,
+  fromConnectError,
+  type CallContext,
+} from "./errors.js";
 import type { TlsFiles, TlsMaterial } from "./tls.js";
 import type { Address } from "./validate.js";
 
@@ -43,6 +59,17 @@ export function owner(secret: string): Record<string, string> {
 
 /** Longest wait for one connection attempt, in seconds. */
 const CONNECT_ATTEMPT_SECONDS = 3;
+/** The shortest time one attempt of a call with a request id gets, in seconds (the Python client's). */
+export const MIN_ATTEMPT_SECONDS = 2;
+/**
+ * The codes of a failed call that, without an ErrorInfo reason (no coordinator's own answer), say its answer
+ * was lost and it may have been applied: no answer in time, or the connection broken under it (where gRPC
+ * says UNAVAILABLE, Connect-ES says ABORTED for a reset connection, INTERNAL or CANCELED for an HTTP/2
+ * session or stream ended under the call).
+ */
+const ANSWER_LOST: ReadonlySet<Code> = new Set([
+  Code.Unavailable, Code.DeadlineExceeded, Code.Aborted, Code.Internal, Code.Canceled,
+]);
 
 interface Slot {
   manager: Http2SessionManager;
@@ -176,6 +203,16 @@ export class Transport {
   }
 
   /**
+   * The deadline of one attempt of a call with a request id, in milliseconds: a third of `connectTimeout`
+   * (at least {@link MIN_ATTEMPT_SECONDS}), and no more than `left` seconds (the call's time left, if any),
+   * so that an attempt whose answer is lost is sent again within the call's time.
+   */
+  attemptTimeoutMs(left: number | undefined): number {
+    const attempt = Math.max(MIN_ATTEMPT_SECONDS, this.connectTimeout / 3);
+    return Math.max(1, Math.round(Math.min(attempt, left ?? attempt) * 1000));
+  }
+
+  /**
    * Run one unary RPC with connection handling, retries and error mapping.
    *
    * @param method - For messages, and to tell an Acquire (whose own deadline is a LockTimeout).
@@ -184,14 +221,23 @@ export class Transport {
    * @param opts.idempotent - Whether an UNAVAILABLE answer may be retried.
    * @param opts.context - Lock name, lease id and token of the call, for the errors.
    * @param opts.signal - Aborts the call (then its reason is thrown).
+   * @param opts.requestId - The request id every attempt carries (`run` puts it in the request), for a call
+   *   the coordinator settles by it: a lost answer is asked for again with it (needs `idempotent`).
    * @throws {@link FencepostError} subclasses mapped from the status,
-   *   {@link Unavailable} when no coordinator was reachable in time,
+   *   {@link Unavailable} when no coordinator was reachable in time (reason `OUTCOME_UNKNOWN`: a call
+   *   with a request id was sent, and no attempt was answered in time),
    *   {@link TlsError} when every address failed its TLS handshake.
    */
   async call<T>(
     method: string,
     run: (client: LockServiceClient, left: number | undefined) => Promise<T>,
-    opts: { until: number | undefined; idempotent: boolean; context?: CallContext; signal?: AbortSignal | undefined },
+    opts: {
+      until: number | undefined;
+      idempotent: boolean;
+      context?: CallContext;
+      signal?: AbortSignal | undefined;
+      requestId?: string;
+    },
   ): Promise<T> {
     const backoff = delays();
     let giveUpAt: number | undefined;
@@ -206,6 +252,17 @@ export class Transport {
     const tlsFailed = new Map<string, string>();
     let lastProblem = "";
     const context = opts.context ?? {};
+    const settles = opts.idempotent && opts.requestId !== undefined;
+    // The failure of the last attempt of such a call that was sent and got no answer (it may have been applied).
+    let unsettled: unknown;
+    // The last UNAVAILABLE answer a coordinator gave with a reason (ETCD_UNAVAILABLE): what a call whose
+    // retries then run out of time throws, a better account than "no answer".
+    let answered: FencepostError | undefined;
+    const outcomeUnknown = (cause: unknown): Unavailable => new Unavailable(
+      `${method} was sent but no answer said whether it was applied (retried with request id ` +
+        `${opts.requestId} until the call's time ran out)`,
+      { ...context, reason: REASON_OUTCOME_UNKNOWN, cause },
+    );
     for (;;) {
       if (this.closed) throw new FencepostError("client is closed", context);
       opts.signal?.throwIfAborted();
@@ -227,7 +284,10 @@ export class Transport {
         lastProblem = `${address}: ${describe(failure)}`;
         this.rotate(position);
         const left = budget();
-        if (left <= 0) throw new Unavailable(`no coordinator reachable (${lastProblem})`, { ...context, cause: failure });
+        if (left <= 0) {
+          if (unsettled !== undefined) throw outcomeUnknown(unsettled);
+          throw new Unavailable(`no coordinator reachable (${lastProblem})`, { ...context, cause: failure });
+        }
         await sleep(Math.min(backoff.next().value, left), opts.signal);
         continue;
       }
@@ -238,6 +298,16 @@ export class Transport {
         if (opts.signal?.aborted) throw opts.signal.reason;
         const mapped = fromConnectError(err, context);
         const code = err instanceof ConnectError ? err.code : undefined;
+        if (settles && mapped.reason === undefined && code !== undefined && ANSWER_LOST.has(code)) {
+          // Sent, and its answer lost: ask again with the same request id, on a fresh connection.
+          unsettled = err;
+          lastProblem = `${address}: ${mapped.message}`;
+          this.rotate(position);
+          const remaining = budget();
+          if (remaining <= 0) throw answered ?? outcomeUnknown(err);
+          await sleep(Math.min(backoff.next().value, remaining), opts.signal);
+          continue;
+        }
         if (code === Code.DeadlineExceeded && mapped.reason === undefined && !method.startsWith("Acquire")) {
           throw new Unavailable(`${method}: no answer from ${address} in time`, { ...context, cause: err });
         }
@@ -251,6 +321,7 @@ export class Transport {
           continue;
         }
         if (!(mapped instanceof Unavailable) || !opts.idempotent) throw mapped;
+        if (mapped.reason !== undefined) answered = mapped; // a coordinator's own answer, not a broken connection
         lastProblem = `${address}: ${mapped.message}`;
         this.rotate(position);
         const remaining = budget();

@@ -149,15 +149,28 @@ export async function settledYet(promise: Promise<unknown>): Promise<boolean> {
   return done;
 }
 
-/** Delete every etcd key under `FENCEPOST_PREFIX + suffix` (its JSON gateway, POST /v3/kv/deleterange). */
-export async function etcdDeletePrefix(suffix: string): Promise<void> {
+/** POST to etcd's JSON gateway `/v3/kv/<op>` for every key under `FENCEPOST_PREFIX + suffix`; its JSON answer. */
+async function etcdPrefixCall(op: "range" | "deleterange", suffix: string): Promise<unknown> {
   const key = Buffer.from(required("FENCEPOST_PREFIX") + suffix);
   const end = Buffer.from(key);
   end[end.length - 1]! += 1; // the range end of a prefix (its last byte is never 0xff here: ASCII keys)
   const endpoint = required("FENCEPOST_ETCD_ENDPOINT");
   const body = JSON.stringify({ key: key.toString("base64"), range_end: end.toString("base64") });
-  const resp = await fetch(`http://${endpoint}/v3/kv/deleterange`, { method: "POST", body });
-  if (!resp.ok) throw new Error(`etcd deleterange: HTTP ${resp.status} ${await resp.text()}`);
+  const resp = await fetch(`http://${endpoint}/v3/kv/${op}`, { method: "POST", body });
+  if (!resp.ok) throw new Error(`etcd ${op}: HTTP ${resp.status} ${await resp.text()}`);
+  return resp.json();
+}
+
+/** Delete every etcd key under `FENCEPOST_PREFIX + suffix` (its JSON gateway, POST /v3/kv/deleterange). */
+export async function etcdDeletePrefix(suffix: string): Promise<void> {
+  await etcdPrefixCall("deleterange", suffix);
+}
+
+/** Every etcd key under `FENCEPOST_PREFIX + suffix` with its value, as text (its JSON gateway, POST /v3/kv/range). */
+export async function etcdRange(suffix: string): Promise<{ key: string; value: string }[]> {
+  const body = (await etcdPrefixCall("range", suffix)) as { kvs?: { key: string; value?: string }[] };
+  const text = (b64: string | undefined): string => Buffer.from(b64 ?? "", "base64").toString();
+  return (body.kvs ?? []).map((kv) => ({ key: text(kv.key), value: text(kv.value) }));
 }
 
 /** `promise`, or an Error naming `what` after `ms` milliseconds (a test fails rather than hangs). */
