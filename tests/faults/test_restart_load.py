@@ -9,7 +9,9 @@ churn on other names, 10 s, SIGTERM and restart of the coordinator process,
 Reconnect times and keepalive counts come from a probe subclass of
 AsyncLockClient in the children (harness only; it hooks the stream's private
 ``_resend_all`` / ``_on_response`` / ``_send_keepalives``): a reconnect is the
-first answer on a stream other than a client's first one.
+opening of a stream other than a client's first one (when the client opened
+it: the first answers on the new streams come when the restarted coordinator
+gets to them, bunched by its start-up, not by the clients).
 """
 
 from __future__ import annotations
@@ -38,18 +40,15 @@ class Probe(AsyncLockClient):
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.streams = 0
-        self.fresh = False
         self.reconnects = []
         self.sends = 0
         self.acks = 0
     def _resend_all(self):
         self.streams += 1
-        self.fresh = self.streams > 1
+        if self.streams > 1:
+            self.reconnects.append(time.monotonic())
         super()._resend_all()
     def _on_response(self, response):
-        if self.fresh:
-            self.fresh = False
-            self.reconnects.append(time.monotonic())
         if response.WhichOneof("response") == "keepalive":
             self.acks += 1
         elif response.WhichOneof("response") == "keepalives":
@@ -201,9 +200,9 @@ async def test_f11_coordinator_restart_under_load(
     connections = holders_per_child * children
     assert len(reconnects) >= connections, (len(reconnects), connections)
     worst, share = spread(reconnects)
-    # Without jitter every client reconnects in the same slot (share 1.0). The times are those of the first
-    # answers, so a machine starving the restarted coordinator bunches them: 20 of 60 (0.33) seen once so.
-    assert share <= 0.40, f"{worst} of {len(reconnects)} reconnects in one 100 ms slot"
+    print(f"reconnect spread: {worst} of {len(reconnects)} in one 100 ms slot")
+    # Without jitter every client reconnects in the same slot (share 1.0).
+    assert share <= 0.30, f"{worst} of {len(reconnects)} reconnects in one 100 ms slot"
     # Keepalive traffic that reached etcd: the acknowledged keepalives (each one a forwarded renewal).
     acks = [s for r in results for s in r["acks"]]
     sends = [s for r in results for s in r["sends"]]
